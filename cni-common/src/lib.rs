@@ -1,0 +1,13 @@
+//! Shared library of the CNI plugin suite.
+//!
+//! Two layers:
+//! - the **spec layer** ([`spec`], [`skel`], [`ipam`]): CNI 0.1.0 … 1.1.0 configuration and
+//!   result types, errors, environment validation, verb dispatch and IPAM delegation. No root
+//!   needed, no kernel access.
+//! - the **kernel layer** ([`netns`], [`netlink`], [`sysctl`]): entering network namespaces,
+//!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
+//!   the [`netlink`] module.
+
+pub mod error;
+
+pub use error::{code, CniError, Context, Result};
