@@ -45,11 +45,7 @@ pub type Result<T, E = CniError> = std::result::Result<T, E>;
 
 impl CniError {
     pub fn new(code: u32, msg: impl Into<String>) -> Self {
-        CniError {
-            code,
-            msg: msg.into(),
-            details: String::new(),
-        }
+        CniError { code, msg: msg.into(), details: String::new() }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> Self {
@@ -74,10 +70,7 @@ impl CniError {
 
     /// Code 2: a field holds a value this implementation does not support.
     pub fn unsupported_field(field: &str, value: impl fmt::Display, why: &str) -> Self {
-        Self::new(
-            code::UNSUPPORTED_FIELD,
-            format!("unsupported value {value} for field \"{field}\": {why}"),
-        )
+        Self::new(code::UNSUPPORTED_FIELD, format!("unsupported value {value} for field \"{field}\": {why}"))
     }
 
     /// Code 4: an environment variable is missing or malformed.
@@ -120,11 +113,7 @@ impl CniError {
         Some(CniError {
             code: u32::try_from(code).unwrap_or(code::INTERNAL),
             msg: v.get("msg").and_then(|m| m.as_str()).unwrap_or("").to_string(),
-            details: v
-                .get("details")
-                .and_then(|m| m.as_str())
-                .unwrap_or("")
-                .to_string(),
+            details: v.get("details").and_then(|m| m.as_str()).unwrap_or("").to_string(),
         })
     }
 }

@@ -11,3 +11,10 @@
 pub mod error;
 
 pub use error::{code, CniError, Context, Result};
+
+pub mod ipam;
+pub mod skel;
+pub mod spec;
+
+pub use skel::{Plugin, Request};
+pub use spec::{CniResult, Version};

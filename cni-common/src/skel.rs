@@ -1,0 +1,330 @@
+//! The plugin skeleton: read the environment and stdin, validate, dispatch the verb, print
+//! exactly one JSON document on stdout.
+//!
+//! Order of checks (the Go skeleton's, except that the netns safety check runs before the
+//! plugin acts rather than after): environment -> VERSION -> stdin JSON -> network name ->
+//! container id -> ifname -> version negotiation and verb gating -> common config ->
+//! CNI_NETNS checks -> plugin.
+
+use crate::error::{code, CniError, Result};
+use crate::spec::config::{require_object, validate_plugin_type, Attachment, NetConf};
+use crate::spec::env::{
+    validate_container_id, validate_ifname, validate_network_name, CniArgs, Command, Env, EnvOutcome,
+};
+use crate::spec::json;
+use crate::spec::result::{pretty, CniResult};
+use crate::spec::version::{parse_semver, version_reply, Version};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What a plugin implements. Every verb of spec 1.1.0 is required: a plugin with nothing to
+/// do for a verb says so explicitly by returning `Ok`.
+pub trait Plugin {
+    /// Binary name, e.g. "bridge" (used in the about banner).
+    fn name(&self) -> &'static str;
+
+    /// Spec versions this plugin accepts in `cniVersion`.
+    fn supported_versions(&self) -> &'static [Version] {
+        &Version::ALL
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult>;
+    fn del(&self, req: &Request) -> Result<()>;
+    fn check(&self, req: &Request) -> Result<()>;
+    fn gc(&self, req: &Request) -> Result<()>;
+    fn status(&self, req: &Request) -> Result<()>;
+}
+
+/// One validated invocation.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub command: Command,
+    pub env: Env,
+    /// The negotiated version: the config's `cniVersion`, which the output must use.
+    pub version: Version,
+    /// Raw stdin, forwarded unchanged to delegated IPAM.
+    pub stdin: Vec<u8>,
+    /// Stdin parsed as a JSON object.
+    pub config: Value,
+    /// The common keys of the config.
+    pub conf: NetConf,
+}
+
+impl Request {
+    /// Decode the plugin's own configuration struct from the whole stdin object, with Go's
+    /// key matching. Type errors are code 6 naming the field.
+    pub fn plugin_config<T: DeserializeOwned>(&self) -> Result<T> {
+        json::from_ref(&self.config).map_err(|e| CniError::decode(format!("invalid network config: {e}")))
+    }
+
+    /// The previous result in the canonical model, if the runtime sent one.
+    pub fn prev_result(&self) -> Result<Option<CniResult>> {
+        self.conf.prev_result(self.version)
+    }
+
+    /// CNI_NETNS, or None when empty (DEL may be called without one).
+    pub fn netns(&self) -> Option<&Path> {
+        Some(Path::new(&self.env.netns)).filter(|_| !self.env.netns.is_empty())
+    }
+
+    /// CNI_ARGS checked against the keys this plugin understands.
+    pub fn cni_args(&self, known: &[&str]) -> Result<CniArgs> {
+        let a = CniArgs::parse(&self.env.args)?;
+        a.validate(known)?;
+        Ok(a)
+    }
+
+    /// The GC list (both key spellings merged).
+    pub fn valid_attachments(&self) -> Result<Vec<Attachment>> {
+        self.conf.gc_valid_attachments()
+    }
+
+    /// The network name (validated).
+    pub fn network(&self) -> &str {
+        &self.conf.name
+    }
+}
+
+/// The version an error is reported in, remembered for the panic hook.
+static REPORT_VERSION: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+fn report_version() -> &'static str {
+    match REPORT_VERSION.load(Ordering::Relaxed) {
+        i if i < Version::ALL.len() => Version::ALL[i].as_str(),
+        _ => Version::LATEST.as_str(),
+    }
+}
+
+fn remember_version(v: Version) {
+    if let Some(i) = Version::ALL.iter().position(|x| *x == v) {
+        REPORT_VERSION.store(i, Ordering::Relaxed);
+    }
+}
+
+/// Print a CNI error JSON on stdout if the process panics: with `panic = "abort"` nothing
+/// else would tell the runtime what happened.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = match info.payload().downcast_ref::<&str>() {
+            Some(s) => (*s).to_string(),
+            None => {
+                info.payload().downcast_ref::<String>().cloned().unwrap_or_else(|| "unknown panic".into())
+            }
+        };
+        let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let e = CniError::internal(format!("internal error: {msg}{loc}"));
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", pretty(&e.to_json(report_version())));
+        let _ = out.flush();
+        eprintln!("panic: {msg}{loc}");
+    }));
+}
+
+/// Run `plugin` as a process: real environment, stdin and stdout. Never returns.
+pub fn run(plugin: &impl Plugin) -> ! {
+    install_panic_hook();
+    let code = run_with(
+        plugin,
+        |k| std::env::var(k).ok(),
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    );
+    std::process::exit(code)
+}
+
+/// The about banner printed on stderr when CNI_COMMAND is unset.
+pub fn about(name: &str, versions: &[Version]) -> String {
+    let list: Vec<&str> = versions.iter().map(|v| v.as_str()).collect();
+    format!(
+        "CNI {name} plugin {} ({})\nCNI protocol versions supported: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        option_env!("CNI_BUILD_COMMIT").unwrap_or("unknown commit"),
+        list.join(", ")
+    )
+}
+
+/// Testable core of [`run`]: returns the exit code.
+pub fn run_with(
+    plugin: &impl Plugin,
+    get: impl Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    let mut version_for_errors = Version::LATEST.as_str().to_string();
+    let outcome = dispatch(plugin, &get, stdin, stdout, stderr, &mut version_for_errors);
+    match outcome {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(stdout, "{}", pretty(&e.to_json(&version_for_errors)));
+            let _ = stdout.flush();
+            1
+        }
+    }
+}
+
+fn dispatch(
+    plugin: &impl Plugin,
+    get: &impl Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+    version_for_errors: &mut String,
+) -> Result<()> {
+    let env = match Env::load(get)? {
+        EnvOutcome::NoCommand => {
+            let _ = write!(stderr, "{}", about(plugin.name(), plugin.supported_versions()));
+            return Ok(());
+        }
+        EnvOutcome::Ready(env) => env,
+    };
+    let command = env.command.expect("Env::load sets the command");
+    if command == Command::Version {
+        let reply = version_reply(plugin.supported_versions());
+        writeln!(stdout, "{reply}").map_err(|e| CniError::io(format!("write stdout: {e}")))?;
+        return Ok(());
+    }
+
+    let mut bytes = Vec::new();
+    stdin.read_to_end(&mut bytes).map_err(|e| CniError::io(format!("error reading from stdin: {e}")))?;
+    let config: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| CniError::decode(format!("error unmarshall network config: {e}")))?;
+    require_object(&config)?;
+    // Report errors in the config's version when it is a string we know.
+    let raw_version = match config.as_object().and_then(|o| o.get("cniVersion")) {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(CniError::decode(format!(
+                "error unmarshall network config: cniVersion must be a string, got {other}"
+            )))
+        }
+    };
+    if let Some(v) = Version::from_str_exact(&raw_version) {
+        *version_for_errors = v.as_str().to_string();
+        remember_version(v);
+    }
+
+    let name = match config.get("name") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(CniError::decode(format!(
+                "error unmarshall network config: name must be a string, got {other}"
+            )))
+        }
+    };
+    validate_network_name(name)?;
+    if command.has_attachment() {
+        validate_container_id(&env.container_id)?;
+        validate_ifname(&env.ifname)?;
+    }
+
+    let version = negotiate(command, &raw_version, plugin.supported_versions())?;
+    let conf = NetConf::from_value(&config)?;
+    if !conf.plugin_type.is_empty() {
+        validate_plugin_type("type", &conf.plugin_type)?;
+    }
+    if command == Command::Gc {
+        let o = config.as_object().expect("checked above");
+        if !o.contains_key("cni.dev/valid-attachments") && !o.contains_key("cni.dev/attachments") {
+            return Err(CniError::config(
+                "GC needs \"cni.dev/valid-attachments\" (a list, possibly empty or null) naming the attachments to keep",
+            ));
+        }
+    }
+    if command.has_attachment() && !env.netns_override {
+        check_netns(command, &env.netns)?;
+    }
+
+    let req = Request { command, env, version, stdin: bytes, config, conf };
+    match command {
+        Command::Add => {
+            let result = plugin.add(&req)?;
+            let text = result.to_pretty(version)?;
+            writeln!(stdout, "{text}").map_err(|e| CniError::io(format!("write stdout: {e}")))?;
+        }
+        Command::Del => plugin.del(&req)?,
+        Command::Check => plugin.check(&req)?,
+        Command::Gc => plugin.gc(&req)?,
+        Command::Status => plugin.status(&req)?,
+        Command::Version => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// Version negotiation with the verb gates of the spec: CHECK needs >= 0.4.0, GC and STATUS
+/// need >= 1.1.0. For those verbs a version string that cannot be compared is code 6.
+fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Version> {
+    let gate = match command {
+        Command::Check => Some(((0, 4, 0), "CHECK")),
+        Command::Gc => Some(((1, 1, 0), "GC")),
+        Command::Status => Some(((1, 1, 0), "STATUS")),
+        _ => None,
+    };
+    if let Some((min, verb)) = gate {
+        let parsed = if raw.is_empty() { Some((0, 1, 0)) } else { parse_semver(raw) };
+        let Some(v) = parsed else {
+            return Err(CniError::decode(format!("invalid version {raw:?}: expected major.minor.patch")));
+        };
+        if v < min {
+            return Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!("config version does not allow {verb}"),
+            )
+            .with_details(format!(
+                "cniVersion is {raw:?}; {verb} needs {}.{}.{} or later",
+                min.0, min.1, min.2
+            )));
+        }
+    }
+    Version::negotiate(raw, supported)
+}
+
+/// CNI_NETNS must exist, be a network namespace and not be the plugin's own. DEL accepts an
+/// empty, vanished or unmounted path (the container is gone; cleanup continues).
+fn check_netns(command: Command, netns: &str) -> Result<()> {
+    if netns.is_empty() {
+        return Ok(()); // only DEL gets here: ADD/CHECK require the variable
+    }
+    let is_del = command == Command::Del;
+    let meta = match std::fs::metadata(netns) {
+        Ok(m) => m,
+        Err(e) if is_del => {
+            let _ = e;
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CniError::new(
+                code::UNKNOWN_CONTAINER,
+                format!("CNI_NETNS {netns:?} does not exist: the container's network namespace is gone"),
+            ))
+        }
+        Err(e) => return Err(CniError::env(format!("CNI_NETNS {netns:?}: {e}"))),
+    };
+    if !is_nsfs(netns) {
+        if is_del {
+            return Ok(());
+        }
+        return Err(CniError::env(format!("CNI_NETNS {netns:?} is not a network namespace")));
+    }
+    let own = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| CniError::io(format!("cannot stat own netns: {e}")))?;
+    use std::os::unix::fs::MetadataExt;
+    if own.dev() == meta.dev() && own.ino() == meta.ino() {
+        return Err(CniError::new(
+            code::INVALID_NETNS,
+            "plugin's netns and netns from CNI_NETNS should not be the same",
+        )
+        .with_details(format!("CNI_NETNS {netns:?} is the namespace the plugin runs in")));
+    }
+    Ok(())
+}
+
+fn is_nsfs(path: &str) -> bool {
+    matches!(nix::sys::statfs::statfs(path), Ok(s) if s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+}
