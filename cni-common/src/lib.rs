@@ -9,6 +9,9 @@
 //!   the [`netlink`] module.
 
 pub mod error;
+pub mod netlink;
+pub mod netns;
+pub mod sysctl;
 
 pub use error::{code, CniError, Context, Result};
 

@@ -1,0 +1,360 @@
+//! The blocking `NETLINK_ROUTE` request/response loop.
+//!
+//! One request at a time: serialize, send with `NLM_F_REQUEST | NLM_F_ACK` and a fresh sequence
+//! number, then read datagrams until the request is answered — by an ACK (`NLMSG_ERROR` with
+//! code 0), an error (`NLMSG_ERROR` with a negative errno), or for dumps `NLMSG_DONE`. Messages
+//! carrying another sequence number are leftovers of an earlier, abandoned request and are
+//! skipped. A dump the kernel marks `NLM_F_DUMP_INTR` (the table changed while it was being
+//! dumped, so the result may be inconsistent) is read to its end and repeated, up to
+//! [`DUMP_ATTEMPTS`] times in all, like the Go plugins' `netlinksafe` package.
+
+use netlink_packet_core::{
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator, NLMSG_DONE, NLMSG_ERROR,
+    NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP, NLM_F_DUMP_INTR,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+use super::NlError;
+
+/// How many times a dump is tried before an interrupted result is reported as an error.
+pub(crate) const DUMP_ATTEMPTS: usize = 5;
+
+/// Initial receive buffer: larger than any dump datagram the kernel builds (it caps those at
+/// 32 KiB); grown when a single datagram is bigger.
+const RX_BUFFER: usize = 64 * 1024;
+
+const NLMSG_HDRLEN: usize = 16;
+/// `NLMSGERR_ATTR_MSG`: the human-readable extended-ack message.
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+/// One reply message: its type and its payload (the bytes after the netlink header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub msg_type: u16,
+    pub payload: Vec<u8>,
+}
+
+pub(crate) struct NlSocket {
+    sock: Socket,
+    seq: u32,
+    rx: Vec<u8>,
+}
+
+impl NlSocket {
+    /// Create a socket in the calling thread's network namespace and connect it to the kernel.
+    pub(crate) fn open() -> Result<NlSocket, NlError> {
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| NlError::from_io("open netlink socket", &e))?;
+        sock.bind_auto().map_err(|e| NlError::from_io("bind netlink socket", &e))?;
+        sock.connect(&SocketAddr::new(0, 0)).map_err(|e| NlError::from_io("connect netlink socket", &e))?;
+        // Best effort, all of these only improve things on kernels that support them:
+        // strict checking makes the kernel validate requests and filter dumps (e.g. addresses
+        // of one link) itself; extended ACKs carry a readable reason with errors; capped ACKs
+        // do not echo our whole request back.
+        let _ = sock.set_netlink_get_strict_chk(true);
+        let _ = sock.set_ext_ack(true);
+        let _ = sock.set_cap_ack(true);
+        Ok(NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER] })
+    }
+
+    /// Send `msg` with `NLM_F_REQUEST | NLM_F_ACK | flags` and collect the reply messages.
+    /// Errors carry a generic `op`; callers replace it with what they were doing.
+    pub(crate) fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<Reply>, NlError> {
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let mut packet = encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags);
+        let attempts = if dump { DUMP_ATTEMPTS } else { 1 };
+        for _ in 0..attempts {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            set_sequence(&mut packet, self.seq);
+            self.send(&packet)?;
+            let mut collector = Collector::new(self.seq);
+            loop {
+                let n = self.recv()?;
+                if collector.absorb(&self.rx[..n])? == Step::Done {
+                    break;
+                }
+            }
+            if !collector.interrupted {
+                return Ok(collector.replies);
+            }
+        }
+        let mut e = NlError::new("netlink dump", libc::EINTR);
+        e.detail = Some(format!("interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row"));
+        Err(e)
+    }
+
+    fn send(&self, packet: &[u8]) -> Result<(), NlError> {
+        loop {
+            match self.sock.send(packet, 0) {
+                Ok(n) if n == packet.len() => return Ok(()),
+                Ok(_) => return Err(NlError::new("send to netlink (short write)", libc::EMSGSIZE)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NlError::from_io("send to netlink", &e)),
+            }
+        }
+    }
+
+    /// Receive one datagram into `self.rx`, growing it first when the datagram is larger.
+    fn recv(&mut self) -> Result<usize, NlError> {
+        loop {
+            // Peek with MSG_TRUNC to learn the datagram's real size without consuming it.
+            let mut window: &mut [u8] = &mut self.rx[..];
+            let size = match self.sock.recv(&mut window, libc::MSG_PEEK | libc::MSG_TRUNC) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
+            };
+            if size > self.rx.len() {
+                self.rx.resize(size.next_power_of_two(), 0);
+            }
+            let mut window: &mut [u8] = &mut self.rx[..];
+            match self.sock.recv(&mut window, 0) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
+            }
+        }
+    }
+}
+
+/// Serialize a request with the given header flags (sequence number 0, set when sending).
+pub(crate) fn encode(msg: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    buf
+}
+
+/// Patch the sequence number of a serialized request (so a dump can be resent as is).
+fn set_sequence(packet: &mut [u8], seq: u32) {
+    NetlinkBuffer::new(packet).set_sequence_number(seq);
+}
+
+const fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+fn read_i32(bytes: &[u8]) -> Option<i32> {
+    Some(i32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    More,
+    Done,
+}
+
+/// Accumulates the answer to one request across datagrams.
+struct Collector {
+    seq: u32,
+    replies: Vec<Reply>,
+    interrupted: bool,
+}
+
+impl Collector {
+    fn new(seq: u32) -> Self {
+        Collector { seq, replies: Vec::new(), interrupted: false }
+    }
+
+    /// Take in one datagram; `Done` once the request has been answered.
+    fn absorb(&mut self, mut data: &[u8]) -> Result<Step, NlError> {
+        while !data.is_empty() {
+            let msg = NetlinkBuffer::new_checked(data)
+                .map_err(|_| NlError::new("decode netlink reply (truncated message)", libc::EBADMSG))?;
+            let len = msg.length() as usize;
+            let flags = msg.flags();
+            let payload = msg.payload();
+            if msg.sequence_number() == self.seq {
+                if flags & NLM_F_DUMP_INTR != 0 {
+                    self.interrupted = true;
+                }
+                match msg.message_type() {
+                    NLMSG_NOOP => {}
+                    NLMSG_ERROR => {
+                        let code = read_i32(payload)
+                            .ok_or_else(|| NlError::new("decode netlink error message", libc::EBADMSG))?;
+                        if code == 0 {
+                            return Ok(Step::Done);
+                        }
+                        let mut e = NlError::new("netlink request", code.saturating_neg());
+                        e.detail = error_ext_ack(flags, payload);
+                        return Err(e);
+                    }
+                    NLMSG_DONE => {
+                        // Dumps may end with an error in NLMSG_DONE.
+                        let code = read_i32(payload).unwrap_or(0);
+                        if code < 0 {
+                            let mut e = NlError::new("netlink dump", code.saturating_neg());
+                            if flags & NLM_F_ACK_TLVS != 0 {
+                                e.detail = ext_ack_message(&payload[4..]);
+                            }
+                            return Err(e);
+                        }
+                        return Ok(Step::Done);
+                    }
+                    NLMSG_OVERRUN => return Err(NlError::new("netlink reply (overrun)", libc::ENOBUFS)),
+                    msg_type => self.replies.push(Reply { msg_type, payload: payload.to_vec() }),
+                }
+            }
+            data = &data[align4(len).min(data.len())..];
+        }
+        Ok(Step::More)
+    }
+}
+
+/// The extended-ack message of an `NLMSG_ERROR` payload: error code, the echoed request (only
+/// its header when `NLM_F_CAPPED`), then TLVs when `NLM_F_ACK_TLVS`.
+fn error_ext_ack(flags: u16, payload: &[u8]) -> Option<String> {
+    if flags & NLM_F_ACK_TLVS == 0 {
+        return None;
+    }
+    let echoed = payload.get(4..)?;
+    let echoed_len = if flags & NLM_F_CAPPED != 0 {
+        NLMSG_HDRLEN
+    } else {
+        u32::from_ne_bytes(echoed.get(..4)?.try_into().ok()?) as usize
+    };
+    ext_ack_message(echoed.get(align4(echoed_len)..)?)
+}
+
+fn ext_ack_message(tlvs: &[u8]) -> Option<String> {
+    for nla in NlasIterator::new(tlvs) {
+        let nla = nla.ok()?;
+        if nla.kind() == NLMSGERR_ATTR_MSG {
+            let text = String::from_utf8_lossy(nla.value());
+            let text = text.trim_end_matches('\0').trim();
+            return (!text.is_empty()).then(|| text.to_string());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::NLM_F_MULTIPART;
+
+    const RTM_NEWLINK: u16 = 16;
+
+    fn nlmsg(msg_type: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = NLMSG_HDRLEN + payload.len();
+        let mut v = Vec::new();
+        v.extend_from_slice(&(len as u32).to_ne_bytes());
+        v.extend_from_slice(&msg_type.to_ne_bytes());
+        v.extend_from_slice(&flags.to_ne_bytes());
+        v.extend_from_slice(&seq.to_ne_bytes());
+        v.extend_from_slice(&4242u32.to_ne_bytes());
+        v.extend_from_slice(payload);
+        v.resize(align4(v.len()), 0);
+        v
+    }
+
+    fn error_payload(code: i32, tlv_msg: Option<&str>) -> Vec<u8> {
+        let mut p = code.to_ne_bytes().to_vec();
+        // Capped echo of the request header.
+        p.extend_from_slice(&nlmsg(RTM_NEWLINK, NLM_F_REQUEST, 7, &[])[..NLMSG_HDRLEN]);
+        if let Some(m) = tlv_msg {
+            let mut value = m.as_bytes().to_vec();
+            value.push(0);
+            p.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+            p.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
+            p.extend_from_slice(&value);
+            p.resize(align4(p.len()), 0);
+        }
+        p
+    }
+
+    #[test]
+    fn multipart_dump_until_done() {
+        let mut c = Collector::new(3);
+        let mut d1 = nlmsg(RTM_NEWLINK, NLM_F_MULTIPART, 3, &[1, 2, 3, 4]);
+        d1.extend(nlmsg(RTM_NEWLINK, NLM_F_MULTIPART, 3, &[5, 6, 7, 8]));
+        assert_eq!(c.absorb(&d1).unwrap(), Step::More);
+        let d2 = nlmsg(NLMSG_DONE, NLM_F_MULTIPART, 3, &0i32.to_ne_bytes());
+        assert_eq!(c.absorb(&d2).unwrap(), Step::Done);
+        assert_eq!(c.replies.len(), 2);
+        assert_eq!(c.replies[1].payload, vec![5, 6, 7, 8]);
+        assert_eq!(c.replies[0].msg_type, RTM_NEWLINK);
+        assert!(!c.interrupted);
+    }
+
+    #[test]
+    fn empty_done_is_accepted() {
+        let mut c = Collector::new(1);
+        assert_eq!(c.absorb(&nlmsg(NLMSG_DONE, 0, 1, &[])).unwrap(), Step::Done);
+    }
+
+    #[test]
+    fn ack_finishes_a_request_after_its_reply() {
+        let mut c = Collector::new(9);
+        let mut d = nlmsg(RTM_NEWLINK, 0, 9, &[0; 16]);
+        d.extend(nlmsg(NLMSG_ERROR, NLM_F_CAPPED, 9, &error_payload(0, None)));
+        assert_eq!(c.absorb(&d).unwrap(), Step::Done);
+        assert_eq!(c.replies.len(), 1);
+    }
+
+    #[test]
+    fn errors_carry_errno_and_extended_ack() {
+        let mut c = Collector::new(9);
+        let d = nlmsg(NLMSG_ERROR, NLM_F_CAPPED, 9, &error_payload(-libc::EEXIST, None));
+        let e = c.absorb(&d).unwrap_err();
+        assert!(e.is_exists());
+        assert_eq!(e.errno(), libc::EEXIST);
+        assert_eq!(e.detail, None);
+
+        let mut c = Collector::new(9);
+        let payload = error_payload(-libc::EINVAL, Some("Invalid MTU"));
+        let d = nlmsg(NLMSG_ERROR, NLM_F_CAPPED | NLM_F_ACK_TLVS, 9, &payload);
+        let e = c.absorb(&d).unwrap_err().during("set mtu of eth0");
+        assert_eq!(e.detail.as_deref(), Some("Invalid MTU"));
+        assert_eq!(e.to_string(), "set mtu of eth0: Invalid argument (Invalid MTU)");
+    }
+
+    #[test]
+    fn error_in_done_fails_the_dump() {
+        let mut c = Collector::new(2);
+        let d = nlmsg(NLMSG_DONE, NLM_F_MULTIPART, 2, &(-libc::EBUSY).to_ne_bytes());
+        assert_eq!(c.absorb(&d).unwrap_err().errno(), libc::EBUSY);
+    }
+
+    #[test]
+    fn other_sequence_numbers_are_skipped() {
+        let mut c = Collector::new(5);
+        let mut d = nlmsg(RTM_NEWLINK, NLM_F_MULTIPART, 4, &[9; 4]);
+        d.extend(nlmsg(NLMSG_DONE, NLM_F_MULTIPART, 4, &0i32.to_ne_bytes()));
+        assert_eq!(c.absorb(&d).unwrap(), Step::More);
+        assert!(c.replies.is_empty());
+    }
+
+    #[test]
+    fn dump_interrupted_flag_is_noticed() {
+        let mut c = Collector::new(5);
+        let mut d = nlmsg(RTM_NEWLINK, NLM_F_MULTIPART | NLM_F_DUMP_INTR, 5, &[9; 4]);
+        d.extend(nlmsg(NLMSG_DONE, NLM_F_MULTIPART, 5, &0i32.to_ne_bytes()));
+        assert_eq!(c.absorb(&d).unwrap(), Step::Done);
+        assert!(c.interrupted);
+    }
+
+    #[test]
+    fn truncated_datagram_is_an_error() {
+        let mut c = Collector::new(5);
+        let d = nlmsg(RTM_NEWLINK, 0, 5, &[0; 16]);
+        assert_eq!(c.absorb(&d[..20]).unwrap_err().errno(), libc::EBADMSG);
+    }
+
+    #[test]
+    fn encode_sets_flags_and_sequence() {
+        let mut packet =
+            encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP);
+        set_sequence(&mut packet, 77);
+        let b = NetlinkBuffer::new_checked(&packet[..]).unwrap();
+        assert_eq!(b.message_type(), 18);
+        assert_eq!(b.flags(), NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP);
+        assert_eq!(b.sequence_number(), 77);
+        assert_eq!(b.length() as usize, packet.len());
+    }
+}

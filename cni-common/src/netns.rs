@@ -1,0 +1,320 @@
+//! Network namespaces: open one by path, compare two, and run code inside one.
+//!
+//! `setns(2)` moves only the calling *thread*, so everything here is about the current thread:
+//! [`NetNs::current`] reads `/proc/thread-self/ns/net` (not `/proc/self/…`, which names the main
+//! thread's namespace and is wrong on any other thread, e.g. under the test harness), and
+//! [`NetNs::run`] enters a namespace, runs a closure and always comes back.
+//!
+//! Netlink sockets and `/proc/sys/net` files are bound to the namespace of the thread that
+//! *created/opened* them, so both work from inside [`NetNs::run`].
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::sched::{setns, CloneFlags};
+use nix::sys::statfs::{fstatfs, NSFS_MAGIC, PROC_SUPER_MAGIC};
+
+use crate::{CniError, Result};
+
+/// The calling thread's network namespace.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// An open handle on a network namespace (a file on nsfs, e.g. `/proc/<pid>/ns/net` or a bind
+/// mount of one such as `/run/netns/<name>` or `/var/run/netns/cni-…`).
+///
+/// Holding the handle keeps the namespace alive even when no process is left in it.
+#[derive(Debug)]
+pub struct NetNs {
+    file: File,
+    path: PathBuf,
+    /// (st_dev, st_ino) of the nsfs inode: the identity of the namespace.
+    id: (u64, u64),
+}
+
+/// What an opened file turned out to be.
+enum Probe {
+    NetNs(NetNs),
+    /// Not a namespace file (e.g. the empty mount point left after the bind mount went away).
+    NotANamespace,
+}
+
+impl NetNs {
+    /// Open the network namespace at `path`. Fails with code 5 (I/O) naming the path when it does
+    /// not exist or is not a network namespace.
+    pub fn open(path: impl AsRef<Path>) -> Result<NetNs> {
+        let path = path.as_ref();
+        let fail = |why: &dyn std::fmt::Display| {
+            CniError::io(format!("failed to open network namespace {}: {why}", path.display()))
+        };
+        let file = File::open(path).map_err(|e| fail(&e))?;
+        match Self::probe(file, path).map_err(|e| fail(&e))? {
+            Probe::NetNs(ns) => Ok(ns),
+            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
+        }
+    }
+
+    /// Like [`NetNs::open`], but `Ok(None)` when the namespace is gone: the path does not exist
+    /// (ENOENT/ENOTDIR) or is no longer a namespace (the bind mount was removed and only the
+    /// empty mount point is left). DEL uses this to treat a vanished netns as success.
+    pub fn open_if_exists(path: impl AsRef<Path>) -> Result<Option<NetNs>> {
+        let path = path.as_ref();
+        let fail = |why: &dyn std::fmt::Display| {
+            CniError::io(format!("failed to open network namespace {}: {why}", path.display()))
+        };
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(fail(&e)),
+        };
+        match Self::probe(file, path).map_err(|e| fail(&e))? {
+            Probe::NetNs(ns) => Ok(Some(ns)),
+            Probe::NotANamespace => Ok(None),
+        }
+    }
+
+    /// A handle on the namespace behind an already open namespace file (duplicates the fd).
+    pub fn from_fd(fd: BorrowedFd<'_>) -> Result<NetNs> {
+        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let fail = |why: &dyn std::fmt::Display| {
+            CniError::io(format!("failed to use network namespace {}: {why}", path.display()))
+        };
+        let file = File::from(fd.try_clone_to_owned().map_err(|e| fail(&e))?);
+        match Self::probe(file, &path).map_err(|e| fail(&e))? {
+            Probe::NetNs(ns) => Ok(ns),
+            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
+        }
+    }
+
+    /// The network namespace of the calling thread.
+    pub fn current() -> Result<NetNs> {
+        Self::open(THREAD_NETNS)
+    }
+
+    /// Classify an open file: a network namespace, some other file, or (error) a namespace of
+    /// another type (mount, uts, …), which is a caller mistake rather than a vanished netns.
+    fn probe(file: File, path: &Path) -> io::Result<Probe> {
+        let fs = fstatfs(&file).map_err(io::Error::from)?;
+        let fs_type = fs.filesystem_type();
+        // nsfs since Linux 3.19; before that namespace files lived on procfs.
+        if fs_type != NSFS_MAGIC && fs_type != PROC_SUPER_MAGIC {
+            return Ok(Probe::NotANamespace);
+        }
+        // Ask the kernel which kind of namespace this is. ENOTTY means either an old kernel
+        // without NS_GET_NSTYPE or a procfs file that is not a namespace at all; setns() would
+        // reject the latter, so only a definite "other type" answer is an error here.
+        //
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
+        let nstype = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
+        if nstype >= 0 && nstype != libc::CLONE_NEWNET {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a namespace file, but not a network namespace",
+            ));
+        }
+        if nstype < 0 && fs_type == PROC_SUPER_MAGIC {
+            return Ok(Probe::NotANamespace);
+        }
+        let meta = file.metadata()?;
+        Ok(Probe::NetNs(NetNs { id: (meta.dev(), meta.ino()), file, path: path.to_path_buf() }))
+    }
+
+    /// The path this handle was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether both handles refer to the same namespace (same nsfs device and inode).
+    pub fn same_as(&self, other: &NetNs) -> bool {
+        self.id == other.id
+    }
+
+    /// Run `f` with the calling thread inside this namespace, then return to the namespace the
+    /// thread was in before, whether `f` succeeds, fails or panics. Nesting works: each level
+    /// remembers and restores its own origin.
+    ///
+    /// If the thread cannot be moved back, the process **aborts** (after a message on stderr).
+    /// A thread stranded in the wrong namespace would apply every later step — host-side veth
+    /// and bridge changes, sysctls, firewall rules, DEL cleanup — to the container's namespace,
+    /// or the other way round. An error return cannot be trusted to stop that (callers collect
+    /// errors and keep going on DEL), and unwinding does not change the thread's namespace, so
+    /// ending the process is the only safe outcome. It needs a kernel failure to happen: the
+    /// origin namespace is held open by this function, and we had the privilege to leave it.
+    pub fn run<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let origin = NetNs::current().map_err(|e| e.context("remember the current network namespace"))?;
+        if origin.same_as(self) {
+            return f();
+        }
+        setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|e| {
+            CniError::io(format!("failed to enter network namespace {}: {}", self.path.display(), e.desc()))
+        })?;
+        let _back = ReturnTo(origin);
+        f()
+    }
+}
+
+impl AsFd for NetNs {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// Moves the thread back into the namespace it holds when dropped (also while unwinding).
+struct ReturnTo(NetNs);
+
+impl Drop for ReturnTo {
+    fn drop(&mut self) {
+        if let Err(e) = setns(&self.0.file, CloneFlags::CLONE_NEWNET) {
+            // See NetNs::run for why continuing is not an option.
+            eprintln!(
+                "fatal: cannot return to network namespace {}: {}; aborting so that nothing \
+                 runs in the wrong namespace",
+                self.0.path.display(),
+                e.desc()
+            );
+            std::process::abort();
+        }
+    }
+}
+
+/// Whether `path` is the calling thread's own network namespace. The skeleton uses it to refuse
+/// a `CNI_NETNS` that would make the plugin reconfigure its own (host) namespace.
+pub fn is_current_netns(path: &Path) -> Result<bool> {
+    let ns = NetNs::open(path)?;
+    Ok(ns.same_as(&NetNs::current()?))
+}
+
+/// Helpers for tests that need root: private namespaces for the test thread.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::NetNs;
+    use nix::sched::{unshare, CloneFlags};
+
+    /// Move the calling test thread into a new, empty network namespace. libtest runs each test
+    /// on its own thread, so the namespace is private to the test and the machine's interfaces
+    /// are never touched. Panics (fails the test) when that is impossible: these tests must run
+    /// as root and must never pass by skipping.
+    pub(crate) fn private_netns() {
+        if let Err(e) = unshare(CloneFlags::CLONE_NEWNET) {
+            panic!(
+                "unshare(CLONE_NEWNET) failed: {}; kernel tests need root (CAP_SYS_ADMIN) \
+                 and namespace support",
+                e.desc()
+            );
+        }
+    }
+
+    /// A second, unrelated network namespace, created on a helper thread. The returned handle
+    /// keeps it alive after that thread has ended.
+    pub(crate) fn spare_netns() -> NetNs {
+        std::thread::spawn(|| {
+            private_netns();
+            NetNs::current().expect("open the helper thread's netns")
+        })
+        .join()
+        .expect("helper thread creating a netns panicked")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{private_netns, spare_netns};
+    use super::*;
+    use crate::code;
+
+    #[test]
+    fn open_missing_path_is_io_error_naming_path() {
+        let e = NetNs::open("/nonexistent/cni-test-netns").unwrap_err();
+        assert_eq!(e.code, code::IO);
+        assert!(e.msg.contains("/nonexistent/cni-test-netns"), "{}", e.msg);
+        assert!(NetNs::open_if_exists("/nonexistent/cni-test-netns").unwrap().is_none());
+    }
+
+    #[test]
+    fn regular_file_is_not_a_netns() {
+        // What a /run/netns/<name> mount point looks like after the bind mount is gone.
+        let path = std::env::temp_dir().join(format!("cni-netns-test-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let gone = NetNs::open_if_exists(&path).unwrap();
+        let err = NetNs::open(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(gone.is_none());
+        assert_eq!(err.code, code::IO);
+        assert!(err.msg.contains("not a network namespace"), "{}", err.msg);
+    }
+
+    #[test]
+    fn other_namespace_types_are_rejected() {
+        let e = NetNs::open("/proc/thread-self/ns/uts").unwrap_err();
+        assert!(e.msg.contains("not a network namespace"), "{}", e.msg);
+        assert!(NetNs::open_if_exists("/proc/thread-self/ns/uts").is_err());
+    }
+
+    #[test]
+    fn current_is_same_as_itself_and_is_current() {
+        let a = NetNs::current().unwrap();
+        let b = NetNs::open("/proc/thread-self/ns/net").unwrap();
+        assert!(a.same_as(&b));
+        assert!(is_current_netns(Path::new("/proc/thread-self/ns/net")).unwrap());
+    }
+
+    #[test]
+    fn is_current_netns_false_for_another_netns() {
+        private_netns();
+        let other = spare_netns();
+        // The handle's own path named the helper thread's /proc/thread-self; reach the same
+        // namespace through the open fd instead.
+        let fd_path = format!("/proc/self/fd/{}", other.as_fd().as_raw_fd());
+        assert!(!is_current_netns(Path::new(&fd_path)).unwrap());
+        assert!(is_current_netns(Path::new("/proc/thread-self/ns/net")).unwrap());
+    }
+
+    #[test]
+    fn run_enters_and_returns_even_on_error_and_panic() {
+        private_netns();
+        let home = NetNs::current().unwrap();
+        let other = spare_netns();
+        assert!(!home.same_as(&other));
+
+        let inside = other.run(|| Ok(NetNs::current()?.same_as(&other))).unwrap();
+        assert!(inside, "closure did not run inside the target netns");
+        assert!(NetNs::current().unwrap().same_as(&home));
+
+        let r: Result<()> = other.run(|| Err(CniError::internal("boom")));
+        assert_eq!(r.unwrap_err().msg, "boom");
+        assert!(NetNs::current().unwrap().same_as(&home), "not back after error");
+
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<()> = other.run(|| panic!("inside"));
+        }));
+        assert!(caught.is_err());
+        assert!(NetNs::current().unwrap().same_as(&home), "not back after panic");
+    }
+
+    #[test]
+    fn run_nests() {
+        private_netns();
+        let home = NetNs::current().unwrap();
+        let a = spare_netns();
+        let b = spare_netns();
+        a.run(|| {
+            assert!(NetNs::current()?.same_as(&a));
+            b.run(|| {
+                assert!(NetNs::current()?.same_as(&b));
+                // Re-entering the namespace we are already in is a no-op.
+                b.run(|| {
+                    assert!(NetNs::current()?.same_as(&b));
+                    Ok(())
+                })
+            })?;
+            assert!(NetNs::current()?.same_as(&a), "inner run did not return to a");
+            Ok(())
+        })
+        .unwrap();
+        assert!(NetNs::current().unwrap().same_as(&home));
+    }
+}
