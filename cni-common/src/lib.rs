@@ -9,15 +9,14 @@
 //!   the [`netlink`] module.
 
 pub mod error;
+pub mod ipam;
 pub mod netlink;
 pub mod netns;
+pub mod nft;
+pub mod skel;
+pub mod spec;
 pub mod sysctl;
 
 pub use error::{code, CniError, Context, Result};
-
-pub mod ipam;
-pub mod skel;
-pub mod spec;
-
 pub use skel::{Plugin, Request};
 pub use spec::{CniResult, Version};

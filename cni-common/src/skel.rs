@@ -7,6 +7,7 @@
 //! CNI_NETNS checks -> plugin.
 
 use crate::error::{code, CniError, Result};
+use crate::netns::NetNs;
 use crate::spec::config::{require_object, validate_plugin_type, Attachment, NetConf};
 use crate::spec::env::{
     validate_container_id, validate_ifname, validate_network_name, CniArgs, Command, Env, EnvOutcome,
@@ -292,30 +293,20 @@ fn check_netns(command: Command, netns: &str) -> Result<()> {
         return Ok(()); // only DEL gets here: ADD/CHECK require the variable
     }
     let is_del = command == Command::Del;
-    let meta = match std::fs::metadata(netns) {
-        Ok(m) => m,
-        Err(e) if is_del => {
-            let _ = e;
-            return Ok(());
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let path = Path::new(netns);
+    let ns = match NetNs::open_if_exists(path) {
+        Ok(Some(ns)) => ns,
+        Ok(None) | Err(_) if is_del => return Ok(()),
+        Ok(None) if !path.exists() => {
             return Err(CniError::new(
                 code::UNKNOWN_CONTAINER,
                 format!("CNI_NETNS {netns:?} does not exist: the container's network namespace is gone"),
             ))
         }
-        Err(e) => return Err(CniError::env(format!("CNI_NETNS {netns:?}: {e}"))),
+        Ok(None) => return Err(CniError::env(format!("CNI_NETNS {netns:?} is not a network namespace"))),
+        Err(e) => return Err(CniError::env(format!("CNI_NETNS {netns:?}: {}", e.msg))),
     };
-    if !is_nsfs(netns) {
-        if is_del {
-            return Ok(());
-        }
-        return Err(CniError::env(format!("CNI_NETNS {netns:?} is not a network namespace")));
-    }
-    let own = std::fs::metadata("/proc/thread-self/ns/net")
-        .map_err(|e| CniError::io(format!("cannot stat own netns: {e}")))?;
-    use std::os::unix::fs::MetadataExt;
-    if own.dev() == meta.dev() && own.ino() == meta.ino() {
+    if ns.same_as(&NetNs::current()?) {
         return Err(CniError::new(
             code::INVALID_NETNS,
             "plugin's netns and netns from CNI_NETNS should not be the same",
@@ -323,8 +314,4 @@ fn check_netns(command: Command, netns: &str) -> Result<()> {
         .with_details(format!("CNI_NETNS {netns:?} is the namespace the plugin runs in")));
     }
     Ok(())
-}
-
-fn is_nsfs(path: &str) -> bool {
-    matches!(nix::sys::statfs::statfs(path), Ok(s) if s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }

@@ -1,0 +1,176 @@
+//! nftables through the `nft` binary: every firewall change of one verb is one atomic
+//! transaction (`nft -f -` reads the whole script and commits it or nothing), reads use
+//! `nft -j list …`.
+//!
+//! Scripts are written in nft's own syntax. Everything we interpolate is either a number,
+//! an address we formatted, or text passed through [`quote`], which only lets through a
+//! conservative character set, so a hostile ifname or network name cannot inject syntax.
+
+use crate::error::{code, CniError, Result};
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A located `nft` binary.
+#[derive(Debug, Clone)]
+pub struct Nft {
+    program: PathBuf,
+}
+
+const CANDIDATES: [&str; 4] = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft", "/bin/nft"];
+
+impl Nft {
+    /// Find `nft`: `CNI_NFT` (ours, for unusual installs), the usual sbin locations, then PATH.
+    /// A runtime may exec plugins with a minimal PATH, so the fixed locations come first.
+    pub fn find() -> Result<Nft> {
+        if let Some(p) = std::env::var_os("CNI_NFT").filter(|p| !p.is_empty()) {
+            return Ok(Nft { program: PathBuf::from(p) });
+        }
+        for c in CANDIDATES {
+            if Path::new(c).is_file() {
+                return Ok(Nft { program: c.into() });
+            }
+        }
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                let p = dir.join("nft");
+                if p.is_file() {
+                    return Ok(Nft { program: p });
+                }
+            }
+        }
+        Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "nft binary not found (install the nftables package, or set CNI_NFT to its path)",
+        ))
+    }
+
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<std::process::Output> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        let mut child =
+            cmd.spawn().map_err(|e| CniError::internal(format!("exec {}: {e}", self.program.display())))?;
+        if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
+            input.write_all(text.as_bytes()).map_err(|e| CniError::io(format!("write to nft: {e}")))?;
+        }
+        child.wait_with_output().map_err(|e| CniError::internal(format!("wait for nft: {e}")))
+    }
+
+    /// Apply `script` as one transaction.
+    pub fn apply(&self, script: &str) -> Result<()> {
+        let out = self.run(&["-f", "-"], Some(script))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(CniError::internal(format!(
+            "nft transaction failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+        .with_details(script.to_string()))
+    }
+
+    /// `nft -j list table <family> <name>`: the list of objects, or None when the table does
+    /// not exist.
+    pub fn list_table(&self, family: &str, table: &str) -> Result<Option<Vec<Value>>> {
+        let out = self.run(&["-j", "list", "table", family, table], None)?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("No such file or directory") || err.contains("does not exist") {
+                return Ok(None);
+            }
+            return Err(CniError::internal(format!("nft list table {family} {table}: {}", err.trim())));
+        }
+        parse_list(&out.stdout).map(Some)
+    }
+
+    /// Whether nf_tables works here: listing tables succeeds.
+    pub fn probe(&self) -> Result<()> {
+        let out = self.run(&["list", "tables"], None)?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(CniError::new(
+                code::NOT_AVAILABLE,
+                format!("nf_tables is not usable: {}", String::from_utf8_lossy(&out.stderr).trim()),
+            ))
+        }
+    }
+}
+
+/// The `nftables` array of a `nft -j` document.
+pub fn parse_list(bytes: &[u8]) -> Result<Vec<Value>> {
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| CniError::internal(format!("nft -j output: {e}")))?;
+    match v.get("nftables") {
+        Some(Value::Array(a)) => Ok(a.clone()),
+        _ => Err(CniError::internal("nft -j output has no \"nftables\" array")),
+    }
+}
+
+/// The rules of `chain` in a listing, as JSON objects (`{"family", "table", "chain",
+/// "handle", "expr", "comment"?}`).
+pub fn rules_of<'a>(list: &'a [Value], chain: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    list.iter()
+        .filter_map(|o| o.get("rule"))
+        .filter(move |r| r.get("chain").and_then(Value::as_str) == Some(chain))
+}
+
+/// The comment of a rule, if any.
+pub fn comment(rule: &Value) -> Option<&str> {
+    rule.get("comment").and_then(Value::as_str)
+}
+
+/// Whether `chain` exists in a listing.
+pub fn has_chain(list: &[Value], chain: &str) -> bool {
+    list.iter().filter_map(|o| o.get("chain")).any(|c| c.get("name").and_then(Value::as_str) == Some(chain))
+}
+
+/// A double-quoted nft string. Characters outside `[A-Za-z0-9_.:/@,=+-]` and space are
+/// replaced by `%XX`, so the result can never close the quote or start a new statement.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"_.:/@,=+- ".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quote_neutralises_syntax() {
+        assert_eq!(quote("net: kubenet, id: abc-1"), "\"net: kubenet, id: abc-1\"");
+        assert_eq!(quote("a\"; flush ruleset"), "\"a%22%3B flush ruleset\"");
+        assert_eq!(quote("x{}\n#"), "\"x%7B%7D%0A%23\"");
+    }
+
+    #[test]
+    fn listing_helpers() {
+        let doc = br#"{"nftables":[{"metainfo":{"version":"1.0.6"}},
+            {"table":{"family":"inet","name":"t","handle":1}},
+            {"chain":{"family":"inet","table":"t","name":"c","handle":1}},
+            {"rule":{"family":"inet","table":"t","chain":"c","handle":2,"comment":"x","expr":[]}},
+            {"rule":{"family":"inet","table":"t","chain":"d","handle":3,"expr":[]}}]}"#;
+        let list = parse_list(doc).unwrap();
+        assert!(has_chain(&list, "c"));
+        assert!(!has_chain(&list, "d"));
+        let rules: Vec<_> = rules_of(&list, "c").collect();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(comment(rules[0]), Some("x"));
+        assert!(parse_list(b"{}").is_err());
+    }
+}

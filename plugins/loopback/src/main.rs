@@ -1,0 +1,93 @@
+//! `loopback`: set `lo` up in the container's network namespace (ADD), down again (DEL).
+//!
+//! No host-side state at all, so GC and STATUS have nothing to do. Unlike upstream, the result
+//! is shaped for the config's version (upstream prints a 1.x-shaped document labelled 0.2.0).
+
+use cni_common::netlink::Netlink;
+use cni_common::netns::NetNs;
+use cni_common::spec::result::{CniResult, Interface, IpConfig};
+use cni_common::{CniError, Context, Plugin, Request, Result};
+use std::path::Path;
+
+struct Loopback;
+
+fn open_netns(req: &Request) -> Result<NetNs> {
+    let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
+    NetNs::open(path)
+}
+
+/// Addresses on `lo` after bringing it up; all must be loopback addresses.
+fn bring_up(ns: &NetNs) -> Result<Vec<ipnet::IpNet>> {
+    let mut nl = Netlink::new_in(ns)?;
+    let lo =
+        nl.link_by_name("lo")?.ok_or_else(|| CniError::internal("no lo interface in the container netns"))?;
+    nl.link_set_up(lo.index).context("set lo up")?;
+    let addrs: Vec<ipnet::IpNet> = nl.addrs(Some(lo.index), None)?.into_iter().map(|a| a.addr).collect();
+    if let Some(bad) = addrs.iter().find(|a| !a.addr().is_loopback()) {
+        return Err(CniError::internal(format!("loopback interface found with non-loopback address {bad}")));
+    }
+    Ok(addrs)
+}
+
+impl Plugin for Loopback {
+    fn name(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult> {
+        let ns = open_netns(req)?;
+        let addrs = bring_up(&ns)?;
+        if let Some(prev) = req.prev_result()? {
+            return Ok(prev);
+        }
+        let mut result = CniResult {
+            interfaces: vec![Interface {
+                name: "lo".into(),
+                mac: "00:00:00:00:00:00".into(),
+                sandbox: req.env.netns.clone(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        for want_v4 in [true, false] {
+            if let Some(a) = addrs.iter().find(|a| a.addr().is_ipv4() == want_v4) {
+                result.ips.push(IpConfig { interface: Some(0), address: *a, gateway: None });
+            }
+        }
+        Ok(result)
+    }
+
+    fn del(&self, req: &Request) -> Result<()> {
+        let Some(path) = req.netns() else { return Ok(()) };
+        let Some(ns) = NetNs::open_if_exists(Path::new(path))? else { return Ok(()) };
+        let mut nl = Netlink::new_in(&ns)?;
+        if let Some(lo) = nl.link_by_name("lo")? {
+            nl.link_set_down(lo.index).context("set lo down")?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, req: &Request) -> Result<()> {
+        let ns = open_netns(req)?;
+        let mut nl = Netlink::new_in(&ns)?;
+        let lo = nl
+            .link_by_name("lo")?
+            .ok_or_else(|| CniError::internal("no lo interface in the container netns"))?;
+        if !lo.up() {
+            return Err(CniError::internal("loopback interface is down"));
+        }
+        Ok(())
+    }
+
+    fn gc(&self, _req: &Request) -> Result<()> {
+        Ok(()) // no state outside the container's namespace
+    }
+
+    fn status(&self, _req: &Request) -> Result<()> {
+        Ok(()) // nothing can make loopback unavailable
+    }
+}
+
+fn main() {
+    cni_common::skel::run(&Loopback)
+}

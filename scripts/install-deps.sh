@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install the system packages the tests, demo and benchmarks use, on Debian 12.
+# Idempotent: does nothing (and needs no network) when everything is already there.
+#   nftables                    nft: portmap, bridge ipMasq/macspoofchk
+#   iproute2                    ip/tc for tests and the demo
+#   containernetworking-plugins upstream Go plugins in /usr/lib/cni: interop tests, benchmarks
+#   socat, conntrack, iputils-ping, procps: traffic in end-to-end tests
+set -euo pipefail
+
+packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod)
+missing=()
+for p in "${packages[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# br_netfilter backs the opt-in bridge-nf-call-iptables sysctl; load it when available.
+modprobe br_netfilter 2>/dev/null || true

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it, on a fresh Debian 12 machine with only the Rust
+# toolchain: system packages, formatting, lints, a build of every binary, then every test
+# (unit, kernel tests in scratch network namespaces, end-to-end). Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/test.sh needs root (network namespaces, nftables, tc)" >&2
+    exit 1
+fi
+
+scripts/install-deps.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo build --workspace --bins
+if [ -x scripts/build-upstream-cnitool.sh ]; then
+    scripts/build-upstream-cnitool.sh
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --no-fail-fast "$@"
+else
+    cargo test --workspace --no-fail-fast "$@"
+fi

@@ -1,0 +1,464 @@
+//! Test harness for the end-to-end tests.
+//!
+//! Every test builds its own world out of network namespaces: a fake **host** netns in which
+//! the plugins run (so bridges, veth host ends, nftables rules, qdiscs and sysctls never touch
+//! the machine), one or more **container** netns, and scratch directories for CNI_PATH,
+//! dataDir and caches. Everything is removed when the guards drop, also when a test fails.
+//!
+//! Tests need root. They do not skip: if a namespace cannot be made, the test fails and says
+//! why.
+
+use serde_json::Value;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+/// The workspace root (the directory holding the top-level Cargo.toml).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Directory with the built binaries: `CNI_TEST_BIN_DIR`, else `target/debug`.
+pub fn bin_dir() -> PathBuf {
+    match std::env::var_os("CNI_TEST_BIN_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target"));
+            target.join("debug")
+        }
+    }
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    let entries = std::fs::read_dir(dir).ok()?;
+    for e in entries.flatten() {
+        let p = e.path();
+        let t = if p.is_dir() { newest_mtime(&p) } else { e.metadata().ok().and_then(|m| m.modified().ok()) };
+        if let Some(t) = t {
+            if newest.is_none_or(|n| t > n) {
+                newest = Some(t);
+            }
+        }
+    }
+    newest
+}
+
+/// Where a binary's sources live, for the staleness check.
+fn source_dirs(name: &str) -> Vec<PathBuf> {
+    let root = workspace_root();
+    let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
+    vec![own, root.join("cni-common/src")]
+}
+
+/// Path of a built binary (`loopback`, `bridge`, `cnitool`, …). Fails the test if it is
+/// missing or older than its sources: run `cargo build --workspace --bins` (scripts/test.sh
+/// does) before the tests.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    let meta = std::fs::metadata(&p).unwrap_or_else(|e| {
+        panic!("binary {} missing ({e}): build first with `cargo build --workspace --bins`", p.display())
+    });
+    if std::env::var_os("CNI_TEST_BIN_DIR").is_none() {
+        let built = meta.modified().expect("mtime");
+        for d in source_dirs(name) {
+            if let Some(src) = newest_mtime(&d) {
+                assert!(
+                    src <= built,
+                    "binary {} is older than sources in {}: rebuild with `cargo build --workspace --bins`",
+                    p.display(),
+                    d.display()
+                );
+            }
+        }
+    }
+    p
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A short name unique to this process and call: `<prefix><pid36><n>` (<= 15 bytes so it can
+/// also be used for interface names).
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let s = format!("{prefix}{}{n}", radix36(pid as u64));
+    assert!(s.len() <= 15, "unique name {s} too long: shorten the prefix");
+    s
+}
+
+fn radix36(mut v: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(v % 36) as usize]);
+        v /= 36;
+        if v == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap()
+}
+
+/// Run a command, panicking with its output if it cannot start or fails.
+pub fn sh(program: &str, args: &[&str]) -> Output {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run {program}: {e} (is it installed? scripts/test.sh installs it)")
+    });
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+pub struct Netns {
+    name: String,
+    path: PathBuf,
+    file: File,
+}
+
+impl Netns {
+    /// Create a fresh namespace named `<prefix>…`, with `lo` left down as the kernel makes it.
+    pub fn new(prefix: &str) -> Netns {
+        let name = unique(prefix);
+        let out = Command::new("ip").args(["netns", "add", &name]).output().expect("run ip");
+        assert!(
+            out.status.success(),
+            "cannot create network namespace {name}: {} — these tests need root and netns support",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        let path = PathBuf::from("/run/netns").join(&name);
+        let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        Netns { name, path, file }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The bind-mounted path, as a runtime would pass it in CNI_NETNS.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn path_str(&self) -> &str {
+        self.path.to_str().expect("utf-8 path")
+    }
+
+    /// A command that will run inside this namespace (setns between fork and exec).
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        let fd = self.file.as_raw_fd();
+        // SAFETY: setns is async-signal-safe; the fd stays open in the parent for the whole call.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Run `program args` in this namespace; panics on failure.
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program} in {}: {e}", self.name));
+        assert!(
+            out.status.success(),
+            "{program} {args:?} in netns {} failed: {}{}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Run `program args` in this namespace, returning the output whatever the status.
+    pub fn try_run(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program} in {}: {e}", self.name))
+    }
+
+    /// `ip -j <args>` in this namespace, parsed.
+    pub fn ip_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["-j"];
+        all.extend_from_slice(args);
+        let out = self.run("ip", &all);
+        if out.stdout.iter().all(|b| b.is_ascii_whitespace()) {
+            return Value::Array(vec![]);
+        }
+        serde_json::from_slice(&out.stdout).expect("ip -j prints JSON")
+    }
+
+    /// The link named `name`, as `ip -j -d link show` prints it, or None.
+    pub fn link(&self, name: &str) -> Option<Value> {
+        let out = self.try_run("ip", &["-j", "-d", "link", "show", "dev", name]);
+        if !out.status.success() {
+            return None;
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).expect("ip -j prints JSON");
+        v.as_array().and_then(|a| a.first().cloned())
+    }
+
+    /// Whether link `name` has IFF_UP set.
+    pub fn link_is_up(&self, name: &str) -> bool {
+        let l = self.link(name).unwrap_or_else(|| panic!("no link {name} in {}", self.name));
+        l["flags"].as_array().is_some_and(|f| f.iter().any(|x| x == "UP"))
+    }
+
+    /// Names of all links in the namespace.
+    pub fn link_names(&self) -> Vec<String> {
+        self.ip_json(&["link", "show"])
+            .as_array()
+            .map(|a| a.iter().filter_map(|l| l["ifname"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Addresses (CIDR text) on `dev`.
+    pub fn addrs(&self, dev: &str) -> Vec<String> {
+        let v = self.ip_json(&["addr", "show", "dev", dev]);
+        let mut out = Vec::new();
+        for l in v.as_array().into_iter().flatten() {
+            for a in l["addr_info"].as_array().into_iter().flatten() {
+                out.push(format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let out = Command::new("ip").args(["netns", "del", &self.name]).output();
+        if let Ok(o) = out {
+            if !o.status.success() && !std::thread::panicking() {
+                panic!("cannot delete netns {}: {}", self.name, String::from_utf8_lossy(&o.stderr));
+            }
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let base = std::env::temp_dir().join(unique(&format!("cni-{prefix}-")));
+        std::fs::create_dir_all(&base).expect("create temp dir");
+        TempDir(base)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.0.join(p)
+    }
+    pub fn str(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A CNI_PATH directory holding symlinks to our built binaries (and nothing else), so a test
+/// can be sure which `host-local` a `bridge` delegates to.
+pub fn cni_path_with(names: &[&str]) -> TempDir {
+    let d = TempDir::new("bin");
+    for n in names {
+        std::os::unix::fs::symlink(bin(n), d.join(n)).expect("symlink plugin");
+    }
+    d
+}
+
+/// The outcome of one plugin exec.
+#[derive(Debug)]
+pub struct PluginOutput {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PluginOutput {
+    /// The single JSON document on stdout (asserts there is exactly one).
+    pub fn json(&self) -> Value {
+        let mut it = serde_json::Deserializer::from_str(&self.stdout).into_iter::<Value>();
+        let v = it
+            .next()
+            .unwrap_or_else(|| panic!("no JSON on stdout; stderr: {}", self.stderr))
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout));
+        assert!(it.next().is_none(), "more than one JSON document on stdout: {}", self.stdout);
+        v
+    }
+
+    /// Assert success and return the parsed result.
+    pub fn ok(&self) -> Value {
+        assert_eq!(self.code, 0, "plugin failed: stdout {} stderr {}", self.stdout, self.stderr);
+        self.json()
+    }
+
+    /// Assert success with empty stdout (DEL, CHECK, GC, STATUS).
+    pub fn ok_silent(&self) {
+        assert_eq!(self.code, 0, "plugin failed: stdout {} stderr {}", self.stdout, self.stderr);
+        assert!(self.stdout.trim().is_empty(), "unexpected stdout: {}", self.stdout);
+    }
+
+    /// Assert failure with a CNI error of `code`; returns the error message.
+    pub fn err(&self, code: u64) -> String {
+        assert_ne!(self.code, 0, "expected failure, got success: {}", self.stdout);
+        let v = self.json();
+        assert_eq!(v["code"], code, "wrong error code: {} (stderr {})", self.stdout, self.stderr);
+        v["msg"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// One invocation of a plugin binary: env + stdin, run inside a namespace (the fake host).
+pub struct Exec<'a> {
+    plugin: PathBuf,
+    env: Vec<(String, String)>,
+    in_ns: Option<&'a Netns>,
+}
+
+impl<'a> Exec<'a> {
+    /// `plugin` is a binary name (resolved with [`bin`]) or a path.
+    pub fn new(plugin: &str) -> Exec<'a> {
+        let plugin = if plugin.contains('/') { PathBuf::from(plugin) } else { bin(plugin) };
+        Exec { plugin, env: Vec::new(), in_ns: None }
+    }
+
+    /// Run inside `ns` (normally the fake host namespace).
+    pub fn in_ns(mut self, ns: &'a Netns) -> Self {
+        self.in_ns = Some(ns);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.retain(|(x, _)| x != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// The usual attachment environment.
+    pub fn attachment(
+        self,
+        command: &str,
+        container_id: &str,
+        netns: &str,
+        ifname: &str,
+        cni_path: &str,
+    ) -> Self {
+        self.env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container_id)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", cni_path)
+    }
+
+    pub fn run(&self, stdin: &str) -> PluginOutput {
+        let mut cmd = match self.in_ns {
+            Some(ns) => ns.command(&self.plugin),
+            None => Command::new(&self.plugin),
+        };
+        // Start from a clean CNI environment: only what the test sets.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
+        {
+            use std::io::Write;
+            let mut input = child.stdin.take().expect("stdin");
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        let out = child.wait_with_output().expect("wait for plugin");
+        PluginOutput {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// Snapshot of everything a plugin could change in a namespace: links, addresses, routes
+/// (all tables), nftables ruleset, qdiscs and filters, and the sysctls we write. Used to
+/// prove that bad input leaves the host exactly as it was.
+pub fn ns_state(ns: &Netns) -> String {
+    let mut s = String::new();
+    for args in [
+        &["-d", "link", "show"][..],
+        &["addr", "show"],
+        &["route", "show", "table", "all"],
+        &["-6", "route", "show", "table", "all"],
+    ] {
+        let out = ns.run("ip", args);
+        s.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let nft = ns.try_run("nft", &["list", "ruleset"]);
+    s.push_str(&String::from_utf8_lossy(&nft.stdout));
+    let q = ns.try_run("tc", &["qdisc", "show"]);
+    s.push_str(&String::from_utf8_lossy(&q.stdout));
+    for key in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"] {
+        let v = ns.try_run("cat", &[&format!("/proc/sys/{key}")]);
+        s.push_str(&format!("{key}={}", String::from_utf8_lossy(&v.stdout)));
+    }
+    // Strip counters that change by themselves.
+    s.lines().filter(|l| !l.contains("RX:") && !l.contains("TX:")).collect::<Vec<_>>().join("\n")
+}
+
+/// Files (relative path and content) below `dir`, sorted: to compare stores before/after.
+pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                out.push((format!("{rel}/"), Vec::new()));
+                walk(base, &p, out);
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Probe a kernel feature by running a command in a scratch namespace. Returns Err(reason)
+/// when the feature is missing, so a test can print one line and cover the logic elsewhere.
+pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
+    let ns = Netns::new("probe");
+    let out = ns.try_run(args[0], &args[1..]);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
