@@ -157,6 +157,13 @@ impl Netns {
         self.path.to_str().expect("utf-8 path")
     }
 
+    /// Move the calling thread into this namespace for good (benchmark drivers do this once so
+    /// that children are spawned without a pre-exec hook, i.e. with the cheap vfork path).
+    pub fn enter_current_thread(&self) {
+        nix::sched::setns(&self.file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("setns into {}: {e}", self.name));
+    }
+
     /// A command that will run inside this namespace (setns between fork and exec).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new(program);
@@ -462,3 +469,4 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
+pub mod bench;

@@ -1,0 +1,30 @@
+//! loopback ADD and DEL, whole process, in a fresh container netns each iteration.
+
+use super::{timed, upstream_bin, Case, Step};
+use crate::{bin, Exec, Netns};
+use std::time::Duration;
+
+fn step<'a>(plugin: String) -> Step<'a> {
+    let conf = r#"{"cniVersion":"1.0.0","name":"bench-lo","type":"loopback"}"#;
+    Box::new(move || -> Vec<Duration> {
+        let ctr = Netns::new("bl");
+        let run = |cmd: &str| {
+            Exec::new(&plugin).attachment(cmd, "bench-ctr", ctr.path_str(), "eth0", "/opt/cni/bin").run(conf)
+        };
+        let (add, t_add) = timed(|| run("ADD"));
+        assert_eq!(add.code, 0, "{plugin} ADD: {}", add.stdout);
+        let (del, t_del) = timed(|| run("DEL"));
+        assert_eq!(del.code, 0, "{plugin} DEL: {}", del.stdout);
+        vec![t_add, t_del]
+    })
+}
+
+/// The driver runs inside the fake host netns already.
+pub fn cases<'a>() -> Vec<Case<'a>> {
+    vec![Case {
+        label: "loopback".into(),
+        rows: vec!["ADD".into(), "DEL".into()],
+        ours: step(bin("loopback").to_string_lossy().into_owned()),
+        upstream: step(upstream_bin("loopback").to_string_lossy().into_owned()),
+    }]
+}
