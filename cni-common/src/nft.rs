@@ -75,6 +75,16 @@ impl Nft {
         .with_details(script.to_string()))
     }
 
+    /// Dry-run `script` (`nft -c -f -`): the kernel validates the whole transaction and
+    /// nothing is committed.
+    pub fn check(&self, script: &str) -> Result<()> {
+        let out = self.run(&["-c", "-f", "-"], Some(script))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(CniError::internal(format!("nft check failed: {}", String::from_utf8_lossy(&out.stderr).trim())))
+    }
+
     /// `nft -j list table <family> <name>`: the list of objects, or None when the table does
     /// not exist.
     pub fn list_table(&self, family: &str, table: &str) -> Result<Option<Vec<Value>>> {
