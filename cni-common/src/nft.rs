@@ -25,7 +25,14 @@ impl Nft {
     /// A runtime may exec plugins with a minimal PATH, so the fixed locations come first.
     pub fn find() -> Result<Nft> {
         if let Some(p) = std::env::var_os("CNI_NFT").filter(|p| !p.is_empty()) {
-            return Ok(Nft { program: PathBuf::from(p) });
+            let program = PathBuf::from(p);
+            if !program.is_file() {
+                return Err(CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!("nft binary {} (from CNI_NFT) not found", program.display()),
+                ));
+            }
+            return Ok(Nft { program });
         }
         for c in CANDIDATES {
             if Path::new(c).is_file() {

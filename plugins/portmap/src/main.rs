@@ -43,7 +43,7 @@ fn owner(req: &Request) -> Owner {
     Owner::new(req.network(), &req.env.container_id, &req.env.ifname)
 }
 
-fn lock() -> Result<File> {
+fn lock() -> Result<nix::fcntl::Flock<File>> {
     let dir = std::path::Path::new(LOCK_PATH).parent().expect("has a parent");
     std::fs::create_dir_all(dir).map_err(|e| CniError::io(format!("create {}: {e}", dir.display())))?;
     let f = File::options()
@@ -52,8 +52,8 @@ fn lock() -> Result<File> {
         .write(true)
         .open(LOCK_PATH)
         .map_err(|e| CniError::io(format!("open {LOCK_PATH}: {e}")))?;
-    f.lock().map_err(|e| CniError::io(format!("lock {LOCK_PATH}: {e}")))?;
-    Ok(f)
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| CniError::io(format!("lock {LOCK_PATH}: {e}")))
 }
 
 fn listing(nft: &Nft) -> Result<Option<Listing>> {
