@@ -5,9 +5,10 @@
 #   iproute2                    ip/tc for tests and the demo
 #   containernetworking-plugins upstream Go plugins in /usr/lib/cni: interop tests, benchmarks
 #   socat, conntrack, iputils-ping, procps: traffic in end-to-end tests
+#   iptables                    upstream portmap (iptables backend) in the portmap benchmark
 set -euo pipefail
 
-packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod)
+packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod iptables)
 missing=()
 for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,7 @@
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
 
 pub mod loopback;
+pub mod portmap;
 
 use std::time::{Duration, Instant};
 
