@@ -27,11 +27,11 @@ impl Side {
         let host = Netns::new("bph");
         host.run("ip", &["link", "set", "lo", "up"]);
         host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-        let cni_path = TempDir::new("bpbin");
+        let cni_path = TempDir::new("bpb");
         for p in ["bridge", "host-local"] {
             std::os::unix::fs::symlink(upstream_bin(p), cni_path.join(p)).expect("symlink");
         }
-        Side { portmap, host, cni_path, data: TempDir::new("bpdata"), ctrs: Vec::new(), samples: Vec::new() }
+        Side { portmap, host, cni_path, data: TempDir::new("bpd"), ctrs: Vec::new(), samples: Vec::new() }
     }
 
     fn bridge_conf(&self) -> String {
