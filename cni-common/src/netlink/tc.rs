@@ -11,10 +11,11 @@
 //! Not sent: `TCA_TBF_RTAB`, the 256-entry rate table. The kernel only reads it for a ratespec
 //! whose link layer is "unaware" (0), and even then drops it right away; with link layer
 //! "ethernet" it computes transmission times itself (since Linux 3.11). `TCA_TBF_BURST` is not
-//! sent either: without it the kernel takes the bucket size from `buffer` (in scheduler ticks,
-//! see [`Psched`]) and caps it at 2^32-1 ns, as it does for the Go plugin, which also sends
-//! neither. [`Tbf::with_latency`] applies that cap itself so that what is sent is exactly what
-//! the kernel reports back, and CHECK can compare values exactly.
+//! sent either, as by the Go plugin: the bucket travels as `buffer`, its time at the rate in
+//! scheduler ticks (see [`Psched`]), which the kernel keeps as sent and reports back unchanged,
+//! so CHECK can compare exactly. (With `TCA_TBF_BURST` the kernel would derive the bucket time
+//! in 64 bits and report it truncated to 32-bit ticks.) A 32-bit tick count limits the bucket
+//! to about 274.9 s of traffic at the rate; [`Tbf::with_latency`] saturates there.
 
 use std::time::Duration;
 
@@ -129,13 +130,6 @@ impl Psched {
     pub fn ticks_to_usec(&self, ticks: u32) -> u64 {
         (f64::from(ticks) / self.ticks_per_usec) as u64
     }
-
-    /// The largest `buffer` the kernel keeps as sent: it converts ticks to nanoseconds and
-    /// caps the result at `u32::MAX` ns (≈ 4.29 s).
-    pub fn max_buffer_ticks(&self) -> u32 {
-        let ns_per_tick = 1000.0 / self.ticks_per_usec;
-        (f64::from(u32::MAX) / ns_per_tick).floor() as u32
-    }
 }
 
 /// A token bucket filter's parameters, in the units the kernel uses.
@@ -153,13 +147,13 @@ impl Tbf {
     /// The bandwidth plugin's TBF (upstream's arithmetic): `rate` bytes/s, a bucket of `burst`
     /// bytes, and a queue that holds `latency` worth of traffic on top of the burst
     /// (`limit = rate × latency + burst`, saturating). The bucket is converted to time at the
-    /// rate (whole µs) and then to ticks, capped at what the kernel keeps
-    /// ([`Psched::max_buffer_ticks`]). `rate` must not be 0.
+    /// rate (whole µs) and then to ticks, saturating at `u32::MAX` ticks (≈ 274.9 s at the
+    /// rate; upstream's 32-bit arithmetic wraps instead). `rate` must not be 0.
     pub fn with_latency(rate: u64, burst: u64, latency: Duration, psched: &Psched) -> Tbf {
         assert!(rate > 0, "tbf rate must be positive");
         let usec = u128::from(burst) * 1_000_000 / u128::from(rate);
         let usec = u64::try_from(usec).unwrap_or(u64::MAX);
-        let buffer = psched.usec_to_ticks(usec).min(psched.max_buffer_ticks());
+        let buffer = psched.usec_to_ticks(usec);
         let queued = u128::from(rate) * latency.as_micros() / 1_000_000 + u128::from(burst);
         let limit = u32::try_from(queued).unwrap_or(u32::MAX);
         Tbf { rate, buffer, limit }
@@ -587,7 +581,6 @@ mod tests {
         assert_eq!(p.ticks_per_usec, 15.625);
         assert_eq!(p.usec_to_ticks(81_920), 1_280_000);
         assert_eq!(p.ticks_to_usec(1_280_000), 81_920);
-        assert_eq!(p.max_buffer_ticks(), 67_108_863); // (2^32 - 1) ns / 64 ns
         assert_eq!(p.usec_to_ticks(u64::MAX), u32::MAX);
         // Old kernels with a nanosecond clock advertised 1000 ticks per µs this way.
         let old = Psched::parse("000003e8 00000400 3b9aca00 3b9aca00").unwrap();
@@ -613,13 +606,13 @@ mod tests {
     }
 
     #[test]
-    fn tbf_bucket_is_capped_at_what_the_kernel_keeps() {
-        // Kubernetes runtimes send a burst of 2^32-1 bits: 512 MiB at 1 Mbit/s is over an
-        // hour of traffic; the kernel keeps at most (2^32-1) ns of tokens.
+    fn tbf_bucket_saturates_at_32_bit_ticks() {
+        // containerd sends a burst of 2^32-1 bits for Kubernetes' annotations: 512 MiB at
+        // 1 Mbit/s is over an hour of traffic; 2^32-1 ticks of 64 ns are 274.877906 s.
         let p = psched();
         let t = Tbf::with_latency(125_000, (u64::from(u32::MAX)) / 8, Duration::from_millis(25), &p);
-        assert_eq!(t.buffer, p.max_buffer_ticks());
-        assert_eq!(t.burst_bytes(&p), 125_000 * 4_294_967 / 1_000_000);
+        assert_eq!(t.buffer, u32::MAX);
+        assert_eq!(t.burst_bytes(&p), 125_000 * 274_877_906 / 1_000_000);
         assert_eq!(t.limit, 3_125 + 536_870_911);
         // limit saturates instead of wrapping
         let t =
@@ -813,10 +806,10 @@ mod kernel_tests {
             &fast,
             Tbf::with_latency(5_000_000_000, 1_000_000, Duration::from_millis(25), &p),
         );
-        // Kubernetes' "unlimited" burst of 2^32-1 bits at 1 Mbit/s: capped bucket.
+        // containerd's "unlimited" burst of 2^32-1 bits at 1 Mbit/s: the largest bucket.
         let slow = ifb(&mut nl, "slow0");
         let t = Tbf::with_latency(125_000, u64::from(u32::MAX) / 8, Duration::from_millis(25), &p);
-        assert_eq!(t.buffer, p.max_buffer_ticks());
+        assert_eq!(t.buffer, u32::MAX);
         add_and_compare(&mut nl, &slow, t);
     }
 
