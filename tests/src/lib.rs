@@ -269,7 +269,8 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(prefix: &str) -> TempDir {
-        let base = std::env::temp_dir().join(unique(&format!("cni-{prefix}-")));
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("cni-{prefix}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&base).expect("create temp dir");
         TempDir(base)
     }

@@ -37,6 +37,9 @@ fn main() {
         }
     }
     let rows = bench::run(cases, iterations, warmup);
-    println!("Machine: {}. {iterations} interleaved iterations per case after {warmup} warm-up.\n", bench::machine());
+    println!(
+        "Machine: {}. {iterations} interleaved iterations per case after {warmup} warm-up.\n",
+        bench::machine()
+    );
     print!("{}", bench::markdown(&rows));
 }
