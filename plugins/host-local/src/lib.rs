@@ -129,14 +129,22 @@ pub fn add(req: &Request) -> Result<CniResult> {
     let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
     let mut store = Store::open(&conf.network_dir(), true)?.expect("created on demand");
     let mut ips: Vec<IpConfig> = Vec::with_capacity(conf.sets.len());
+    let mut cursors = Vec::with_capacity(conf.sets.len());
     for (idx, set) in conf.sets.iter().enumerate() {
+        cursors.push(store.cursor_snapshot(idx));
         match allocate_in_set(&mut store, set, idx, id, ifname, plan[idx]) {
             Ok(ipc) => ips.push(ipc),
             Err(e) => {
-                // The whole ADD holds one lock: undo what this call reserved, nothing else.
+                // The whole ADD holds one lock: undo what this call reserved (and the
+                // round-robin cursors it moved), nothing else.
                 for done in &ips {
                     if let Err(re) = store.release_ip(id, ifname, done.address.addr()) {
                         eprintln!("host-local: rollback of {}: {re}", done.address.addr());
+                    }
+                }
+                for (i, saved) in cursors.into_iter().enumerate() {
+                    if let Err(re) = store.restore_cursor(i, saved) {
+                        eprintln!("host-local: rollback of last_reserved_ip.{i}: {re}");
                     }
                 }
                 let _ = store.finish();

@@ -394,6 +394,31 @@ impl Store {
         f.write_all(ip.to_string().as_bytes()).map_err(|e| io_err(format!("write {}", p.display()), e))
     }
 
+    /// The raw cursor file of `set` (`None`: no file), to restore it on rollback.
+    pub fn cursor_snapshot(&self, set: usize) -> Option<Vec<u8>> {
+        std::fs::read(self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"))).ok()
+    }
+
+    /// Put back a cursor saved by [`Store::cursor_snapshot`].
+    pub fn restore_cursor(&mut self, set: usize, saved: Option<Vec<u8>>) -> Result<()> {
+        if self.cursor_snapshot(set) == saved {
+            return Ok(());
+        }
+        let p = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"));
+        self.dirty = true;
+        let r = match saved {
+            Some(content) => std::fs::write(&p, content),
+            None => std::fs::remove_file(&p).or_else(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }),
+        };
+        r.map_err(|e| io_err(format!("restore {}", p.display()), e))
+    }
+
     /// Whether no file holds `ip` (STATUS; does not reserve).
     pub fn is_free(&self, ip: IpAddr) -> bool {
         matches!(std::fs::symlink_metadata(self.dir.join(ip.to_string())), Err(e) if e.kind() == io::ErrorKind::NotFound)
