@@ -55,7 +55,7 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 fn source_dirs(name: &str) -> Vec<PathBuf> {
     let root = workspace_root();
     let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
-    vec![own, root.join("cni-common/src")]
+    vec![own.join("src"), root.join("cni-common/src")]
 }
 
 /// Path of a built binary (`loopback`, `bridge`, `cnitool`, …). Fails the test if it is

@@ -245,30 +245,21 @@ pub fn read_resolv_conf(path: &Path) -> Result<Dns> {
 mod tests {
     use super::*;
     use cni_common::skel::Request;
-    use cni_common::spec::{Command, Env, NetConf};
+    use cni_common::spec::{Command, Env};
     use serde_json::{json, Value};
 
     fn req(config: Value, args: &str) -> Request {
-        let version = match config.get("cniVersion").and_then(|v| v.as_str()) {
-            Some(s) => Version::from_str_exact(s).unwrap(),
-            None => Version::V0_1_0,
+        let env = Env {
+            command: Some(Command::Add),
+            container_id: "c1".into(),
+            netns: "/run/netns/x".into(),
+            ifname: "eth0".into(),
+            args: args.into(),
+            path: "/opt/cni/bin".into(),
+            // unit tests: no namespace exists behind the path
+            netns_override: true,
         };
-        Request {
-            command: Command::Add,
-            env: Env {
-                command: Some(Command::Add),
-                container_id: "c1".into(),
-                netns: "/run/netns/x".into(),
-                ifname: "eth0".into(),
-                args: args.into(),
-                path: "/opt/cni/bin".into(),
-                netns_override: false,
-            },
-            version,
-            stdin: serde_json::to_vec(&config).unwrap(),
-            conf: NetConf::from_value(&config).unwrap(),
-            config,
-        }
+        Request::new(env, serde_json::to_vec(&config).unwrap(), &Version::ALL).expect("valid request")
     }
 
     fn load(config: Value) -> Result<Config> {
