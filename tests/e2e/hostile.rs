@@ -268,3 +268,67 @@ fn host_local_rejects_hostile_input_without_side_effects() {
     let n = run_cases(&w, "host-local", cases);
     assert!(n >= 70, "{n} cases");
 }
+
+#[test]
+fn bandwidth_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["bandwidth"]);
+    // The container is attached by a veth pair, as bridge would leave it.
+    w.host
+        .run("ip", &["link", "add", "hveth0", "type", "veth", "peer", "name", "eth0", "netns", w.ctr.name()]);
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [
+        {"name": "hbr0"}, {"name": "hveth0"}, {"name": "eth0", "sandbox": w.ctr.path_str()}]});
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "bandwidth",
+        "ingressRate": 8000, "ingressBurst": 800, "egressRate": 8000, "egressBurst": 800, "prevResult": prev});
+    let mut cases = generic_cases(&base, &w);
+    let without = |keys: &[&str]| {
+        let mut c = base.clone();
+        for k in keys {
+            c.as_object_mut().unwrap().remove(*k);
+        }
+        c
+    };
+    let rt = |v: Value| {
+        let mut c = without(&["ingressRate", "ingressBurst", "egressRate", "egressBurst"]);
+        c["runtimeConfig"] = json!({"bandwidth": v});
+        c.to_string()
+    };
+    let specific = vec![
+        case("rate without burst", without(&["ingressBurst"]).to_string(), 7),
+        case("burst without rate", without(&["egressRate"]).to_string(), 7),
+        case("burst over 4GB", set(&base, "egressBurst", json!(34_359_738_360u64)), 7),
+        case("burst u64::MAX", set(&base, "egressBurst", json!(u64::MAX)), 7),
+        case("rate below one byte/s", set(&base, "ingressRate", json!(7)), 7),
+        case("rate above u64", set(&base, "ingressRate", json!(1e20)), 6),
+        case("rate negative", set(&base, "ingressRate", json!(-8000)), 6),
+        case("rate fractional", set(&base, "ingressRate", json!(8000.5)), 6),
+        case("rate as string", set(&base, "ingressRate", json!("8k")), 6),
+        case("runtime rate without burst", rt(json!({"egressRate": 1000})), 7),
+        case("runtime bandwidth of wrong type", rt(json!([1, 2])), 6),
+        case("runtime rate of wrong type", rt(json!({"ingressRate": true, "ingressBurst": 8})), 6),
+        case("runtimeConfig of wrong type", set(&base, "runtimeConfig", json!("fast")), 6),
+        case("shaped subnets", set(&base, "shapedSubnets", json!(["10.0.0.0/8"])), 2),
+        case("subnets of wrong type", set(&base, "unshapedSubnets", json!("10.0.0.0/8")), 6),
+        case("no prevResult", without(&["prevResult"]).to_string(), 7),
+        case("prevResult without interfaces", set(&base, "prevResult", json!({"cniVersion": "1.0.0"})), 7),
+        case(
+            "prevResult without the host veth",
+            set(&base, "prevResult", json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hbr0"}]})),
+            7,
+        ),
+        case(
+            "host veth listed inside the sandbox",
+            set(
+                &base,
+                "prevResult",
+                json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hveth0", "sandbox": w.ctr.path_str()}]}),
+            ),
+            7,
+        ),
+        case("spec 0.2.0 (no interfaces in results)", set(&base, "cniVersion", json!("0.2.0")), 1),
+        with_env(case("container interface missing", base.to_string(), 999), "CNI_IFNAME", Some("eth9")),
+        with_env(case("container interface not a veth", base.to_string(), 999), "CNI_IFNAME", Some("lo")),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "bandwidth", cases);
+    assert!(n >= 70, "{n} cases");
+}
