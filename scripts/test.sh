@@ -23,3 +23,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast "$@"
 fi
+
+# Bounded fuzzing of the parsers (config/skeleton, results, CNI_ARGS).
+scripts/fuzz.sh "${FUZZ_SECONDS:-20}"

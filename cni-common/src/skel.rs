@@ -52,6 +52,9 @@ pub struct Request {
     pub config: Value,
     /// The common keys of the config.
     pub conf: NetConf,
+    /// `prevResult`, decoded (any version) before the plugin runs, so a malformed one is
+    /// rejected by every plugin before anything is touched.
+    pub prev: Option<CniResult>,
 }
 
 impl Request {
@@ -63,7 +66,7 @@ impl Request {
 
     /// The previous result in the canonical model, if the runtime sent one.
     pub fn prev_result(&self) -> Result<Option<CniResult>> {
-        self.conf.prev_result(self.version)
+        Ok(self.prev.clone())
     }
 
     /// CNI_NETNS, or None when empty (DEL may be called without one).
@@ -86,6 +89,69 @@ impl Request {
     /// The network name (validated).
     pub fn network(&self) -> &str {
         &self.conf.name
+    }
+}
+
+/// Stdin must be one JSON object.
+fn parse_stdin(bytes: &[u8]) -> Result<Value> {
+    let config: Value = serde_json::from_slice(bytes)
+        .map_err(|e| CniError::decode(format!("error unmarshall network config: {e}")))?;
+    require_object(&config)?;
+    Ok(config)
+}
+
+impl Request {
+    /// Validate and assemble a request from the environment and stdin: every check the
+    /// skeleton makes before a plugin runs (identifiers, version and verb gates, common
+    /// config, prevResult, CNI_NETNS). Plugins' unit tests build requests through this too.
+    pub fn new(env: Env, stdin: Vec<u8>, supported: &[Version]) -> Result<Request> {
+        let config = parse_stdin(&stdin)?;
+        Request::from_parts(env, stdin, config, supported)
+    }
+
+    fn from_parts(env: Env, stdin: Vec<u8>, config: Value, supported: &[Version]) -> Result<Request> {
+        let command = env.command.ok_or_else(|| CniError::env("CNI_COMMAND is missing"))?;
+        let raw_version = match config.get("cniVersion") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(CniError::decode(format!(
+                    "error unmarshall network config: cniVersion must be a string, got {other}"
+                )))
+            }
+        };
+        let name = match config.get("name") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => {
+                return Err(CniError::decode(format!(
+                    "error unmarshall network config: name must be a string, got {other}"
+                )))
+            }
+        };
+        validate_network_name(name)?;
+        if command.has_attachment() {
+            validate_container_id(&env.container_id)?;
+            validate_ifname(&env.ifname)?;
+        }
+        let version = negotiate(command, &raw_version, supported)?;
+        let conf = NetConf::from_value(&config)?;
+        if !conf.plugin_type.is_empty() {
+            validate_plugin_type("type", &conf.plugin_type)?;
+        }
+        if command == Command::Gc
+            && config.get("cni.dev/valid-attachments").is_none()
+            && config.get("cni.dev/attachments").is_none()
+        {
+            return Err(CniError::config(
+                "GC needs \"cni.dev/valid-attachments\" (a list, possibly empty or null) naming the attachments to keep",
+            ));
+        }
+        let prev = conf.prev_result(version)?;
+        if command.has_attachment() && !env.netns_override {
+            check_netns(command, &env.netns)?;
+        }
+        Ok(Request { command, env, version, stdin, config, conf, prev })
     }
 }
 
@@ -192,57 +258,16 @@ fn dispatch(
 
     let mut bytes = Vec::new();
     stdin.read_to_end(&mut bytes).map_err(|e| CniError::io(format!("error reading from stdin: {e}")))?;
-    let config: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| CniError::decode(format!("error unmarshall network config: {e}")))?;
-    require_object(&config)?;
+    let config = parse_stdin(&bytes)?;
     // Report errors in the config's version when it is a string we know.
-    let raw_version = match config.as_object().and_then(|o| o.get("cniVersion")) {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(CniError::decode(format!(
-                "error unmarshall network config: cniVersion must be a string, got {other}"
-            )))
-        }
-    };
-    if let Some(v) = Version::from_str_exact(&raw_version) {
+    if let Some(v) = config.get("cniVersion").and_then(Value::as_str).and_then(Version::from_str_exact) {
         *version_for_errors = v.as_str().to_string();
         remember_version(v);
+    } else if config.get("cniVersion").is_none_or(Value::is_null) {
+        *version_for_errors = Version::V0_1_0.as_str().to_string();
     }
-
-    let name = match config.get("name") {
-        None | Some(Value::Null) => "",
-        Some(Value::String(s)) => s.as_str(),
-        Some(other) => {
-            return Err(CniError::decode(format!(
-                "error unmarshall network config: name must be a string, got {other}"
-            )))
-        }
-    };
-    validate_network_name(name)?;
-    if command.has_attachment() {
-        validate_container_id(&env.container_id)?;
-        validate_ifname(&env.ifname)?;
-    }
-
-    let version = negotiate(command, &raw_version, plugin.supported_versions())?;
-    let conf = NetConf::from_value(&config)?;
-    if !conf.plugin_type.is_empty() {
-        validate_plugin_type("type", &conf.plugin_type)?;
-    }
-    if command == Command::Gc {
-        let o = config.as_object().expect("checked above");
-        if !o.contains_key("cni.dev/valid-attachments") && !o.contains_key("cni.dev/attachments") {
-            return Err(CniError::config(
-                "GC needs \"cni.dev/valid-attachments\" (a list, possibly empty or null) naming the attachments to keep",
-            ));
-        }
-    }
-    if command.has_attachment() && !env.netns_override {
-        check_netns(command, &env.netns)?;
-    }
-
-    let req = Request { command, env, version, stdin: bytes, config, conf };
+    let req = Request::from_parts(env, bytes, config, plugin.supported_versions())?;
+    let version = req.version;
     match command {
         Command::Add => {
             let result = plugin.add(&req)?;

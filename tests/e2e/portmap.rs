@@ -195,7 +195,7 @@ fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
         if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
     let out = ns
         .command("socat")
-        .args(["-T3", "-", &format!("{target},connect-timeout=3")])
+        .args(["-T5", "-", &format!("{target},connect-timeout=5")])
         .stdin(Stdio::null())
         .output()
         .expect("run socat");
@@ -205,7 +205,7 @@ fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
 fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
     let mut cmd: Command = ns.command("socat");
     let out = cmd
-        .args(["-T2", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
+        .args(["-T5", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

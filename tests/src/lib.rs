@@ -55,7 +55,7 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 fn source_dirs(name: &str) -> Vec<PathBuf> {
     let root = workspace_root();
     let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
-    vec![own, root.join("cni-common/src")]
+    vec![own.join("src"), root.join("cni-common/src")]
 }
 
 /// Path of a built binary (`loopback`, `bridge`, `cnitool`, …). Fails the test if it is
@@ -269,7 +269,8 @@ pub struct TempDir(PathBuf);
 
 impl TempDir {
     pub fn new(prefix: &str) -> TempDir {
-        let base = std::env::temp_dir().join(unique(&format!("cni-{prefix}-")));
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let base = std::env::temp_dir().join(format!("cni-{prefix}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&base).expect("create temp dir");
         TempDir(base)
     }

@@ -35,9 +35,11 @@ impl Plugin for Loopback {
     }
 
     fn add(&self, req: &Request) -> Result<CniResult> {
+        // Decode everything before touching the namespace: bad input changes nothing.
+        let prev = req.prev_result()?;
         let ns = open_netns(req)?;
         let addrs = bring_up(&ns)?;
-        if let Some(prev) = req.prev_result()? {
+        if let Some(prev) = prev {
             return Ok(prev);
         }
         let mut result = CniResult {

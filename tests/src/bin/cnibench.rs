@@ -17,7 +17,9 @@ fn main() {
             "--warmup" => warmup = args.next().and_then(|v| v.parse().ok()).expect("--warmup N"),
             "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
             "-h" | "--help" => {
-                eprintln!("usage: cnibench <loopback|portmap-scale>… [--iterations N] [--warmup N] [--containers N]");
+                eprintln!(
+                    "usage: cnibench <loopback|bandwidth|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                );
                 return;
             }
             s => scenarios.push(s.to_string()),
@@ -37,6 +39,7 @@ fn main() {
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
+            "bandwidth" => cases.extend(bench::bandwidth::cases()),
             "portmap-scale" => {
                 let (rows, n) = bench::portmap::scale(containers);
                 scale_rows.extend(rows);

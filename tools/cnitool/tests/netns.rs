@@ -5,38 +5,15 @@
 //!
 //! These tests need root and fail (never skip) without it.
 
+use cni_tests::{unique, Netns, TempDir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 const OURS: &str = env!("CARGO_BIN_EXE_cnitool");
 const PLUGINS: &str = "/usr/lib/cni";
 const LIBCNI_CACHE: &str = "/var/lib/cni";
-
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// A short name unique to this test process and call: `<tag><pid36><n>`.
-fn unique(tag: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let pid = std::process::id();
-    format!("{tag}{}{n}", radix36(pid))
-}
-
-fn radix36(mut v: u32) -> String {
-    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut s = Vec::new();
-    loop {
-        s.push(digits[(v % 36) as usize]);
-        v /= 36;
-        if v == 0 {
-            break;
-        }
-    }
-    s.reverse();
-    String::from_utf8(s).unwrap()
-}
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
@@ -93,59 +70,6 @@ fn ensure_upstream() {
         );
         assert!(upstream_cnitool().is_file(), "the script did not produce {}", upstream_cnitool().display());
     });
-}
-
-/// A named network namespace, deleted on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = unique(tag);
-        must(Command::new("ip").args(["netns", "add", &name]));
-        Netns { name }
-    }
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.name)
-    }
-    fn ip_json(&self, args: &[&str]) -> Value {
-        let out = must(Command::new("ip").args(["-n", &self.name, "-j"]).args(args));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-    fn link(&self, ifname: &str) -> Option<Value> {
-        let links = self.ip_json(&["link"]);
-        links.as_array().unwrap().iter().find(|l| l["ifname"] == ifname).cloned()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let out = run(Command::new("ip").args(["netns", "del", &self.name]));
-        if !out.status.success() && !std::thread::panicking() {
-            panic!("cannot delete netns {}: {}", self.name, String::from_utf8_lossy(&out.stderr));
-        }
-    }
-}
-
-/// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("cnitool-it-{}", unique(tag)));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Removes `<LIBCNI_CACHE>/results/<net>-*` on drop (upstream cnitool always caches there).
@@ -205,12 +129,12 @@ impl Net {
         let mut cmd = match host {
             Some(h) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", &h.name]).arg(tool);
+                c.args(["netns", "exec", h.name()]).arg(tool);
                 c
             }
             None => Command::new(tool),
         };
-        cmd.args([verb, &self.name, &netns.path()])
+        cmd.args([verb, self.name.as_str(), netns.path_str()])
             .env("CNI_PATH", PLUGINS)
             .env("NETCONFPATH", self.conf_dir.path())
             .env_remove("CNI_IFNAME")
@@ -268,7 +192,7 @@ fn ok(out: Output, what: &str) -> Output {
 fn container_id_of(netns: &Netns) -> String {
     // Upstream's derivation, computed by our library (unit-tested against an independent
     // sha512 there); here we check that the cache file name agrees with it.
-    cnitool::rt::container_id_for(&netns.path())
+    cnitool::rt::container_id_for(netns.path_str())
 }
 
 fn lo_is_up(ns: &Netns) -> bool {
@@ -301,7 +225,7 @@ fn loopback_add_check_del_per_version() {
         assert_eq!(files[0].file_name().unwrap().to_string_lossy(), expected);
         let cached: Value = serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
         assert_eq!(cached["kind"], "cniCacheV1");
-        assert_eq!(cached["netns"], ns.path());
+        assert_eq!(cached["netns"], ns.path_str());
         assert_eq!(cached["result"], result);
 
         let check = net.ours("check", &ns, None);
@@ -366,7 +290,8 @@ struct BridgeNet {
 impl BridgeNet {
     fn new(version: &str, own_cache: bool) -> BridgeNet {
         let name = unique("br-");
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // A subnet unique to this process and test (only ever configured inside the test's
         // own namespaces).
         let third = (std::process::id() as usize * 7 + n) % 250 + 1;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Fuzz the parsers (config + whole skeleton, results of every version, CNI_ARGS) with cargo fuzz
+# (libFuzzer, nightly toolchain) for a bounded time each, starting from the seed corpus in
+# fuzz/corpus. A crash fails the script and leaves the reproducer in fuzz/artifacts/.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 20; CI uses the default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-${FUZZ_SECONDS:-20}}
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "scripts/fuzz.sh: no nightly toolchain (cargo fuzz needs it): rustup toolchain install nightly" >&2
+    exit 1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz
+fi
+cd fuzz
+cargo +nightly fuzz build -O
+for t in config result cni_args; do
+    work=$(mktemp -d)
+    cp -r "corpus/$t/." "$work/"
+    echo "fuzzing $t for ${secs}s" >&2
+    cargo +nightly fuzz run -O "$t" "$work" -- -max_total_time="$secs" -print_final_stats=1 2>&1 |
+        grep -E "^Done|stat::number_of_executed_units|ERROR|panicked" || true
+    # libFuzzer exits non-zero on a crash; re-run the check on the status above
+    if [ -n "$(ls -A artifacts/$t 2>/dev/null)" ]; then
+        echo "fuzz target $t found a crash: see fuzz/artifacts/$t" >&2
+        exit 1
+    fi
+    rm -rf "$work"
+done

@@ -1,0 +1,402 @@
+//! Bad input, across the plugins and the runner: malformed JSON, wrong types, huge values,
+//! traversal in names and types, unknown versions, missing or malformed environment, bad netns
+//! paths. Every case must give the right error code, exactly one JSON document on stdout, a
+//! non-zero exit, and leave the host exactly as it was: links, addresses, routes, nftables,
+//! qdiscs and sysctls of the fake host and of the container namespace, and every file of the
+//! IPAM store, compared byte for byte before and after.
+//!
+//! Plugin-specific hostile configs live next to the generic ones below; each plugin brings
+//! its own list.
+
+use cni_tests::{cni_path_with, dir_state, ns_state, Exec, Netns, TempDir};
+use serde_json::{json, Value};
+
+struct World {
+    host: Netns,
+    ctr: Netns,
+    data: TempDir,
+    cni_path: TempDir,
+}
+
+impl World {
+    fn new(plugins: &[&str]) -> World {
+        let w = World {
+            host: Netns::new("hh"),
+            ctr: Netns::new("hc"),
+            data: TempDir::new("hostile-data"),
+            cni_path: cni_path_with(plugins),
+        };
+        // Some pre-existing state that must survive untouched.
+        w.host.run("ip", &["link", "set", "lo", "up"]);
+        w.host.run("ip", &["link", "add", "hbr0", "type", "bridge"]);
+        w.host.run("ip", &["addr", "add", "10.66.0.1/24", "dev", "hbr0"]);
+        std::fs::create_dir_all(w.data.join("hostile")).unwrap();
+        std::fs::write(w.data.join("hostile/10.77.0.9"), "someone\r\neth0").unwrap();
+        w
+    }
+
+    fn snapshot(&self) -> String {
+        format!(
+            "{}\n----\n{}\n----\n{:?}",
+            ns_state(&self.host),
+            ns_state(&self.ctr),
+            dir_state(self.data.path())
+        )
+    }
+}
+
+/// One hostile invocation.
+struct Case {
+    what: String,
+    /// Environment overrides on top of a valid ADD environment; `None` removes the variable.
+    env: Vec<(&'static str, Option<String>)>,
+    stdin: String,
+    code: u64,
+}
+
+fn case(what: impl Into<String>, stdin: impl Into<String>, code: u64) -> Case {
+    Case { what: what.into(), env: vec![], stdin: stdin.into(), code }
+}
+
+fn with_env(mut c: Case, k: &'static str, v: Option<&str>) -> Case {
+    c.env.push((k, v.map(str::to_string)));
+    c
+}
+
+fn set(base: &Value, key: &str, v: Value) -> String {
+    let mut c = base.clone();
+    c[key] = v;
+    c.to_string()
+}
+
+/// Hostile cases every plugin must handle the same way (the skeleton's checks).
+fn generic_cases(base: &Value, w: &World) -> Vec<Case> {
+    let ok = base.to_string();
+    let mut v = vec![
+        case("empty stdin", "", 6),
+        case("truncated JSON", "{\"cniVersion\":", 6),
+        case("JSON array", "[]", 6),
+        case("JSON null", "null", 6),
+        case("JSON string", "\"x\"", 6),
+        case(
+            "invalid UTF-8",
+            String::from_utf8_lossy(b"{\"name\":\"\xff\"}").replace('\u{fffd}', "\u{7f}\u{0}"),
+            6,
+        ),
+        case("deep nesting", format!("{}{}", "[".repeat(5000), "]".repeat(5000)), 6),
+        case("missing name", set(base, "name", Value::Null), 7),
+        case("name is a number", set(base, "name", json!(123)), 6),
+        case("name traversal", set(base, "name", json!("../../etc")), 7),
+        case("name with slash", set(base, "name", json!("a/b")), 7),
+        case("name with space", set(base, "name", json!("a b")), 7),
+        case("empty name", set(base, "name", json!("")), 7),
+        case("name starts with dot", set(base, "name", json!(".hidden")), 7),
+        case("unknown version", set(base, "cniVersion", json!("9.9.9")), 1),
+        case("two-part version", set(base, "cniVersion", json!("1.0")), 1),
+        case("version is a number", set(base, "cniVersion", json!(1.0)), 6),
+        case("version is an array", set(base, "cniVersion", json!(["1.0.0"])), 6),
+        case("type traversal", set(base, "type", json!("../../bin/sh")), 7),
+        case("type absolute", set(base, "type", json!("/bin/sh")), 7),
+        case("type is an object", set(base, "type", json!({"a": 1})), 6),
+        with_env(case("unknown verb", ok.clone(), 4), "CNI_COMMAND", Some("ATTACH")),
+        with_env(case("lower-case verb", ok.clone(), 4), "CNI_COMMAND", Some("add")),
+        with_env(case("missing container id", ok.clone(), 4), "CNI_CONTAINERID", None),
+        with_env(case("missing netns", ok.clone(), 4), "CNI_NETNS", None),
+        with_env(case("missing ifname", ok.clone(), 4), "CNI_IFNAME", None),
+        with_env(case("missing CNI_PATH", ok.clone(), 4), "CNI_PATH", None),
+        with_env(case("container id traversal", ok.clone(), 4), "CNI_CONTAINERID", Some("../x")),
+        with_env(case("container id leading dash", ok.clone(), 4), "CNI_CONTAINERID", Some("-rf")),
+        with_env(case("container id newline", ok.clone(), 4), "CNI_CONTAINERID", Some("a\nb")),
+        with_env(case("container id semicolon", ok.clone(), 4), "CNI_CONTAINERID", Some("a;rm")),
+        with_env(case("ifname too long", ok.clone(), 4), "CNI_IFNAME", Some("a23456789012345x")),
+        with_env(case("ifname dot", ok.clone(), 4), "CNI_IFNAME", Some(".")),
+        with_env(case("ifname dotdot", ok.clone(), 4), "CNI_IFNAME", Some("..")),
+        with_env(case("ifname slash", ok.clone(), 4), "CNI_IFNAME", Some("a/b")),
+        with_env(case("ifname colon", ok.clone(), 4), "CNI_IFNAME", Some("eth0:1")),
+        with_env(case("ifname space", ok.clone(), 4), "CNI_IFNAME", Some("eth 0")),
+        with_env(case("netns missing path", ok.clone(), 3), "CNI_NETNS", Some("/run/netns/no-such-ns")),
+        with_env(case("netns regular file", ok.clone(), 4), "CNI_NETNS", Some("/etc/hostname")),
+        with_env(case("netns directory", ok.clone(), 4), "CNI_NETNS", Some("/tmp")),
+        with_env(case("netns is the plugin's own", ok.clone(), 8), "CNI_NETNS", Some(w.host.path_str())),
+        with_env(
+            case("CHECK below 0.4.0", set(base, "cniVersion", json!("0.3.1")), 1),
+            "CNI_COMMAND",
+            Some("CHECK"),
+        ),
+        with_env(
+            case("GC below 1.1.0", set(base, "cniVersion", json!("1.0.0")), 1),
+            "CNI_COMMAND",
+            Some("GC"),
+        ),
+        with_env(
+            case("STATUS below 1.1.0", set(base, "cniVersion", json!("0.4.0")), 1),
+            "CNI_COMMAND",
+            Some("STATUS"),
+        ),
+        with_env(case("GC without the valid list", ok.clone(), 7), "CNI_COMMAND", Some("GC")),
+        with_env(
+            case("GC list of wrong type", set(base, "cni.dev/valid-attachments", json!("all")), 6),
+            "CNI_COMMAND",
+            Some("GC"),
+        ),
+        with_env(
+            case(
+                "GC entry of wrong type",
+                set(base, "cni.dev/valid-attachments", json!([{"containerID": 7}])),
+                6,
+            ),
+            "CNI_COMMAND",
+            Some("GC"),
+        ),
+        case("prevResult of wrong type", set(base, "prevResult", json!("x")), 6),
+        case("prevResult unknown version", set(base, "prevResult", json!({"cniVersion": "7.0.0"})), 1),
+        case(
+            "prevResult bad address",
+            set(base, "prevResult", json!({"cniVersion": "1.0.0", "ips": [{"address": "1.2.3.4/99"}]})),
+            6,
+        ),
+    ];
+    // Every variable missing at once: one error naming them all.
+    let mut all = case("every variable missing but the verb", ok, 4);
+    for k in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"] {
+        all.env.push((k, None));
+    }
+    v.push(all);
+    v
+}
+
+fn run_cases(w: &World, plugin: &str, cases: Vec<Case>) -> usize {
+    let n = cases.len();
+    for c in cases {
+        let before = w.snapshot();
+        let mut e = Exec::new(plugin).in_ns(&w.host).attachment(
+            "ADD",
+            "hostile-ctr",
+            w.ctr.path_str(),
+            "eth0",
+            w.cni_path.str(),
+        );
+        for (k, v) in &c.env {
+            e = match v {
+                Some(v) => e.env(k, v),
+                None => e.env(k, ""),
+            };
+        }
+        let out = e.run(&c.stdin);
+        assert_ne!(out.code, 0, "{plugin}: {}: succeeded: {}", c.what, out.stdout);
+        let doc = out.json(); // exactly one document
+        assert_eq!(doc["code"], c.code, "{plugin}: {}: {} (stderr {})", c.what, out.stdout, out.stderr);
+        assert!(doc["msg"].as_str().is_some_and(|m| !m.is_empty()), "{plugin}: {}: no message", c.what);
+        assert!(doc["cniVersion"].is_string(), "{plugin}: {}: no cniVersion", c.what);
+        let after = w.snapshot();
+        assert!(before == after, "{plugin}: {}: host state changed", c.what);
+    }
+    n
+}
+
+#[test]
+fn loopback_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["loopback"]);
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "loopback"});
+    let n = run_cases(&w, "loopback", generic_cases(&base, &w));
+    assert!(n >= 50, "{n} cases");
+}
+
+fn host_local_base(w: &World) -> Value {
+    json!({"cniVersion": "1.1.0", "name": "hostile", "type": "host-local",
+           "ipam": {"type": "host-local", "subnet": "10.77.0.0/24", "dataDir": w.data.str()}})
+}
+
+fn ipam_set(base: &Value, key: &str, v: Value) -> String {
+    let mut c = base.clone();
+    c["ipam"][key] = v;
+    c.to_string()
+}
+
+#[test]
+fn host_local_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["host-local"]);
+    let base = host_local_base(&w);
+    let mut cases = generic_cases(&base, &w);
+    let specific = vec![
+        case("subnet not a CIDR", ipam_set(&base, "subnet", json!("10.77.0.0")), 6),
+        case("subnet prefix out of range", ipam_set(&base, "subnet", json!("10.77.0.0/33")), 6),
+        case("subnet with host bits", ipam_set(&base, "subnet", json!("10.77.0.5/24")), 7),
+        case("subnet too small", ipam_set(&base, "subnet", json!("10.77.0.0/31")), 7),
+        case("subnet is a number", ipam_set(&base, "subnet", json!(10)), 6),
+        case("rangeStart outside subnet", ipam_set(&base, "rangeStart", json!("10.78.0.5")), 7),
+        case("rangeEnd outside subnet", ipam_set(&base, "rangeEnd", json!("10.76.0.5")), 7),
+        case("gateway not an IP", ipam_set(&base, "gateway", json!("gw")), 6),
+        case("dataDir relative", ipam_set(&base, "dataDir", json!("relative/dir")), 7),
+        case(
+            "dataDir traversal",
+            ipam_set(&base, "dataDir", json!(format!("{}/../../etc", w.data.str()))),
+            7,
+        ),
+        case("ranges of wrong type", ipam_set(&base, "ranges", json!("10.0.0.0/8")), 6),
+        case(
+            "overlapping range sets",
+            ipam_set(&base, "ranges", json!([[{"subnet": "10.77.0.0/24"}], [{"subnet": "10.77.0.0/25"}]])),
+            7,
+        ),
+        case(
+            "mixed families in one set",
+            ipam_set(&base, "ranges", json!([[{"subnet": "10.79.0.0/24"}, {"subnet": "fd00::/64"}]])),
+            7,
+        ),
+        case("routes of wrong type", ipam_set(&base, "routes", json!({"dst": "0.0.0.0/0"})), 6),
+        case("route dst not a CIDR", ipam_set(&base, "routes", json!([{"dst": "default"}])), 6),
+        case(
+            "requested IP outside every range",
+            set(&base, "args", json!({"cni": {"ips": ["192.0.2.1"]}})),
+            7,
+        ),
+        case("requested IP is the gateway", set(&base, "args", json!({"cni": {"ips": ["10.77.0.1"]}})), 7),
+        case("requested IP not an IP", set(&base, "args", json!({"cni": {"ips": ["ten"]}})), 6),
+        with_env(case("CNI_ARGS malformed", base.to_string(), 4), "CNI_ARGS", Some("IP")),
+        with_env(case("CNI_ARGS unknown key", base.to_string(), 4), "CNI_ARGS", Some("FOO=bar")),
+        with_env(case("CNI_ARGS bad IP", base.to_string(), 4), "CNI_ARGS", Some("IP=10.77.0.300")),
+        case(
+            "runtimeConfig ipRanges of wrong type",
+            set(&base, "runtimeConfig", json!({"ipRanges": "x"})),
+            6,
+        ),
+        case("ipam is a string", set(&base, "ipam", json!("host-local")), 6),
+        case("huge mtu-like number in ranges", ipam_set(&base, "ranges", json!([[{"subnet": 1e300}]])), 6),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "host-local", cases);
+    assert!(n >= 70, "{n} cases");
+}
+
+#[test]
+fn bandwidth_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["bandwidth"]);
+    // The container is attached by a veth pair, as bridge would leave it.
+    w.host
+        .run("ip", &["link", "add", "hveth0", "type", "veth", "peer", "name", "eth0", "netns", w.ctr.name()]);
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [
+        {"name": "hbr0"}, {"name": "hveth0"}, {"name": "eth0", "sandbox": w.ctr.path_str()}]});
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "bandwidth",
+        "ingressRate": 8000, "ingressBurst": 800, "egressRate": 8000, "egressBurst": 800, "prevResult": prev});
+    let mut cases = generic_cases(&base, &w);
+    let without = |keys: &[&str]| {
+        let mut c = base.clone();
+        for k in keys {
+            c.as_object_mut().unwrap().remove(*k);
+        }
+        c
+    };
+    let rt = |v: Value| {
+        let mut c = without(&["ingressRate", "ingressBurst", "egressRate", "egressBurst"]);
+        c["runtimeConfig"] = json!({"bandwidth": v});
+        c.to_string()
+    };
+    let specific = vec![
+        case("rate without burst", without(&["ingressBurst"]).to_string(), 7),
+        case("burst without rate", without(&["egressRate"]).to_string(), 7),
+        case("burst over 4GB", set(&base, "egressBurst", json!(34_359_738_360u64)), 7),
+        case("burst u64::MAX", set(&base, "egressBurst", json!(u64::MAX)), 7),
+        case("rate below one byte/s", set(&base, "ingressRate", json!(7)), 7),
+        case("rate above u64", set(&base, "ingressRate", json!(1e20)), 6),
+        case("rate negative", set(&base, "ingressRate", json!(-8000)), 6),
+        case("rate fractional", set(&base, "ingressRate", json!(8000.5)), 6),
+        case("rate as string", set(&base, "ingressRate", json!("8k")), 6),
+        case("runtime rate without burst", rt(json!({"egressRate": 1000})), 7),
+        case("runtime bandwidth of wrong type", rt(json!([1, 2])), 6),
+        case("runtime rate of wrong type", rt(json!({"ingressRate": true, "ingressBurst": 8})), 6),
+        case("runtimeConfig of wrong type", set(&base, "runtimeConfig", json!("fast")), 6),
+        case("shaped subnets", set(&base, "shapedSubnets", json!(["10.0.0.0/8"])), 2),
+        case("subnets of wrong type", set(&base, "unshapedSubnets", json!("10.0.0.0/8")), 6),
+        case("no prevResult", without(&["prevResult"]).to_string(), 7),
+        case("prevResult without interfaces", set(&base, "prevResult", json!({"cniVersion": "1.0.0"})), 7),
+        case(
+            "prevResult without the host veth",
+            set(&base, "prevResult", json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hbr0"}]})),
+            7,
+        ),
+        case(
+            "host veth listed inside the sandbox",
+            set(
+                &base,
+                "prevResult",
+                json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hveth0", "sandbox": w.ctr.path_str()}]}),
+            ),
+            7,
+        ),
+        case("spec 0.2.0 (no interfaces in results)", set(&base, "cniVersion", json!("0.2.0")), 1),
+        with_env(case("container interface missing", base.to_string(), 999), "CNI_IFNAME", Some("eth9")),
+        with_env(case("container interface not a veth", base.to_string(), 999), "CNI_IFNAME", Some("lo")),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "bandwidth", cases);
+    assert!(n >= 70, "{n} cases");
+}
+
+#[test]
+fn portmap_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["portmap"]);
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [
+        {"name": "hbr0"}, {"name": "hveth0"}, {"name": "eth0", "sandbox": w.ctr.path_str()}],
+        "ips": [{"address": "10.66.0.5/24", "gateway": "10.66.0.1", "interface": 2}]});
+    let pm = |v: Value| json!({"portMappings": v});
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "portmap",
+        "runtimeConfig": pm(json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])), "prevResult": prev});
+    let mut cases = generic_cases(&base, &w);
+    let mapping = |m: Value| set(&base, "runtimeConfig", pm(json!([m])));
+    let without_prev = {
+        let mut c = base.clone();
+        c.as_object_mut().unwrap().remove("prevResult");
+        c.to_string()
+    };
+    let specific = vec![
+        case("host port 0", mapping(json!({"hostPort": 0, "containerPort": 80})), 7),
+        case("host port 65536", mapping(json!({"hostPort": 65536, "containerPort": 80})), 7),
+        case("container port negative", mapping(json!({"hostPort": 80, "containerPort": -1})), 7),
+        case("port huge", mapping(json!({"hostPort": 1e30, "containerPort": 80})), 6),
+        case("port as string", mapping(json!({"hostPort": "80", "containerPort": 80})), 6),
+        case("protocol icmp", mapping(json!({"hostPort": 80, "containerPort": 80, "protocol": "icmp"})), 2),
+        case(
+            "protocol with nft syntax",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "protocol": "tcp; flush ruleset"})),
+            2,
+        ),
+        case(
+            "hostIP not an address",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "hostIP": "x; y"})),
+            7,
+        ),
+        case(
+            "hostIP multicast",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "hostIP": "ff02::1"})),
+            7,
+        ),
+        case(
+            "same host port to two container ports",
+            set(
+                &base,
+                "runtimeConfig",
+                pm(json!([{"hostPort": 80, "containerPort": 80}, {"hostPort": 80, "containerPort": 81}])),
+            ),
+            7,
+        ),
+        case("mappings not a list", set(&base, "runtimeConfig", pm(json!({"hostPort": 80}))), 6),
+        case("backend iptables", set(&base, "backend", json!("iptables")), 2),
+        case("backend unknown", set(&base, "backend", json!("bpf")), 2),
+        case("iptables conditions", set(&base, "conditionsV4", json!(["-d", "10.0.0.1"])), 2),
+        case(
+            "conditions injecting a statement",
+            set(&base, "conditionsV4", json!(["ip daddr 1.1.1.1; flush ruleset"])),
+            7,
+        ),
+        case("conditions with a comment", set(&base, "conditionsV6", json!(["#"])), 7),
+        case("conditions nft rejects", set(&base, "conditionsV4", json!(["ip", "daddr", "nonsense"])), 7),
+        case("conditions of wrong type", set(&base, "conditionsV4", json!("ip daddr 1.1.1.1")), 6),
+        case("markMasqBit out of range", set(&base, "markMasqBit", json!(32)), 7),
+        case("snat of wrong type", set(&base, "snat", json!("yes")), 6),
+        case("no prevResult", without_prev, 7),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "portmap", cases);
+    assert!(n >= 60, "{n} cases");
+}
