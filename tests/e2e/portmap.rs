@@ -11,8 +11,11 @@
 
 use cni_tests::{ns_state, unique, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::io::ErrorKind;
+use std::net::UdpSocket;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 static NET: AtomicU8 = AtomicU8::new(1);
@@ -155,27 +158,81 @@ impl Drop for Server {
     }
 }
 
-fn listening(ns: &Netns, proto: &str, port: u16) -> bool {
-    let flag = if proto == "udp" { "-Hlun" } else { "-Hltn" };
-    let out = ns.try_run("ss", &[flag, &format!("sport = :{port}")]);
+fn listening(ns: &Netns, port: u16) -> bool {
+    let out = ns.try_run("ss", &["-Hltn", &format!("sport = :{port}")]);
     !String::from_utf8_lossy(&out.stdout).trim().is_empty()
 }
 
-fn server(ns: &Netns, proto: &str, port: u16, name: &str) -> Server {
-    let listen = match proto {
-        "udp" => format!("UDP6-RECVFROM:{port},fork,reuseaddr,ipv6only=0"),
-        _ => format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
-    };
+/// socat ends a forked child `-t` seconds after one direction saw EOF (default 0.5 s). The
+/// client half-closes at once (nothing on stdin), so with the default a child whose `sh`
+/// needs longer than that to start on a loaded machine would close without answering, and a
+/// client would give up before the answer: both wait up to this instead (they end as soon as
+/// both directions are done, so this is only an upper bound).
+const HALF_CLOSE_WAIT: &str = "-t10";
+
+fn server(ns: &Netns, port: u16, name: &str) -> Server {
     let child = ns
         .command("socat")
-        .args([&listen, &format!("SYSTEM:echo {name} $SOCAT_PEERADDR")])
+        .args([
+            HALF_CLOSE_WAIT,
+            &format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
+            &format!("SYSTEM:echo {name} $SOCAT_PEERADDR"),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_for(&format!("{name} to listen on {proto}/{port}"), || listening(ns, proto, port));
+    wait_for(&format!("{name} to listen on tcp/{port}"), || listening(ns, port));
     Server(child)
+}
+
+/// A UDP responder in `ns`: every datagram to `port` (IPv4 or IPv6) is answered with
+/// "<name> <peer address>" from the receiving socket, in a thread of the test.
+///
+/// Not socat: `UDP-RECVFROM,fork` + `SYSTEM:echo` hands the datagram to the shell's stdin,
+/// and when `echo` has already exited the write fails (EPIPE) and the child exits without
+/// answering: a request that reached the container went unanswered now and then.
+struct UdpServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn udp_server(ns: &Netns, port: u16, name: &str) -> UdpServer {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stop2, name) = (stop.clone(), name.to_string());
+    let ns_file = std::fs::File::open(ns.path()).expect("open netns");
+    let thread = std::thread::spawn(move || {
+        nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        // [::]:port is dual-stack (bindv6only is 0 in a fresh namespace)
+        let sock = UdpSocket::bind(("::", port)).expect("bind the UDP responder");
+        // bounds how long drop() waits for the thread
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        while !stop2.load(Ordering::Relaxed) {
+            match sock.recv_from(&mut buf) {
+                Ok((_, peer)) => {
+                    let reply = format!("{name} {}\n", peer.ip().to_canonical());
+                    let _ = sock.send_to(reply.as_bytes(), peer);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) => panic!("UDP responder {name}: {e}"),
+            }
+        }
+    });
+    rx.recv().expect("UDP responder started");
+    UdpServer { stop, thread: Some(thread) }
 }
 
 /// Connect from `ns` and return what the server said ("" when nothing answered).
@@ -195,27 +252,37 @@ fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
         if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
     let out = ns
         .command("socat")
-        .args(["-T5", "-", &format!("{target},connect-timeout=5")])
+        .args([HALF_CLOSE_WAIT, "-T5", "-", &format!("{target},connect-timeout=5")])
         .stdin(Stdio::null())
         .output()
         .expect("run socat");
     normalise(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// One UDP request from `ns` (source port `sport`) to `addr:port`: the answer, or "" when the
+/// port is closed (ICMP port unreachable, i.e. nothing was DNATed) or nothing answered in 5 s.
+/// A thread of the test, so it returns as soon as the answer is in.
 fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
-    let mut cmd: Command = ns.command("socat");
-    let out = cmd
-        .args(["-T5", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b"ping\n")?;
-            c.wait_with_output()
+    let ns_file = std::fs::File::open(ns.path()).expect("open netns");
+    let addr: std::net::IpAddr = addr.parse().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let sock = UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, sport)).expect("bind client port");
+            sock.connect((addr, port)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            sock.send(b"ping\n").unwrap();
+            let mut buf = [0u8; 2048];
+            match sock.recv(&mut buf) {
+                Ok(n) => String::from_utf8_lossy(&buf[..n]).trim().to_string(),
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => String::new(),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => String::new(),
+                Err(e) => panic!("UDP request to {addr}:{port}: {e}"),
+            }
         })
-        .expect("run socat");
-    normalise(&String::from_utf8_lossy(&out.stdout))
+        .join()
+        .unwrap()
+    })
 }
 
 /// Elements of our table (`set key` strings), or None when the table does not exist.
@@ -264,7 +331,7 @@ fn tcp_forwarding_four_ways() {
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _srv = server(&a.ns, "tcp", 80, "ctrA");
+    let _srv = server(&a.ns, 80, "ctrA");
     let prev = w.prev(&a, true, true);
     let out = run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
     assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
@@ -313,8 +380,8 @@ fn ipv6_and_host_ip_mappings() {
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _sa = server(&a.ns, "tcp", 80, "ctrA");
-    let _sb = server(&b.ns, "tcp", 80, "ctrB");
+    let _sa = server(&a.ns, 80, "ctrA");
+    let _sb = server(&b.ns, 80, "ctrB");
     let n = w.n;
     // A: every address, both families; B: only 10.250.n.3 port 9090 and fd01:n::1 port 9090
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), tcp(9090), json!({}))).ok();
@@ -357,9 +424,9 @@ fn non_local_destinations_are_never_dnated() {
     remote.run("ip", &["link", "set", "r0", "up"]);
     remote.run("ip", &["route", "add", "default", "via", &format!("10.251.{n}.1")]);
     let a = w.container();
-    let _sa = server(&a.ns, "tcp", 80, "ctrA");
-    let _sr = server(&remote, "tcp", 5300, "remote");
-    let _sr2 = server(&remote, "tcp", 5301, "remote");
+    let _sa = server(&a.ns, 80, "ctrA");
+    let _sr = server(&remote, 5300, "remote");
+    let _sr2 = server(&remote, 5301, "remote");
     let m = json!([{"hostPort": 5300, "containerPort": 80, "protocol": "tcp", "hostIP": format!("10.251.{n}.9")},
                    {"hostPort": 5301, "containerPort": 80, "protocol": "tcp"}]);
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), m, json!({}))).ok();
@@ -388,8 +455,8 @@ fn udp_mapping_flushes_stale_conntrack() {
     let n = w.n;
     let a = w.container();
     let b = w.container();
-    let _sa = server(&a.ns, "udp", 53, "ctrA");
-    let _sb = server(&b.ns, "udp", 53, "ctrB");
+    let _sa = udp_server(&a.ns, 53, "ctrA");
+    let _sb = udp_server(&b.ns, 53, "ctrB");
     let hip = w.host_ip();
     let m = json!([{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]);
     // B is attached first (with another port): the table exists, so conntrack is tracking in
@@ -545,7 +612,7 @@ fn conditions_apply_and_follow_the_last_add() {
     let mut w = World::new();
     let n = w.n;
     let a = w.container();
-    let _sa = server(&a.ns, "tcp", 80, "ctrA");
+    let _sa = server(&a.ns, 80, "ctrA");
     let p = w.prev(&a, true, false);
     // exclude 10.250.n.3 from port mapping
     let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
