@@ -103,6 +103,42 @@ impl World {
         Ctr { ns, idx, id: unique("ctr"), hostveth }
     }
 
+    /// A second bridge `br1` (10.<n>.1.1/24, fd00:<n>:1::1/64): a second network.
+    fn second_bridge(&self) {
+        let n = self.n;
+        self.host.run("ip", &["link", "add", "br1", "type", "bridge"]);
+        self.host.run("ip", &["addr", "add", &format!("10.{n}.1.1/24"), "dev", "br1"]);
+        self.host.run("ip", &["addr", "add", &format!("fd00:{n}:1::1/64"), "dev", "br1", "nodad"]);
+        self.host.run("ip", &["link", "set", "br1", "up"]);
+    }
+
+    /// Attach `c` to `br1` as `eth1` (10.<n>.1.<idx>), the way a second network would (the
+    /// default route stays on the first network, as with Podman); returns the host veth.
+    fn attach_second(&self, c: &Ctr) -> String {
+        let n = self.n;
+        let hostveth = unique("vq");
+        self.host.run(
+            "ip",
+            &["link", "add", &hostveth, "type", "veth", "peer", "name", "eth1", "netns", c.ns.name()],
+        );
+        self.host.run("ip", &["link", "set", &hostveth, "master", "br1", "up"]);
+        c.ns.run("ip", &["addr", "add", &format!("10.{n}.1.{}/24", c.idx), "dev", "eth1"]);
+        c.ns.run("ip", &["addr", "add", &format!("fd00:{n}:1::{}/64", c.idx), "dev", "eth1", "nodad"]);
+        c.ns.run("ip", &["link", "set", "eth1", "up"]);
+        hostveth
+    }
+
+    /// The prevResult of the second network's attachment (`eth1`).
+    fn prev_second(&self, c: &Ctr, hostveth: &str) -> Value {
+        let n = self.n;
+        json!({"cniVersion": "1.0.0",
+               "interfaces": [{"name": "br1", "mac": "02:00:00:00:01:01"},
+                              {"name": hostveth, "mac": "02:00:00:00:01:02"},
+                              {"name": "eth1", "mac": "02:00:00:00:01:03", "sandbox": c.ns.path_str()}],
+               "ips": [{"address": format!("10.{n}.1.{}/24", c.idx), "gateway": format!("10.{n}.1.1"), "interface": 2},
+                       {"address": format!("fd00:{n}:1::{}/64", c.idx), "gateway": format!("fd00:{n}:1::1"), "interface": 2}]})
+    }
+
     fn ip4(&self, c: &Ctr) -> String {
         format!("10.{}.0.{}", self.n, c.idx)
     }
@@ -138,9 +174,13 @@ fn conf(net: &str, prev: &Value, mappings: Value, extra: Value) -> String {
 }
 
 fn run(w: &World, cmd: &str, c: &Ctr, stdin: &str) -> PluginOutput {
+    run_if(w, cmd, c, "eth0", stdin)
+}
+
+fn run_if(w: &World, cmd: &str, c: &Ctr, ifname: &str, stdin: &str) -> PluginOutput {
     Exec::new("portmap")
         .in_ns(&w.host)
-        .attachment(cmd, &c.id, c.ns.path_str(), "eth0", "/nonexistent")
+        .attachment(cmd, &c.id, c.ns.path_str(), ifname, "/nonexistent")
         .run(stdin)
 }
 
@@ -158,8 +198,8 @@ impl Drop for Server {
     }
 }
 
-fn listening(ns: &Netns, port: u16) -> bool {
-    let out = ns.try_run("ss", &["-Hltn", &format!("sport = :{port}")]);
+fn listening(ns: &Netns, filter: &str) -> bool {
+    let out = ns.try_run("ss", &["-Hltn", filter]);
     !String::from_utf8_lossy(&out.stdout).trim().is_empty()
 }
 
@@ -171,19 +211,34 @@ fn listening(ns: &Netns, port: u16) -> bool {
 const HALF_CLOSE_WAIT: &str = "-t10";
 
 fn server(ns: &Netns, port: u16, name: &str) -> Server {
+    spawn_server(
+        ns,
+        &format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
+        &format!("sport = :{port}"),
+        name,
+    )
+}
+
+/// A server listening on one IPv4 address only.
+fn server_on(ns: &Netns, addr: &str, port: u16, name: &str) -> Server {
+    spawn_server(
+        ns,
+        &format!("TCP4-LISTEN:{port},bind={addr},fork,reuseaddr"),
+        &format!("src {addr}:{port}"),
+        name,
+    )
+}
+
+fn spawn_server(ns: &Netns, listen: &str, ss_filter: &str, name: &str) -> Server {
     let child = ns
         .command("socat")
-        .args([
-            HALF_CLOSE_WAIT,
-            &format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
-            &format!("SYSTEM:echo {name} $SOCAT_PEERADDR"),
-        ])
+        .args([HALF_CLOSE_WAIT, listen, &format!("SYSTEM:echo {name} $SOCAT_PEERADDR")])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_for(&format!("{name} to listen on tcp/{port}"), || listening(ns, port));
+    wait_for(&format!("{name} to listen on {listen}"), || listening(ns, ss_filter));
     Server(child)
 }
 
@@ -680,4 +735,120 @@ fn concurrent_adds_claim_each_port_once() {
     }
     let owners = elements(&w.host).unwrap().iter().filter(|e| e.starts_with("owner")).count();
     assert_eq!(owners, 8);
+}
+
+#[test]
+fn one_container_on_two_networks_shares_its_host_port() {
+    // `podman run --network n1,n2 -p 18090:80`: the portmap of each network gets the same
+    // portMappings for the same container id. Both claims are compatible; the first one is
+    // active, and the other takes over when it goes.
+    let mut w = World::new();
+    let n = w.n;
+    w.second_bridge();
+    let a = w.container();
+    let a_eth1 = w.attach_second(&a);
+    let other = w.container();
+    let (addr1, addr2) = (w.ip4(&a), format!("10.{n}.1.{}", a.idx));
+    // which network's address a connection arrives on
+    let _s1 = server_on(&a.ns, &addr1, 80, "viaNet1");
+    let _s2 = server_on(&a.ns, &addr2, 80, "viaNet2");
+    let (p1, p2) = (w.prev(&a, true, true), w.prev_second(&a, &a_eth1));
+    let m = tcp(18090);
+    // (network, ifname, config, server name, container IPv6 address)
+    let net1 =
+        ("net1", "eth0", conf("net1", &p1, m.clone(), json!({})), "viaNet1", format!("fd00:{n}::{}", a.idx));
+    let net2 = (
+        "net2",
+        "eth1",
+        conf("net2", &p2, m.clone(), json!({})),
+        "viaNet2",
+        format!("fd00:{n}:1::{}", a.idx),
+    );
+    let hip = w.host_ip();
+    let outside_peer = format!("10.250.{n}.2");
+    let hp6 = |host: &Netns| -> String {
+        let els = elements(host).unwrap_or_default();
+        els.into_iter().filter(|e| e.starts_with("hp6 ")).collect::<Vec<_>>().join("\n")
+    };
+
+    let mut static_rules = None;
+    for (first, second) in [(&net1, &net2), (&net2, &net1)] {
+        run_if(&w, "ADD", &a, first.1, &first.2).ok();
+        let rules_now = rules(&w.host);
+        let static_rules = static_rules.get_or_insert(rules_now).clone();
+        run_if(&w, "ADD", &a, second.1, &second.2).ok();
+        // a repeated ADD of either is fine and changes nothing
+        let els = elements(&w.host).unwrap();
+        run_if(&w, "ADD", &a, second.1, &second.2).ok();
+        run_if(&w, "ADD", &a, first.1, &first.2).ok();
+        assert_eq!(elements(&w.host).unwrap(), els);
+        // the first claimant is active
+        assert_eq!(fetch(&w.outside, &hip, 18090), format!("{} {outside_peer}", first.3));
+        assert!(hp6(&w.host).contains(&first.4), "IPv6 follows the same claimant: {}", hp6(&w.host));
+        run_if(&w, "CHECK", &a, first.1, &first.2).ok_silent();
+        run_if(&w, "CHECK", &a, second.1, &second.2).ok_silent();
+
+        // another container still conflicts, on either network, naming the active claimant
+        let before = ns_state(&w.host);
+        for net in ["net1", "net2"] {
+            let msg = run(&w, "ADD", &other, &conf(net, &w.prev(&other, true, false), tcp(18090), json!({})))
+                .err(7);
+            assert!(msg.contains("tcp/18090"), "{msg}");
+            assert!(
+                msg.contains(&format!("container \"{}\"", a.id))
+                    && msg.contains(&format!("network \"{}\"", first.0)),
+                "{msg}"
+            );
+        }
+        assert_eq!(ns_state(&w.host), before, "a rejected ADD changes nothing");
+
+        // DEL of the active claimant: the other one takes over
+        run_if(&w, "DEL", &a, first.1, &first.2).ok_silent();
+        assert_eq!(fetch(&w.outside, &hip, 18090), format!("{} {outside_peer}", second.3), "switched over");
+        assert!(hp6(&w.host).contains(&second.4), "{}", hp6(&w.host));
+        let els = elements(&w.host).unwrap();
+        assert!(
+            els.iter().all(|e| !e.contains(&format!("{},", first.0))),
+            "nothing of {} left: {els:?}",
+            first.0
+        );
+        run_if(&w, "CHECK", &a, second.1, &second.2).ok_silent();
+        let msg = run_if(&w, "CHECK", &a, first.1, &first.2).err(999);
+        assert!(msg.contains("claims") && msg.contains("missing"), "{msg}");
+        // DEL is idempotent, also without prevResult
+        run_if(&w, "DEL", &a, first.1, &first.2).ok_silent();
+        let no_prev = conf(first.0, &Value::Null, m.clone(), json!({}));
+        run_if(&w, "DEL", &a, first.1, &no_prev).ok_silent();
+        assert_eq!(fetch(&w.outside, &hip, 18090), format!("{} {outside_peer}", second.3));
+        // the remaining claimant holds the port alone again: a third container still conflicts
+        run(&w, "ADD", &other, &conf("net1", &w.prev(&other, true, false), tcp(18090), json!({}))).err(7);
+
+        // DEL of the last claimant removes everything
+        run_if(&w, "DEL", &a, second.1, &second.2).ok_silent();
+        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "no element left");
+        assert_eq!(rules(&w.host), static_rules, "only the static rules are left");
+        assert_eq!(fetch(&w.outside, &hip, 18090), "", "nothing answers");
+    }
+
+    // The shared state also goes away claimant by claimant through the slow DEL path (no
+    // prevResult), and through GC of one network.
+    run_if(&w, "ADD", &a, net1.1, &net1.2).ok();
+    run_if(&w, "ADD", &a, net2.1, &net2.2).ok();
+    let gc = |net: &str, valid: Value| {
+        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .env("CNI_COMMAND", "GC")
+            .env("CNI_PATH", "/x")
+            .run(&cfg.to_string())
+            .ok_silent();
+    };
+    // net1's attachment is still valid: GC keeps it; then it is not
+    gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}]));
+    assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet1 {outside_peer}"));
+    gc("net1", json!([]));
+    assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet2 {outside_peer}"), "GC switched over");
+    run_if(&w, "CHECK", &a, net2.1, &net2.2).ok_silent();
+    run_if(&w, "DEL", &a, net2.1, &conf("net2", &Value::Null, m.clone(), json!({}))).ok_silent();
+    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
 }

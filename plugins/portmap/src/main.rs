@@ -5,7 +5,8 @@
 //! that only adds elements (a few milliseconds whatever the number of attached containers);
 //! when that fails — table missing, other conditions installed, a host port claimed by another
 //! attachment, or this attachment's old elements differing — the slow path reads the table,
-//! explains conflicts by naming the holder, and rebuilds what is needed in one transaction.
+//! explains conflicts with other containers by naming the holder, shares host ports between
+//! attachments of one container, and rebuilds what is needed in one transaction.
 
 mod config;
 mod ruleset;
@@ -68,43 +69,36 @@ fn plan(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Result<(V
     Ok((entries, elems))
 }
 
-/// The slow ADD path: read the table, refuse foreign claims, rebuild the static part and
-/// apply this attachment's changes, all in one transaction.
-fn slow_add(nft: &Nft, conf: &Conf, elems: &[Elem], owner: &Owner, fast_err: CniError) -> Result<()> {
+/// The slow ADD path: read the table, refuse claims of other containers, rebuild the static
+/// part and apply this attachment's changes (sharing host ports with other attachments of the
+/// same container), all in one transaction. Returns the UDP ports whose target changed.
+fn slow_add(
+    nft: &Nft,
+    conf: &Conf,
+    elems: &[Elem],
+    owner: &Owner,
+    fast_err: CniError,
+) -> Result<HashSet<(Fam, u16)>> {
     let _lock = lock()?;
     let mut last = fast_err;
     for _ in 0..SLOW_ATTEMPTS {
         let l = listing(nft)?.unwrap_or_default();
-        // Claims held by someone else: refuse, naming the holder.
-        for e in elems {
-            let Some(x) = l.find(&e.set, &e.key) else { continue };
-            let foreign = match e.set.as_str() {
-                "owner" => x.data != e.data,
-                "hp4" | "hip4" | "hp6" | "hip6" => x.comment.as_deref() != Some(owner.tag.as_str()),
-                _ => false, // masquerade elements may be shared (same container address)
-            };
-            if foreign {
-                let what = describe_key(e);
-                return Err(CniError::config(format!(
-                    "host port {what} is already mapped by {}: refusing to shadow it",
-                    ruleset::describe_holder(x.comment.as_deref())
-                ))
-                .with_details(format!("conflicting element: {} {{ {} }}", x.set, x.key)));
-            }
+        // Claims held by another container: refuse, naming the holder.
+        if let Some((e, holder, x)) = ruleset::foreign_claim(&l, elems, owner) {
+            let what = describe_key(e);
+            return Err(CniError::config(format!(
+                "host port {what} is already mapped by {}: refusing to shadow it",
+                ruleset::describe_holder(holder.as_deref())
+            ))
+            .with_details(format!("conflicting element: {} {{ {} }}", x.set, x.key)));
         }
-        let want: HashSet<&Elem> = elems.iter().collect();
-        let stale: Vec<&Listed> = l.owned_by(owner).filter(|x| !want.contains(&x.elem())).collect();
-        let add: Vec<&Elem> = elems
-            .iter()
-            .filter(|e| match l.find(&e.set, &e.key) {
-                Some(x) => x.data != e.data || stale.iter().any(|s| s.set == e.set && s.key == e.key),
-                None => true,
-            })
-            .collect();
+        let hash = owner.hash.to_string();
+        let gone = |tag: &str, h: &str| tag == owner.tag || h == hash;
+        let plan = ruleset::plan(&l, &gone, elems, &owner.tag);
         let mut script = ruleset::setup_script(conf, &l.gate_chains());
-        script.push_str(&ruleset::change_script(&add, &stale, &owner.tag));
+        script.push_str(&plan.script());
         match nft.apply(&script) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(plan.udp_ports()),
             Err(e) => last = e,
         }
     }
@@ -117,6 +111,35 @@ fn slow_add(nft: &Nft, conf: &Conf, elems: &[Elem], owner: &Owner, fast_err: Cni
         }
     }
     Err(last.context("portmap: could not install the port mappings"))
+}
+
+/// Under the lock: withdraw the claims of the attachments `gone` selects (the remaining
+/// claimants of a shared host port keep it), delete their other elements, and flush their UDP
+/// flows. With `drop_empty_table`, a table left without any element is deleted.
+fn withdraw(nft: &Nft, gone: &dyn Fn(&str, &str) -> bool, drop_empty_table: bool, what: &str) -> Result<()> {
+    let _lock = lock()?;
+    let mut last = None;
+    for _ in 0..SLOW_ATTEMPTS {
+        let Some(l) = listing(nft)? else { return Ok(()) };
+        let plan = ruleset::plan(&l, gone, &[], "");
+        let remaining = l.all_elements().count() + plan.add.len() - plan.delete.len();
+        let script = if drop_empty_table && remaining == 0 {
+            // Nothing of any network is mapped any more: leave no table behind.
+            format!("delete table {FAMILY} {TABLE}\n")
+        } else if plan.is_empty() {
+            return Ok(());
+        } else {
+            plan.script()
+        };
+        match nft.apply(&script) {
+            Ok(()) => {
+                flush_udp(plan.udp_ports());
+                return Ok(());
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("an attempt failed").context(what))
 }
 
 /// "tcp/8080 on 192.0.2.1" style text for an element key.
@@ -194,15 +217,16 @@ impl Plugin for Portmap {
             return Ok(prev);
         }
         let nft = Nft::find()?;
-        if let Err(e) = nft.apply(&ruleset::fast_add_script(&conf, &elems, &owner)) {
-            slow_add(&nft, &conf, &elems, &owner, e)?;
-        }
+        let changed_udp = match nft.apply(&ruleset::fast_add_script(&conf, &elems, &owner)) {
+            Ok(()) => udp_ports(&entries),
+            Err(e) => slow_add(&nft, &conf, &elems, &owner, e)?,
+        };
         if conf.snat && !conf.masq_all {
             if let Some(e) = entries.iter().find(|e| e.fam == Fam::V4) {
                 enable_route_localnet(e.ctr.addr())?;
             }
         }
-        flush_udp(udp_ports(&entries));
+        flush_udp(changed_udp);
         Ok(prev)
     }
 
@@ -228,24 +252,15 @@ impl Plugin for Portmap {
                 }
             }
         }
-        // Slow path: whatever carries our owner tag.
-        let _lock = lock()?;
-        let mut last = None;
-        for _ in 0..SLOW_ATTEMPTS {
-            let Some(l) = listing(&nft)? else { return Ok(()) };
-            let mine: Vec<&Listed> = l.owned_by(&owner).collect();
-            if mine.is_empty() {
-                return Ok(());
-            }
-            match nft.apply(&ruleset::change_script(&[], &mine, &owner.tag)) {
-                Ok(()) => {
-                    flush_udp(ruleset::udp_ports_of(&mine));
-                    return Ok(());
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.expect("an attempt failed").context("portmap: could not delete the port mappings"))
+        // Slow path (no prevResult, partial state, or a host port shared with other
+        // attachments of this container): withdraw whatever carries our tag or hash.
+        let hash = owner.hash.to_string();
+        withdraw(
+            &nft,
+            &|tag: &str, h: &str| tag == owner.tag || h == hash,
+            false,
+            "portmap: could not delete the port mappings",
+        )
     }
 
     fn check(&self, req: &Request) -> Result<()> {
@@ -265,30 +280,43 @@ impl Plugin for Portmap {
         if let Some(p) = l.static_problem(&conf) {
             return Err(CniError::internal(format!("portmap: table {FAMILY} {TABLE}: {p}")));
         }
-        for e in &elems {
-            let Some(x) = l.find(&e.set, &e.key) else {
-                return Err(CniError::internal(format!(
-                    "portmap: element {} {{ {} }} is missing",
-                    e.set, e.key
-                )));
-            };
+        let claims = l.claims();
+        let missing =
+            |e: &Elem| CniError::internal(format!("portmap: element {} {{ {} }} is missing", e.set, e.key));
+        let differs = |e: &Elem, x: &Listed| {
+            CniError::internal(format!(
+                "portmap: element {} {{ {} }} maps to {} instead of {}",
+                e.set,
+                e.key,
+                x.data.as_deref().unwrap_or("-"),
+                e.data.as_deref().unwrap_or("-")
+            ))
+        };
+        // our own claims and masquerade elements (the latter may be shared: any owner will do)
+        for e in elems.iter().filter(|e| e.set == "claims" || e.set.starts_with("masq")) {
+            let x = l.find(&e.set, &e.key).ok_or_else(|| missing(e))?;
             if x.data != e.data {
-                return Err(CniError::internal(format!(
-                    "portmap: element {} {{ {} }} maps to {} instead of {}",
-                    e.set,
-                    e.key,
-                    x.data.as_deref().unwrap_or("-"),
-                    e.data.as_deref().unwrap_or("-")
-                )));
+                return Err(differs(e, x));
             }
-            let shared_masq = e.set.starts_with("masq");
-            if !shared_masq && x.comment.as_deref() != Some(owner.tag.as_str()) {
-                return Err(CniError::internal(format!(
-                    "portmap: element {} {{ {} }} belongs to {}",
-                    e.set,
-                    e.key,
-                    ruleset::describe_holder(x.comment.as_deref())
-                )));
+        }
+        // the owner and DNAT elements of each host port: what its claimants need
+        for e in elems.iter().filter(|e| e.set == "owner") {
+            let claimants: Vec<&ruleset::Claim> = claims.iter().filter(|c| c.key == e.key).collect();
+            let dnat = ruleset::dnat_slot(&e.key).and_then(|(set, k)| l.find(set, &k));
+            let Some(desired) = ruleset::desired_slots(&e.key, &claimants, dnat) else { continue };
+            for (want, tag) in &desired {
+                let x = l.find(&want.set, &want.key).ok_or_else(|| missing(want))?;
+                if x.comment.as_deref() != Some(tag.as_str()) {
+                    return Err(CniError::internal(format!(
+                        "portmap: element {} {{ {} }} belongs to {}",
+                        want.set,
+                        want.key,
+                        ruleset::describe_holder(x.comment.as_deref())
+                    )));
+                }
+                if x.data != want.data {
+                    return Err(differs(want, x));
+                }
             }
         }
         Ok(())
@@ -309,34 +337,12 @@ impl Plugin for Portmap {
                 return Ok(());
             }
         };
-        let _lock = lock()?;
-        let mut last = None;
-        for _ in 0..SLOW_ATTEMPTS {
-            let Some(l) = listing(&nft)? else { return Ok(()) };
-            let victims: Vec<&Listed> = l
-                .all_elements()
-                .filter(|x| {
-                    x.comment.as_deref().is_some_and(|c| c.starts_with(&prefix) && !valid.contains(c))
-                })
-                .collect();
-            let remaining = l.all_elements().count() - victims.len();
-            let script = if remaining == 0 {
-                // Nothing of any network is mapped any more: leave no table behind.
-                format!("delete table {FAMILY} {TABLE}\n")
-            } else if victims.is_empty() {
-                return Ok(());
-            } else {
-                ruleset::change_script(&[], &victims, "")
-            };
-            match nft.apply(&script) {
-                Ok(()) => {
-                    flush_udp(ruleset::udp_ports_of(&victims));
-                    return Ok(());
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.expect("an attempt failed").context("portmap: GC could not delete stale port mappings"))
+        withdraw(
+            &nft,
+            &|tag: &str, _: &str| tag.starts_with(&prefix) && !valid.contains(tag),
+            true,
+            "portmap: GC could not delete stale port mappings",
+        )
     }
 
     fn status(&self, req: &Request) -> Result<()> {

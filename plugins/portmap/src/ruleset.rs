@@ -21,6 +21,9 @@
 //!   claim by another attachment makes the whole transaction fail atomically, while a repeated
 //!   ADD of the same attachment is a no-op. This is what makes conflict detection safe against
 //!   concurrent ADDs without a lock.
+//!   Several attachments of one container may claim a host port (one container on several
+//!   networks): see [`plan`].
+//! - `claims` (`owner key . attachment hash : target`): one per claimant of a host port.
 //! - `hp4`/`hip4`/`hp6`/`hip6`: the DNAT target for wildcard or host-IP-specific mappings.
 //! - `masq4`/`masq6` (interval, concatenated): `source range . container IP . proto . container
 //!   port` for which a DNATed connection is masqueraded: the container's subnet (hairpin and
@@ -46,7 +49,10 @@ pub const FAMILY: &str = "inet";
 pub const TABLE: &str = "cni_portmap";
 
 /// Every set and map of the table that holds per-attachment elements.
-pub const ELEMENT_SETS: [&str; 7] = ["owner", "hp4", "hip4", "hp6", "hip6", "masq4", "masq6"];
+pub const ELEMENT_SETS: [&str; 8] = ["owner", "claims", "hp4", "hip4", "hp6", "hip6", "masq4", "masq6"];
+
+/// The DNAT maps.
+pub const DNAT_SETS: [&str; 4] = ["hp4", "hip4", "hp6", "hip6"];
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -82,8 +88,30 @@ pub fn net_prefix(net: &str) -> String {
 pub struct Owner {
     /// `<network>,<container id>,<ifname>`, only characters that [`quote`] leaves alone.
     pub tag: String,
-    /// The 128-bit claim value stored in the `owner` map.
+    /// The 128-bit claim value stored in the `owner` map while this attachment is the only
+    /// claimant of a host port.
     pub hash: Ipv6Addr,
+    /// The container part of the tag (the id, or its hash when long).
+    pub container: String,
+}
+
+/// The `owner` value of a host port claimed by several attachments of one container (the
+/// container part of their tags): no single attachment's hash, so that neither a fast ADD of
+/// another attachment nor a fast DEL of one claimant can succeed on it without the lock.
+pub fn shared_hash(container: &str) -> Ipv6Addr {
+    let d = sha(&["shared", container]);
+    let mut h = [0u8; 16];
+    h.copy_from_slice(&d[..16]);
+    Ipv6Addr::from(h)
+}
+
+/// The container part of an owner tag.
+pub fn container_of(tag: &str) -> Option<&str> {
+    let mut p = tag.split(',');
+    match (p.next(), p.next(), p.next(), p.next()) {
+        (Some(_), Some(c), Some(_), None) => Some(c),
+        _ => None,
+    }
 }
 
 impl Owner {
@@ -97,11 +125,12 @@ impl Owner {
                 let _ = write!(ifn, "+{b:02X}");
             }
         }
-        let tag = format!("{}{},{}", net_prefix(net), short("id", id, 64), short("if", &ifn, 15));
+        let container = short("id", id, 64);
+        let tag = format!("{}{container},{}", net_prefix(net), short("if", &ifn, 15));
         let d = sha(&["owner", net, id, ifname]);
         let mut h = [0u8; 16];
         h.copy_from_slice(&d[..16]);
-        Owner { tag, hash: Ipv6Addr::from(h) }
+        Owner { tag, hash: Ipv6Addr::from(h), container }
     }
 }
 
@@ -196,6 +225,18 @@ fn owner_addr(e: &Entry) -> Ipv6Addr {
     }
 }
 
+/// The `owner` (and `claims`) key of an entry: `host address . proto . host port`.
+fn owner_key(e: &Entry) -> String {
+    format!("{} . {} . {}", owner_addr(e), e.proto.as_str(), e.host_port)
+}
+
+fn mapped(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
+
 /// A prefix as nft prints it: a full-length prefix is a plain address.
 fn prefix(net: IpNet) -> String {
     let net = net.trunc();
@@ -225,12 +266,11 @@ pub fn elements(conf: &Conf, entries: &[Entry], owner: &Owner) -> Vec<Elem> {
         }
     };
     for e in entries {
-        let p = e.proto.as_str();
-        push(Elem::new(
-            "owner",
-            format!("{} . {p} . {}", owner_addr(e), e.host_port),
-            Some(owner.hash.to_string()),
-        ));
+        push(Elem::new("owner", owner_key(e), Some(owner.hash.to_string())));
+    }
+    for e in entries {
+        let target = format!("{} . {}", mapped(e.ctr.addr()), e.ctr_port);
+        push(Elem::new("claims", format!("{} . {}", owner_key(e), owner.hash), Some(target)));
     }
     for e in entries {
         let p = e.proto.as_str();
@@ -303,6 +343,7 @@ pub fn setup_script(conf: &Conf, old_gates: &[String]) -> String {
          \tmap hp6 {{ type inet_proto . inet_service : ipv6_addr . inet_service; }}\n\
          \tmap hip6 {{ type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }}\n\
          \tmap owner {{ type ipv6_addr . inet_proto . inet_service : ipv6_addr; }}\n\
+         \tmap claims {{ type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }}\n\
          \tset masq4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}\n\
          \tset masq6 {{ type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval; }}\n\
          \tmap gates {{ type nf_proto : verdict; }}\n\
@@ -380,18 +421,6 @@ pub fn guarded_delete_script(elems: &[Elem], owner: &Owner) -> String {
     }
     for e in elems {
         s.push_str(&delete_line(&e.set, &e.key));
-    }
-    s
-}
-
-/// Additions of `elems` not yet present, and deletions of `stale` listed elements.
-pub fn change_script(add: &[&Elem], delete: &[&Listed], tag: &str) -> String {
-    let mut s = String::new();
-    for l in delete {
-        s.push_str(&delete_line(&l.set, &l.key));
-    }
-    for e in add {
-        s.push_str(&add_line(e, tag));
     }
     s
 }
@@ -507,13 +536,21 @@ impl Listing {
         self.elems.iter().find(|x| x.set == set && x.key == key)
     }
 
-    /// Elements owned by `owner` (by comment, or by claim value for the owner map).
-    pub fn owned_by<'a>(&'a self, owner: &'a Owner) -> impl Iterator<Item = &'a Listed> + 'a {
-        let hash = owner.hash.to_string();
-        self.elems.iter().filter(move |x| {
-            x.comment.as_deref() == Some(owner.tag.as_str())
-                || (x.set == "owner" && x.data.as_deref() == Some(&hash))
-        })
+    /// Every `claims` element: who wants which host port, and where it should lead.
+    pub fn claims(&self) -> Vec<Claim> {
+        self.elems
+            .iter()
+            .filter(|x| x.set == "claims")
+            .filter_map(|x| {
+                let (key, hash) = x.key.rsplit_once(" . ")?;
+                Some(Claim {
+                    key: key.to_string(),
+                    hash: hash.to_string(),
+                    target: x.data.clone()?,
+                    tag: x.comment.clone().unwrap_or_default(),
+                })
+            })
+            .collect()
     }
 
     pub fn gate_chains(&self) -> Vec<String> {
@@ -559,16 +596,16 @@ impl Listing {
     }
 }
 
-/// Host ports (protocol, port, family) of UDP DNAT elements, to flush conntrack for.
-pub fn udp_ports_of(listed: &[&Listed]) -> HashSet<(Fam, u16)> {
+/// Host ports (family, port) of UDP DNAT elements, to flush conntrack for.
+pub fn udp_ports_of<'a>(elems: impl IntoIterator<Item = (&'a str, &'a str)>) -> HashSet<(Fam, u16)> {
     let mut out = HashSet::new();
-    for l in listed {
-        let fam = match l.set.as_str() {
+    for (set, key) in elems {
+        let fam = match set {
             "hp4" | "hip4" => Fam::V4,
             "hp6" | "hip6" => Fam::V6,
             _ => continue,
         };
-        let parts: Vec<&str> = l.key.split(" . ").collect();
+        let parts: Vec<&str> = key.split(" . ").collect();
         if parts.len() >= 2 && parts[parts.len() - 2] == "udp" {
             if let Ok(p) = parts[parts.len() - 1].parse() {
                 out.insert((fam, p));
@@ -576,6 +613,258 @@ pub fn udp_ports_of(listed: &[&Listed]) -> HashSet<(Fam, u16)> {
         }
     }
     out
+}
+
+// ---- several claimants of one host port ----
+//
+// Every attachment that wants a host port has a `claims` element `owner key . its hash :
+// container address . container port` (IPv4 addresses v4-mapped). The `owner` and DNAT
+// elements of the port follow from the claims:
+// - one claimant: `owner` holds its hash and the DNAT element its target (the fast paths
+//   create and delete exactly this state in one transaction, without reading the table);
+// - several claimants, necessarily of one container (a runtime attaching the container to
+//   several networks with the same portMappings, as Podman does): `owner` holds the
+//   container's [`shared_hash`], and the DNAT element leads to one of them, the *active*
+//   claimant: the one that had the port first stays active; when it goes, the remaining
+//   claimant whose tag sorts first takes over. Changes happen under the lock ([`plan`]).
+
+/// One attachment's claim on a host port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The `owner` key: `host address . proto . host port`.
+    pub key: String,
+    /// The claimant's hash (its exclusive `owner` value).
+    pub hash: String,
+    /// `container address . container port`, IPv4 v4-mapped.
+    pub target: String,
+    /// The claimant's owner tag.
+    pub tag: String,
+}
+
+/// The DNAT map element (set, key) that an `owner` key controls.
+pub fn dnat_slot(owner_key: &str) -> Option<(&'static str, String)> {
+    let mut p = owner_key.splitn(2, " . ");
+    let (addr, rest) = (p.next()?, p.next()?);
+    let addr: Ipv6Addr = addr.parse().ok()?;
+    Some(match addr.to_ipv4_mapped() {
+        Some(v4) if v4.is_unspecified() => ("hp4", rest.to_string()),
+        Some(v4) => ("hip4", format!("{v4} . {rest}")),
+        None if addr.is_unspecified() => ("hp6", rest.to_string()),
+        None => ("hip6", format!("{addr} . {rest}")),
+    })
+}
+
+/// The `owner` key of a DNAT map element.
+fn owner_key_of_slot(set: &str, key: &str) -> Option<String> {
+    let key_addr = |key: &str| -> Option<(IpAddr, String)> {
+        let (a, rest) = key.split_once(" . ")?;
+        Some((a.parse().ok()?, rest.to_string()))
+    };
+    Some(match set {
+        "hp4" => format!("{} . {key}", Ipv4Addr::UNSPECIFIED.to_ipv6_mapped()),
+        "hp6" => format!("{} . {key}", Ipv6Addr::UNSPECIFIED),
+        "hip4" | "hip6" => {
+            let (a, rest) = key_addr(key)?;
+            format!("{} . {rest}", mapped(a))
+        }
+        _ => return None,
+    })
+}
+
+/// A claim target as the data of a DNAT element of `set`.
+fn dnat_data(set: &str, target: &str) -> String {
+    match set {
+        "hp4" | "hip4" => target.strip_prefix("::ffff:").unwrap_or(target).to_string(),
+        _ => target.to_string(),
+    }
+}
+
+/// The `owner` and DNAT elements (with their comments) a host port needs, given its claimants
+/// and its current DNAT element; None when nobody claims it.
+pub fn desired_slots(key: &str, claimants: &[&Claim], dnat: Option<&Listed>) -> Option<[(Elem, String); 2]> {
+    let first = claimants.iter().min_by(|a, b| a.tag.cmp(&b.tag))?;
+    let active = dnat
+        .and_then(|d| claimants.iter().find(|c| d.comment.as_deref() == Some(c.tag.as_str())))
+        .unwrap_or(first);
+    let value = if claimants.len() == 1 {
+        active.hash.clone()
+    } else {
+        shared_hash(container_of(&active.tag).unwrap_or_default()).to_string()
+    };
+    let (set, dkey) = dnat_slot(key)?;
+    let data = dnat_data(set, &active.target);
+    Some([
+        (Elem::new("owner", key.to_string(), Some(value)), active.tag.clone()),
+        (Elem::new(set, dkey, Some(data)), active.tag.clone()),
+    ])
+}
+
+/// The first claim among `want`'s keys that belongs to another container: (our element,
+/// the holder's tag or comment, the conflicting listed element).
+pub fn foreign_claim<'a>(
+    l: &'a Listing,
+    want: &'a [Elem],
+    owner: &Owner,
+) -> Option<(&'a Elem, Option<String>, &'a Listed)> {
+    let mine = |c: Option<&str>| c.and_then(container_of) == Some(owner.container.as_str());
+    let claims = l.claims();
+    let shared = shared_hash(&owner.container).to_string();
+    for e in want.iter().filter(|e| e.set == "owner") {
+        let dnat = dnat_slot(&e.key).and_then(|(set, k)| l.find(set, &k));
+        let holder = || dnat.and_then(|d| d.comment.clone());
+        if let Some(d) = dnat {
+            if !mine(d.comment.as_deref()) {
+                return Some((e, d.comment.clone(), d));
+            }
+        }
+        if let Some(o) = l.find("owner", &e.key) {
+            let ours = o.data == e.data || o.data.as_deref() == Some(shared.as_str());
+            if !ours && !mine(o.comment.as_deref()) {
+                return Some((e, holder().or(o.comment.clone()), o));
+            }
+        }
+        for c in claims.iter().filter(|c| c.key == e.key && c.tag != owner.tag) {
+            if !mine(Some(&c.tag)) {
+                if let Some(x) = l.find("claims", &format!("{} . {}", c.key, c.hash)) {
+                    return Some((e, holder().or(Some(c.tag.clone())), x));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A change to the table: deletions, then additions with their comments.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub delete: Vec<Listed>,
+    pub add: Vec<(Elem, String)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.delete.is_empty() && self.add.is_empty()
+    }
+
+    pub fn script(&self) -> String {
+        let mut s = String::new();
+        for x in &self.delete {
+            s.push_str(&delete_line(&x.set, &x.key));
+        }
+        for (e, tag) in &self.add {
+            s.push_str(&add_line(e, tag));
+        }
+        s
+    }
+
+    /// UDP host ports whose DNAT target is removed or set.
+    pub fn udp_ports(&self) -> HashSet<(Fam, u16)> {
+        let deleted = self.delete.iter().map(|x| (x.set.as_str(), x.key.as_str()));
+        let added = self.add.iter().map(|(e, _)| (e.set.as_str(), e.key.as_str()));
+        udp_ports_of(deleted.chain(added))
+    }
+}
+
+/// How the table changes when the claims of attachments for which `gone(tag, hash)` holds are
+/// withdrawn and `want` (the elements of one attachment, tagged `tag`; empty for DEL and GC)
+/// is claimed, read from `l` under the lock.
+///
+/// `claims` and masquerade elements are per attachment and simply deleted or added. The
+/// `owner` and DNAT elements of every host port whose claimants change are recomputed with
+/// [`desired_slots`]. Every claim the result relies on is deleted and re-added in the same
+/// transaction, so that the transaction fails (and is retried) if a lock-free fast path
+/// removed it in the meantime; a fast ADD in the meantime makes the `owner` addition fail.
+pub fn plan(l: &Listing, gone: &dyn Fn(&str, &str) -> bool, want: &[Elem], tag: &str) -> Plan {
+    let mut p = Plan::default();
+    let per_attachment = |set: &str| set == "claims" || set == "masq4" || set == "masq6";
+    let hash_of = |x: &Listed| match x.set.as_str() {
+        "claims" => x.key.rsplit_once(" . ").map(|(_, h)| h.to_string()).unwrap_or_default(),
+        "owner" => x.data.clone().unwrap_or_default(),
+        _ => String::new(),
+    };
+    let gone_elem = |x: &Listed| x.comment.as_deref().is_some_and(|c| gone(c, &hash_of(x)));
+    // per-attachment elements
+    let mut keep: HashSet<(String, String)> = HashSet::new();
+    for x in l.elems.iter().filter(|x| per_attachment(&x.set)) {
+        if gone_elem(x) && !want.contains(&x.elem()) {
+            p.delete.push(x.clone());
+        } else {
+            keep.insert((x.set.clone(), x.key.clone()));
+        }
+    }
+    for e in want.iter().filter(|e| per_attachment(&e.set)) {
+        match l.find(&e.set, &e.key) {
+            Some(x) if keep.contains(&(x.set.clone(), x.key.clone())) => {
+                if x.data != e.data {
+                    // someone else's element under our key (tampering): replace it
+                    p.delete.push(x.clone());
+                    p.add.push((e.clone(), tag.to_string()));
+                }
+            }
+            _ => p.add.push((e.clone(), tag.to_string())),
+        }
+    }
+    // host ports whose claimants change
+    let claims = l.claims();
+    let new_claims: Vec<Claim> = want
+        .iter()
+        .filter(|e| e.set == "claims")
+        .filter_map(|e| {
+            let (key, hash) = e.key.rsplit_once(" . ")?;
+            Some(Claim { key: key.into(), hash: hash.into(), target: e.data.clone()?, tag: tag.into() })
+        })
+        .collect();
+    let mut keys: Vec<String> =
+        claims.iter().filter(|c| gone(&c.tag, &c.hash)).map(|c| c.key.clone()).collect();
+    keys.extend(new_claims.iter().map(|c| c.key.clone()));
+    for x in l.elems.iter().filter(|x| x.set == "owner" && gone_elem(x)) {
+        keys.push(x.key.clone());
+    }
+    for x in l.elems.iter().filter(|x| DNAT_SETS.contains(&x.set.as_str()) && gone_elem(x)) {
+        keys.extend(owner_key_of_slot(&x.set, &x.key));
+    }
+    keys.sort();
+    keys.dedup();
+    for key in &keys {
+        let staying: Vec<&Claim> = claims
+            .iter()
+            .filter(|c| c.key == *key && !gone(&c.tag, &c.hash))
+            .filter(|c| !new_claims.iter().any(|n| n.hash == c.hash))
+            .collect();
+        let mut claimants = staying.clone();
+        claimants.extend(new_claims.iter().filter(|c| c.key == *key));
+        let slot = dnat_slot(key);
+        let dnat = slot.as_ref().and_then(|(set, k)| l.find(set, k));
+        let current = [l.find("owner", key), dnat];
+        let desired = desired_slots(key, &claimants, dnat);
+        for (i, cur) in current.iter().enumerate() {
+            let want_i = desired.as_ref().map(|d| &d[i]);
+            let same = match (cur, want_i) {
+                (Some(x), Some((e, t))) => x.elem() == *e && x.comment.as_deref() == Some(t.as_str()),
+                (None, None) => true,
+                _ => false,
+            };
+            if same {
+                continue;
+            }
+            if let Some(x) = cur {
+                p.delete.push((*x).clone());
+            }
+            if let Some((e, t)) = want_i {
+                p.add.push((e.clone(), t.clone()));
+            }
+        }
+        // re-assert the claims that stay (they would vanish with a concurrent fast DEL)
+        for c in staying {
+            if let Some(x) = l.find("claims", &format!("{} . {}", c.key, c.hash)) {
+                if !p.delete.contains(x) {
+                    p.delete.push(x.clone());
+                    p.add.push((x.elem(), c.tag.clone()));
+                }
+            }
+        }
+    }
+    p
 }
 
 #[cfg(test)]
@@ -640,6 +929,10 @@ mod tests {
                 format!("owner :: . tcp . 8080 : {h}"),
                 format!("owner ::ffff:192.0.2.1 . udp . 53 : {h}"),
                 format!("owner :: . tcp . 9000 : {h}"),
+                format!("claims ::ffff:0.0.0.0 . tcp . 8080 . {h} : ::ffff:10.0.0.5 . 80"),
+                format!("claims :: . tcp . 8080 . {h} : fd00::5 . 80"),
+                format!("claims ::ffff:192.0.2.1 . udp . 53 . {h} : ::ffff:10.0.0.5 . 53"),
+                format!("claims :: . tcp . 9000 . {h} : fd00::5 . 90"),
                 "hp4 tcp . 8080 : 10.0.0.5 . 80".to_string(),
                 "hp6 tcp . 8080 : fd00::5 . 80".to_string(),
                 "hip4 192.0.2.1 . udp . 53 : 10.0.0.5 . 53".to_string(),
@@ -668,7 +961,7 @@ mod tests {
         c.masq_all = false;
         assert_eq!(elements(&c, &en, &o).iter().filter(|e| e.set == "masq4").count(), 2);
         assert_eq!(
-            elements(&c, &en, &o)[2].key,
+            elements(&c, &en, &o)[3].key,
             "10.0.0.5 . 10.0.0.5 . tcp . 80",
             "a /32 is a plain address"
         );
@@ -735,8 +1028,172 @@ mod tests {
         assert_eq!(l.find("masq4", "127.0.0.1 . 10.0.0.3 . tcp . 80").unwrap().comment, None);
         assert_eq!(l.gates, vec![("ipv4".to_string(), "jump gate4".to_string())]);
         assert_eq!(l.gate_chains(), vec!["gate4".to_string()]);
-        let udp =
-            [&Listed { set: "hip6".into(), key: "fd00::1 . udp . 53".into(), data: None, comment: None }];
-        assert_eq!(udp_ports_of(&udp), HashSet::from([(Fam::V6, 53)]));
+        let udp = [("hip6", "fd00::1 . udp . 53"), ("hp4", "tcp . 53"), ("owner", ":: . udp . 54")];
+        assert_eq!(udp_ports_of(udp), HashSet::from([(Fam::V6, 53)]));
+    }
+
+    /// The table as one attachment's ADD leaves it (every element tagged with its owner).
+    fn listed(parts: &[(&[Elem], &Owner)]) -> Listing {
+        let mut l = Listing::default();
+        for (els, o) in parts {
+            for e in els.iter() {
+                l.elems.push(Listed {
+                    set: e.set.clone(),
+                    key: e.key.clone(),
+                    data: e.data.clone(),
+                    comment: Some(o.tag.clone()),
+                });
+            }
+        }
+        l
+    }
+
+    /// Apply a plan to a listing the way nft would.
+    fn apply(l: &Listing, p: &Plan) -> Listing {
+        let elems = l.elems.iter().filter(|x| !p.delete.contains(x)).cloned().collect();
+        let mut out = Listing { elems, ..Default::default() };
+        for (e, t) in &p.add {
+            assert!(out.find(&e.set, &e.key).is_none(), "add of an existing key {e:?}");
+            out.elems.push(Listed {
+                set: e.set.clone(),
+                key: e.key.clone(),
+                data: e.data.clone(),
+                comment: Some(t.clone()),
+            });
+        }
+        out
+    }
+
+    fn one_port(o: &Owner, addr: &str) -> Vec<Elem> {
+        let c = conf(vec![m(18090, 80, Proto::Tcp, HostIp::AnyOf(Fam::V4))]);
+        elements(&c, &entries(&c, Some(addr.parse().unwrap()), None).unwrap(), o)
+    }
+
+    fn active(l: &Listing) -> (String, String) {
+        let d = l.find("hp4", "tcp . 18090").expect("DNAT element");
+        let o = l.find("owner", "::ffff:0.0.0.0 . tcp . 18090").expect("owner element");
+        assert_eq!(o.comment, d.comment, "owner and DNAT name the same claimant");
+        (d.data.clone().unwrap(), o.data.clone().unwrap())
+    }
+
+    #[test]
+    fn slots_and_owner_keys_convert_both_ways() {
+        for (okey, set, dkey) in [
+            ("::ffff:0.0.0.0 . tcp . 80", "hp4", "tcp . 80"),
+            (":: . udp . 53", "hp6", "udp . 53"),
+            ("::ffff:192.0.2.1 . tcp . 80", "hip4", "192.0.2.1 . tcp . 80"),
+            ("fd00::1 . sctp . 9", "hip6", "fd00::1 . sctp . 9"),
+        ] {
+            assert_eq!(dnat_slot(okey), Some((set, dkey.to_string())));
+            assert_eq!(owner_key_of_slot(set, dkey).as_deref(), Some(okey));
+        }
+        assert_eq!(dnat_data("hp4", "::ffff:10.0.0.5 . 80"), "10.0.0.5 . 80");
+        assert_eq!(dnat_data("hp6", "fd00::5 . 80"), "fd00::5 . 80");
+        assert_eq!(container_of("n,c1,eth0"), Some("c1"));
+        assert_eq!(container_of("n,c1"), None);
+    }
+
+    #[test]
+    fn a_second_network_of_the_same_container_shares_the_port() {
+        let (a1, a2) = (Owner::new("n1", "ctr", "eth0"), Owner::new("n2", "ctr", "eth1"));
+        let (e1, e2) = (one_port(&a1, "10.0.0.5/24"), one_port(&a2, "10.1.0.5/24"));
+        let l = listed(&[(&e1, &a1)]);
+        assert!(foreign_claim(&l, &e2, &a2).is_none(), "same container: compatible");
+        let gone = |t: &str, h: &str| t == a2.tag || h == a2.hash.to_string();
+        let p = plan(&l, &gone, &e2, &a2.tag);
+        let l2 = apply(&l, &p);
+        // the first claimant stays active; the owner value is the container's shared hash
+        assert_eq!(active(&l2), ("10.0.0.5 . 80".into(), shared_hash("ctr").to_string()));
+        assert_eq!(l2.claims().len(), 2);
+        assert!(l2.find("masq4", "10.1.0.0/24 . 10.1.0.5 . tcp . 80").is_some());
+        // the claim it relies on is re-asserted (fails the transaction if a fast DEL took it)
+        assert!(p.delete.iter().any(|x| x.set == "claims" && x.comment.as_deref() == Some(a1.tag.as_str())));
+        assert!(p.udp_ports().is_empty());
+        // a repeated ADD of either changes nothing but the re-assertions
+        for (o, e) in [(&a1, &e1), (&a2, &e2)] {
+            let h = o.hash.to_string();
+            let p = plan(&l2, &|t: &str, x: &str| t == o.tag || x == h, e, &o.tag);
+            assert_eq!(apply(&l2, &p).elems.len(), l2.elems.len());
+            assert_eq!(active(&apply(&l2, &p)), active(&l2));
+        }
+        // another container is refused, naming the active claimant
+        let b = Owner::new("n1", "other", "eth0");
+        let (_, holder, _) = foreign_claim(&l2, &one_port(&b, "10.0.0.6/24"), &b).expect("conflict");
+        assert_eq!(holder.as_deref(), Some(a1.tag.as_str()));
+
+        // DEL of the active claimant: the other takes over and holds the port alone again
+        let h1 = a1.hash.to_string();
+        let p = plan(&l2, &|t: &str, h: &str| t == a1.tag || h == h1, &[], "");
+        let l3 = apply(&l2, &p);
+        assert_eq!(active(&l3), ("10.1.0.5 . 80".into(), a2.hash.to_string()));
+        assert!(l3.elems.iter().all(|x| x.comment.as_deref() == Some(a2.tag.as_str())), "{:?}", l3.elems);
+        assert_eq!(l3.elems.len(), e2.len(), "exactly a2's own elements: its fast DEL works again");
+        // DEL of the last one empties the table
+        let h2 = a2.hash.to_string();
+        let l4 = apply(&l3, &plan(&l3, &|t: &str, h: &str| t == a2.tag || h == h2, &[], ""));
+        assert!(l4.elems.is_empty(), "{:?}", l4.elems);
+
+        // DEL of the inactive claimant leaves the active one in place
+        let l3 = apply(&l2, &plan(&l2, &gone, &[], ""));
+        assert_eq!(active(&l3), ("10.0.0.5 . 80".into(), a1.hash.to_string()));
+        assert_eq!(l3.elems.len(), e1.len());
+    }
+
+    #[test]
+    fn three_claimants_and_udp_switch_over() {
+        let c = conf(vec![m(53, 53, Proto::Udp, HostIp::AnyOf(Fam::V4))]);
+        let o: Vec<Owner> = ["n3", "n1", "n2"].iter().map(|n| Owner::new(n, "ctr", "eth0")).collect();
+        let els: Vec<Vec<Elem>> = o
+            .iter()
+            .enumerate()
+            .map(|(i, ow)| {
+                let a = format!("10.{i}.0.5/24").parse().unwrap();
+                elements(&c, &entries(&c, Some(a), None).unwrap(), ow)
+            })
+            .collect();
+        let mut l = listed(&[(&els[0], &o[0])]);
+        for i in 1..3 {
+            let h = o[i].hash.to_string();
+            l = apply(&l, &plan(&l, &|t: &str, x: &str| t == o[i].tag || x == h, &els[i], &o[i].tag));
+        }
+        let d = |l: &Listing| l.find("hp4", "udp . 53").unwrap().data.clone().unwrap();
+        assert_eq!(d(&l), "10.0.0.5 . 53", "n3 came first");
+        // n3 goes: the remaining claimant whose tag sorts first (n1) takes over, still shared
+        let h = o[0].hash.to_string();
+        let p = plan(&l, &|t: &str, x: &str| t == o[0].tag || x == h, &[], "");
+        assert_eq!(p.udp_ports(), HashSet::from([(Fam::V4, 53)]), "flows to the old target are flushed");
+        let l = apply(&l, &p);
+        assert_eq!(d(&l), "10.1.0.5 . 53");
+        assert_eq!(
+            l.find("owner", "::ffff:0.0.0.0 . udp . 53").unwrap().data,
+            Some(shared_hash("ctr").to_string())
+        );
+        // GC of network n1 (nothing valid): n2 alone
+        let l = apply(&l, &plan(&l, &|t: &str, _: &str| t.starts_with("n1,"), &[], ""));
+        assert_eq!(d(&l), "10.2.0.5 . 53");
+        assert_eq!(l.find("owner", "::ffff:0.0.0.0 . udp . 53").unwrap().data, Some(o[2].hash.to_string()));
+    }
+
+    #[test]
+    fn desired_slots_are_deterministic() {
+        let claim = |tag: &str, t: &str| Claim {
+            key: "::ffff:0.0.0.0 . tcp . 80".into(),
+            hash: "1::1".into(),
+            target: t.into(),
+            tag: tag.into(),
+        };
+        let (x, y) = (claim("b,c,eth0", "::ffff:10.0.0.1 . 80"), claim("a,c,eth1", "::ffff:10.0.0.2 . 80"));
+        let [_, (d, t)] = desired_slots(&x.key, &[&x, &y], None).unwrap();
+        assert_eq!((d.data.as_deref(), t.as_str()), (Some("10.0.0.2 . 80"), "a,c,eth1"));
+        let cur = Listed {
+            set: "hp4".into(),
+            key: "tcp . 80".into(),
+            data: Some("10.0.0.1 . 80".into()),
+            comment: Some("b,c,eth0".into()),
+        };
+        let [(o, _), (d, _)] = desired_slots(&x.key, &[&y, &x], Some(&cur)).unwrap();
+        assert_eq!(d.data.as_deref(), Some("10.0.0.1 . 80"), "the active claimant stays");
+        assert_eq!(o.data, Some(shared_hash("c").to_string()));
+        assert!(desired_slots(&x.key, &[], Some(&cur)).is_none());
     }
 }
