@@ -52,6 +52,10 @@ impl World {
         host.run("ip", &["link", "set", "lo", "up"]);
         outside.run("ip", &["link", "set", "lo", "up"]);
         host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"]);
+        // No DAD on the host's interfaces: their link-local addresses would otherwise leave the
+        // "tentative" state (and gain a local route) a second after creation, in the middle of
+        // a test comparing ns_state snapshots.
+        host.run("sysctl", &["-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"]);
         // Absent without br_netfilter, and then bridged traffic never meets netfilter anyway.
         for key in ["net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"] {
             host.try_run("sysctl", &["-qw", key]);
