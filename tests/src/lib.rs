@@ -307,6 +307,8 @@ pub struct PluginOutput {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// Peak resident set size of the plugin process (getrusage of the child), in KiB.
+    pub max_rss_kib: u64,
 }
 
 impl PluginOutput {
@@ -403,13 +405,43 @@ impl<'a> Exec<'a> {
             let mut input = child.stdin.take().expect("stdin");
             let _ = input.write_all(stdin.as_bytes());
         }
-        let out = child.wait_with_output().expect("wait for plugin");
+        // Read both pipes (stderr on a thread so neither can fill up and block the plugin),
+        // then reap the child with wait4 to get its resource usage.
+        let mut err_pipe = child.stderr.take().expect("stderr");
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut err_pipe, &mut v);
+            v
+        });
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut child.stdout.take().expect("stdout"), &mut out);
+        let err = err_reader.join().expect("stderr reader");
+        let (code, max_rss_kib) = wait4(child.id() as libc::pid_t);
         PluginOutput {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+            max_rss_kib,
         }
     }
+}
+
+/// Reap `pid`: (exit code or -signal, peak RSS in KiB).
+fn wait4(pid: libc::pid_t) -> (i32, u64) {
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid pointers to locals; pid is a child of this process not yet reaped.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "wait4({pid}): {e}");
+    }
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
+    (code, ru.ru_maxrss as u64)
 }
 
 /// Snapshot of everything a plugin could change in a namespace: links, addresses, routes
