@@ -399,6 +399,8 @@ impl<'a> Exec<'a> {
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Reaped below with wait4 (for the resource usage), not with Child::wait.
+        #[allow(clippy::zombie_processes)]
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
         {
             use std::io::Write;
