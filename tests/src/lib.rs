@@ -386,6 +386,29 @@ impl<'a> Exec<'a> {
             .env("CNI_PATH", cni_path)
     }
 
+    /// Start the plugin with `stdin` written and closed, and hand back the running process
+    /// (fault-injection tests kill it midway).
+    pub fn spawn(&self, stdin: &str) -> std::process::Child {
+        let mut cmd = match self.in_ns {
+            Some(ns) => ns.command(&self.plugin),
+            None => Command::new(&self.plugin),
+        };
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
+        {
+            use std::io::Write;
+            let mut input = child.stdin.take().expect("stdin");
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        child
+    }
+
     pub fn run(&self, stdin: &str) -> PluginOutput {
         let mut cmd = match self.in_ns {
             Some(ns) => ns.command(&self.plugin),
@@ -523,3 +546,5 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
     }
 }
 pub mod bench;
+pub mod chain;
+pub mod leaks;

@@ -18,7 +18,7 @@ fn main() {
             "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <loopback|bandwidth|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                    "usage: cnibench <loopback|bandwidth|chain|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
                 );
                 return;
             }
@@ -36,10 +36,13 @@ fn main() {
     let mut cases = Vec::new();
     let mut scale_rows = Vec::new();
     let mut notes = Vec::new();
+    let rss: bench::chain::RssTable = Default::default();
+    let mut keep = Vec::new();
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
+            "chain" => cases.extend(bench::chain::cases(rss.clone(), &mut keep)),
             "portmap-scale" => {
                 let (rows, n) = bench::portmap::scale(containers);
                 scale_rows.extend(rows);
@@ -61,5 +64,9 @@ fn main() {
     print!("{}", bench::markdown(&rows));
     for n in notes {
         println!("\n{n}");
+    }
+    if !rss.borrow().is_empty() {
+        println!("\nPeak RSS per plugin process during the chain runs (getrusage of each child):\n");
+        print!("{}", bench::chain::rss_markdown(&rss));
     }
 }
