@@ -1,0 +1,380 @@
+//! The attachment index: an on-disk open-addressing hash table from "owner" (container id +
+//! ifname, or a legacy bare container id) to the addresses it holds, so that DEL, CHECK and
+//! the duplicate check of ADD read a handful of slots instead of every file of the store.
+//!
+//! The index is a cache. The IP files stay the truth: every hit is verified by reading the IP
+//! file it names, and the whole table is trusted only while its stamp (boot id, directory
+//! device/inode and the directory's mtime, which we set ourselves after each change, see
+//! [`crate::store`]) matches the directory. Otherwise it is rebuilt from the IP files.
+//!
+//! Layout (little-endian): a 4096-byte header, then `slots` slots of 32 bytes.
+//! Header: magic (64 bytes, with spaces so that upstream's content comparison can never match
+//! it), slots, used (live + tombstones), live, dev, ino, mtime sec, mtime nsec, boot id (16),
+//! FNV-1a checksum of the fields. Slot: tag (0 empty, 1 live, 2 tombstone), kind (0 attachment,
+//! 1 legacy), family (4/6), 5 bytes padding, key hash (u64), address (16 bytes).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+pub const INDEX_NAME: &str = ".host-local-index";
+const TMP_NAME: &str = ".host-local-index.tmp";
+const MAGIC: &[u8; 64] = b"cni-rs host-local attachment index v1: not a reservation file.\n\n";
+const HDR: u64 = 4096;
+const SLOT: u64 = 32;
+const MIN_SLOTS: u64 = 1024;
+const FIELDS_END: usize = 64 + 8 * 7 + 16;
+
+const EMPTY: u8 = 0;
+const LIVE: u8 = 1;
+const TOMB: u8 = 2;
+
+/// Whose reservation a slot records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `<id>\r\n<ifname>` files.
+    Attachment,
+    /// Files holding only `<id>` (written by old upstream versions).
+    Legacy,
+}
+
+/// FNV-1a, 64 bit.
+pub fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff; // part separator
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The hash an owner is filed under.
+pub fn key_hash(kind: Kind, id: &str, ifname: &str) -> u64 {
+    match kind {
+        Kind::Attachment => fnv(&[b"a", id.as_bytes(), ifname.as_bytes()]),
+        Kind::Legacy => fnv(&[b"l", id.as_bytes()]),
+    }
+}
+
+/// What the index must agree with to be trusted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub sec: i64,
+    pub nsec: i64,
+    pub boot: [u8; 16],
+}
+
+/// One live entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: Kind,
+    pub key: u64,
+    pub ip: IpAddr,
+}
+
+pub struct Index {
+    file: File,
+    slots: u64,
+    used: u64,
+    live: u64,
+    stamp: Stamp,
+}
+
+fn encode_slot(tag: u8, e: &Entry) -> [u8; SLOT as usize] {
+    let mut b = [0u8; SLOT as usize];
+    b[0] = tag;
+    b[1] = match e.kind {
+        Kind::Attachment => 0,
+        Kind::Legacy => 1,
+    };
+    match e.ip {
+        IpAddr::V4(a) => {
+            b[2] = 4;
+            b[16..20].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            b[2] = 6;
+            b[16..32].copy_from_slice(&a.octets());
+        }
+    }
+    b[8..16].copy_from_slice(&e.key.to_le_bytes());
+    b
+}
+
+fn decode_slot(b: &[u8]) -> Option<Entry> {
+    let kind = match b[1] {
+        0 => Kind::Attachment,
+        1 => Kind::Legacy,
+        _ => return None,
+    };
+    let ip = match b[2] {
+        4 => IpAddr::V4(Ipv4Addr::new(b[16], b[17], b[18], b[19])),
+        6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[16..32]).expect("16 bytes"))),
+        _ => return None,
+    };
+    let key = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    Some(Entry { kind, key, ip })
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+}
+
+impl Index {
+    /// Open an existing index; `None` when it is missing or its header is not ours/intact.
+    pub fn open(dir: &Path) -> Option<Index> {
+        let file = OpenOptions::new().read(true).write(true).open(dir.join(INDEX_NAME)).ok()?;
+        let mut h = [0u8; FIELDS_END + 8];
+        file.read_exact_at(&mut h, 0).ok()?;
+        if &h[..64] != MAGIC || u64_at(&h, FIELDS_END) != fnv(&[&h[64..FIELDS_END]]) {
+            return None;
+        }
+        let slots = u64_at(&h, 64);
+        if slots < MIN_SLOTS || !slots.is_power_of_two() {
+            return None;
+        }
+        let len = file.metadata().ok()?.len();
+        if len != HDR + slots * SLOT {
+            return None;
+        }
+        let stamp = Stamp {
+            dev: u64_at(&h, 88),
+            ino: u64_at(&h, 96),
+            sec: u64_at(&h, 104) as i64,
+            nsec: u64_at(&h, 112) as i64,
+            boot: h[120..136].try_into().expect("16 bytes"),
+        };
+        Some(Index { file, slots, used: u64_at(&h, 72), live: u64_at(&h, 80), stamp })
+    }
+
+    pub fn stamp(&self) -> &Stamp {
+        &self.stamp
+    }
+
+    pub fn live(&self) -> u64 {
+        self.live
+    }
+
+    /// Write a fresh index holding `entries` (temp file + rename; the caller re-stamps).
+    pub fn create(dir: &Path, entries: &[Entry]) -> io::Result<Index> {
+        let want = (entries.len() as u64 + 1).saturating_mul(3).next_power_of_two();
+        let slots = want.max(MIN_SLOTS);
+        let mut table = vec![0u8; (slots * SLOT) as usize];
+        let mask = slots - 1;
+        for e in entries {
+            let mut i = e.key & mask;
+            while table[(i * SLOT) as usize] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            let off = (i * SLOT) as usize;
+            table[off..off + SLOT as usize].copy_from_slice(&encode_slot(LIVE, e));
+        }
+        let tmp = dir.join(TMP_NAME);
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        let idx = Index {
+            file,
+            slots,
+            used: entries.len() as u64,
+            live: entries.len() as u64,
+            stamp: Stamp::default(),
+        };
+        idx.write_header()?;
+        idx.file.write_all_at(&table, HDR)?;
+        std::fs::rename(&tmp, dir.join(INDEX_NAME))?;
+        Ok(idx)
+    }
+
+    fn write_header(&self) -> io::Result<()> {
+        let mut h = vec![0u8; HDR as usize];
+        h[..64].copy_from_slice(MAGIC);
+        let s = &self.stamp;
+        for (i, v) in [self.slots, self.used, self.live, s.dev, s.ino, s.sec as u64, s.nsec as u64]
+            .into_iter()
+            .enumerate()
+        {
+            h[64 + i * 8..72 + i * 8].copy_from_slice(&v.to_le_bytes());
+        }
+        h[120..136].copy_from_slice(&s.boot);
+        let sum = fnv(&[&h[64..FIELDS_END]]);
+        h[FIELDS_END..FIELDS_END + 8].copy_from_slice(&sum.to_le_bytes());
+        self.file.write_all_at(&h, 0)
+    }
+
+    /// Record the stamp (and the counters) in the header.
+    pub fn set_stamp(&mut self, stamp: Stamp) -> io::Result<()> {
+        self.stamp = stamp;
+        self.write_header()
+    }
+
+    /// Walk the probe sequence of `key`, calling `f(slot, tag, bytes)` until it returns true
+    /// or an empty slot ends the sequence. Reads 128 slots per syscall.
+    fn probe(&self, key: u64, mut f: impl FnMut(u64, u8, &[u8]) -> bool) -> io::Result<Option<u64>> {
+        let mask = self.slots - 1;
+        let mut i = key & mask;
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..self.slots.div_ceil(128) + 1 {
+            let n = (self.slots - i).min(128);
+            let chunk = &mut buf[..(n * SLOT) as usize];
+            self.file.read_exact_at(chunk, HDR + i * SLOT)?;
+            for k in 0..n {
+                let off = (k * SLOT) as usize;
+                let s = &chunk[off..off + SLOT as usize];
+                if f(i + k, s[0], s) {
+                    return Ok(Some(i + k));
+                }
+                if s[0] == EMPTY {
+                    return Ok(None);
+                }
+            }
+            i = (i + n) & mask;
+        }
+        Ok(None)
+    }
+
+    /// Live entries filed under (`kind`, `key`), with their slot numbers.
+    pub fn lookup(&self, kind: Kind, key: u64) -> io::Result<Vec<(u64, IpAddr)>> {
+        let mut out = Vec::new();
+        self.probe(key, |slot, tag, s| {
+            if tag == LIVE {
+                if let Some(e) = decode_slot(s) {
+                    if e.kind == kind && e.key == key {
+                        out.push((slot, e.ip));
+                    }
+                }
+            }
+            false
+        })?;
+        Ok(out)
+    }
+
+    /// Add an entry. Grows (rewrites) the table when it is 70% used.
+    pub fn insert(&mut self, dir: &Path, e: Entry) -> io::Result<()> {
+        if (self.used + 1) * 10 > self.slots * 7 {
+            let mut all = self.entries()?;
+            all.push(e);
+            let stamp = self.stamp;
+            *self = Index::create(dir, &all)?;
+            self.stamp = stamp;
+            return Ok(());
+        }
+        let mut found_tag = EMPTY;
+        let slot = self.probe(e.key, |_, tag, _| {
+            found_tag = tag;
+            tag != LIVE
+        })?;
+        let Some(slot) = slot else {
+            return Err(io::Error::other("index full"));
+        };
+        if found_tag == EMPTY {
+            self.used += 1;
+        }
+        self.live += 1;
+        self.file.write_all_at(&encode_slot(LIVE, &e), HDR + slot * SLOT)
+    }
+
+    /// Turn a live slot into a tombstone.
+    pub fn remove(&mut self, slot: u64) -> io::Result<()> {
+        self.live = self.live.saturating_sub(1);
+        self.file.write_all_at(&[TOMB], HDR + slot * SLOT)
+    }
+
+    /// Every live entry (reads the whole table; used when growing).
+    pub fn entries(&self) -> io::Result<Vec<Entry>> {
+        let mut table = vec![0u8; (self.slots * SLOT) as usize];
+        self.file.read_exact_at(&mut table, HDR)?;
+        Ok(table.chunks_exact(SLOT as usize).filter(|s| s[0] == LIVE).filter_map(decode_slot).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(kind: Kind, id: &str, ifname: &str, ip: &str) -> Entry {
+        Entry { kind, key: key_hash(kind, id, ifname), ip: ip.parse().unwrap() }
+    }
+
+    #[test]
+    fn create_lookup_insert_remove_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let mut idx = Index::create(
+            d.path(),
+            &[e(Kind::Attachment, "a", "eth0", "10.0.0.2"), e(Kind::Legacy, "old", "", "10.0.0.3")],
+        )
+        .unwrap();
+        let ka = key_hash(Kind::Attachment, "a", "eth0");
+        assert_eq!(idx.lookup(Kind::Attachment, ka).unwrap().len(), 1);
+        assert!(idx.lookup(Kind::Legacy, ka).unwrap().is_empty(), "kind is part of the key");
+        idx.insert(d.path(), e(Kind::Attachment, "a", "eth0", "2001:db8::2")).unwrap();
+        let hits = idx.lookup(Kind::Attachment, ka).unwrap();
+        let ips: Vec<String> = hits.iter().map(|(_, ip)| ip.to_string()).collect();
+        assert_eq!(ips, ["10.0.0.2", "2001:db8::2"]);
+        idx.remove(hits[0].0).unwrap();
+        let stamp = Stamp { dev: 1, ino: 2, sec: 3, nsec: 4, boot: [7; 16] };
+        idx.set_stamp(stamp).unwrap();
+        let again = Index::open(d.path()).unwrap();
+        assert_eq!(*again.stamp(), stamp);
+        assert_eq!(again.live(), 2);
+        let ips: Vec<String> =
+            again.lookup(Kind::Attachment, ka).unwrap().iter().map(|(_, ip)| ip.to_string()).collect();
+        assert_eq!(ips, ["2001:db8::2"]);
+    }
+
+    #[test]
+    fn colliding_keys_and_growth() {
+        let d = tempfile::tempdir().unwrap();
+        let mut idx = Index::create(d.path(), &[]).unwrap();
+        // 3000 entries force two growths; a shared fake key exercises long probe sequences.
+        for i in 0..3000u32 {
+            let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
+            let key = if i % 100 == 0 { 42 } else { key_hash(Kind::Attachment, &format!("c{i}"), "eth0") };
+            idx.insert(d.path(), Entry { kind: Kind::Attachment, key, ip }).unwrap();
+        }
+        assert_eq!(idx.live(), 3000);
+        assert_eq!(idx.lookup(Kind::Attachment, 42).unwrap().len(), 30);
+        let k = key_hash(Kind::Attachment, "c1234", "eth0");
+        let hit = idx.lookup(Kind::Attachment, k).unwrap();
+        assert_eq!(hit.len(), 1);
+        assert_eq!(hit[0].1, IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + 1234)));
+        // tombstones keep later entries of a probe sequence reachable
+        for (slot, _) in idx.lookup(Kind::Attachment, 42).unwrap().into_iter().take(29) {
+            idx.remove(slot).unwrap();
+        }
+        assert_eq!(idx.lookup(Kind::Attachment, 42).unwrap().len(), 1);
+        assert_eq!(idx.entries().unwrap().len(), 3000 - 29);
+    }
+
+    #[test]
+    fn rejects_foreign_or_damaged_files() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(Index::open(d.path()).is_none(), "missing");
+        std::fs::write(d.path().join(INDEX_NAME), b"c1\r\neth0").unwrap();
+        assert!(Index::open(d.path()).is_none(), "not ours");
+        Index::create(d.path(), &[]).unwrap();
+        assert!(Index::open(d.path()).is_some());
+        let f = OpenOptions::new().write(true).open(d.path().join(INDEX_NAME)).unwrap();
+        f.write_all_at(&[9], 100).unwrap();
+        assert!(Index::open(d.path()).is_none(), "checksum");
+        Index::create(d.path(), &[]).unwrap();
+        let f = OpenOptions::new().write(true).open(d.path().join(INDEX_NAME)).unwrap();
+        f.set_len(HDR + 10).unwrap();
+        assert!(Index::open(d.path()).is_none(), "truncated");
+    }
+
+    #[test]
+    fn magic_can_never_equal_upstream_match_strings() {
+        // Upstream compares the trimmed content of every file with "<id>\r\n<ifname>" or "<id>";
+        // neither may contain a space, our header always does.
+        let trimmed = String::from_utf8_lossy(MAGIC).trim().to_string();
+        assert!(trimmed.contains(' '));
+    }
+}

@@ -1,0 +1,273 @@
+//! host-local IPAM: hands out addresses from per-node pools and records them in a store that
+//! stays byte-compatible with upstream containernetworking/plugins host-local.
+//! See README.md for the store, the index and the error codes.
+
+pub mod config;
+pub mod index;
+pub mod range;
+pub mod store;
+
+use cni_common::error::{code, CniError, Result};
+use cni_common::spec::result::{CniResult, Dns, IpConfig};
+use cni_common::{Plugin, Request};
+use config::{read_resolv_conf, Config};
+use ipnet::IpNet;
+use range::{Range, RangeSet};
+use std::net::IpAddr;
+use store::{Owner, Pending, Store};
+
+pub struct HostLocal;
+
+impl Plugin for HostLocal {
+    fn name(&self) -> &'static str {
+        "host-local"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult> {
+        add(req)
+    }
+
+    fn del(&self, req: &Request) -> Result<()> {
+        del(req)
+    }
+
+    fn check(&self, req: &Request) -> Result<()> {
+        check(req)
+    }
+
+    fn gc(&self, req: &Request) -> Result<()> {
+        gc(req)
+    }
+
+    fn status(&self, req: &Request) -> Result<()> {
+        status(req)
+    }
+}
+
+/// Bind each requested address to the first range set containing it (one per set), and reject
+/// requests that can never be satisfied before anything is created.
+pub fn plan_requests(conf: &Config) -> Result<Vec<Option<IpAddr>>> {
+    let mut left: Vec<IpAddr> = conf.requested.clone();
+    let mut plan = vec![None; conf.sets.len()];
+    for (i, set) in conf.sets.iter().enumerate() {
+        if let Some(pos) = left.iter().position(|ip| set.contains(*ip)) {
+            let ip = left.remove(pos);
+            let r = set.range_for(ip).expect("contains");
+            if ip == r.gateway {
+                return Err(CniError::config(format!("requested ip {ip} is subnet's gateway"))
+                    .with_details(format!("range set {i} ({set}) uses {ip} as gateway of {}", r.subnet)));
+            }
+            plan[i] = Some(ip);
+        }
+    }
+    if !left.is_empty() {
+        let list: Vec<String> = left.iter().map(|ip| ip.to_string()).collect();
+        let sets: Vec<String> = conf.sets.iter().enumerate().map(|(i, s)| format!("{i}: {s}")).collect();
+        return Err(CniError::config(format!("failed to allocate all requested IPs: {}", list.join(" ")))
+            .with_details(format!(
+                "each requested IP must lie inside a range of a different range set; range sets are [{}]",
+                sets.join("; ")
+            )));
+    }
+    Ok(plan)
+}
+
+fn ip_config(ip: IpAddr, r: &Range) -> IpConfig {
+    IpConfig {
+        interface: None,
+        address: IpNet::new(ip, r.subnet.prefix_len()).expect("prefix of a valid subnet"),
+        gateway: Some(r.gateway),
+    }
+}
+
+/// Allocate one address in range set `idx` (the caller holds the store lock).
+pub fn allocate_in_set(
+    store: &mut Store,
+    set: &RangeSet,
+    idx: usize,
+    id: &str,
+    ifname: &str,
+    requested: Option<IpAddr>,
+) -> Result<IpConfig> {
+    let mut pending: Option<Pending> = None;
+    if let Some(ip) = requested {
+        let r = set.range_for(ip).expect("planned into this set");
+        if !store.reserve(&mut pending, ip, id, ifname)? {
+            let holder = store.owner_of(ip)?.map(|o| o.to_string()).unwrap_or_else(|| "nobody".into());
+            return Err(CniError::internal(format!(
+                "requested IP address {ip} is not available in range set {set}"
+            ))
+            .with_details(format!("{ip} is reserved by {holder}")));
+        }
+        store.set_last_reserved(idx, ip)?;
+        return Ok(ip_config(ip, r));
+    }
+    let mut held = store.held_exact(id, ifname)?;
+    held.extend(store.held_legacy(id)?);
+    if let Some((_, ip)) = held.iter().find(|(_, ip)| set.contains(*ip)) {
+        return Err(CniError::internal(format!(
+            "{ip} has been allocated to {id}, duplicate allocation is not allowed"
+        )));
+    }
+    let last = store.last_reserved(idx);
+    for (cand, r) in set.candidates(last) {
+        if store.reserve(&mut pending, cand, id, ifname)? {
+            store.set_last_reserved(idx, cand)?;
+            return Ok(ip_config(cand, r));
+        }
+    }
+    Err(CniError::internal(format!("no IP addresses available in range set: {set}")))
+}
+
+pub fn add(req: &Request) -> Result<CniResult> {
+    let conf = Config::load(req)?;
+    let dns = match &conf.resolv_conf {
+        Some(p) => read_resolv_conf(p)?,
+        None => Dns::default(),
+    };
+    let plan = plan_requests(&conf)?;
+    let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
+    let mut store = Store::open(&conf.network_dir(), true)?.expect("created on demand");
+    let mut ips: Vec<IpConfig> = Vec::with_capacity(conf.sets.len());
+    let mut cursors = Vec::with_capacity(conf.sets.len());
+    for (idx, set) in conf.sets.iter().enumerate() {
+        cursors.push(store.cursor_snapshot(idx));
+        match allocate_in_set(&mut store, set, idx, id, ifname, plan[idx]) {
+            Ok(ipc) => ips.push(ipc),
+            Err(e) => {
+                // The whole ADD holds one lock: undo what this call reserved (and the
+                // round-robin cursors it moved), nothing else.
+                for done in &ips {
+                    if let Err(re) = store.release_ip(id, ifname, done.address.addr()) {
+                        eprintln!("host-local: rollback of {}: {re}", done.address.addr());
+                    }
+                }
+                for (i, saved) in cursors.into_iter().enumerate() {
+                    if let Err(re) = store.restore_cursor(i, saved) {
+                        eprintln!("host-local: rollback of last_reserved_ip.{i}: {re}");
+                    }
+                }
+                let _ = store.finish();
+                return Err(e.context(format!("failed to allocate for range {idx}")));
+            }
+        }
+    }
+    store.finish()?;
+    Ok(CniResult { interfaces: Vec::new(), ips, routes: conf.routes.clone(), dns })
+}
+
+pub fn del(req: &Request) -> Result<()> {
+    let conf = Config::load(req)?;
+    let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
+    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+        return Ok(());
+    };
+    let mut held = store.held_exact(id, ifname)?;
+    if held.is_empty() {
+        // Files written by old upstream versions hold only the id.
+        held = store.held_legacy(id)?;
+    }
+    let mut errors = Vec::new();
+    for (slot, ip) in held {
+        if let Err(e) = store.release(slot, ip) {
+            errors.push(e.msg);
+        }
+    }
+    store.finish()?;
+    if !errors.is_empty() {
+        return Err(CniError::io(errors.join("; ")));
+    }
+    Ok(())
+}
+
+pub fn check(req: &Request) -> Result<()> {
+    let conf = Config::load(req)?;
+    let prev = req.prev_result()?;
+    let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
+    let not_found = || {
+        CniError::internal(format!("host-local: Failed to find address added by container {id}"))
+            .with_details(format!(
+                "no reservation for container {id} interface {ifname} in {}",
+                conf.network_dir().display()
+            ))
+    };
+    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+        return Err(not_found());
+    };
+    let mut held: Vec<IpAddr> = store.held_exact(id, ifname)?.into_iter().map(|h| h.1).collect();
+    if held.is_empty() {
+        held = store.held_legacy(id)?.into_iter().map(|h| h.1).collect();
+    }
+    store.finish()?;
+    drop(store);
+    if held.is_empty() {
+        return Err(not_found());
+    }
+    let Some(prev) = prev else { return Ok(()) };
+    let ours: Vec<IpAddr> = prev
+        .ips
+        .iter()
+        .map(|i| i.address.addr())
+        .filter(|ip| conf.sets.iter().any(|s| s.contains(*ip)))
+        .collect();
+    if let Some(ip) = ours.iter().find(|ip| !held.contains(ip)) {
+        return Err(CniError::internal(format!(
+            "host-local: address {ip} from prevResult is not reserved for container {id} interface {ifname}"
+        )));
+    }
+    if let Some(ip) = held.iter().find(|ip| !ours.contains(ip)) {
+        return Err(CniError::internal(format!(
+            "host-local: address {ip} reserved for container {id} interface {ifname} is missing from prevResult"
+        )));
+    }
+    Ok(())
+}
+
+pub fn gc(req: &Request) -> Result<()> {
+    let conf = Config::load(req)?;
+    let valid = req.valid_attachments()?;
+    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+        return Ok(());
+    };
+    let keep = |o: &Owner| match o {
+        Owner::Attachment { id, ifname } => {
+            valid.iter().any(|a| a.container_id == *id && a.ifname == *ifname)
+        }
+        // A legacy file names no interface: it stays while any attachment of its id is alive.
+        Owner::Legacy { id } => valid.iter().any(|a| a.container_id == *id),
+        Owner::Unknown => false,
+    };
+    let (removed, errors) = store.retain(keep)?;
+    store.finish()?;
+    if !removed.is_empty() {
+        let list: Vec<String> = removed.iter().map(|ip| ip.to_string()).collect();
+        eprintln!("host-local: GC of network {} released {}", conf.name, list.join(" "));
+    }
+    if !errors.is_empty() {
+        return Err(CniError::io(format!("GC of network {}: {}", conf.name, errors.join("; "))));
+    }
+    Ok(())
+}
+
+pub fn status(req: &Request) -> Result<()> {
+    let conf = Config::load(req)?;
+    let Some(store) = Store::open(&conf.network_dir(), false)? else {
+        // Nothing reserved yet; only an empty range set could be exhausted.
+        if let Some((i, s)) = conf.sets.iter().enumerate().find(|(_, s)| s.capacity() == 0) {
+            return Err(exhausted(i, s));
+        }
+        return Ok(());
+    };
+    for (i, set) in conf.sets.iter().enumerate() {
+        let last = store.last_reserved(i);
+        if !set.candidates(last).any(|(ip, _)| store.is_free(ip)) {
+            return Err(exhausted(i, set));
+        }
+    }
+    Ok(())
+}
+
+fn exhausted(i: usize, set: &RangeSet) -> CniError {
+    CniError::new(code::NOT_AVAILABLE, format!("no IP addresses available in range set {i}: {set}"))
+        .with_details("ADD would fail until addresses are released (DEL or GC)")
+}

@@ -1,0 +1,132 @@
+//! Upstream's Go host-local (/usr/lib/cni/host-local, Debian containernetworking-plugins
+//! 1.1.1) and ours on the same dataDir: each must see, respect and delete what the other wrote.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+fn upstream() -> &'static str {
+    assert!(
+        Path::new(UPSTREAM).exists(),
+        "{UPSTREAM} is missing: install Debian's containernetworking-plugins (the interop tests need it)"
+    );
+    UPSTREAM
+}
+
+fn conf(d: &Path) -> Value {
+    // 1.0.0: the newest version upstream 1.1.1 speaks.
+    json!({"cniVersion": "1.0.0", "name": "shared", "type": "bridge", "ipam": {
+        "type": "host-local", "dataDir": d,
+        "ranges": [[{"subnet": "10.20.0.0/24"}], [{"subnet": "fd20::/64"}]]
+    }})
+}
+
+fn name(bin: &str) -> &'static str {
+    if bin == OURS {
+        "ours"
+    } else {
+        "upstream"
+    }
+}
+
+/// Reservations by id: what the store must hold.
+fn by_owner(net: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (ip, content) in reservations(net) {
+        m.entry(content).or_default().push(ip);
+    }
+    m
+}
+
+#[test]
+fn alternating_add_and_del_share_the_store_both_ways() {
+    let up = upstream();
+    let ns = Netns::new();
+    let d = tempfile::tempdir().unwrap();
+    let c = conf(d.path());
+    let net = d.path().join("shared");
+    let mut model: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut next = (2u32, 2u32); // round-robin position, shared through last_reserved_ip.N
+    let mut live: Vec<String> = Vec::new();
+    for step in 0..24 {
+        let bin = if step % 2 == 0 { up } else { OURS };
+        if step % 3 == 2 {
+            // DEL the oldest attachment: it was always ADDed by the other binary or by this
+            // one two rounds ago; over 24 steps both directions occur many times.
+            let id = live.remove(0);
+            Call::new(bin, "DEL", &id, &ns).run(&c).expect_ok();
+            model.remove(&format!("{id}\r\neth0"));
+        } else {
+            let id = format!("{}-{step}", name(bin));
+            let out = Call::new(bin, "ADD", &id, &ns).run(&c).expect_ok();
+            let want = vec![format!("10.20.0.{}", next.0), format!("fd20::{:x}", next.1)];
+            assert_eq!(result_ips(&out.json), want, "step {step} ({})", name(bin));
+            next = (next.0 + 1, next.1 + 1);
+            let mut ips = want.clone();
+            ips.sort();
+            model.insert(format!("{id}\r\neth0"), ips);
+            live.push(id);
+        }
+        assert_eq!(by_owner(&net), model, "after step {step} ({})", name(bin));
+    }
+    // Each binary DELs what the other ADDed, in both directions, for what is left.
+    for id in live.clone() {
+        let bin = if id.starts_with("ours") { up } else { OURS };
+        Call::new(bin, "DEL", &id, &ns).run(&c).expect_ok();
+    }
+    assert!(reservations(&net).is_empty(), "{:?}", reservations(&net));
+}
+
+#[test]
+fn duplicate_checks_and_check_see_the_other_binarys_reservations() {
+    let up = upstream();
+    let ns = Netns::new();
+    let d = tempfile::tempdir().unwrap();
+    let c = conf(d.path());
+    let theirs = Call::new(up, "ADD", "theirs", &ns).run(&c).expect_ok();
+    let ours = Call::new(OURS, "ADD", "ours", &ns).run(&c).expect_ok();
+    Call::new(OURS, "ADD", "theirs", &ns).run(&c).expect_err(999, "duplicate allocation is not allowed");
+    let up_dup = Call::new(up, "ADD", "ours", &ns).run(&c);
+    assert!(!up_dup.ok && up_dup.msg().contains("duplicate allocation is not allowed"), "{}", up_dup.stdout);
+    // CHECK across binaries (upstream only checks existence; ours also compares prevResult)
+    let mut chk = c.clone();
+    chk["prevResult"] = theirs.json.clone();
+    Call::new(OURS, "CHECK", "theirs", &ns).run(&chk).expect_ok();
+    chk["prevResult"] = ours.json.clone();
+    Call::new(up, "CHECK", "ours", &ns).run(&chk).expect_ok();
+    // a requested address held by the other binary is refused by both
+    let mut req = c.clone();
+    req["args"] = json!({"cni": {"ips": [result_ips(&theirs.json)[0]]}});
+    Call::new(OURS, "ADD", "x", &ns).run(&req).expect_err(999, "is not available in range set");
+    req["args"] = json!({"cni": {"ips": [result_ips(&ours.json)[0]]}});
+    let up_req = Call::new(up, "ADD", "y", &ns).run(&req);
+    assert!(!up_req.ok && up_req.msg().contains("is not available"), "{}", up_req.stdout);
+}
+
+#[test]
+fn upstream_never_mistakes_our_index_for_a_reservation() {
+    let up = upstream();
+    let ns = Netns::new();
+    let d = tempfile::tempdir().unwrap();
+    let c = conf(d.path());
+    let net = d.path().join("shared");
+    for i in 0..5 {
+        Call::new(OURS, "ADD", &format!("c{i}"), &ns).run(&c).expect_ok();
+    }
+    assert!(net.join(".host-local-index").exists());
+    // upstream DEL walks the directory and reads every file, ours included
+    for i in 0..5 {
+        Call::new(up, "DEL", &format!("c{i}"), &ns).run(&c).expect_ok();
+    }
+    assert!(reservations(&net).is_empty());
+    assert!(net.join(".host-local-index").exists(), "upstream left the index alone");
+    let names: Vec<String> =
+        std::fs::read_dir(&net).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names.len(), 4, "lock, 2 cursors, index: {names:?}");
+    // and ours, after upstream changed everything behind its back, agrees
+    let again = Call::new(OURS, "ADD", "c0", &ns).run(&c).expect_ok();
+    assert_eq!(result_ips(&again.json), ["10.20.0.7", "fd20::7"], "round-robin continues");
+}
