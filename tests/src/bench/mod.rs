@@ -6,6 +6,7 @@
 //! so that noise from a shared machine hits both alike, then reports medians, min–max and the
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
 
+pub mod bridge;
 pub mod loopback;
 
 use std::time::{Duration, Instant};
@@ -65,7 +66,13 @@ pub fn run(cases: Vec<Case<'_>>, iterations: usize, warmup: usize) -> Vec<Row> {
             for side in 0..2 {
                 let is_ours = (side == 0) == order_ours_first;
                 let d = if is_ours { (case.ours)() } else { (case.upstream)() };
-                assert_eq!(d.len(), nrows, "case {} returned {} samples, declared {nrows} rows", case.label, d.len());
+                assert_eq!(
+                    d.len(),
+                    nrows,
+                    "case {} returned {} samples, declared {nrows} rows",
+                    case.label,
+                    d.len()
+                );
                 if i >= warmup {
                     let dst = if is_ours { &mut ours } else { &mut up };
                     for (k, x) in d.into_iter().enumerate() {
@@ -123,7 +130,11 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -134,6 +145,10 @@ pub fn machine() -> String {
 pub fn upstream_bin(name: &str) -> std::path::PathBuf {
     let dir = std::env::var("CNI_UPSTREAM_DIR").unwrap_or_else(|_| "/usr/lib/cni".into());
     let p = std::path::Path::new(&dir).join(name);
-    assert!(p.is_file(), "upstream plugin {} missing: apt-get install containernetworking-plugins", p.display());
+    assert!(
+        p.is_file(),
+        "upstream plugin {} missing: apt-get install containernetworking-plugins",
+        p.display()
+    );
     p
 }

@@ -15,7 +15,7 @@ fn main() {
             "--iterations" => iterations = args.next().and_then(|v| v.parse().ok()).expect("--iterations N"),
             "--warmup" => warmup = args.next().and_then(|v| v.parse().ok()).expect("--warmup N"),
             "-h" | "--help" => {
-                eprintln!("usage: cnibench <loopback>… [--iterations N] [--warmup N]");
+                eprintln!("usage: cnibench <loopback|bridge>… [--iterations N] [--warmup N]");
                 return;
             }
             s => scenarios.push(s.to_string()),
@@ -33,10 +33,14 @@ fn main() {
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
+            "bridge" => cases.extend(bench::bridge::cases()),
             other => panic!("unknown scenario {other}"),
         }
     }
     let rows = bench::run(cases, iterations, warmup);
-    println!("Machine: {}. {iterations} interleaved iterations per case after {warmup} warm-up.\n", bench::machine());
+    println!(
+        "Machine: {}. {iterations} interleaved iterations per case after {warmup} warm-up.\n",
+        bench::machine()
+    );
     print!("{}", bench::markdown(&rows));
 }
