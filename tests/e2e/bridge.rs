@@ -2,7 +2,9 @@
 //! are further namespaces. Scenarios follow upstream's bridge_test.go (reference §4.2) plus the
 //! things upstream lacks (GC, STATUS, L2 CHECK, DEL with empty netns, traffic tests).
 
-use cni_tests::{cni_path_with, dir_state, ns_state, probe_in_scratch_ns, Exec, Netns, PluginOutput, TempDir};
+use cni_tests::{
+    cni_path_with, dir_state, ns_state, probe_in_scratch_ns, Exec, Netns, PluginOutput, TempDir,
+};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -59,7 +61,10 @@ impl World {
         dir_state(&self.data.join(net))
             .into_iter()
             .map(|(name, _)| name)
-            .filter(|n| n.chars().next().is_some_and(|c| c.is_ascii_hexdigit()) && (n.contains('.') || n.contains(':')))
+            .filter(|n| {
+                n.chars().next().is_some_and(|c| c.is_ascii_hexdigit())
+                    && (n.contains('.') || n.contains(':'))
+            })
             .filter(|n| !n.starts_with("last_reserved"))
             .collect()
     }
@@ -170,7 +175,8 @@ fn add_check_del_every_version_and_family() {
                 assert_eq!(ips.len(), subnets.len());
                 assert!(ips.iter().all(|i| i["interface"] == 2));
                 assert_eq!(ips[0].get("version").is_some(), matches!(v, "0.3.0" | "0.3.1" | "0.4.0"), "{r}");
-                let dsts: Vec<&str> = r["routes"].as_array().unwrap().iter().map(|x| x["dst"].as_str().unwrap()).collect();
+                let dsts: Vec<&str> =
+                    r["routes"].as_array().unwrap().iter().map(|x| x["dst"].as_str().unwrap()).collect();
                 assert_eq!(dsts.contains(&"0.0.0.0/0"), want_v4, "{r}");
                 assert_eq!(dsts.contains(&"::/0"), want_v6, "{r}");
             } else {
@@ -253,7 +259,11 @@ fn creates_bridge_with_pinned_mac_and_accept_ra_off() {
     }
     w.exec("DEL", "c1", &ctr, "eth0").run(&conf.to_string()).ok_silent();
     assert_eq!(w.host.link("cni0").unwrap()["address"], mac);
-    assert_eq!(w.host.addrs("cni0"), vec!["10.10.0.1/24".to_string()], "bridge and its address stay after DEL");
+    assert_eq!(
+        w.host.addrs("cni0"),
+        vec!["10.10.0.1/24".to_string()],
+        "bridge and its address stay after DEL"
+    );
 }
 
 #[test]
@@ -287,7 +297,8 @@ fn two_containers_ping_each_other_and_the_gateway_dual_stack() {
     let b = Netns::new("brb");
     let ra = w.exec("ADD", "a", &a, "eth0").run(&conf.to_string()).ok();
     let rb = w.exec("ADD", "b", &b, "eth0").run(&conf.to_string()).ok();
-    let ip = |r: &Value, i: usize| r["ips"][i]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+    let ip =
+        |r: &Value, i: usize| r["ips"][i]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
     wait_no_tentative(&w.host, "cni0");
     assert!(ping(&a, &ip(&rb, 0)), "a -> b over IPv4");
     assert!(ping(&b, &ip(&ra, 0)), "b -> a over IPv4");
@@ -305,7 +316,11 @@ fn two_containers_ping_each_other_and_the_gateway_dual_stack() {
 fn dns_from_ipam_resolv_conf_and_the_dns_override() {
     let w = World::new();
     let resolv = w.data.join("resolv.conf");
-    std::fs::write(&resolv, "nameserver 10.10.0.53\nsearch example.com\noptions ndots:2\ndomain example.com\n").unwrap();
+    std::fs::write(
+        &resolv,
+        "nameserver 10.10.0.53\nsearch example.com\noptions ndots:2\ndomain example.com\n",
+    )
+    .unwrap();
     let ctr = Netns::new("brc");
     let mut conf = w.conf("1.0.0", json!({}));
     conf["ipam"]["resolvConf"] = json!(resolv.to_str().unwrap());
@@ -370,7 +385,8 @@ fn l2_attachment_check_del_and_disabled_interface() {
 
 #[test]
 fn vlans_or_a_clean_refusal_without_kernel_support() {
-    let supported = probe_in_scratch_ns(&["ip", "link", "add", "vbr0", "type", "bridge", "vlan_filtering", "1"]);
+    let supported =
+        probe_in_scratch_ns(&["ip", "link", "add", "vbr0", "type", "bridge", "vlan_filtering", "1"]);
     let w = World::new();
     let cases = [
         json!({"vlan": 100}),
@@ -407,10 +423,13 @@ fn vlans_or_a_clean_refusal_without_kernel_support() {
             let ctr = Netns::new("brc");
             let before = ns_state(&w.host);
             let before_data = dir_state(w.data.path());
-            let msg = w.exec("ADD", "vx", &ctr, "eth0").run(&w.conf("1.0.0", json!({"vlan": 7})).to_string()).err(2);
+            let msg = w
+                .exec("ADD", "vx", &ctr, "eth0")
+                .run(&w.conf("1.0.0", json!({"vlan": 7})).to_string())
+                .err(2);
             assert!(msg.contains("\"vlan\""), "{msg}");
             assert_eq!(ns_state(&w.host), before);
-            assert_eq!(ns_state(&ctr).contains("eth0"), false);
+            assert!(!ns_state(&ctr).contains("eth0"));
             assert_eq!(dir_state(w.data.path()), before_data);
         }
         Ok(()) => {
@@ -456,7 +475,10 @@ fn force_address_semantics() {
     // forceAddress replaces it.
     let forced = w.conf("1.0.0", json!({"isGateway": true, "forceAddress": true}));
     w.exec("ADD", "c1", &ctr, "eth0").run(&forced.to_string()).ok();
-    assert_eq!(w.host.addrs("cni0").iter().filter(|a| !a.starts_with("fe80")).collect::<Vec<_>>(), vec!["10.10.0.1/24"]);
+    assert_eq!(
+        w.host.addrs("cni0").iter().filter(|a| !a.starts_with("fe80")).collect::<Vec<_>>(),
+        vec!["10.10.0.1/24"]
+    );
     // IPv6: a non-overlapping address coexists, an overlapping one needs forceAddress.
     w.host.run("ip", &["-6", "addr", "add", "fd00:99::1/64", "dev", "cni0", "nodad"]);
     let mut v6 = w.conf("1.0.0", json!({"isGateway": true}));
@@ -473,7 +495,10 @@ fn force_address_semantics() {
     overlap["forceAddress"] = json!(true);
     w.exec("ADD", "c3", &c3, "eth0").run(&overlap.to_string()).ok();
     let addrs = w.host.addrs("cni0");
-    assert!(!addrs.contains(&"fd00:20::99/64".into()) && addrs.contains(&"fd00:20::1/64".into()), "{addrs:?}");
+    assert!(
+        !addrs.contains(&"fd00:20::99/64".into()) && addrs.contains(&"fd00:20::1/64".into()),
+        "{addrs:?}"
+    );
 }
 
 #[test]
@@ -518,7 +543,11 @@ fn container_mac_from_cni_args_args_and_runtime_config() {
     let w = World::new();
     let cases: [(&str, Value, &str); 3] = [
         ("IgnoreUnknown=1;K8S_POD_NAME=x;MAC=0a:58:00:00:00:01", json!({}), "0a:58:00:00:00:01"),
-        ("MAC=0a:58:00:00:00:01", json!({"args": {"cni": {"mac": "0a:58:00:00:00:02"}}}), "0a:58:00:00:00:02"),
+        (
+            "MAC=0a:58:00:00:00:01",
+            json!({"args": {"cni": {"mac": "0a:58:00:00:00:02"}}}),
+            "0a:58:00:00:00:02",
+        ),
         (
             "MAC=0a:58:00:00:00:01",
             json!({"args": {"cni": {"mac": "0a:58:00:00:00:02"}}, "runtimeConfig": {"mac": "0a:58:00:00:00:03"}}),
@@ -537,7 +566,10 @@ fn container_mac_from_cni_args_args_and_runtime_config() {
     // Unknown CNI_ARGS keys are refused unless IgnoreUnknown, as upstream.
     let ctr = Netns::new("brc");
     let before = ns_state(&w.host);
-    w.exec("ADD", "mx", &ctr, "eth0").env("CNI_ARGS", "K8S_POD_NAME=x").run(&w.conf("1.0.0", json!({})).to_string()).err(4);
+    w.exec("ADD", "mx", &ctr, "eth0")
+        .env("CNI_ARGS", "K8S_POD_NAME=x")
+        .run(&w.conf("1.0.0", json!({})).to_string())
+        .err(4);
     assert_eq!(ns_state(&w.host), before);
 }
 
@@ -570,11 +602,18 @@ fn check_detects_tampering() {
 
     // Masquerade rule removed behind our back.
     let handle = {
-        let out = w.host.run("nft", &["-a", "list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]);
+        let out =
+            w.host.run("nft", &["-a", "list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.lines().find(|l| l.contains("masquerade")).and_then(|l| l.rsplit("handle ").next()).unwrap().trim().to_string()
+        text.lines()
+            .find(|l| l.contains("masquerade"))
+            .and_then(|l| l.rsplit("handle ").next())
+            .unwrap()
+            .trim()
+            .to_string()
     };
-    w.host.run("nft", &["delete", "rule", "inet", "cni_plugins_masquerade", "masq_checks", "handle", &handle]);
+    w.host
+        .run("nft", &["delete", "rule", "inet", "cni_plugins_masquerade", "masq_checks", "handle", &handle]);
     assert!(check().err(999).contains("masquerade rule"));
     // Re-running ADD's firewall part is not CHECK's job: DEL + ADD restores it.
     w.exec("DEL", "chk", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
@@ -638,7 +677,8 @@ fn outside(host: &Netns, v4: (&str, &str, u8), v6: Option<(&str, &str)>) -> Netn
 
 fn count_from(out: &Netns, src: &str) -> u64 {
     let fam = if src.contains(':') { "ip6" } else { "ip" };
-    let text = String::from_utf8_lossy(&out.run("nft", &["list", "chain", "inet", "seen", "in"]).stdout).into_owned();
+    let text = String::from_utf8_lossy(&out.run("nft", &["list", "chain", "inet", "seen", "in"]).stdout)
+        .into_owned();
     text.lines()
         .find(|l| l.contains(&format!("{fam} saddr {src} ")))
         .and_then(|l| l.split("packets ").nth(1))
@@ -704,7 +744,10 @@ fn del_with_vanished_netns_removes_masquerade_and_spoofcheck_rules() {
     assert!(!rules.contains("id: gone"), "{rules}");
     assert!(!rules.contains("macspoofchk-gone-eth0"), "{rules}");
     assert!(!rules.contains("cni-br-iface-gone-eth0"), "{rules}");
-    assert!(rules.contains("id: keep") && rules.contains("macspoofchk-keep-eth0"), "the other attachment is untouched");
+    assert!(
+        rules.contains("id: keep") && rules.contains("macspoofchk-keep-eth0"),
+        "the other attachment is untouched"
+    );
 }
 
 #[test]
@@ -716,7 +759,11 @@ fn macspoofchk_drops_frames_from_another_mac() {
     let mac = r["interfaces"][2]["mac"].as_str().unwrap().to_string();
     let hv = r["interfaces"][1]["name"].as_str().unwrap().to_string();
     let rules = nft_ruleset(&w.host);
-    assert!(rules.contains(&format!("iifname \"{hv}\" jump cni-br-iface-sp-eth0 comment \"macspoofchk-sp-eth0\"")), "{rules}");
+    assert!(
+        rules
+            .contains(&format!("iifname \"{hv}\" jump cni-br-iface-sp-eth0 comment \"macspoofchk-sp-eth0\"")),
+        "{rules}"
+    );
     assert!(rules.contains(&format!("ether saddr {mac} return")), "{rules}");
     assert!(ping(&ctr, "10.10.0.1"));
     ctr.run("ip", &["link", "set", "eth0", "address", "0a:58:de:ad:be:ef"]);
@@ -733,7 +780,10 @@ fn macspoofchk_drops_frames_from_another_mac() {
 fn kubenet_non_masquerade_cidrs_auto_mtu_and_bridge_nf_call() {
     let w = World::new();
     // Host interfaces for autoMtu: the smallest up, non-loopback MTU wins.
-    w.host.run("ip", &["link", "add", "uplink0", "mtu", "1380", "type", "veth", "peer", "name", "uplink0p", "mtu", "1380"]);
+    w.host.run(
+        "ip",
+        &["link", "add", "uplink0", "mtu", "1380", "type", "veth", "peer", "name", "uplink0p", "mtu", "1380"],
+    );
     w.host.run("ip", &["link", "set", "uplink0", "up"]);
     // 192.168.77.0/24 is inside the cluster (not masqueraded), 192.168.78.0/24 is outside.
     let inside = outside(&w.host, ("192.168.77.1", "192.168.77.2", 24), None);
@@ -821,13 +871,16 @@ fn gc_removes_rules_of_dead_attachments_and_forwards_to_ipam() {
     w.exec("ADD", "live", &live, "eth0").run(&conf.to_string()).ok();
     w.exec("ADD", "dead", &dead, "eth0").run(&conf.to_string()).ok();
     // Another network's rules must survive this network's GC.
-    let mut other = w.conf("1.1.0", json!({"name": "othernet", "bridge": "cni1", "isGateway": true, "ipMasq": true}));
+    let mut other =
+        w.conf("1.1.0", json!({"name": "othernet", "bridge": "cni1", "isGateway": true, "ipMasq": true}));
     other["ipam"] = w.ipam(&["10.20.0.0/24"], json!([]));
     let o = Netns::new("brc");
     w.exec("ADD", "other", &o, "eth0").run(&other.to_string()).ok();
     assert_eq!(w.reservations("brtest").len(), 2);
     drop(dead); // the container dies without a DEL
-    wait_until("the dead container's veth to vanish", Duration::from_secs(10), || host_veths(&w.host).len() == 2);
+    wait_until("the dead container's veth to vanish", Duration::from_secs(10), || {
+        host_veths(&w.host).len() == 2
+    });
 
     let mut gc = conf.clone();
     gc["cni.dev/valid-attachments"] = json!([{"containerID": "live", "ifname": "eth0"}]);
@@ -858,7 +911,9 @@ fn status_forwards_to_ipam() {
     let out: PluginOutput = w.global("STATUS").run(&tiny.to_string());
     out.err(50);
     // L2: nothing to forward to.
-    w.global("STATUS").run(&json!({"cniVersion": "1.1.0", "name": "l2", "type": "bridge"}).to_string()).ok_silent();
+    w.global("STATUS")
+        .run(&json!({"cniVersion": "1.1.0", "name": "l2", "type": "bridge"}).to_string())
+        .ok_silent();
     // Old versions cannot ask for STATUS.
     w.global("STATUS").run(&w.conf("1.0.0", json!({})).to_string()).err(1);
 }
