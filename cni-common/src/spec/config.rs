@@ -132,12 +132,38 @@ pub struct BandwidthEntry {
 #[serde(rename_all = "camelCase")]
 pub struct RangeConf {
     pub subnet: IpNet,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     pub range_start: Option<IpAddr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     pub range_end: Option<IpAddr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     pub gateway: Option<IpAddr>,
+}
+
+/// An optional IP address where `""` means absent, as Go's `net.IP` decodes it (configs
+/// generated from templates carry `"gateway": ""`).
+pub fn empty_ip_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
+    struct OptIp;
+    impl serde::de::Visitor<'_> for OptIp {
+        type Value = Option<IpAddr>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an IP address or an empty string")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            if s.is_empty() {
+                return Ok(None);
+            }
+            s.parse().map(Some).map_err(|_| E::custom(format!("invalid IP address {s:?}")))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    // deserialize_any: the error is raised inside the visitor, so the decoder adds the path.
+    d.deserialize_any(OptIp)
 }
 
 /// `args.cni`: the structured successor of CNI_ARGS.
@@ -217,6 +243,18 @@ mod tests {
             let e = validate_plugin_type("ipam.type", bad).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
         }
+    }
+
+    #[test]
+    fn empty_ip_strings_mean_absent_like_go() {
+        let r: RangeConf =
+            json::from_value(json!({"subnet": "10.0.0.0/24", "rangeStart": "", "gateway": "10.0.0.9"}))
+                .unwrap();
+        assert_eq!((r.range_start, r.range_end), (None, None));
+        assert_eq!(r.gateway, Some("10.0.0.9".parse().unwrap()));
+        let e = json::from_value::<RangeConf>(json!({"subnet": "10.0.0.0/24", "rangeEnd": "x"})).unwrap_err();
+        assert!(e.starts_with("rangeEnd: invalid IP address \"x\""), "{e}");
+        assert!(json::from_value::<RangeConf>(json!({"subnet": "10.0.0.0/24", "gateway": 5})).is_err());
     }
 
     #[test]

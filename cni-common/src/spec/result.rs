@@ -314,6 +314,7 @@ struct WireIp {
 #[derive(Deserialize, Clone, Debug)]
 pub struct WireRoute {
     pub dst: IpNet,
+    #[serde(default, deserialize_with = "super::config::empty_ip_is_none")]
     pub gw: Option<IpAddr>,
     pub mtu: Option<u32>,
     pub advmss: Option<u32>,

@@ -4,7 +4,7 @@
 
 use crate::range::RangeSet;
 use cni_common::error::{code, CniError, Result};
-use cni_common::spec::config::{Args, RangeConf};
+use cni_common::spec::config::{empty_ip_is_none, Args, RangeConf};
 use cni_common::spec::result::{Dns, Route, WireRoute};
 use cni_common::{Request, Version};
 use ipnet::IpNet;
@@ -32,11 +32,11 @@ struct WireIpam {
     ranges: Vec<Vec<RangeConf>>,
     #[serde(default)]
     subnet: Option<IpNet>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     range_start: Option<IpAddr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     range_end: Option<IpAddr>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_ip_is_none")]
     gateway: Option<IpAddr>,
     #[serde(default)]
     routes: Vec<WireRoute>,
@@ -323,6 +323,17 @@ mod tests {
             .collect();
         assert_eq!(subnets, ["10.9.0.0/24", "10.1.2.0/24", "10.2.2.0/24+10.3.2.0/24", "2001:db8:1::/64"]);
         assert_eq!(c.sets[2].ranges[1].start, ip("10.3.2.10"));
+    }
+
+    #[test]
+    fn empty_strings_for_optional_addresses_mean_absent() {
+        // templated configs carry these; Go's net.IP decodes "" as unset
+        let c = load(json!({"cniVersion": "1.0.0", "name": "n", "ipam": {
+            "subnet": "10.0.0.0/24", "rangeStart": "", "rangeEnd": "", "gateway": "",
+            "routes": [{"dst": "0.0.0.0/0", "gw": ""}]}}))
+        .unwrap();
+        assert_eq!(c.sets[0].ranges[0].gateway, ip("10.0.0.1"));
+        assert_eq!(c.routes[0].gw, None);
     }
 
     #[test]

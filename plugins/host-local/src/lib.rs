@@ -271,3 +271,123 @@ fn exhausted(i: usize, set: &RangeSet) -> CniError {
     CniError::new(code::NOT_AVAILABLE, format!("no IP addresses available in range set {i}: {set}"))
         .with_details("ADD would fail until addresses are released (DEL or GC)")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cni_common::spec::config::RangeConf;
+    use std::path::PathBuf;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {
+        let confs: Vec<RangeConf> = specs
+            .iter()
+            .map(|(s, a, b)| RangeConf {
+                subnet: s.parse().unwrap(),
+                range_start: a.map(ip),
+                range_end: b.map(ip),
+                gateway: None,
+            })
+            .collect();
+        RangeSet::canonicalize(&confs).unwrap()
+    }
+
+    fn config(sets: Vec<RangeSet>, requested: &[&str]) -> Config {
+        Config {
+            name: "net".into(),
+            data_dir: PathBuf::from("/unused"),
+            sets,
+            routes: Vec::new(),
+            resolv_conf: None,
+            requested: requested.iter().map(|s| ip(s)).collect(),
+        }
+    }
+
+    fn store(d: &tempfile::TempDir) -> Store {
+        Store::open(&d.path().join("net"), true).unwrap().unwrap()
+    }
+
+    fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
+        allocate_in_set(s, set, 0, id, "eth0", req.map(ip)).map(|c| c.address.to_string())
+    }
+
+    #[test]
+    fn round_robin_and_exhaustion() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = store(&d);
+        let set = set(&[("192.168.1.0/29", None, None)]); // .2 … .6 allocatable
+        let got: Vec<String> =
+            ["a", "b", "c", "d", "e"].iter().map(|id| alloc(&mut s, &set, id, None).unwrap()).collect();
+        assert_eq!(
+            got,
+            ["192.168.1.2/29", "192.168.1.3/29", "192.168.1.4/29", "192.168.1.5/29", "192.168.1.6/29"]
+        );
+        let e = alloc(&mut s, &set, "f", None).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (999, "no IP addresses available in range set: 192.168.1.1-192.168.1.6")
+        );
+        // free .3: the next ADD finds it although the cursor is at .6
+        let (slot, _) = s.held_exact("b", "eth0").unwrap()[0];
+        s.release(slot, ip("192.168.1.3")).unwrap();
+        assert_eq!(alloc(&mut s, &set, "f", None).unwrap(), "192.168.1.3/29");
+    }
+
+    #[test]
+    fn requested_ip_success_taken_and_duplicates() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = store(&d);
+        let set = set(&[("10.0.0.0/24", Some("10.0.0.10"), Some("10.0.0.20"))]);
+        assert_eq!(alloc(&mut s, &set, "a", Some("10.0.0.15")).unwrap(), "10.0.0.15/24");
+        assert_eq!(s.last_reserved(0), Some(ip("10.0.0.15")));
+        let e = alloc(&mut s, &set, "b", Some("10.0.0.15")).unwrap_err();
+        assert_eq!(e.msg, "requested IP address 10.0.0.15 is not available in range set 10.0.0.10-10.0.0.20");
+        assert_eq!(e.details, "10.0.0.15 is reserved by container a interface eth0");
+        let e = alloc(&mut s, &set, "a", None).unwrap_err();
+        assert_eq!(e.msg, "10.0.0.15 has been allocated to a, duplicate allocation is not allowed");
+        // the next automatic allocation continues after the requested one
+        assert_eq!(alloc(&mut s, &set, "c", None).unwrap(), "10.0.0.16/24");
+    }
+
+    #[test]
+    fn requested_ip_outside_range_bounds_or_gateway_is_rejected_up_front() {
+        let sets = vec![set(&[("10.0.0.0/24", Some("10.0.0.10"), Some("10.0.0.20"))])];
+        for bad in ["10.0.0.21", "10.0.0.9", "10.0.1.15"] {
+            let e = plan_requests(&config(sets.clone(), &[bad])).unwrap_err();
+            assert_eq!((e.code, e.msg.clone()), (7, format!("failed to allocate all requested IPs: {bad}")));
+        }
+        let gw = vec![set(&[("10.0.0.0/24", None, None)])];
+        let e = plan_requests(&config(gw, &["10.0.0.1"])).unwrap_err();
+        assert_eq!(e.msg, "requested ip 10.0.0.1 is subnet's gateway");
+    }
+
+    #[test]
+    fn requested_ips_are_bound_to_the_first_containing_set() {
+        let sets = vec![
+            set(&[("10.0.0.0/24", None, None)]),
+            set(&[("2001:db8::/64", None, None)]),
+            set(&[("10.0.1.0/24", None, None)]),
+        ];
+        let plan = plan_requests(&config(sets.clone(), &["10.0.1.5", "2001:db8::5"])).unwrap();
+        assert_eq!(plan, vec![None, Some(ip("2001:db8::5")), Some(ip("10.0.1.5"))]);
+        let e = plan_requests(&config(sets, &["10.0.0.5", "10.0.0.6"])).unwrap_err();
+        assert_eq!(e.msg, "failed to allocate all requested IPs: 10.0.0.6");
+    }
+
+    #[test]
+    fn multi_range_set_moves_to_the_next_range() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = store(&d);
+        let set = set(&[
+            ("10.0.0.0/24", Some("10.0.0.253"), None),
+            ("10.0.5.0/24", Some("10.0.5.100"), Some("10.0.5.100")),
+        ]);
+        let got: Vec<String> =
+            ["a", "b", "c"].iter().map(|id| alloc(&mut s, &set, id, None).unwrap()).collect();
+        assert_eq!(got, ["10.0.0.253/24", "10.0.0.254/24", "10.0.5.100/24"]);
+        assert!(alloc(&mut s, &set, "d", None).is_err());
+    }
+}

@@ -149,7 +149,7 @@ impl Store {
                 .create(dir)
                 .map_err(|e| io_err(format!("create {}", dir.display()), e))?;
         } else {
-            match std::fs::symlink_metadata(dir) {
+            match std::fs::metadata(dir) {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(CniError::io(format!("{} is not a directory", dir.display()))),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),

@@ -626,3 +626,46 @@ fn version_command_and_about_banner() {
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("CNI host-local plugin"));
 }
+
+#[test]
+fn killed_adds_never_leave_partial_files_and_the_store_stays_usable() {
+    let ns = Netns::new();
+    let d = tempfile::tempdir().unwrap();
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.0.0/16"}));
+    let text = c.to_string();
+    let net = d.path().join("mynet");
+    for round in 0..5 {
+        let mut children = Vec::new();
+        for i in 0..20 {
+            let id = format!("k{round}-{i}");
+            let mut child = Call::new(OURS, "ADD", &id, &ns).command().spawn().unwrap();
+            use std::io::Write;
+            let _ = child.stdin.take().unwrap().write_all(text.as_bytes());
+            children.push(child);
+        }
+        // kill them wherever they are: before, during or after their reservation
+        std::thread::sleep(std::time::Duration::from_millis(2 * round));
+        for ch in &mut children {
+            let _ = ch.kill();
+        }
+        for mut ch in children {
+            let _ = ch.wait();
+        }
+    }
+    let files = reservations(&net);
+    eprintln!("{} of 100 killed ADDs left a reservation", files.len());
+    for (ip, content) in &files {
+        assert!(
+            content.starts_with('k') && content.ends_with("\r\neth0"),
+            "{ip} holds {content:?}: a reservation file must appear complete or not at all"
+        );
+    }
+    // the index may be stale after the kills; every surviving reservation can still be found
+    for (_, content) in &files {
+        let id = content.split("\r\n").next().unwrap();
+        Call::new(OURS, "DEL", id, &ns).run(&c).expect_ok();
+    }
+    assert!(reservations(&net).is_empty(), "{:?}", reservations(&net));
+    let out = Call::new(OURS, "ADD", "after", &ns).run(&c).expect_ok();
+    assert_eq!(result_ips(&out.json).len(), 1);
+}
