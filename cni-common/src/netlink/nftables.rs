@@ -2,9 +2,16 @@
 //! executing `nft`: chains of a table and rules of a table or chain, each rule with its handle,
 //! its comment and a light decoding of its expressions.
 //!
-//! Writes still go through `nft -f` (see [`crate::nft`]): one atomic transaction per verb. This
-//! reader is what lets a plugin find the handles of the rules it must delete, or prove there is
-//! nothing to delete, for the price of one netlink dump instead of one more `nft` process.
+//! Rules are written with `nft -f` (see [`crate::nft`]); this module finds the handles of the
+//! rules a plugin must delete, or proves there is nothing to delete, for the price of one netlink
+//! dump instead of one more `nft` process, and deletes (rules by handle, whole chains) in one
+//! atomic nfnetlink batch ([`NfTables::delete`]).
+//!
+//! Why deletes matter: the kernel frees deleted nftables objects after an RCU grace period and,
+//! when the netlink socket that made the change is released, waits for that (10-20 ms here) —
+//! in `nft` that is every `nft -f` that deletes or redefines something. A socket of our own can
+//! be kept open by a process that outlives the verb (see the bridge plugin's DEL), so the caller
+//! does not wait.
 
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 
@@ -15,11 +22,20 @@ const NETLINK_NETFILTER: isize = 12;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
 
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_HANDLE: u16 = 3;
@@ -284,17 +300,108 @@ pub(crate) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
     Some(rule)
 }
 
-fn chain_name_of(payload: &[u8], table: &str) -> Option<String> {
+/// A chain as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftChain {
+    pub name: String,
+    /// For a base chain: hook number (`NF_INET_*`/`NF_BR_*`, e.g. 4 = postrouting, 0 =
+    /// prerouting) and priority.
+    pub hook: Option<(u32, i32)>,
+    /// Base chain type: "filter", "nat", "route".
+    pub chain_type: Option<String>,
+    /// Base chain policy (`NF_ACCEPT` = 1, `NF_DROP` = 0).
+    pub policy: Option<u32>,
+}
+
+fn chain_of(payload: &[u8], table: &str) -> Option<NftChain> {
     let attrs = payload.get(4..)?;
-    let (mut t, mut name) = (None, None);
+    let mut t = None;
+    let mut c = NftChain { name: String::new(), hook: None, chain_type: None, policy: None };
     for (k, value) in nlas(attrs) {
         match k {
             NFTA_CHAIN_TABLE => t = Some(string_of(value)),
-            NFTA_CHAIN_NAME => name = Some(string_of(value)),
+            NFTA_CHAIN_NAME => c.name = string_of(value),
+            NFTA_CHAIN_TYPE => c.chain_type = Some(string_of(value)),
+            NFTA_CHAIN_POLICY => c.policy = be32(value),
+            NFTA_CHAIN_HOOK => {
+                let (mut num, mut prio) = (None, None);
+                for (hk, hv) in nlas(value) {
+                    match hk {
+                        NFTA_HOOK_HOOKNUM => num = be32(hv),
+                        NFTA_HOOK_PRIORITY => prio = be32(hv).map(|p| p as i32),
+                        _ => {}
+                    }
+                }
+                c.hook = num.zip(prio);
+            }
             _ => {}
         }
     }
-    (t.as_deref() == Some(table)).then_some(name).flatten()
+    (t.as_deref() == Some(table) && !c.name.is_empty()).then_some(c)
+}
+
+/// One deletion of a [`NfTables::delete`] transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NftDelete {
+    /// A rule, by handle.
+    Rule { family: NftFamily, table: String, chain: String, handle: u64 },
+    /// Every rule of a chain (`flush chain`).
+    Flush { family: NftFamily, table: String, chain: String },
+    /// A chain (it must not be referenced by a jump; flush it in the same transaction first).
+    Chain { family: NftFamily, table: String, chain: String },
+}
+
+fn message(msg_type: u16, flags: u16, family: u8, res_id: u16, attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let mut body = vec![family, 0 /* NFNETLINK_V0 */];
+    body.extend_from_slice(&res_id.to_be_bytes());
+    for (kind, value) in attrs {
+        attr(&mut body, *kind, value);
+    }
+    let mut packet = Vec::with_capacity(16 + body.len());
+    packet.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+    packet.extend_from_slice(&msg_type.to_ne_bytes());
+    packet.extend_from_slice(&flags.to_ne_bytes());
+    packet.extend_from_slice(&[0; 8]);
+    packet.extend_from_slice(&body);
+    packet
+}
+
+/// The nfnetlink batch for `ops`: begin, one message per deletion (each acknowledged), end.
+pub(crate) fn delete_batch(ops: &[NftDelete]) -> Vec<Vec<u8>> {
+    const ACKED: u16 = NLM_F_REQUEST | netlink_packet_core::NLM_F_ACK;
+    let kind = |m: u16| (NFNL_SUBSYS_NFTABLES << 8) | m;
+    let mut out = vec![message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[])];
+    for op in ops {
+        out.push(match op {
+            NftDelete::Rule { family, table, chain, handle } => message(
+                kind(NFT_MSG_DELRULE),
+                ACKED,
+                family.proto(),
+                0,
+                &[
+                    (NFTA_RULE_TABLE, cstr(table)),
+                    (NFTA_RULE_CHAIN, cstr(chain)),
+                    (NFTA_RULE_HANDLE, handle.to_be_bytes().to_vec()),
+                ],
+            ),
+            NftDelete::Flush { family, table, chain } => message(
+                kind(NFT_MSG_DELRULE),
+                ACKED,
+                family.proto(),
+                0,
+                &[(NFTA_RULE_TABLE, cstr(table)), (NFTA_RULE_CHAIN, cstr(chain))],
+            ),
+            NftDelete::Chain { family, table, chain } => message(
+                kind(NFT_MSG_DELCHAIN),
+                ACKED,
+                family.proto(),
+                0,
+                &[(NFTA_CHAIN_TABLE, cstr(table)), (NFTA_CHAIN_NAME, cstr(chain))],
+            ),
+        });
+    }
+    out.push(message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]));
+    out
 }
 
 /// A `NETLINK_NETFILTER` connection in the calling thread's network namespace.
@@ -338,16 +445,33 @@ impl NfTables {
             .collect())
     }
 
-    /// Names of the chains of `table` (empty when it does not exist).
-    pub fn chains(&mut self, family: NftFamily, table: &str) -> Result<Vec<String>, NlError> {
+    /// Apply `ops` as one atomic transaction: all of them or none. Nothing is sent for an empty
+    /// list. Deleting something that is not there fails the whole transaction (ENOENT, see
+    /// [`NlError::is_not_found`]); callers re-read and retry.
+    pub fn delete(&mut self, ops: &[NftDelete]) -> Result<(), NlError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.sock
+            .request_batch(delete_batch(ops))
+            .map_err(|e| e.during(format!("nftables transaction ({} deletions)", ops.len())))
+    }
+
+    /// The chains of `table` (empty when it does not exist).
+    pub fn chain_info(&mut self, family: NftFamily, table: &str) -> Result<Vec<NftChain>, NlError> {
         let what = format!("list nftables chains of {} {table}", family.keyword());
         let replies =
             self.dump(dump_request(NFT_MSG_GETCHAIN, family, &[(NFTA_CHAIN_TABLE, table)]), &what)?;
         Ok(replies
             .iter()
             .filter(|r| r.msg_type == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN)
-            .filter_map(|r| chain_name_of(&r.payload, table))
+            .filter_map(|r| chain_of(&r.payload, table))
             .collect())
+    }
+
+    /// Names of the chains of `table` (empty when it does not exist).
+    pub fn chains(&mut self, family: NftFamily, table: &str) -> Result<Vec<String>, NlError> {
+        Ok(self.chain_info(family, table)?.into_iter().map(|c| c.name).collect())
     }
 }
 
@@ -465,13 +589,51 @@ mod tests {
         let mut chains = nf.chains(NftFamily::Inet, "t").unwrap();
         chains.sort();
         assert_eq!(chains, vec!["c", "pr"]);
+        let info = nf.chain_info(NftFamily::Inet, "t").unwrap();
+        let pr = info.iter().find(|c| c.name == "pr").unwrap();
+        assert_eq!((pr.hook, pr.chain_type.as_deref(), pr.policy), (Some((4, 100)), Some("nat"), Some(1)));
+        assert_eq!(info.iter().find(|c| c.name == "c").unwrap().hook, None);
+        let br = nf.chain_info(NftFamily::Bridge, "nat").unwrap();
+        assert_eq!(br.iter().find(|c| c.name == "PREROUTING").unwrap().hook, Some((0, -300)));
         let b = nf.rules(NftFamily::Bridge, "nat", Some("PREROUTING")).unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].iifname().as_deref(), Some("veth0"));
         assert_eq!(b[0].comment.as_deref(), Some("macspoofchk-x-eth0"));
-        // Delete by the handle we read.
-        nft.apply(&format!("delete rule bridge nat PREROUTING handle {}\n", b[0].handle)).unwrap();
+        // Delete by the handle we read, over netlink, in one transaction with the chain.
+        let gone = NftDelete::Rule {
+            family: NftFamily::Bridge,
+            table: "nat".into(),
+            chain: "PREROUTING".into(),
+            handle: b[0].handle,
+        };
+        nf.delete(&[
+            gone.clone(),
+            NftDelete::Flush { family: NftFamily::Inet, table: "t".into(), chain: "c".into() },
+        ])
+        .unwrap();
         assert!(nf.rules(NftFamily::Bridge, "nat", Some("PREROUTING")).unwrap().is_empty());
+        assert!(nf.rules(NftFamily::Inet, "t", Some("c")).unwrap().is_empty());
+        // All or nothing: the rule is gone already, so nothing of this batch happens.
+        let e = nf
+            .delete(&[
+                NftDelete::Chain {
+                    family: NftFamily::Bridge,
+                    table: "nat".into(),
+                    chain: "cni-br-iface-x-eth0".into(),
+                },
+                gone,
+            ])
+            .unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        assert!(nf.chains(NftFamily::Bridge, "nat").unwrap().contains(&"cni-br-iface-x-eth0".to_string()));
+        nf.delete(&[NftDelete::Chain {
+            family: NftFamily::Bridge,
+            table: "nat".into(),
+            chain: "cni-br-iface-x-eth0".into(),
+        }])
+        .unwrap();
+        assert_eq!(nf.chains(NftFamily::Bridge, "nat").unwrap(), vec!["PREROUTING"]);
+        nf.delete(&[]).unwrap();
         assert!(nf.rules(NftFamily::Bridge, "nat", Some("no-such-chain")).unwrap().is_empty());
     }
 }

@@ -96,6 +96,55 @@ impl NlSocket {
         Err(e)
     }
 
+    /// Send `messages` (serialized, header flags set by the caller) as one datagram — e.g. an
+    /// nfnetlink batch — and wait until each message with `NLM_F_ACK` has been answered (the
+    /// kernel answers every one of them, also when the batch is aborted). An error for a message
+    /// without `NLM_F_ACK` (a batch header) ends the wait at once. Sequence numbers are assigned
+    /// here. Returns the first error reported.
+    pub(crate) fn request_batch(&mut self, mut messages: Vec<Vec<u8>>) -> Result<(), NlError> {
+        let mut waiting = Vec::new();
+        let mut all = Vec::new();
+        let mut packet = Vec::new();
+        for m in &mut messages {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            set_sequence(m, self.seq);
+            all.push(self.seq);
+            if NetlinkBuffer::new(&m[..]).flags() & NLM_F_ACK != 0 {
+                waiting.push(self.seq);
+            }
+            packet.extend_from_slice(m);
+        }
+        self.send(&packet)?;
+        let mut first_error: Option<NlError> = None;
+        'recv: while !waiting.is_empty() {
+            let n = self.recv()?;
+            let mut data = &self.rx[..n];
+            while !data.is_empty() {
+                let msg = NetlinkBuffer::new_checked(data)
+                    .map_err(|_| NlError::new("decode netlink reply (truncated message)", libc::EBADMSG))?;
+                let (len, seq, flags) = (msg.length() as usize, msg.sequence_number(), msg.flags());
+                if msg.message_type() == NLMSG_ERROR && all.contains(&seq) {
+                    let code = read_i32(msg.payload()).unwrap_or(-libc::EBADMSG);
+                    let expected = waiting.contains(&seq);
+                    waiting.retain(|s| *s != seq);
+                    if code != 0 && first_error.is_none() {
+                        let mut e = NlError::new("netlink batch", code.saturating_neg());
+                        e.detail = error_ext_ack(flags, msg.payload());
+                        first_error = Some(e);
+                    }
+                    if code != 0 && !expected {
+                        break 'recv;
+                    }
+                }
+                data = &data[align4(len).min(data.len())..];
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn send(&self, packet: &[u8]) -> Result<(), NlError> {
         loop {
             match self.sock.send(packet, 0) {

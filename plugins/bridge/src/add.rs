@@ -14,6 +14,7 @@ use cni_common::ipam;
 use cni_common::netlink::nftables::NfTables;
 use cni_common::netlink::{
     Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, RouteSpec, VethPeer,
+    IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
 use cni_common::nft::Nft;
@@ -39,7 +40,7 @@ struct Undo {
     host_veth: Option<u32>,
     vlan_gateway: Option<u32>,
     /// The IPAM ADD, while it runs alongside the kernel setup.
-    ipam_pending: Option<ipam::Pending>,
+    ipam_pending: Option<IpamAdd>,
     ipam: bool,
     firewall: bool,
 }
@@ -82,6 +83,68 @@ impl Undo {
     }
 }
 
+/// The IPAM ADD running on a helper thread: spawning a process blocks the spawning thread until
+/// the child has exec'd, which this keeps off the main path as well.
+struct IpamAdd(std::thread::JoinHandle<Result<Vec<u8>>>);
+
+impl IpamAdd {
+    fn start(req: &Request) -> Result<IpamAdd> {
+        let path = ipam::delegate_path(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
+        let stdin = req.stdin.clone();
+        let handle = std::thread::Builder::new()
+            .name("ipam".into())
+            .spawn(move || ipam::exec_plugin(&path, Command::Add, &stdin))
+            .map_err(|e| CniError::internal(format!("start IPAM thread: {e}")))?;
+        Ok(IpamAdd(handle))
+    }
+
+    /// The delegate's stdout on success (it may have reserved addresses), its error otherwise.
+    fn wait(self) -> Result<Vec<u8>> {
+        self.0.join().unwrap_or_else(|_| Err(CniError::internal("IPAM thread panicked")))
+    }
+}
+
+/// IPv6 settings of the container interface, written from a helper thread inside the container
+/// namespace. The first lookup of `/proc/sys/net/ipv6` in a namespace costs time that grows with
+/// the number of namespaces on the host (milliseconds on a busy node); the thread does it at
+/// once, while the main thread creates the veth pair and IPAM runs, and writes the values when
+/// told (before the interface comes up).
+struct Ipv6Conf {
+    jobs: std::sync::mpsc::Sender<Vec<(String, &'static str, bool)>>,
+    done: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Ipv6Conf {
+    fn start(netns: &std::path::Path) -> Result<Ipv6Conf> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Vec<(String, &'static str, bool)>>();
+        let path = netns.to_path_buf();
+        let done = std::thread::Builder::new()
+            .name("ipv6conf".into())
+            .spawn(move || -> Result<()> {
+                let ns = NetNs::open(&path)?;
+                ns.run(|| {
+                    let _warm = std::fs::File::open("/proc/sys/net/ipv6/conf"); // absent without IPv6
+                    let Ok(list) = rx.recv() else { return Ok(()) }; // ADD gave up: nothing to do
+                    for (key, value, required) in list {
+                        match sysctl::set(&key, value) {
+                            Err(e) if required => return Err(e),
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .map_err(|e| CniError::internal(format!("start sysctl thread: {e}")))?;
+        Ok(Ipv6Conf { jobs, done })
+    }
+
+    /// Write `list` (key, value, whether failure is an error) and wait until it is done.
+    fn apply(self, list: Vec<(String, &'static str, bool)>) -> Result<()> {
+        let _ = self.jobs.send(list);
+        self.done.join().unwrap_or_else(|_| Err(CniError::internal("sysctl thread panicked")))
+    }
+}
+
 fn vlan_unsupported(conf: &Conf, e: &NlError) -> CniError {
     let (key, value) = if conf.vlan != 0 {
         ("vlan", conf.vlan.to_string())
@@ -119,9 +182,10 @@ pub fn add(req: &Request) -> Result<CniResult> {
     // which a kernel may not support: then nothing is reserved before they are in place.
     let mut undo = Undo::default();
     if conf.l3 && !conf.uses_vlans() {
-        undo.ipam_pending = Some(ipam::start(req, Command::Add)?);
+        undo.ipam_pending = Some(IpamAdd::start(req)?);
     }
-    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_ref(), &mut undo) {
+    let v6conf = Ipv6Conf::start(netns)?;
+    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_ref(), v6conf, &mut undo) {
         Ok(r) => Ok(r),
         Err(e) => {
             undo.run(req, &mut host);
@@ -138,6 +202,7 @@ fn setup(
     host: &mut Netlink,
     ctr: &mut Netlink,
     nft: Option<&Nft>,
+    v6conf: Ipv6Conf,
     undo: &mut Undo,
 ) -> Result<CniResult> {
     let ifname = req.env.ifname.as_str();
@@ -188,7 +253,7 @@ fn setup(
     if conf.l3 {
         let pending = match undo.ipam_pending.take() {
             Some(p) => p,
-            None => ipam::start(req, Command::Add)?,
+            None => IpamAdd::start(req)?,
         };
         // A delegate that failed reserved nothing (and releasing would free what an earlier
         // ADD of the same attachment holds); one whose output we cannot use has reserved.
@@ -204,7 +269,7 @@ fn setup(
         gateways = calc_gateways(&mut result, conf);
     }
 
-    configure_container(ns, ctr, ctr_index, ifname, conf, &result)?;
+    configure_container(ns, ctr, ctr_index, ifname, conf, &result, v6conf)?;
 
     if conf.l3 && conf.is_gateway {
         let mut vlan_if = None;
@@ -263,7 +328,7 @@ fn setup(
                     att,
                     &addrs,
                     conf.non_masquerade.as_deref(),
-                    &found.masq,
+                    &found,
                 ));
             }
             Ok(script)
@@ -559,7 +624,29 @@ pub(crate) fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Vec<IpNet> {
     gws
 }
 
-/// Container side: sysctls (DAD, arp_notify, IPv6 on), link up, addresses, routes.
+/// The container's IPv6 settings: DAD off (or enhanced DAD on with `enabledad`); with IPv6
+/// addresses, IPv6 enabled on `lo` and the interface and addresses kept when it goes down.
+/// (key, value, whether failing to write it is an error — DAD keys are best effort as upstream:
+/// a namespace without IPv6 has none.)
+fn ipv6_settings(ifname: &str, conf: &Conf, has_v6: bool) -> Vec<(String, &'static str, bool)> {
+    let key = |dev: &str, leaf: &str| sysctl::iface_key("ipv6", dev, leaf);
+    let mut list = Vec::new();
+    if conf.enable_dad {
+        list.push((key(ifname, "enhanced_dad"), "1", false));
+        list.push((key(ifname, "accept_dad"), "1", false));
+    } else {
+        list.push((key(ifname, "accept_dad"), "0", false));
+    }
+    if has_v6 {
+        list.push((key("lo", "disable_ipv6"), "0", true));
+        list.push((key(ifname, "disable_ipv6"), "0", true));
+        list.push((key(ifname, "keep_addr_on_down"), "1", false));
+    }
+    list
+}
+
+/// Container side: IPv6 sysctls, then arp_notify and link up in one request, addresses, routes.
+#[allow(clippy::too_many_arguments)]
 fn configure_container(
     ns: &NetNs,
     ctr: &mut Netlink,
@@ -567,30 +654,16 @@ fn configure_container(
     ifname: &str,
     conf: &Conf,
     result: &CniResult,
+    v6conf: Ipv6Conf,
 ) -> Result<()> {
     let has_v6 = result.ips.iter().any(|i| i.address.addr().is_ipv6());
-    ns.run(|| {
-        // Best effort, as upstream: a namespace without IPv6 has no such keys.
-        if conf.enable_dad {
-            let _ = sysctl::set(&sysctl::iface_key("ipv6", ifname, "enhanced_dad"), "1");
-            let _ = sysctl::set(&sysctl::iface_key("ipv6", ifname, "accept_dad"), "1");
-        } else {
-            let _ = sysctl::set(&sysctl::iface_key("ipv6", ifname, "accept_dad"), "0");
-        }
-        let _ = sysctl::set(&sysctl::iface_key("ipv4", ifname, "arp_notify"), "1");
-        if has_v6 {
-            for dev in ["lo", ifname] {
-                sysctl::set(&sysctl::iface_key("ipv6", dev, "disable_ipv6"), "0")
-                    .with_context(|| format!("failed to enable IPv6 for interface {dev:?}"))?;
-            }
-            let _ = sysctl::set(&sysctl::iface_key("ipv6", ifname, "keep_addr_on_down"), "1");
-        }
-        Ok(())
-    })?;
-    if conf.disable_container_interface {
+    v6conf.apply(ipv6_settings(ifname, conf, has_v6)).context("failed to configure IPv6 in the container")?;
+    let up = !conf.disable_container_interface;
+    ctr.link_set_ipv4_conf(index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)], up)
+        .with_context(|| format!("failed to set {ifname:?} up"))?;
+    if !up {
         return Ok(());
     }
-    ctr.link_set_up(index).with_context(|| format!("failed to set {ifname:?} up"))?;
     let mut v4gw = None;
     let mut v6gw = None;
     for ip in &result.ips {

@@ -14,10 +14,12 @@
 //!   attachment chains `cni-br-iface-<id>-<ifname>` and `…-mac`; `iifname <host veth> jump`,
 //!   `jump …-mac`, `ether saddr <mac> return`, `drop`; comments `macspoofchk-<id>-<ifname>`.
 //!
-//! Reads go over netlink ([`NfTables`]); every change of one verb is one `nft -f` transaction,
-//! and a verb that finds nothing to change runs no `nft` at all.
+//! Reads go over netlink ([`NfTables`]). ADD writes with one `nft -f` transaction that only
+//! adds (shared objects are written only when missing or different); DEL and GC delete with one
+//! netlink transaction and run no `nft` at all; a verb that finds nothing to change changes
+//! nothing.
 
-use cni_common::netlink::nftables::{NfTables, NftFamily, NftRule, Verdict};
+use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, NftRule, Verdict};
 use cni_common::nft::quote;
 use ipnet::IpNet;
 use sha2::{Digest, Sha512};
@@ -100,46 +102,83 @@ pub struct Attachment<'a> {
     pub ifname: &'a str,
 }
 
-/// The rules and chains of one attachment found in the kernel.
+/// What the kernel has of the shared tables and of one attachment.
 #[derive(Debug, Default, Clone)]
 pub struct Found {
+    /// `inet cni_plugins_masquerade` exists.
+    pub masq_table: bool,
+    /// Its `masq_checks` chain exists.
+    pub masq_checks: bool,
+    /// Its `postrouting` base chain is exactly what ADD writes (nat, srcnat, multicast returns,
+    /// `goto masq_checks`).
+    pub masq_hooked: bool,
+    /// The attachment's rules in `masq_checks`.
     pub masq: Vec<NftRule>,
+    /// `bridge nat` has the `PREROUTING` base chain ADD writes.
+    pub spoof_base: bool,
     /// `PREROUTING` jump rules of the attachment.
     pub spoof_jumps: Vec<NftRule>,
     /// Which of the two per-attachment spoof chains exist (iface chain, mac chain).
     pub spoof_chains: (bool, bool),
     /// Rules inside the per-attachment spoof chains.
     pub spoof_rules: Vec<NftRule>,
-    /// `masq_checks` has a `postrouting` base chain jumping to it.
-    pub masq_hooked: bool,
 }
 
 impl Found {
+    /// Nothing of the attachment is there.
     pub fn is_empty(&self) -> bool {
         self.masq.is_empty() && self.spoof_jumps.is_empty() && self.spoof_chains == (false, false)
     }
 }
 
-/// Find what `a` has in the kernel. `masq`/`spoof` select what to look at.
+/// `postrouting` holds exactly the three rules ADD writes.
+fn postrouting_ok(rules: &[&NftRule]) -> bool {
+    let returns_for = |r: &NftRule, first: u8| {
+        r.verdicts().any(|v| *v == Verdict::Return) && r.cmp_data().any(|d| d.first() == Some(&first))
+    };
+    rules.len() == 3
+        && returns_for(rules[0], 224)
+        && returns_for(rules[1], 0xff)
+        && rules[2].verdicts().any(|v| *v == Verdict::Goto(MASQ_CHAIN.into()))
+}
+
+/// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
 pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> cni_common::Result<Found> {
     let mut f = Found::default();
     if masq {
-        let prefix = instance_hash(a.network, a.ifname, a.container_id);
-        let rules = nf.rules(NftFamily::Inet, MASQ_TABLE, None)?;
-        f.masq_hooked = rules.iter().any(|r| {
-            r.chain == MASQ_HOOK_CHAIN && r.verdicts().any(|v| *v == Verdict::Goto(MASQ_CHAIN.into()))
-        });
-        f.masq = rules
-            .into_iter()
-            .filter(|r| r.chain == MASQ_CHAIN && r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix)))
-            .collect();
+        let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
+        if !chains.is_empty() {
+            f.masq_table = true;
+            f.masq_checks = chains.iter().any(|c| c.name == MASQ_CHAIN && c.hook.is_none());
+            let hook_ok = chains.iter().any(|c| {
+                c.name == MASQ_HOOK_CHAIN
+                    && c.hook == Some((4, 100))
+                    && c.chain_type.as_deref() == Some("nat")
+            });
+            let prefix = instance_hash(a.network, a.ifname, a.container_id);
+            let rules = nf.rules(NftFamily::Inet, MASQ_TABLE, None)?;
+            let post: Vec<&NftRule> = rules.iter().filter(|r| r.chain == MASQ_HOOK_CHAIN).collect();
+            f.masq_hooked = hook_ok && postrouting_ok(&post);
+            f.masq = rules
+                .into_iter()
+                .filter(|r| {
+                    r.chain == MASQ_CHAIN && r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix))
+                })
+                .collect();
+        }
     }
     if spoof {
         let refid = spoof_ref(a.container_id, a.ifname);
         let (chain, mac_chain, comment) =
             (spoof_chain(&refid), spoof_mac_chain(&refid), spoof_comment(&refid));
-        let chains = nf.chains(NftFamily::Bridge, SPOOF_TABLE)?;
-        f.spoof_chains = (chains.contains(&chain), chains.contains(&mac_chain));
+        let chains = nf.chain_info(NftFamily::Bridge, SPOOF_TABLE)?;
+        f.spoof_base = chains.iter().any(|c| {
+            c.name == SPOOF_BASE_CHAIN
+                && c.hook == Some((0, -300))
+                && c.chain_type.as_deref() == Some("filter")
+                && c.policy == Some(1)
+        });
+        f.spoof_chains = (chains.iter().any(|c| c.name == chain), chains.iter().any(|c| c.name == mac_chain));
         if !chains.is_empty() {
             for r in nf.rules(NftFamily::Bridge, SPOOF_TABLE, None)? {
                 if r.chain == SPOOF_BASE_CHAIN && r.comment.as_deref() == Some(comment.as_str()) {
@@ -199,31 +238,41 @@ pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[I
         .collect()
 }
 
-/// The ADD transaction for ipMasq: table and chains (idempotent), the `postrouting` chain
-/// rewritten, stale rules of the same attachment removed, the new rules added.
+/// The ADD transaction for ipMasq. Shared objects are only written when they are missing or
+/// differ (redefining an existing chain makes the kernel keep the old definition until an RCU
+/// grace period has passed, which `nft` then waits for on exit); stale rules of the same
+/// attachment are removed; the new rules are added.
 pub fn masq_add_script(
     a: Attachment<'_>,
     addrs: &[IpNet],
     non_masquerade: Option<&[IpNet]>,
-    stale: &[NftRule],
+    f: &Found,
 ) -> String {
     let t = MASQ_TABLE;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "add table inet {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}"
-    );
-    let _ = writeln!(
-        s,
-        "add chain inet {t} {MASQ_CHAIN} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}"
-    );
-    let _ =
-        writeln!(s, "add chain inet {t} {MASQ_HOOK_CHAIN} {{ type nat hook postrouting priority srcnat ; }}");
-    let _ = writeln!(s, "flush chain inet {t} {MASQ_HOOK_CHAIN}");
-    let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip daddr 224.0.0.0/4 return");
-    let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip6 daddr ff00::/8 return");
-    let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} goto {MASQ_CHAIN}");
-    for r in stale {
+    if !f.masq_table {
+        let _ = writeln!(
+            s,
+            "add table inet {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}"
+        );
+    }
+    if !f.masq_checks {
+        let _ = writeln!(
+            s,
+            "add chain inet {t} {MASQ_CHAIN} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}"
+        );
+    }
+    if !f.masq_hooked {
+        let _ = writeln!(
+            s,
+            "add chain inet {t} {MASQ_HOOK_CHAIN} {{ type nat hook postrouting priority srcnat ; }}"
+        );
+        let _ = writeln!(s, "flush chain inet {t} {MASQ_HOOK_CHAIN}");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip daddr 224.0.0.0/4 return");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip6 daddr ff00::/8 return");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} goto {MASQ_CHAIN}");
+    }
+    for r in &f.masq {
         let _ = writeln!(s, "delete rule inet {t} {} handle {}", r.chain, r.handle);
     }
     for r in masq_rules(a, addrs, non_masquerade) {
@@ -232,26 +281,31 @@ pub fn masq_add_script(
     s
 }
 
-/// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`; stale jump rules
-/// of the same attachment are removed first.
-pub fn spoof_add_script(a: Attachment<'_>, host_veth: &str, mac: &str, stale: &Found) -> String {
+/// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`. Stale state of the
+/// same attachment is replaced.
+pub fn spoof_add_script(a: Attachment<'_>, host_veth: &str, mac: &str, f: &Found) -> String {
     let refid = spoof_ref(a.container_id, a.ifname);
     let (chain, mac_chain) = (spoof_chain(&refid), spoof_mac_chain(&refid));
     let comment = quote(&spoof_comment(&refid));
     let t = SPOOF_TABLE;
     let mut s = String::new();
-    let _ = writeln!(s, "add table bridge {t}");
-    let _ = writeln!(
-        s,
-        "add chain bridge {t} {SPOOF_BASE_CHAIN} {{ type filter hook prerouting priority -300 ; policy accept ; }}"
-    );
-    for r in &stale.spoof_jumps {
+    if !f.spoof_base {
+        let _ = writeln!(s, "add table bridge {t}");
+        let _ = writeln!(
+            s,
+            "add chain bridge {t} {SPOOF_BASE_CHAIN} {{ type filter hook prerouting priority -300 ; policy accept ; }}"
+        );
+    }
+    for r in &f.spoof_jumps {
         let _ = writeln!(s, "delete rule bridge {t} {SPOOF_BASE_CHAIN} handle {}", r.handle);
     }
-    let _ = writeln!(s, "add chain bridge {t} {chain}");
-    let _ = writeln!(s, "add chain bridge {t} {mac_chain}");
-    let _ = writeln!(s, "flush chain bridge {t} {chain}");
-    let _ = writeln!(s, "flush chain bridge {t} {mac_chain}");
+    for (name, exists) in [(&chain, f.spoof_chains.0), (&mac_chain, f.spoof_chains.1)] {
+        if exists {
+            let _ = writeln!(s, "flush chain bridge {t} {name}");
+        } else {
+            let _ = writeln!(s, "add chain bridge {t} {name}");
+        }
+    }
     let _ = writeln!(
         s,
         "add rule bridge {t} {SPOOF_BASE_CHAIN} iifname {} jump {chain} comment {comment}",
@@ -263,33 +317,40 @@ pub fn spoof_add_script(a: Attachment<'_>, host_veth: &str, mac: &str, stale: &F
     s
 }
 
-/// The teardown transaction for what `find` returned (empty when there is nothing to do).
-pub fn del_script(a: Attachment<'_>, f: &Found) -> String {
-    let mut s = String::new();
-    for r in &f.masq {
-        let _ = writeln!(s, "delete rule inet {MASQ_TABLE} {} handle {}", r.chain, r.handle);
-    }
-    spoof_del_lines(&mut s, &spoof_ref(a.container_id, a.ifname), f);
-    s
+/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
+pub fn del_ops(a: Attachment<'_>, f: &Found) -> Vec<NftDelete> {
+    let mut ops: Vec<NftDelete> = f
+        .masq
+        .iter()
+        .map(|r| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: MASQ_TABLE.into(),
+            chain: r.chain.clone(),
+            handle: r.handle,
+        })
+        .collect();
+    spoof_del_ops(&mut ops, &spoof_ref(a.container_id, a.ifname), f);
+    ops
 }
 
-fn spoof_del_lines(s: &mut String, refid: &str, f: &Found) {
-    let t = SPOOF_TABLE;
+fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
+    let b = |chain: &str| (NftFamily::Bridge, SPOOF_TABLE.to_string(), chain.to_string());
     for r in &f.spoof_jumps {
-        let _ = writeln!(s, "delete rule bridge {t} {SPOOF_BASE_CHAIN} handle {}", r.handle);
+        let (family, table, chain) = b(SPOOF_BASE_CHAIN);
+        ops.push(NftDelete::Rule { family, table, chain, handle: r.handle });
     }
-    let (chain, mac_chain) = (spoof_chain(refid), spoof_mac_chain(refid));
-    if f.spoof_chains.0 {
-        let _ = writeln!(s, "flush chain bridge {t} {chain}");
+    let chains = [(spoof_chain(refid), f.spoof_chains.0), (spoof_mac_chain(refid), f.spoof_chains.1)];
+    for (name, exists) in &chains {
+        if *exists {
+            let (family, table, chain) = b(name);
+            ops.push(NftDelete::Flush { family, table, chain });
+        }
     }
-    if f.spoof_chains.1 {
-        let _ = writeln!(s, "flush chain bridge {t} {mac_chain}");
-    }
-    if f.spoof_chains.0 {
-        let _ = writeln!(s, "delete chain bridge {t} {chain}");
-    }
-    if f.spoof_chains.1 {
-        let _ = writeln!(s, "delete chain bridge {t} {mac_chain}");
+    for (name, exists) in &chains {
+        if *exists {
+            let (family, table, chain) = b(name);
+            ops.push(NftDelete::Chain { family, table, chain });
+        }
     }
 }
 
@@ -312,8 +373,7 @@ pub fn masq_garbage(
 }
 
 /// GC: spoof-check state whose host interface is gone (such rules can never match again), as
-/// (reference id, jump rules, (iface chain exists, mac chain exists)). Attachments in `keep`
-/// (reference ids) are never touched.
+/// (reference id, what was found). Attachments in `keep` (reference ids) are never touched.
 pub fn spoof_garbage(
     nf: &mut NfTables,
     link_exists: &mut dyn FnMut(&str) -> cni_common::Result<bool>,
@@ -351,15 +411,20 @@ pub fn spoof_garbage(
 }
 
 /// The transaction removing GC garbage.
-pub fn gc_script(masq: &[NftRule], spoof: &[(String, Found)]) -> String {
-    let mut s = String::new();
-    for r in masq {
-        let _ = writeln!(s, "delete rule inet {MASQ_TABLE} {} handle {}", r.chain, r.handle);
-    }
+pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
+    let mut ops: Vec<NftDelete> = masq
+        .iter()
+        .map(|r| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: MASQ_TABLE.into(),
+            chain: r.chain.clone(),
+            handle: r.handle,
+        })
+        .collect();
     for (refid, f) in spoof {
-        spoof_del_lines(&mut s, refid, f);
+        spoof_del_ops(&mut ops, refid, f);
     }
-    s
+    ops
 }
 
 #[cfg(test)]
@@ -396,16 +461,30 @@ mod tests {
     #[test]
     fn add_script_for_dual_stack() {
         let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
-        let s = masq_add_script(A, &addrs, None, &[]);
         let c = masq_comment("kubenet", "eth0", "c0ffee");
-        assert!(s.contains("flush chain inet cni_plugins_masquerade postrouting\n"), "{s}");
+        let rules = format!(
+            "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"{c}\"\n\
+             add rule inet cni_plugins_masquerade masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/64 masquerade comment \"{c}\"\n"
+        );
+        // Nothing there yet: table, chains and the hook are created.
+        let s = masq_add_script(A, &addrs, None, &Found::default());
+        assert!(s.starts_with("add table inet cni_plugins_masquerade { comment"), "{s}");
+        assert!(s.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }\n"));
         assert!(s.contains("add rule inet cni_plugins_masquerade postrouting goto masq_checks\n"));
-        assert!(s.contains(&format!(
-            "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"{c}\"\n"
-        )));
-        assert!(s.contains(&format!(
-            "add rule inet cni_plugins_masquerade masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/64 masquerade comment \"{c}\"\n"
-        )));
+        assert!(s.ends_with(&rules), "{s}");
+        // Everything shared is in place: only additions.
+        let ready = Found { masq_table: true, masq_checks: true, masq_hooked: true, ..Found::default() };
+        assert_eq!(masq_add_script(A, &addrs, None, &ready), rules);
+        // A stale rule of the same attachment is replaced.
+        let stale = Found { masq: vec![rule("masq_checks", 9)], ..ready };
+        assert_eq!(
+            masq_add_script(A, &addrs, None, &stale),
+            format!("delete rule inet cni_plugins_masquerade masq_checks handle 9\n{rules}")
+        );
+    }
+
+    fn rule(chain: &str, handle: u64) -> NftRule {
+        NftRule { table: String::new(), chain: chain.into(), handle, comment: None, exprs: vec![] }
     }
 
     #[test]
@@ -442,40 +521,64 @@ mod tests {
             add chain bridge nat PREROUTING { type filter hook prerouting priority -300 ; policy accept ; }\n\
             add chain bridge nat cni-br-iface-c0ffee-eth0\n\
             add chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
-            flush chain bridge nat cni-br-iface-c0ffee-eth0\n\
-            flush chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
             add rule bridge nat PREROUTING iifname \"veth1234abcd\" jump cni-br-iface-c0ffee-eth0 comment \"macspoofchk-c0ffee-eth0\"\n\
             add rule bridge nat cni-br-iface-c0ffee-eth0 jump cni-br-iface-c0ffee-eth0-mac comment \"macspoofchk-c0ffee-eth0\"\n\
             add rule bridge nat cni-br-iface-c0ffee-eth0-mac ether saddr 0a:58:0a:01:00:05 return comment \"macspoofchk-c0ffee-eth0\"\n\
             add rule bridge nat cni-br-iface-c0ffee-eth0-mac drop comment \"macspoofchk-c0ffee-eth0\"\n";
         assert_eq!(s, expected);
+        // Base chain present, stale state of the attachment: replaced, not redefined.
+        let f = Found {
+            spoof_base: true,
+            spoof_jumps: vec![rule("PREROUTING", 4)],
+            spoof_chains: (true, true),
+            ..Found::default()
+        };
+        let s = spoof_add_script(A, "veth1234abcd", "0a:58:0a:01:00:05", &f);
+        assert!(
+            s.starts_with(
+                "delete rule bridge nat PREROUTING handle 4\n\
+             flush chain bridge nat cni-br-iface-c0ffee-eth0\n\
+             flush chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
+             add rule bridge nat PREROUTING"
+            ),
+            "{s}"
+        );
     }
 
     #[test]
-    fn del_script_only_names_what_exists() {
-        assert_eq!(del_script(A, &Found::default()), "");
-        let rule = |chain: &str, handle| NftRule {
-            table: String::new(),
-            chain: chain.into(),
-            handle,
-            comment: None,
-            exprs: vec![],
-        };
+    fn teardown_names_only_what_exists() {
+        assert!(del_ops(A, &Found::default()).is_empty());
         let f = Found {
             masq: vec![rule("masq_checks", 7), rule("masq_checks", 9)],
             spoof_jumps: vec![rule("PREROUTING", 3)],
             spoof_chains: (true, true),
             ..Found::default()
         };
+        let inet = |chain: &str, handle| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: "cni_plugins_masquerade".into(),
+            chain: chain.into(),
+            handle,
+        };
+        let br = |chain: &str| (NftFamily::Bridge, "nat".to_string(), chain.to_string());
+        let (f1, t1, c1) = br("cni-br-iface-c0ffee-eth0");
+        let (f2, t2, c2) = br("cni-br-iface-c0ffee-eth0-mac");
         assert_eq!(
-            del_script(A, &f),
-            "delete rule inet cni_plugins_masquerade masq_checks handle 7\n\
-             delete rule inet cni_plugins_masquerade masq_checks handle 9\n\
-             delete rule bridge nat PREROUTING handle 3\n\
-             flush chain bridge nat cni-br-iface-c0ffee-eth0\n\
-             flush chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
-             delete chain bridge nat cni-br-iface-c0ffee-eth0\n\
-             delete chain bridge nat cni-br-iface-c0ffee-eth0-mac\n"
+            del_ops(A, &f),
+            vec![
+                inet("masq_checks", 7),
+                inet("masq_checks", 9),
+                NftDelete::Rule {
+                    family: NftFamily::Bridge,
+                    table: "nat".into(),
+                    chain: "PREROUTING".into(),
+                    handle: 3
+                },
+                NftDelete::Flush { family: f1, table: t1.clone(), chain: c1.clone() },
+                NftDelete::Flush { family: f2, table: t2.clone(), chain: c2.clone() },
+                NftDelete::Chain { family: f1, table: t1, chain: c1 },
+                NftDelete::Chain { family: f2, table: t2, chain: c2 },
+            ]
         );
     }
 }
