@@ -19,13 +19,34 @@ fn side(bridge: &Path, host_local: &Path) -> Side {
     Side { cni_path, data: TempDir::new("bdata") }
 }
 
-fn step<'a>(label: &'static str, s: Side, net: u8, ip_masq: bool) -> Step<'a> {
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"bench-{label}-{net}","type":"bridge","bridge":"bb{label}{net}",
-            "isGateway":true,"ipMasq":{ip_masq},
-            "ipam":{{"type":"host-local","subnet":"10.{net}.0.0/16","dataDir":"{}"}}}}"#,
-        s.data.str()
-    );
+/// Which configuration a case uses.
+#[derive(Clone, Copy)]
+enum Profile {
+    /// `isGateway`, one IPv4 range.
+    Gateway,
+    /// The same with `ipMasq`.
+    Masq,
+    /// kubenet's: dual stack, default routes, hairpin (no masquerading, as kubenet's bridge).
+    Kubenet,
+}
+
+fn step<'a>(label: &'static str, s: Side, net: u8, profile: Profile) -> Step<'a> {
+    let data = s.data.str();
+    let conf = match profile {
+        Profile::Gateway | Profile::Masq => format!(
+            r#"{{"cniVersion":"1.0.0","name":"bench-{label}-{net}","type":"bridge","bridge":"bb{label}{net}",
+                "isGateway":true,"ipMasq":{},
+                "ipam":{{"type":"host-local","subnet":"10.{net}.0.0/16","dataDir":"{data}"}}}}"#,
+            matches!(profile, Profile::Masq)
+        ),
+        Profile::Kubenet => format!(
+            r#"{{"cniVersion":"1.0.0","name":"bench-{label}-{net}","type":"bridge","bridge":"bb{label}{net}",
+                "isGateway":true,"hairpinMode":true,
+                "ipam":{{"type":"host-local","dataDir":"{data}",
+                         "ranges":[[{{"subnet":"10.{net}.0.0/16"}}],[{{"subnet":"fd00:{net}::/64"}}]],
+                         "routes":[{{"dst":"0.0.0.0/0"}},{{"dst":"::/0"}}]}}}}"#
+        ),
+    };
     let plugin = s.cni_path.join("bridge").to_string_lossy().into_owned();
     let mut n = 0u64;
     Box::new(move || -> Vec<Duration> {
@@ -52,14 +73,20 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
         Case {
             label: "bridge + host-local (isGateway)".into(),
             rows: vec!["ADD".into(), "DEL".into()],
-            ours: step("o", ours(), 61, false),
-            upstream: step("u", up(), 62, false),
+            ours: step("o", ours(), 61, Profile::Gateway),
+            upstream: step("u", up(), 62, Profile::Gateway),
         },
         Case {
-            label: "… with ipMasq (ours: nftables; upstream 1.1.1: iptables)".into(),
+            label: "kubenet profile (dual stack, default routes, hairpin)".into(),
             rows: vec!["ADD".into(), "DEL".into()],
-            ours: step("o", ours(), 63, true),
-            upstream: step("u", up(), 64, true),
+            ours: step("o", ours(), 65, Profile::Kubenet),
+            upstream: step("u", up(), 66, Profile::Kubenet),
+        },
+        Case {
+            label: "isGateway + ipMasq (ours: nftables; upstream 1.1.1: iptables)".into(),
+            rows: vec!["ADD".into(), "DEL".into()],
+            ours: step("o", ours(), 63, Profile::Masq),
+            upstream: step("u", up(), 64, Profile::Masq),
         },
     ]
 }
