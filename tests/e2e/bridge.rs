@@ -922,8 +922,10 @@ fn gc_removes_rules_of_dead_attachments_and_forwards_to_ipam() {
     w.exec("ADD", "live", &live, "eth0").run(&conf.to_string()).ok();
     w.exec("ADD", "dead", &dead, "eth0").run(&conf.to_string()).ok();
     // Another network's rules must survive this network's GC.
-    let mut other =
-        w.conf("1.1.0", json!({"name": "othernet", "bridge": "cni1", "isGateway": true, "ipMasq": true}));
+    let mut other = w.conf(
+        "1.1.0",
+        json!({"name": "othernet", "bridge": "cni1", "isGateway": true, "ipMasq": true, "macspoofchk": true}),
+    );
     other["ipam"] = w.ipam(&["10.20.0.0/24"], json!([]));
     let o = Netns::new("brc");
     w.exec("ADD", "other", &o, "eth0").run(&other.to_string()).ok();
@@ -947,7 +949,12 @@ fn gc_removes_rules_of_dead_attachments_and_forwards_to_ipam() {
     w.global("GC").run(&gc.to_string()).ok_silent();
     assert!(!nft_ruleset(&w.host).contains("id: live"));
     assert!(w.reservations("brtest").is_empty());
-    assert!(nft_ruleset(&w.host).contains("id: other"));
+    let rules = nft_ruleset(&w.host);
+    assert!(
+        !rules.contains("macspoofchk-live-eth0"),
+        "this network's spoof rules of a live veth go too: {rules}"
+    );
+    assert!(rules.contains("id: other") && rules.contains("macspoofchk-other-eth0"), "{rules}");
 }
 
 #[test]

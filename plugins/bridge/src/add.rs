@@ -213,7 +213,15 @@ fn setup(
     };
 
     let (mut br, br_pinned) = ensure_bridge(host, conf, mtu, undo)?;
-    let hv = create_veth(host, ctr, ns, conf, ifname, br.index, mtu, undo)?;
+    // With macspoofchk the host end says whose it is (GC needs that; see firewall::veth_alias).
+    let alias = conf.macspoofchk.then(|| {
+        firewall::veth_alias(Attachment {
+            network: req.network(),
+            container_id: &req.env.container_id,
+            ifname,
+        })
+    });
+    let hv = create_veth(host, ctr, ns, conf, ifname, br.index, mtu, alias, undo)?;
     let ctr_index = hv.link.ok_or_else(|| CniError::internal(format!("veth {} reports no peer", hv.name)))?;
     // CVE-2020-10749: the host must not learn routes from router advertisements sent by the
     // container. The container end is still down, so nothing can have arrived yet.
@@ -447,6 +455,7 @@ fn create_veth(
     ifname: &str,
     bridge: u32,
     mtu: Option<u32>,
+    alias: Option<String>,
     undo: &mut Undo,
 ) -> Result<Link> {
     let mut last = None;
@@ -462,6 +471,7 @@ fn create_veth(
             mtu,
             up: true,
             master: Some(bridge),
+            alias: alias.clone(),
             ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
         };
         match host.link_add(&spec) {

@@ -372,12 +372,39 @@ pub fn masq_garbage(
         .collect())
 }
 
-/// GC: spoof-check state whose host interface is gone (such rules can never match again), as
-/// (reference id, what was found). Attachments in `keep` (reference ids) are never touched.
+/// The alias ADD gives the host veth of a `macspoofchk` attachment: `cni:<network>:<id>:<ifname>`
+/// (none of the three can contain `:`). It tells GC which network a spoof-check rule belongs to,
+/// which upstream's rule comments (`macspoofchk-<id>-<ifname>`) do not.
+pub fn veth_alias(a: Attachment<'_>) -> String {
+    let mut s = format!("cni:{}:{}:{}", a.network, a.container_id, a.ifname);
+    s.truncate(255);
+    s
+}
+
+/// (network, container id, ifname) from a [`veth_alias`].
+pub fn parse_veth_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = alias.strip_prefix("cni:")?.splitn(3, ':');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
+/// What GC knows about the host interface a spoof-check rule matches.
+pub enum PortOwner {
+    /// The interface is gone: the rule can never match again.
+    Gone,
+    /// It exists and belongs to this attachment (network, container id, ifname).
+    Attachment(String, String, String),
+    /// It exists but says nothing about its attachment (e.g. made by upstream's bridge).
+    Unknown,
+}
+
+/// GC: spoof-check state of this network's attachments that are not in `valid`
+/// ((container id, ifname) pairs), and of any attachment whose host interface is gone, as
+/// (reference id, what was found).
 pub fn spoof_garbage(
     nf: &mut NfTables,
-    link_exists: &mut dyn FnMut(&str) -> cni_common::Result<bool>,
-    keep: &HashSet<String>,
+    network: &str,
+    owner_of: &mut dyn FnMut(&str) -> cni_common::Result<PortOwner>,
+    valid: &HashSet<(String, String)>,
 ) -> cni_common::Result<Vec<(String, Found)>> {
     let chains = nf.chains(NftFamily::Bridge, SPOOF_TABLE)?;
     if chains.is_empty() {
@@ -387,7 +414,12 @@ pub fn spoof_garbage(
     for r in nf.rules(NftFamily::Bridge, SPOOF_TABLE, Some(SPOOF_BASE_CHAIN))? {
         let Some(refid) = r.comment.as_deref().and_then(|c| c.strip_prefix("macspoofchk-")) else { continue };
         let Some(iface) = r.iifname() else { continue };
-        if keep.contains(refid) || link_exists(&iface)? {
+        let garbage = match owner_of(&iface)? {
+            PortOwner::Gone => true,
+            PortOwner::Attachment(net, id, ifname) => net == network && !valid.contains(&(id, ifname)),
+            PortOwner::Unknown => false,
+        };
+        if !garbage {
             continue;
         }
         let refid = refid.to_string();
@@ -444,6 +476,15 @@ mod tests {
         assert_eq!(&ih[17..], &hash_hex("eth0:c0ffee", 16));
         // sha512("") is well known: cf83e1357eefb8bd...
         assert_eq!(hash_hex("", 16), "cf83e1357eefb8bd");
+    }
+
+    #[test]
+    fn veth_alias_round_trip() {
+        let a = Attachment { network: "kubenet", container_id: "abc-1.x", ifname: "net1" };
+        assert_eq!(veth_alias(a), "cni:kubenet:abc-1.x:net1");
+        assert_eq!(parse_veth_alias(&veth_alias(a)), Some(("kubenet", "abc-1.x", "net1")));
+        assert_eq!(parse_veth_alias("some admin note"), None);
+        assert_eq!(parse_veth_alias("cni:only:two"), None);
     }
 
     #[test]

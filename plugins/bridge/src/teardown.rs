@@ -213,8 +213,8 @@ pub fn gc(req: &Request) -> Result<()> {
 
     let keep_masq: HashSet<String> =
         valid.iter().map(|a| firewall::instance_hash(network, &a.ifname, &a.container_id)).collect();
-    let keep_spoof: HashSet<String> =
-        valid.iter().map(|a| firewall::spoof_ref(&a.container_id, &a.ifname)).collect();
+    let keep_spoof: HashSet<(String, String)> =
+        valid.iter().map(|a| (a.container_id.clone(), a.ifname.clone())).collect();
     let required = conf.ip_masq || conf.macspoofchk;
     let firewall_gc = || -> Result<()> {
         let mut nf = match NfTables::new() {
@@ -226,7 +226,18 @@ pub fn gc(req: &Request) -> Result<()> {
         delete_with_retry(&mut nf, |nf| {
             let masq = firewall::masq_garbage(nf, network, &keep_masq)?;
             let spoof = if conf.macspoofchk {
-                firewall::spoof_garbage(nf, &mut |name| Ok(host.link_by_name(name)?.is_some()), &keep_spoof)?
+                let mut owner_of = |name: &str| -> Result<firewall::PortOwner> {
+                    Ok(match host.link_by_name(name)? {
+                        None => firewall::PortOwner::Gone,
+                        Some(l) => match l.alias.as_deref().and_then(firewall::parse_veth_alias) {
+                            Some((net, id, ifname)) => {
+                                firewall::PortOwner::Attachment(net.into(), id.into(), ifname.into())
+                            }
+                            None => firewall::PortOwner::Unknown,
+                        },
+                    })
+                };
+                firewall::spoof_garbage(nf, network, &mut owner_of, &keep_spoof)?
             } else {
                 Vec::new()
             };
