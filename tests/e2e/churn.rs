@@ -43,11 +43,13 @@ fn parallel_add_del_cycles_hand_out_no_duplicate_and_leak_nothing() {
                     "bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 16_000_000,
                                   "egressRate": 8_000_000, "egressBurst": 16_000_000}
                 });
-                let (result, _) = chain
-                    .add(&id, ctr.path_str(), "eth0", &caps, Some(host))
-                    .unwrap_or_else(|steps| {
+                let (result, _) =
+                    chain.add(&id, ctr.path_str(), "eth0", &caps, Some(host)).unwrap_or_else(|steps| {
                         let last = steps.last().unwrap();
-                        panic!("cycle {k}: ADD {} failed: {}{}", last.plugin, last.out.stdout, last.out.stderr)
+                        panic!(
+                            "cycle {k}: ADD {} failed: {}{}",
+                            last.plugin, last.out.stdout, last.out.stderr
+                        )
                     });
                 let ip = result["ips"][0]["address"].as_str().expect("an address").to_string();
                 {

@@ -4,7 +4,7 @@
 
 use cni_tests::chain::Chain;
 use cni_tests::leaks::leaks;
-use cni_tests::{cni_path_with, Exec, Netns, TempDir};
+use cni_tests::{cni_path_with, wait_until, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -79,8 +79,9 @@ fn typical(chain: &Chain, host: &Netns, target: &str) -> Duration {
 #[test]
 fn sigkill_during_add_then_del_or_gc_leaves_nothing() {
     let trials = env_u64("CNI_CRASH_TRIALS").unwrap_or(200);
-    let seed = env_u64("CNI_CRASH_SEED")
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    let seed = env_u64("CNI_CRASH_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
     eprintln!("crash: {trials} trials, CNI_CRASH_SEED={seed}");
     let mut rng = Rng(seed);
     let host = Netns::new("crh");
@@ -102,12 +103,19 @@ fn sigkill_during_add_then_del_or_gc_leaves_nothing() {
         add_and_kill(&chain, &host, &ctr, &id, target, delay);
         let use_gc = rng.next() % 2 == 1;
         if use_gc {
-            // the container is gone: its namespace (and the veth in it) disappears, then GC
+            // the container is gone: its namespace (and the veth pair with it) disappears, then
+            // GC. The kernel destroys a namespace asynchronously: wait for the pair to go.
             drop(ctr);
+            wait_until("the dropped namespace's veth pair to go", Duration::from_secs(10), || {
+                !host.link_names().iter().any(|l| l.starts_with("veth"))
+            });
             chain.gc(&[], Some(&host));
         } else {
             chain.del(&id, ctr.path_str(), "eth0", &caps(), None, Some(&host));
-            assert!(ctr.link("eth0").is_none(), "trial {trial} ({target}, {delay:?}): eth0 left in the container");
+            assert!(
+                ctr.link("eth0").is_none(),
+                "trial {trial} ({target}, {delay:?}): eth0 left in the container"
+            );
             drop(ctr);
         }
         by_cleanup[use_gc as usize] += 1;

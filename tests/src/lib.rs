@@ -36,12 +36,22 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// Newest modification time of the files below `dir` that cargo builds from (Rust sources and
+/// manifests; a README edit does not make a binary stale).
 fn newest_mtime(dir: &Path) -> Option<SystemTime> {
     let mut newest = None;
     let entries = std::fs::read_dir(dir).ok()?;
     for e in entries.flatten() {
         let p = e.path();
-        let t = if p.is_dir() { newest_mtime(&p) } else { e.metadata().ok().and_then(|m| m.modified().ok()) };
+        let built_from =
+            p.extension().is_some_and(|x| x == "rs") || p.file_name().is_some_and(|n| n == "Cargo.toml");
+        let t = if p.is_dir() {
+            newest_mtime(&p)
+        } else if built_from {
+            e.metadata().ok().and_then(|m| m.modified().ok())
+        } else {
+            None
+        };
         if let Some(t) = t {
             if newest.is_none_or(|n| t > n) {
                 newest = Some(t);
@@ -511,6 +521,18 @@ fn strip_timers(line: &str) -> String {
         out.push(w);
     }
     out.join(" ")
+}
+
+/// Poll `cond` with a short backoff until it holds; fail the test after `limit`. For state the
+/// kernel finishes asynchronously (a dropped namespace's devices), never as a fixed sleep.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + limit;
+    let mut pause = std::time::Duration::from_millis(1);
+    while !cond() {
+        assert!(std::time::Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Files (relative path and content) below `dir`, sorted: to compare stores before/after.

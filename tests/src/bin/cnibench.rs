@@ -18,7 +18,7 @@ fn main() {
             "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <loopback|bandwidth|chain|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                    "usage: cnibench <loopback|bridge|bandwidth|chain|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
                 );
                 return;
             }
@@ -42,6 +42,7 @@ fn main() {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
+            "bridge" => cases.extend(bench::bridge::cases()),
             "chain" => cases.extend(bench::chain::cases(rss.clone(), &mut keep)),
             "portmap-scale" => {
                 let (rows, n) = bench::portmap::scale(containers);
