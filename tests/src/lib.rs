@@ -471,3 +471,4 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
     }
 }
 pub mod bench;
+pub mod clients;
