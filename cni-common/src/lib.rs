@@ -8,6 +8,7 @@
 //!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
 //!   the [`netlink`] module.
 
+pub mod conntrack;
 pub mod error;
 pub mod ipam;
 pub mod netlink;

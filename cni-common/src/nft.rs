@@ -25,7 +25,14 @@ impl Nft {
     /// A runtime may exec plugins with a minimal PATH, so the fixed locations come first.
     pub fn find() -> Result<Nft> {
         if let Some(p) = std::env::var_os("CNI_NFT").filter(|p| !p.is_empty()) {
-            return Ok(Nft { program: PathBuf::from(p) });
+            let program = PathBuf::from(p);
+            if !program.is_file() {
+                return Err(CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!("nft binary {} (from CNI_NFT) not found", program.display()),
+                ));
+            }
+            return Ok(Nft { program });
         }
         for c in CANDIDATES {
             if Path::new(c).is_file() {
@@ -73,6 +80,16 @@ impl Nft {
             String::from_utf8_lossy(&out.stderr).trim()
         ))
         .with_details(script.to_string()))
+    }
+
+    /// Dry-run `script` (`nft -c -f -`): the kernel validates the whole transaction and
+    /// nothing is committed.
+    pub fn check(&self, script: &str) -> Result<()> {
+        let out = self.run(&["-c", "-f", "-"], Some(script))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(CniError::internal(format!("nft check failed: {}", String::from_utf8_lossy(&out.stderr).trim())))
     }
 
     /// `nft -j list table <family> <name>`: the list of objects, or None when the table does

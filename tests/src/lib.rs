@@ -434,8 +434,26 @@ pub fn ns_state(ns: &Netns) -> String {
         let v = ns.try_run("cat", &[&format!("/proc/sys/{key}")]);
         s.push_str(&format!("{key}={}", String::from_utf8_lossy(&v.stdout)));
     }
-    // Strip counters that change by themselves.
-    s.lines().filter(|l| !l.contains("RX:") && !l.contains("TX:")).collect::<Vec<_>>().join("\n")
+    // Strip counters and bridge timers that change by themselves.
+    s.lines()
+        .filter(|l| !l.contains("RX:") && !l.contains("TX:"))
+        .map(strip_timers)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Drop `<name>_timer <seconds>` pairs (bridge and bridge-port timers tick on their own).
+fn strip_timers(line: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = line.split_whitespace().peekable();
+    while let Some(w) = words.next() {
+        if w.ends_with("_timer") {
+            words.next();
+            continue;
+        }
+        out.push(w);
+    }
+    out.join(" ")
 }
 
 /// Files (relative path and content) below `dir`, sorted: to compare stores before/after.

@@ -1,0 +1,565 @@
+//! portmap, exec'd as a runtime would, with real traffic.
+//!
+//! Topology per test (all in namespaces the test creates): a fake **host** netns with a
+//! bridge `br0` (10.<n>.0.1/24, fd00:<n>::1/64), built with `ip` the way the bridge plugin
+//! would (veth per container, hairpin on the host end, default routes via the bridge); an
+//! **outside** netns on the host's uplink `ext0` (host 10.250.<n>.1 and .3, fd01:<n>::1;
+//! outside .2); and optionally a **remote** netns routed through the host (10.251.<n>.9) to
+//! prove that forwarded, non-local traffic is never DNATed (CVE-2025-67499).
+//! br_netfilter's bridge-nf-call-iptables is switched off in the host so that hairpin and
+//! container-to-container cases really depend on our masquerading.
+
+use cni_tests::{ns_state, unique, Exec, Netns, PluginOutput};
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+static NET: AtomicU8 = AtomicU8::new(1);
+
+struct World {
+    host: Netns,
+    outside: Netns,
+    n: u8,
+    next: u8,
+}
+
+struct Ctr {
+    ns: Netns,
+    idx: u8,
+    id: String,
+    hostveth: String,
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl World {
+    fn new() -> World {
+        // a per-process offset keeps parallel test binaries apart (addresses are per netns
+        // anyway; this only makes captures readable)
+        let n = NET.fetch_add(1, Ordering::Relaxed);
+        let host = Netns::new("pmh");
+        let outside = Netns::new("pmo");
+        host.run("ip", &["link", "set", "lo", "up"]);
+        outside.run("ip", &["link", "set", "lo", "up"]);
+        host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"]);
+        // Absent without br_netfilter, and then bridged traffic never meets netfilter anyway.
+        for key in ["net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"] {
+            host.try_run("sysctl", &["-qw", key]);
+        }
+        host.run("ip", &["link", "add", "br0", "type", "bridge"]);
+        host.run("ip", &["addr", "add", &format!("10.{n}.0.1/24"), "dev", "br0"]);
+        host.run("ip", &["addr", "add", &format!("fd00:{n}::1/64"), "dev", "br0", "nodad"]);
+        host.run("ip", &["link", "set", "br0", "up"]);
+        host.run(
+            "ip",
+            &["link", "add", "ext0", "type", "veth", "peer", "name", "up0", "netns", outside.name()],
+        );
+        for a in [format!("10.250.{n}.1/24"), format!("10.250.{n}.3/24")] {
+            host.run("ip", &["addr", "add", &a, "dev", "ext0"]);
+        }
+        host.run("ip", &["addr", "add", &format!("fd01:{n}::1/64"), "dev", "ext0", "nodad"]);
+        host.run("ip", &["link", "set", "ext0", "up"]);
+        outside.run("ip", &["addr", "add", &format!("10.250.{n}.2/24"), "dev", "up0"]);
+        outside.run("ip", &["addr", "add", &format!("fd01:{n}::2/64"), "dev", "up0", "nodad"]);
+        outside.run("ip", &["link", "set", "up0", "up"]);
+        outside.run("ip", &["route", "add", "default", "via", &format!("10.250.{n}.1")]);
+        outside.run("ip", &["-6", "route", "add", "default", "via", &format!("fd01:{n}::1")]);
+        World { host, outside, n, next: 2 }
+    }
+
+    fn host_ip(&self) -> String {
+        format!("10.250.{}.1", self.n)
+    }
+
+    /// A container on br0, wired the way the bridge plugin does it.
+    fn container(&mut self) -> Ctr {
+        let idx = self.next;
+        self.next += 1;
+        let ns = Netns::new("pmc");
+        let hostveth = unique("vp");
+        self.host.run(
+            "ip",
+            &["link", "add", &hostveth, "type", "veth", "peer", "name", "eth0", "netns", ns.name()],
+        );
+        self.host.run("ip", &["link", "set", &hostveth, "master", "br0", "up"]);
+        self.host.run("bridge", &["link", "set", "dev", &hostveth, "hairpin", "on"]);
+        let n = self.n;
+        ns.run("ip", &["link", "set", "lo", "up"]);
+        ns.run("ip", &["addr", "add", &format!("10.{n}.0.{idx}/24"), "dev", "eth0"]);
+        ns.run("ip", &["addr", "add", &format!("fd00:{n}::{idx}/64"), "dev", "eth0", "nodad"]);
+        ns.run("ip", &["link", "set", "eth0", "up"]);
+        ns.run("ip", &["route", "add", "default", "via", &format!("10.{n}.0.1")]);
+        ns.run("ip", &["-6", "route", "add", "default", "via", &format!("fd00:{n}::1")]);
+        Ctr { ns, idx, id: unique("ctr"), hostveth }
+    }
+
+    fn ip4(&self, c: &Ctr) -> String {
+        format!("10.{}.0.{}", self.n, c.idx)
+    }
+
+    /// The prevResult bridge + host-local would produce (1.0.0).
+    fn prev(&self, c: &Ctr, v4: bool, v6: bool) -> Value {
+        let n = self.n;
+        let mut ips = Vec::new();
+        if v4 {
+            ips.push(json!({"address": format!("10.{n}.0.{}/24", c.idx), "gateway": format!("10.{n}.0.1"), "interface": 2}));
+        }
+        if v6 {
+            ips.push(json!({"address": format!("fd00:{n}::{}/64", c.idx), "gateway": format!("fd00:{n}::1"), "interface": 2}));
+        }
+        json!({"cniVersion": "1.0.0",
+               "interfaces": [{"name": "br0", "mac": "02:00:00:00:00:01"},
+                              {"name": c.hostveth, "mac": "02:00:00:00:00:02"},
+                              {"name": "eth0", "mac": "02:00:00:00:00:03", "sandbox": c.ns.path_str()}],
+               "ips": ips})
+    }
+}
+
+fn conf(net: &str, prev: &Value, mappings: Value, extra: Value) -> String {
+    let mut c = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap",
+                       "capabilities": {"portMappings": true},
+                       "runtimeConfig": {"portMappings": mappings}, "prevResult": prev});
+    if let (Some(o), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    c.to_string()
+}
+
+fn run(w: &World, cmd: &str, c: &Ctr, stdin: &str) -> PluginOutput {
+    Exec::new("portmap")
+        .in_ns(&w.host)
+        .attachment(cmd, &c.id, c.ns.path_str(), "eth0", "/nonexistent")
+        .run(stdin)
+}
+
+fn tcp(p: u16) -> Value {
+    json!([{"hostPort": p, "containerPort": 80, "protocol": "tcp"}])
+}
+
+/// A server in `ns` answering every TCP connection with "<name> <peer address>".
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn listening(ns: &Netns, proto: &str, port: u16) -> bool {
+    let flag = if proto == "udp" { "-Hlun" } else { "-Hltn" };
+    let out = ns.try_run("ss", &[flag, &format!("sport = :{port}")]);
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+fn server(ns: &Netns, proto: &str, port: u16, name: &str) -> Server {
+    let listen = match proto {
+        "udp" => format!("UDP6-RECVFROM:{port},fork,reuseaddr,ipv6only=0"),
+        _ => format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
+    };
+    let child = ns
+        .command("socat")
+        .args([&listen, &format!("SYSTEM:echo {name} $SOCAT_PEERADDR")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn socat (scripts/install-deps.sh installs it)");
+    wait_for(&format!("{name} to listen on {proto}/{port}"), || listening(ns, proto, port));
+    Server(child)
+}
+
+/// Connect from `ns` and return what the server said ("" when nothing answered).
+/// "name [0000:…:ffff:0afa:0102]" (socat's peer address) -> "name 10.250.1.2".
+fn normalise(reply: &str) -> String {
+    let mut parts = reply.trim().splitn(2, ' ');
+    let (Some(name), Some(peer)) = (parts.next(), parts.next()) else { return reply.trim().to_string() };
+    let peer = peer.trim_start_matches('[').trim_end_matches(']');
+    match peer.parse::<std::net::IpAddr>() {
+        Ok(ip) => format!("{name} {}", ip.to_canonical()),
+        Err(_) => reply.trim().to_string(),
+    }
+}
+
+fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
+    let target =
+        if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
+    let out = ns
+        .command("socat")
+        .args(["-T3", "-", &format!("{target},connect-timeout=3")])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run socat");
+    normalise(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
+    let mut cmd: Command = ns.command("socat");
+    let out = cmd
+        .args(["-T2", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"ping\n")?;
+            c.wait_with_output()
+        })
+        .expect("run socat");
+    normalise(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Elements of our table (`set key` strings), or None when the table does not exist.
+fn elements(host: &Netns) -> Option<Vec<String>> {
+    let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut els = Vec::new();
+    for o in v["nftables"].as_array().unwrap() {
+        let s = o.get("set").or_else(|| o.get("map"));
+        if let Some(s) = s {
+            if s["name"] == "gates" {
+                continue;
+            }
+            for e in s["elem"].as_array().into_iter().flatten() {
+                els.push(format!("{} {}", s["name"].as_str().unwrap(), e));
+            }
+        }
+    }
+    Some(els)
+}
+
+/// Chains and rules of our table (no elements), as JSON lines.
+fn rules(host: &Netns) -> String {
+    let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
+    if !out.status.success() {
+        return String::new();
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut lines = Vec::new();
+    for o in v["nftables"].as_array().unwrap() {
+        if let Some(c) = o.get("chain") {
+            lines.push(format!("chain {}", c["name"]));
+        }
+        if let Some(r) = o.get("rule") {
+            lines.push(format!("rule {} {}", r["chain"], r["expr"]));
+        }
+    }
+    lines.join("\n")
+}
+
+#[test]
+fn tcp_forwarding_four_ways() {
+    let mut w = World::new();
+    let a = w.container();
+    let b = w.container();
+    let _srv = server(&a.ns, "tcp", 80, "ctrA");
+    let prev = w.prev(&a, true, true);
+    let out = run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
+    assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
+    assert_eq!(out["interfaces"], prev["interfaces"]);
+    let hip = w.host_ip();
+
+    // 1. from an outside netns to the host address: the client address is preserved
+    let r = fetch(&w.outside, &hip, 8080);
+    assert_eq!(r, format!("ctrA 10.250.{}.2", w.n), "outside -> host:8080");
+    // 2. from the host to 127.0.0.1 (route_localnet on the bridge, masqueraded)
+    assert_eq!(w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout, b"1\n");
+    let r = fetch(&w.host, "127.0.0.1", 8080);
+    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "host -> 127.0.0.1:8080");
+    // 3. from a second container on the same bridge (masqueraded, else the reply would bypass NAT)
+    let r = fetch(&b.ns, &hip, 8080);
+    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "second container -> host:8080");
+    // 4. hairpin: the container reaches itself through the host port
+    let r = fetch(&a.ns, &hip, 8080);
+    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "hairpin");
+    // the container's own address still answers directly
+    assert!(fetch(&w.outside, &w.ip4(&a), 80).starts_with("ctrA"));
+
+    run(&w, "CHECK", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
+    // a repeated ADD of the same attachment is fine and changes nothing
+    let before = rules(&w.host);
+    let els = elements(&w.host).unwrap();
+    run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
+    assert_eq!(elements(&w.host).unwrap(), els);
+    assert_eq!(rules(&w.host), before);
+
+    run(&w, "DEL", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
+    assert_eq!(fetch(&w.outside, &hip, 8080), "", "nothing answers after DEL");
+    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "DEL leaves no element");
+    assert_eq!(rules(&w.host), before, "the static rules are all that is left");
+    // DEL is idempotent, also without prevResult and netns
+    run(&w, "DEL", &a, &conf("pmnet", &Value::Null, tcp(8080), json!({}))).ok_silent();
+    Exec::new("portmap")
+        .in_ns(&w.host)
+        .attachment("DEL", &a.id, "", "eth0", "/x")
+        .run(&conf("pmnet", &Value::Null, tcp(8080), json!({})))
+        .ok_silent();
+}
+
+#[test]
+fn ipv6_and_host_ip_mappings() {
+    let mut w = World::new();
+    let a = w.container();
+    let b = w.container();
+    let _sa = server(&a.ns, "tcp", 80, "ctrA");
+    let _sb = server(&b.ns, "tcp", 80, "ctrB");
+    let n = w.n;
+    // A: every address, both families; B: only 10.250.n.3 port 9090 and fd01:n::1 port 9090
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), tcp(9090), json!({}))).ok();
+    let pb = w.prev(&b, true, true);
+    let mb = json!([{"hostPort": 9090, "containerPort": 80, "protocol": "TCP", "hostIP": format!("10.250.{n}.3")},
+                    {"hostPort": 9191, "containerPort": 80, "protocol": "tcp", "hostIP": format!("fd01:{n}::1")}]);
+    run(&w, "ADD", &b, &conf("pmnet", &pb, mb.clone(), json!({}))).ok();
+    assert_eq!(
+        fetch(&w.outside, &format!("fd01:{n}::1"), 9090),
+        format!("ctrA fd01:{n}::2"),
+        "IPv6 wildcard"
+    );
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.1"), 9090), format!("ctrA 10.250.{n}.2"));
+    assert_eq!(
+        fetch(&w.outside, &format!("10.250.{n}.3"), 9090),
+        format!("ctrB 10.250.{n}.2"),
+        "hostIP wins"
+    );
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 9191), format!("ctrB fd01:{n}::2"), "IPv6 hostIP");
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.1"), 9191), "", "v6 hostIP mapping is v6 only");
+    // v6 hairpin from the second container to the v6 wildcard mapping (masqueraded)
+    assert_eq!(fetch(&b.ns, &format!("fd01:{n}::1"), 9090), format!("ctrA fd00:{n}::1"));
+    run(&w, "CHECK", &b, &conf("pmnet", &pb, mb.clone(), json!({}))).ok_silent();
+    run(&w, "DEL", &b, &conf("pmnet", &pb, mb, json!({}))).ok_silent();
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 9090), format!("ctrA 10.250.{n}.2"), "back to A");
+}
+
+#[test]
+fn non_local_destinations_are_never_dnated() {
+    // CVE-2025-67499: a mapping must only catch traffic addressed to this host, never traffic
+    // the host forwards, even when its hostIP or port matches.
+    let mut w = World::new();
+    let n = w.n;
+    let remote = Netns::new("pmr");
+    remote.run("ip", &["link", "set", "lo", "up"]);
+    w.host.run("ip", &["link", "add", "rem0", "type", "veth", "peer", "name", "r0", "netns", remote.name()]);
+    w.host.run("ip", &["addr", "add", &format!("10.251.{n}.1/24"), "dev", "rem0"]);
+    w.host.run("ip", &["link", "set", "rem0", "up"]);
+    remote.run("ip", &["addr", "add", &format!("10.251.{n}.9/24"), "dev", "r0"]);
+    remote.run("ip", &["link", "set", "r0", "up"]);
+    remote.run("ip", &["route", "add", "default", "via", &format!("10.251.{n}.1")]);
+    let a = w.container();
+    let _sa = server(&a.ns, "tcp", 80, "ctrA");
+    let _sr = server(&remote, "tcp", 5300, "remote");
+    let _sr2 = server(&remote, "tcp", 5301, "remote");
+    let m = json!([{"hostPort": 5300, "containerPort": 80, "protocol": "tcp", "hostIP": format!("10.251.{n}.9")},
+                   {"hostPort": 5301, "containerPort": 80, "protocol": "tcp"}]);
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), m, json!({}))).ok();
+    assert_eq!(
+        fetch(&w.outside, &format!("10.251.{n}.9"), 5300),
+        format!("remote 10.250.{n}.2"),
+        "hostIP of a remote"
+    );
+    assert_eq!(
+        fetch(&w.outside, &format!("10.251.{n}.9"), 5301),
+        format!("remote 10.250.{n}.2"),
+        "wildcard port"
+    );
+    assert_eq!(
+        fetch(&a.ns, &format!("10.251.{n}.9"), 5301),
+        format!("remote 10.{n}.0.{}", a.idx),
+        "from a container"
+    );
+    // while traffic to the host itself is forwarded
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 5301), format!("ctrA 10.250.{n}.2"));
+}
+
+#[test]
+fn udp_mapping_flushes_stale_conntrack() {
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _sa = server(&a.ns, "udp", 53, "ctrA");
+    let _sb = server(&b.ns, "udp", 53, "ctrB");
+    let hip = w.host_ip();
+    let m = json!([{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]);
+    // B is attached first (with another port): the table exists, so conntrack is tracking in
+    // this fresh host namespace, as it always is on a real host
+    let pb = w.prev(&b, true, false);
+    run(&w, "ADD", &b, &conf("pmnet", &pb, tcp(1234), json!({}))).ok();
+    // a flow to the host port before it is mapped: conntrack remembers it without NAT
+    assert_eq!(fetch_udp(&w.outside, &hip, 5353, 40001), "");
+    let ct = w.host.run("conntrack", &["-L", "-p", "udp", "--dport", "5353"]);
+    assert!(String::from_utf8_lossy(&ct.stdout).contains("sport=40001"), "stale entry exists before ADD");
+    let pa = w.prev(&a, true, false);
+    run(&w, "ADD", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok();
+    // the same 5-tuple now reaches A: ADD flushed the stale entry
+    assert_eq!(fetch_udp(&w.outside, &hip, 5353, 40001), format!("ctrA 10.250.{n}.2"));
+    // A goes, B takes the port: DEL flushes A's entry, so the same flow reaches B
+    run(&w, "DEL", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok_silent();
+    let ct = w.host.run("conntrack", &["-L", "-p", "udp", "--dport", "5353"]);
+    assert!(!String::from_utf8_lossy(&ct.stdout).contains("sport=40001"), "DEL flushed the entry");
+    // (a repeated ADD of B with one more mapping replaces its elements)
+    let both = json!([{"hostPort": 1234, "containerPort": 80, "protocol": "tcp"},
+                      {"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]);
+    run(&w, "ADD", &b, &conf("pmnet", &pb, both.clone(), json!({}))).ok();
+    assert_eq!(fetch_udp(&w.outside, &hip, 5353, 40001), format!("ctrB 10.250.{n}.2"));
+    run(&w, "CHECK", &b, &conf("pmnet", &pb, both, json!({}))).ok_silent();
+}
+
+#[test]
+fn conflicting_claims_are_rejected_naming_the_holder() {
+    let mut w = World::new();
+    let a = w.container();
+    let b = w.container();
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), tcp(7070), json!({}))).ok();
+    let before = ns_state(&w.host);
+    let els = elements(&w.host).unwrap();
+    for net in ["pmnet", "othernet"] {
+        let msg = run(&w, "ADD", &b, &conf(net, &w.prev(&b, true, false), tcp(7070), json!({}))).err(7);
+        assert!(msg.contains("tcp/7070"), "{msg}");
+        assert!(
+            msg.contains(&format!("container \"{}\"", a.id)) && msg.contains("network \"pmnet\""),
+            "{msg}"
+        );
+    }
+    assert_eq!(elements(&w.host).unwrap(), els, "a rejected ADD changes nothing");
+    assert_eq!(ns_state(&w.host), before);
+    // a mapping that partly conflicts is rejected as a whole (one transaction)
+    let m = json!([{"hostPort": 7071, "containerPort": 80, "protocol": "tcp"},
+                   {"hostPort": 7070, "containerPort": 80, "protocol": "tcp"}]);
+    run(&w, "ADD", &b, &conf("pmnet", &w.prev(&b, true, false), m, json!({}))).err(7);
+    assert_eq!(elements(&w.host).unwrap(), els);
+    // the same port over UDP, or on another interface of A, is someone else's business
+    let udp = json!([{"hostPort": 7070, "containerPort": 80, "protocol": "udp"}]);
+    run(&w, "ADD", &b, &conf("pmnet", &w.prev(&b, true, false), udp, json!({}))).ok();
+    // DEL of B with A's mapping (a confused runtime) leaves A's claim alone
+    run(&w, "DEL", &b, &conf("pmnet", &w.prev(&b, true, false), tcp(7070), json!({}))).ok_silent();
+    assert!(elements(&w.host).unwrap().iter().any(|e| e.contains(&a.id) && e.contains("7070")));
+    run(&w, "CHECK", &a, &conf("pmnet", &w.prev(&a, true, true), tcp(7070), json!({}))).ok_silent();
+}
+
+#[test]
+fn check_notices_tampering() {
+    let mut w = World::new();
+    let a = w.container();
+    let p = w.prev(&a, true, false);
+    let c = conf("pmnet", &p, tcp(6060), json!({}));
+    run(&w, "ADD", &a, &c).ok();
+    run(&w, "CHECK", &a, &c).ok_silent();
+    w.host.run("nft", &["delete", "element", "inet", "cni_portmap", "hp4", "{ tcp . 6060 }"]);
+    let msg = run(&w, "CHECK", &a, &c).err(999);
+    assert!(msg.contains("hp4") && msg.contains("missing"), "{msg}");
+    // ADD repairs it (slow path) and DEL cleans up a half-deleted attachment
+    run(&w, "ADD", &a, &c).ok();
+    run(&w, "CHECK", &a, &c).ok_silent();
+    w.host.run("nft", &["flush", "chain", "inet", "cni_portmap", "hostports4"]);
+    let msg = run(&w, "CHECK", &a, &c).err(999);
+    assert!(msg.contains("hostports4"), "{msg}");
+    w.host.run("nft", &["delete", "element", "inet", "cni_portmap", "hp4", "{ tcp . 6060 }"]);
+    run(&w, "DEL", &a, &c).ok_silent();
+    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
+    // CHECK needs prevResult
+    let msg = run(&w, "CHECK", &a, &conf("pmnet", &Value::Null, tcp(6060), json!({}))).err(7);
+    assert!(msg.contains("prevResult"), "{msg}");
+}
+
+#[test]
+fn gc_removes_exactly_the_stale_attachments_of_its_network() {
+    let mut w = World::new();
+    let a = w.container();
+    let b = w.container();
+    let c = w.container();
+    run(&w, "ADD", &a, &conf("net1", &w.prev(&a, true, true), tcp(5001), json!({}))).ok();
+    run(&w, "ADD", &b, &conf("net1", &w.prev(&b, true, true), tcp(5002), json!({}))).ok();
+    run(&w, "ADD", &c, &conf("net2", &w.prev(&c, true, false), tcp(5003), json!({}))).ok();
+    let gc = |net: &str, valid: Value| {
+        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .env("CNI_COMMAND", "GC")
+            .env("CNI_PATH", "/x")
+            .run(&cfg.to_string())
+            .ok_silent();
+    };
+    gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": c.id, "ifname": "eth0"}]));
+    let els = elements(&w.host).unwrap();
+    assert!(els.iter().all(|e| !e.contains(&b.id)), "B collected: {els:?}");
+    assert!(els.iter().any(|e| e.contains(&a.id)), "A kept");
+    assert!(els.iter().any(|e| e.contains(&c.id)), "net2's C untouched although not listed for net1");
+    // A with another ifname is a different attachment
+    gc("net1", json!([{"containerID": a.id, "ifname": "eth1"}]));
+    assert!(elements(&w.host).unwrap().iter().all(|e| !e.contains(&a.id)));
+    gc("net2", json!([]));
+    assert_eq!(elements(&w.host), None, "no mapping of any network is left: the table is gone");
+    gc("net2", json!([])); // nothing to do
+}
+
+#[test]
+fn config_compatibility_and_status() {
+    let mut w = World::new();
+    let a = w.container();
+    let p = w.prev(&a, true, false);
+    // kubernetes.io network-plugins doc conflist entry, verbatim keys
+    let k8s = conf("mynet", &p, tcp(4040), json!({"snat": true, "externalSetMarkChain": "KUBE-MARK-MASQ"}));
+    let out = run(&w, "ADD", &a, &k8s);
+    out.ok();
+    assert!(out.stderr.contains("externalSetMarkChain"), "note on stderr: {}", out.stderr);
+    run(&w, "DEL", &a, &k8s).ok_silent();
+    let before = ns_state(&w.host);
+    let msg = run(&w, "ADD", &a, &conf("mynet", &p, tcp(4040), json!({"backend": "iptables"}))).err(2);
+    assert!(msg.contains("backend") && msg.contains("iptables"), "{msg}");
+    run(&w, "ADD", &a, &conf("mynet", &p, tcp(4040), json!({"conditionsV4": ["-d", "1.2.3.4"]}))).err(2);
+    run(&w, "ADD", &a, &conf("mynet", &p, json!([{"hostPort": 0, "containerPort": 80}]), json!({}))).err(7);
+    run(&w, "ADD", &a, &conf("mynet", &p, json!([{"hostPort": "x", "containerPort": 80}]), json!({}))).err(6);
+    run(&w, "ADD", &a, &conf("mynet", &Value::Null, tcp(4040), json!({}))).err(7);
+    assert_eq!(ns_state(&w.host), before, "bad input leaves the host as it was");
+    // no mappings: prevResult passes through and nothing is created
+    let out = run(&w, "ADD", &a, &conf("mynet", &p, json!([]), json!({}))).ok();
+    assert_eq!(out["ips"], p["ips"]);
+    assert_eq!(elements(&w.host).unwrap_or_default(), Vec::<String>::new());
+
+    let status = |nft: Option<&str>| {
+        let mut e = Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "STATUS").env("CNI_PATH", "/x");
+        if let Some(n) = nft {
+            e = e.env("CNI_NFT", n);
+        }
+        e.run(&json!({"cniVersion": "1.1.0", "name": "mynet", "type": "portmap"}).to_string())
+    };
+    status(None).ok_silent();
+    assert!(status(Some("/nonexistent/nft")).err(50).contains("nft"));
+    assert!(status(Some("/bin/false")).err(50).contains("nf_tables"));
+}
+
+#[test]
+fn conditions_apply_and_follow_the_last_add() {
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let _sa = server(&a.ns, "tcp", 80, "ctrA");
+    let p = w.prev(&a, true, false);
+    // exclude 10.250.n.3 from port mapping
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    run(&w, "ADD", &a, &conf("pmnet", &p, tcp(3030), cond.clone())).ok();
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.1"), 3030), format!("ctrA 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 3030), "", "excluded by conditionsV4");
+    run(&w, "CHECK", &a, &conf("pmnet", &p, tcp(3030), cond)).ok_silent();
+    // invalid nft syntax is a config error and changes nothing
+    let before = ns_state(&w.host);
+    let bad = json!({"conditionsV4": ["ip", "daddr", "bogus"]});
+    run(&w, "ADD", &a, &conf("pmnet", &p, tcp(3030), bad)).err(7);
+    assert_eq!(ns_state(&w.host), before);
+    // an ADD without conditions replaces them (table-wide, as upstream)
+    run(&w, "ADD", &a, &conf("pmnet", &p, tcp(3030), json!({}))).ok();
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 3030), format!("ctrA 10.250.{n}.2"));
+    assert!(!rules(&w.host).contains("gate4_"), "the old gate chain is gone");
+}
