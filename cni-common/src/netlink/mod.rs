@@ -1,4 +1,4 @@
-//! A synchronous rtnetlink client: links, addresses and routes.
+//! A synchronous rtnetlink client: links, addresses, routes and traffic control ([`tc`]).
 //!
 //! One [`Netlink`] owns one blocking `NETLINK_ROUTE` socket. A socket talks to the network
 //! namespace it was created in for its whole life, whatever the thread does afterwards, so a
@@ -16,6 +16,7 @@ mod addr;
 mod link;
 mod route;
 mod socket;
+pub mod tc;
 #[cfg(test)]
 mod tests;
 

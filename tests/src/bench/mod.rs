@@ -6,6 +6,7 @@
 //! so that noise from a shared machine hits both alike, then reports medians, min–max and the
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
 
+pub mod bandwidth;
 pub mod loopback;
 
 use std::time::{Duration, Instant};
