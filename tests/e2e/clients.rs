@@ -4,8 +4,9 @@
 //! container from a `--rootfs` (no image pull), talks to it over the network, removes it and
 //! proves that nothing of the attachment is left — in the scratch host and on the machine.
 //!
-//! A runtime that cannot start fails the test. `CNI_CLIENTS_PLUGINS=upstream` runs the same
-//! tests against Debian's Go plugins (only for working on the harness; see docs/real-clients.md).
+//! A runtime that cannot start fails the test. `CNI_CLIENTS_UPSTREAM=all` (or a list such as
+//! `bridge`) swaps in Debian's Go plugins — only for working on the harness; see
+//! docs/real-clients.md.
 
 use cni_tests::clients::{
     wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox, HOST_ADDR, OUTSIDE_ADDR,
@@ -218,6 +219,28 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
             &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {HOST_ADDR} 18080"),
         ]);
         assert!(hairpin.contains(page.trim()), "hairpin through the host port: {hairpin:?}");
+
+        // A restart is a full DEL + ADD of the same attachment. host-local hands out the next
+        // free address (round robin, as upstream), so the old one must be released and the
+        // port mapping must follow the new one.
+        podman.must(&["restart", "-t", "0", &name]);
+        wait_for("httpd after the restart", Duration::from_secs(20), || {
+            Sandbox::http_get(&sb.outside, &via_port).ok()
+        });
+        let old_ip = ip;
+        let ip = podman.inspect(&name)["NetworkSettings"]["Networks"][&net]["IPAddress"]
+            .as_str()
+            .expect("IP after the restart")
+            .to_string();
+        assert_eq!(sb.reservations(&net), vec![ip.clone()], "only the new address is reserved");
+        assert_eq!(sb.cache_entries().len(), 1, "one cache entry after the restart");
+        assert_eq!(
+            sb.host_links().iter().filter(|l| l.starts_with("bwp")).count(),
+            1,
+            "one ifb after the restart"
+        );
+        let fw = sb.firewall_text();
+        assert!(old_ip == ip || !mentions_ip(&fw, &old_ip), "rules for the old address {old_ip} left:\n{fw}");
 
         podman.must(&["rm", "-f", "-t", "0", &name]);
         assert_eq!(podman.must(&["ps", "-a", "-q"]).trim(), "", "podman still lists containers");

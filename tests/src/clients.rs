@@ -28,21 +28,43 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Plugins a sandbox provides: ours, or (for developing the harness only, with
-/// `CNI_CLIENTS_PLUGINS=upstream`) Debian's Go plugins from /usr/lib/cni.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PluginSet {
-    Ours,
-    Upstream,
+/// Which plugins a sandbox puts in its plugin directory. The tests use ours only; for work on
+/// the harness itself `CNI_CLIENTS_UPSTREAM` swaps in Debian's Go plugins from /usr/lib/cni
+/// (`all`, or a comma-separated list such as `bridge`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginSet {
+    /// Plugins taken from /usr/lib/cni instead of ours.
+    pub upstream: Vec<String>,
 }
 
 impl PluginSet {
-    /// `CNI_CLIENTS_PLUGINS=upstream` selects the Go plugins; anything else (or unset): ours.
+    /// All ours.
+    pub fn ours() -> PluginSet {
+        PluginSet::default()
+    }
+
+    /// Ours, except what `CNI_CLIENTS_UPSTREAM` names.
     pub fn from_env() -> PluginSet {
-        match std::env::var("CNI_CLIENTS_PLUGINS").as_deref() {
-            Ok("upstream") => PluginSet::Upstream,
-            _ => PluginSet::Ours,
+        let v = std::env::var("CNI_CLIENTS_UPSTREAM").unwrap_or_default();
+        let upstream: Vec<String> = match v.trim() {
+            "" => Vec::new(),
+            "all" => PLUGINS.iter().map(|p| p.to_string()).collect(),
+            list => list.split(',').map(|p| p.trim().to_string()).collect(),
+        };
+        for p in &upstream {
+            assert!(
+                PLUGINS.contains(&p.as_str()),
+                "CNI_CLIENTS_UPSTREAM names {p:?}, not one of {PLUGINS:?}"
+            );
         }
+        if !upstream.is_empty() {
+            eprintln!("NOTE: CNI_CLIENTS_UPSTREAM: using upstream {upstream:?} from /usr/lib/cni, not ours");
+        }
+        PluginSet { upstream }
+    }
+
+    pub fn is_upstream(&self, plugin: &str) -> bool {
+        self.upstream.iter().any(|p| p == plugin)
     }
 }
 
@@ -140,17 +162,13 @@ impl Sandbox {
         for d in ["bin", "conf", "cache", "data", "rootfs"] {
             std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
         }
-        match plugins {
-            PluginSet::Ours => {
-                for p in PLUGINS {
-                    std::os::unix::fs::symlink(bin(p), dir.join("bin").join(p)).expect("symlink plugin");
-                }
-            }
-            PluginSet::Upstream => {
-                for p in PLUGINS {
-                    std::fs::copy(Path::new("/usr/lib/cni").join(p), dir.join("bin").join(p))
-                        .unwrap_or_else(|e| panic!("upstream plugin {p}: {e}"));
-                }
+        for p in PLUGINS {
+            let dst = dir.join("bin").join(p);
+            if plugins.is_upstream(p) {
+                std::fs::copy(Path::new("/usr/lib/cni").join(p), &dst)
+                    .unwrap_or_else(|e| panic!("upstream plugin {p}: {e}"));
+            } else {
+                std::os::unix::fs::symlink(bin(p), &dst).expect("symlink plugin");
             }
         }
         // host <-> outside link
