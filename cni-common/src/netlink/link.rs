@@ -424,6 +424,15 @@ impl Netlink {
         )
     }
 
+    /// Rename a link (it must be down: the kernel refuses to rename a running device).
+    pub fn link_set_name(&mut self, index: u32, name: &str) -> Result<(), NlError> {
+        self.set_link(
+            || format!("rename link {index} to {name}"),
+            index,
+            |m| m.attributes.push(LinkAttribute::IfName(name.to_string())),
+        )
+    }
+
     /// Set the alias (`ip link set … alias`); an empty string removes it.
     pub fn link_set_alias(&mut self, index: u32, alias: &str) -> Result<(), NlError> {
         self.set_link(

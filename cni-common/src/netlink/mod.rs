@@ -13,7 +13,10 @@
 //! and the small structs defined here.
 
 mod addr;
+mod bridge;
+mod events;
 mod link;
+pub mod nftables;
 mod route;
 mod socket;
 pub mod tc;
@@ -29,6 +32,7 @@ use crate::netns::NetNs;
 use crate::{CniError, Result};
 
 pub use addr::Address;
+pub use bridge::{vlan_request_bytes, PortFlags, PortVlan};
 pub use link::{Link, LinkKind, LinkSpec, VethPeer};
 pub use route::{NextHop, Route, RouteKind, RouteSpec, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN};
 

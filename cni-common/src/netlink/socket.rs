@@ -45,7 +45,12 @@ pub(crate) struct NlSocket {
 impl NlSocket {
     /// Create a socket in the calling thread's network namespace and connect it to the kernel.
     pub(crate) fn open() -> Result<NlSocket, NlError> {
-        let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| NlError::from_io("open netlink socket", &e))?;
+        Self::open_protocol(NETLINK_ROUTE)
+    }
+
+    /// Like [`NlSocket::open`] for another netlink protocol (e.g. `NETLINK_NETFILTER`).
+    pub(crate) fn open_protocol(protocol: isize) -> Result<NlSocket, NlError> {
+        let mut sock = Socket::new(protocol).map_err(|e| NlError::from_io("open netlink socket", &e))?;
         sock.bind_auto().map_err(|e| NlError::from_io("bind netlink socket", &e))?;
         sock.connect(&SocketAddr::new(0, 0)).map_err(|e| NlError::from_io("connect netlink socket", &e))?;
         // Best effort, all of these only improve things on kernels that support them:
@@ -62,7 +67,14 @@ impl NlSocket {
     /// Errors carry a generic `op`; callers replace it with what they were doing.
     pub(crate) fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<Reply>, NlError> {
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut packet = encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags);
+        self.request_packet(encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags), dump)
+    }
+
+    /// Send an already serialized request (header flags set by the caller; the sequence number
+    /// is filled in here) and collect the replies, with the same dump retry as [`request`].
+    ///
+    /// [`request`]: NlSocket::request
+    pub(crate) fn request_packet(&mut self, mut packet: Vec<u8>, dump: bool) -> Result<Vec<Reply>, NlError> {
         let attempts = if dump { DUMP_ATTEMPTS } else { 1 };
         for _ in 0..attempts {
             self.seq = self.seq.wrapping_add(1).max(1);

@@ -7,6 +7,7 @@
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
 
 pub mod bandwidth;
+pub mod bridge;
 pub mod loopback;
 
 use std::time::{Duration, Instant};

@@ -15,7 +15,7 @@ fn main() {
             "--iterations" => iterations = args.next().and_then(|v| v.parse().ok()).expect("--iterations N"),
             "--warmup" => warmup = args.next().and_then(|v| v.parse().ok()).expect("--warmup N"),
             "-h" | "--help" => {
-                eprintln!("usage: cnibench <loopback|bandwidth>… [--iterations N] [--warmup N]");
+                eprintln!("usage: cnibench <loopback|bandwidth|bridge>… [--iterations N] [--warmup N]");
                 return;
             }
             s => scenarios.push(s.to_string()),
@@ -34,6 +34,7 @@ fn main() {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
+            "bridge" => cases.extend(bench::bridge::cases()),
             other => panic!("unknown scenario {other}"),
         }
     }
