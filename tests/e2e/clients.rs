@@ -9,7 +9,7 @@
 //! docs/real-clients.md.
 
 use cni_tests::clients::{
-    wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox, HOST_ADDR, OUTSIDE_ADDR,
+    wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox, HOST_ADDR, HOST_ADDR6, OUTSIDE_ADDR,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -49,12 +49,17 @@ fn conflist(sb: &Sandbox, net: &str, bridge: &str) -> Value {
     })
 }
 
-/// Whether `text` mentions the IPv4 address `ip` (not as a prefix of a longer address).
+/// Whether `text` mentions the address `ip` (not as part of a longer address; an IPv4
+/// address followed by `:port` counts).
 fn mentions_ip(text: &str, ip: &str) -> bool {
+    let v6 = ip.contains(':');
     text.match_indices(ip).any(|(i, _)| {
         let before = text[..i].chars().next_back();
         let after = text[i + ip.len()..].chars().next();
-        !before.is_some_and(|c| c.is_ascii_digit() || c == '.') && !after.is_some_and(|c| c.is_ascii_digit())
+        let joins_before =
+            |c: char| if v6 { c.is_ascii_hexdigit() || c == ':' } else { c.is_ascii_digit() || c == '.' };
+        let joins_after = |c: char| if v6 { c.is_ascii_hexdigit() || c == ':' } else { c.is_ascii_digit() };
+        !before.is_some_and(joins_before) && !after.is_some_and(joins_after)
     })
 }
 
@@ -390,6 +395,155 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
             });
         }
         drop(ctrd);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
+
+const SUBNET6: &str = "fd00:89::/64";
+const GATEWAY6: &str = "fd00:89::1";
+
+/// Start busybox httpd in a podman container publishing `host_port` -> 8080; returns
+/// (id, IPv4, IPv6 — empty when the network has none).
+fn podman_httpd(
+    podman: &Podman,
+    sb: &Sandbox,
+    name: &str,
+    net: &str,
+    host_port: u16,
+) -> (String, String, String) {
+    let rootfs = sb.dir.join("rootfs");
+    podman.must(&[
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        net,
+        "-p",
+        &format!("{host_port}:8080"),
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--cgroup-parent",
+        &sb.cgroup_parent,
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "/bin/httpd",
+        "-f",
+        "-p",
+        "8080",
+        "-h",
+        "/www",
+    ]);
+    let info = podman.inspect(name);
+    let n = &info["NetworkSettings"]["Networks"][net];
+    (
+        info["Id"].as_str().expect("id").to_string(),
+        n["IPAddress"].as_str().unwrap_or_default().to_string(),
+        n["GlobalIPv6Address"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// HTTP GET from inside a podman container with busybox nc.
+fn get_from_container(podman: &Podman, name: &str, addr: &str, port: u16) -> String {
+    podman.must(&[
+        "exec",
+        name,
+        "/bin/sh",
+        "-c",
+        &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {addr} {port}"),
+    ])
+}
+
+#[test]
+fn podman_two_dual_stack_containers_on_one_bridge() {
+    let net = cni_tests::unique("cnids");
+    let (a, b) = (cni_tests::unique("cta"), cni_tests::unique("ctb"));
+    let tokens = [net.as_str(), a.as_str(), b.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let bridge = cni_tests::unique("cbr");
+        let mut conf = conflist(&sb, &net, &bridge);
+        let ipam = &mut conf["plugins"][0]["ipam"];
+        ipam["ranges"].as_array_mut().unwrap().push(json!([{"subnet": SUBNET6, "gateway": GATEWAY6}]));
+        ipam["routes"].as_array_mut().unwrap().push(json!({"dst": "::/0"}));
+        sb.write_conflist(&format!("10-{net}.conflist"), &conf);
+        let podman = Podman::new(&sb);
+        let before = HostView::take(&sb);
+
+        let (id_a, a4, a6) = podman_httpd(&podman, &sb, &a, &net, 18081);
+        let (id_b, b4, b6) = podman_httpd(&podman, &sb, &b, &net, 18082);
+        assert!(a6.starts_with("fd00:89::") && b6.starts_with("fd00:89::"), "IPv6 addresses: {a6:?} {b6:?}");
+        let mut all = vec![a4.clone(), a6.clone(), b4.clone(), b6.clone()];
+        all.sort();
+        let mut reserved = sb.reservations(&net);
+        reserved.sort();
+        assert_eq!(reserved, all, "one v4 and one v6 reservation per container");
+        let inside = podman.must(&["exec", &a, "/bin/ip", "-o", "-6", "addr", "show", "dev", "eth0"]);
+        assert!(inside.contains(&format!("{a6}/64")), "{inside}");
+
+        let page = "hello from the container\n";
+        for ip in [&a4, &b4] {
+            let url = format!("http://{ip}:8080/");
+            wait_for("httpd", Duration::from_secs(20), || Sandbox::http_get(&sb.host, &url).ok());
+        }
+        for port in [18081, 18082] {
+            for host in [HOST_ADDR.to_string(), format!("[{HOST_ADDR6}]")] {
+                let url = format!("http://{host}:{port}/");
+                let got = wait_for(&format!("{url} from outside"), Duration::from_secs(20), || {
+                    Sandbox::http_get(&sb.outside, &url).ok()
+                });
+                assert_eq!(got, page, "{url}");
+            }
+        }
+        // container to container across the bridge, both families
+        assert!(get_from_container(&podman, &a, &b4, 8080).contains(page.trim()), "a -> b over IPv4");
+        let v6 = wait_for("a -> b over IPv6", Duration::from_secs(20), || {
+            let r = podman.run(&[
+                "exec",
+                &a,
+                "/bin/sh",
+                "-c",
+                &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {b6} 8080"),
+            ]);
+            let s = String::from_utf8_lossy(&r.stdout).into_owned();
+            s.contains(page.trim()).then_some(s)
+        });
+        assert!(v6.contains("200 OK"), "{v6}");
+
+        // removing a leaves b alone
+        podman.must(&["rm", "-f", "-t", "0", &a]);
+        let fw = sb.firewall_text();
+        for ip in [&a4, &a6] {
+            assert!(!mentions_ip(&fw, ip), "rules for {ip} of the removed container left:\n{fw}");
+        }
+        assert!(!fw.contains("18081") && !fw.contains(&id_a), "a's port mapping left:\n{fw}");
+        let mut reserved = sb.reservations(&net);
+        reserved.sort();
+        let mut bs = vec![b4.clone(), b6.clone()];
+        bs.sort();
+        assert_eq!(reserved, bs, "only b's addresses stay reserved");
+        assert_eq!(sb.cache_entries().len(), 1);
+        assert!(
+            Sandbox::http_get(&sb.outside, &format!("http://{HOST_ADDR}:18081/")).is_err(),
+            "a's port is closed"
+        );
+        for host in [HOST_ADDR.to_string(), format!("[{HOST_ADDR6}]")] {
+            let url = format!("http://{host}:18082/");
+            assert_eq!(
+                Sandbox::http_get(&sb.outside, &url).as_deref(),
+                Ok(page),
+                "b still published at {url}"
+            );
+        }
+
+        podman.must(&["rm", "-f", "-t", "0", &b]);
+        assert_attachment_gone(&sb, &before, &bridge, &net, &b4, &[&id_b, "18082"], "podman rm of both");
+        let fw = sb.firewall_text();
+        assert!(!mentions_ip(&fw, &b6), "rules for {b6} left:\n{fw}");
+        drop(podman);
     }
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }

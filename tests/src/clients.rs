@@ -8,7 +8,7 @@
 //!
 //! * a scratch **host** network namespace (bridges, veth host ends, nftables, qdiscs and
 //!   sysctls land there) with an **outside** peer namespace joined by a veth, addresses in
-//!   10.250.0.0/30 (host .1, outside .2);
+//!   10.250.0.0/30 (host .1, outside .2) and fd00:250::/64 (::1, ::2);
 //! * a **mount namespace** held by a keeper process (slave propagation, so nothing mounted
 //!   inside reaches the machine), with fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the
 //!   scratch plugin, config and cache directories bind-mounted on `/opt/cni/bin`,
@@ -75,6 +75,10 @@ pub const PLUGINS: [&str; 5] = ["bridge", "host-local", "portmap", "bandwidth", 
 pub const HOST_ADDR: &str = "10.250.0.1";
 /// Address of the outside namespace.
 pub const OUTSIDE_ADDR: &str = "10.250.0.2";
+/// IPv6 address of the scratch host on its link to the outside namespace.
+pub const HOST_ADDR6: &str = "fd00:250::1";
+/// IPv6 address of the outside namespace.
+pub const OUTSIDE_ADDR6: &str = "fd00:250::2";
 
 /// Seconds any one runtime command may take.
 pub const CMD_TIMEOUT: u64 = 60;
@@ -182,6 +186,8 @@ impl Sandbox {
         assert!(out.status.success(), "veth host<->outside: {}", String::from_utf8_lossy(&out.stderr));
         host.run("ip", &["addr", "add", &format!("{HOST_ADDR}/30"), "dev", &hv]);
         outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/30"), "dev", &ov]);
+        host.run("ip", &["-6", "addr", "add", &format!("{HOST_ADDR6}/64"), "dev", &hv, "nodad"]);
+        outside.run("ip", &["-6", "addr", "add", &format!("{OUTSIDE_ADDR6}/64"), "dev", &ov, "nodad"]);
         for (ns, dev) in [(&host, hv.as_str()), (&outside, ov.as_str())] {
             ns.run("ip", &["link", "set", dev, "up"]);
             ns.run("ip", &["link", "set", "lo", "up"]);
@@ -252,7 +258,7 @@ impl Sandbox {
     pub fn http_get(ns: &Netns, url: &str) -> Result<String, String> {
         let out = ns
             .command("timeout")
-            .args(["-k", "2", "10", "curl", "-sS", "--max-time", "5", "--noproxy", "*", url])
+            .args(["-k", "2", "10", "curl", "-gsS", "--max-time", "5", "--noproxy", "*", url])
             .output()
             .expect("run curl");
         if out.status.success() {
