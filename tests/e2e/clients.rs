@@ -9,10 +9,12 @@
 //! docs/real-clients.md.
 
 use cni_tests::clients::{
-    wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox, HOST_ADDR, HOST_ADDR6, OUTSIDE_ADDR,
+    poll, wait_for, Containerd, HostSnapshot, PluginSet, Podman, Reaper, Sandbox, HOST_ADDR, HOST_ADDR6,
+    OUTSIDE_ADDR,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::process::Stdio;
 use std::time::Duration;
 
 const SUBNET: &str = "10.89.0.0/24";
@@ -349,14 +351,17 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
             Sandbox::http_get(&sb.host, &url).ok()
         });
         assert_eq!(Sandbox::http_get(&sb.outside, &url).as_deref(), Ok(page), "from outside, routed");
-        let mut listener = sb
-            .outside
-            .command("timeout")
-            .args(["-k", "2", "30", "socat", "TCP-LISTEN:9000,reuseaddr", "SYSTEM:echo $SOCAT_PEERADDR"])
-            .spawn()
-            .expect("socat (scripts/install-deps.sh installs it)");
-        let mut peer = String::new();
-        wait_for("the container to reach the outside", Duration::from_secs(20), || {
+        // one reply per connection: the peer address the outside sees
+        let listener = Reaper(
+            sb.outside
+                .command("socat")
+                .args(["TCP-LISTEN:9000,reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR"])
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("socat (scripts/install-deps.sh installs it)"),
+        );
+        let mut last = String::new();
+        let peer = poll(Duration::from_secs(20), || {
             let out = ctrd.ctr(&[
                 "task",
                 "exec",
@@ -367,11 +372,13 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
                 "-c",
                 &format!("echo hi | nc -w 3 {OUTSIDE_ADDR} 9000"),
             ]);
-            peer = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            (!peer.is_empty()).then_some(())
-        });
-        let _ = listener.kill();
-        let _ = listener.wait();
+            let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            last =
+                format!("{:?} stdout {got:?} stderr {:?}", out.status, String::from_utf8_lossy(&out.stderr));
+            (!got.is_empty()).then_some(got)
+        })
+        .unwrap_or_else(|| panic!("the container cannot reach the outside; last try: {last}"));
+        drop(listener);
         assert_eq!(peer, HOST_ADDR, "egress is masqueraded behind the host address");
 
         // Stop the task: ctr run (foreground) then calls CNI DEL with CNI_NETNS="" — the
@@ -410,17 +417,19 @@ fn podman_httpd(
     name: &str,
     net: &str,
     host_port: u16,
+    extra: &[&str],
 ) -> (String, String, String) {
     let rootfs = sb.dir.join("rootfs");
-    podman.must(&[
-        "run",
-        "-d",
+    let port = format!("{host_port}:8080");
+    let mut args = vec!["run", "-d"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
         "--name",
         name,
         "--network",
         net,
         "-p",
-        &format!("{host_port}:8080"),
+        &port,
         "--ulimit",
         "nofile=1024:1024",
         "--ulimit",
@@ -436,6 +445,7 @@ fn podman_httpd(
         "-h",
         "/www",
     ]);
+    podman.must(&args);
     let info = podman.inspect(name);
     let n = &info["NetworkSettings"]["Networks"][net];
     (
@@ -473,8 +483,20 @@ fn podman_two_dual_stack_containers_on_one_bridge() {
         let podman = Podman::new(&sb);
         let before = HostView::take(&sb);
 
-        let (id_a, a4, a6) = podman_httpd(&podman, &sb, &a, &net, 18081);
-        let (id_b, b4, b6) = podman_httpd(&podman, &sb, &b, &net, 18082);
+        let (id_a, a4, a6) = podman_httpd(&podman, &sb, &a, &net, 18081, &[]);
+        // b with a static address (podman passes CNI_ARGS IP=…, host-local honours it) and a
+        // static MAC (CNI_ARGS MAC=…, bridge sets it)
+        let (id_b, b4, b6) = podman_httpd(
+            &podman,
+            &sb,
+            &b,
+            &net,
+            18082,
+            &["--ip", "10.89.0.50", "--mac-address", "02:00:0a:59:00:32"],
+        );
+        assert_eq!(b4, "10.89.0.50", "podman --ip");
+        let link = podman.must(&["exec", &b, "/bin/ip", "-o", "link", "show", "dev", "eth0"]);
+        assert!(link.contains("02:00:0a:59:00:32"), "podman --mac-address: {link}");
         assert!(a6.starts_with("fd00:89::") && b6.starts_with("fd00:89::"), "IPv6 addresses: {a6:?} {b6:?}");
         let mut all = vec![a4.clone(), a6.clone(), b4.clone(), b6.clone()];
         all.sort();

@@ -107,15 +107,32 @@ pub fn must(what: &str, out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Poll `cond` until it returns Some or `limit` passes.
-pub fn wait_for<T>(what: &str, limit: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+/// Poll `cond` until it returns Some (-> Some) or `limit` passes (-> None).
+pub fn poll<T>(limit: Duration, mut cond: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = cond() {
-            return v;
+            return Some(v);
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        if start.elapsed() >= limit {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Poll `cond` until it returns Some; fail the test if `limit` passes first.
+pub fn wait_for<T>(what: &str, limit: Duration, cond: impl FnMut() -> Option<T>) -> T {
+    poll(limit, cond).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// A child process killed (and reaped) when dropped, also when a test fails.
+pub struct Reaper(pub Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
