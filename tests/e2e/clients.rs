@@ -569,3 +569,61 @@ fn podman_two_dual_stack_containers_on_one_bridge() {
     }
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }
+
+#[test]
+fn podman_tears_down_when_the_container_exits_by_itself() {
+    // No `podman rm`: conmon runs `podman container cleanup` when the process exits, which
+    // calls CNI DEL from another process with podman's saved configuration.
+    let net = cni_tests::unique("cniex");
+    let name = cni_tests::unique("cte");
+    let tokens = [net.as_str(), name.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let bridge = cni_tests::unique("cbr");
+        sb.write_conflist(&format!("10-{net}.conflist"), &conflist(&sb, &net, &bridge));
+        let podman = Podman::new(&sb);
+        let before = HostView::take(&sb);
+        let rootfs = sb.dir.join("rootfs");
+        // the container lives until the test removes /tmp/go in its rootfs
+        std::fs::write(rootfs.join("tmp/go"), "").unwrap();
+        podman.must(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &net,
+            "-p",
+            "18083:8080",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cgroup-parent",
+            &sb.cgroup_parent,
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "/bin/sh",
+            "-c",
+            "while [ -e /tmp/go ]; do sleep 0.1; done",
+        ]);
+        let info = podman.inspect(&name);
+        let id = info["Id"].as_str().expect("id").to_string();
+        let ip = info["NetworkSettings"]["Networks"][&net]["IPAddress"].as_str().expect("IP").to_string();
+        assert_eq!(sb.reservations(&net), vec![ip.clone()]);
+        assert!(sb.firewall_text().contains("18083"));
+        std::fs::remove_file(rootfs.join("tmp/go")).unwrap();
+        wait_for("the container to exit", Duration::from_secs(30), || {
+            let st = podman.must(&["ps", "-a", "--format", "{{.State}}"]);
+            st.to_lowercase().contains("exited").then_some(())
+        });
+        wait_for("podman's cleanup to release the attachment", Duration::from_secs(30), || {
+            (sb.reservations(&net).is_empty() && sb.cache_entries().is_empty()).then_some(())
+        });
+        assert_attachment_gone(&sb, &before, &bridge, &net, &ip, &[&id, "18083"], "exit + podman cleanup");
+        podman.must(&["rm", &name]);
+        drop(podman);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
