@@ -28,7 +28,7 @@ impl World {
     fn new() -> World {
         let host = Netns::new("brh");
         host.run("ip", &["link", "set", "lo", "up"]);
-        World { host, path: cni_path_with(&["bridge", "host-local"]), data: TempDir::new("brdata") }
+        World { host, path: cni_path_with(&["bridge", "host-local"]), data: TempDir::new("bd") }
     }
 
     fn exec(&self, cmd: &str, id: &str, ctr: &Netns, ifname: &str) -> Exec<'_> {
@@ -121,6 +121,49 @@ fn nft_ruleset(ns: &Netns) -> String {
     String::from_utf8_lossy(&ns.run("nft", &["list", "ruleset"]).stdout).into_owned()
 }
 
+/// `ns_state` without the carrier, operational state and offload limits of links: a bridge's
+/// carrier and limits follow its ports, so a port that was attached and taken away again (a failed ADD undone) or is
+/// being unregistered in the background flips it although nothing was left behind.
+fn state(ns: &Netns) -> String {
+    let s = ns_state(ns);
+    let mut out = String::with_capacity(s.len());
+    for line in s.lines() {
+        let mut words = line.split_whitespace().peekable();
+        let mut kept = Vec::new();
+        while let Some(w) = words.next() {
+            if w == "state" && words.peek().is_some_and(|n| n.chars().all(|c| c.is_ascii_uppercase())) {
+                words.next();
+                continue;
+            }
+            // Offload limits of a bridge are derived from its ports.
+            if ["gso_max_size", "gso_max_segs", "tso_max_size", "tso_max_segs", "gro_max_size"].contains(&w) {
+                words.next();
+                continue;
+            }
+            kept.push(w.replace("NO-CARRIER,", "").replace(",LOWER_UP", "").replace(" linkdown", ""));
+        }
+        out.push_str(&kept.join(" ").replace(" linkdown", ""));
+        out.push('\n');
+    }
+    out
+}
+
+/// The namespace returns to `before`: carrier and operational flags of a bridge that lost a
+/// port settle asynchronously in the kernel, so this waits (bounded) for them.
+fn assert_state_returns(ns: &Netns, before: &str, what: &str) {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = state(ns);
+        if now == before {
+            return;
+        }
+        if Instant::now() >= end {
+            assert_eq!(now, before, "{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// IPv6 duplicate address detection on the bridge's gateway address (upstream keeps it on) must
 /// finish before the gateway answers.
 fn wait_no_tentative(ns: &Netns, dev: &str) {
@@ -139,7 +182,7 @@ fn add_check_del_every_version_and_family() {
         ("v4", vec!["10.10.0.0/24"]),
         ("v6", vec!["fd00:10::/64"]),
         ("dual", vec!["10.10.0.0/24", "fd00:10::/64"]),
-        ("v4+2v6", vec!["10.10.0.0/24", "fd00:10::/64", "fd00:11::/64"]),
+        ("v4-2v6", vec!["10.10.0.0/24", "fd00:10::/64", "fd00:11::/64"]),
     ];
     for v in ALL {
         for (fam, subnets) in &families {
@@ -149,9 +192,10 @@ fn add_check_del_every_version_and_family() {
             conf["ipam"] = w.ipam(subnets, json!([]));
             let text = conf.to_string();
             let out = w.exec("ADD", &id, &ctr, "eth0").run(&text);
-            if *fam == "v4+2v6" && !rich(v) {
+            if *fam == "v4-2v6" && !rich(v) {
                 // host-local refuses two ranges of one family for 0.1.0/0.2.0, before anything.
-                out.err(7);
+                let msg = out.err(2);
+                assert!(msg.contains("more than 1 address per family"), "{msg}");
                 assert!(w.reservations("brtest").is_empty());
                 continue;
             }
@@ -259,11 +303,8 @@ fn creates_bridge_with_pinned_mac_and_accept_ra_off() {
     }
     w.exec("DEL", "c1", &ctr, "eth0").run(&conf.to_string()).ok_silent();
     assert_eq!(w.host.link("cni0").unwrap()["address"], mac);
-    assert_eq!(
-        w.host.addrs("cni0"),
-        vec!["10.10.0.1/24".to_string()],
-        "bridge and its address stay after DEL"
-    );
+    let kept: Vec<String> = w.host.addrs("cni0").into_iter().filter(|a| !a.starts_with("fe80")).collect();
+    assert_eq!(kept, vec!["10.10.0.1/24".to_string()], "bridge and its address stay after DEL");
 }
 
 #[test]
@@ -279,11 +320,11 @@ fn adopts_an_existing_bridge() {
     // Something that is not a bridge is refused, and nothing is left behind.
     let w2 = World::new();
     w2.host.run("ip", &["link", "add", "cni0", "type", "veth", "peer", "name", "cni0p"]);
-    let before = ns_state(&w2.host);
+    let before = state(&w2.host);
     let ctr2 = Netns::new("brc");
     let msg = w2.exec("ADD", "c1", &ctr2, "eth0").run(&w2.conf("1.0.0", json!({})).to_string()).err(999);
     assert_eq!(msg, "\"cni0\" already exists but is not a bridge");
-    assert_eq!(ns_state(&w2.host), before);
+    assert_eq!(state(&w2.host), before);
     assert!(w2.reservations("brtest").is_empty(), "the IPAM reservation was released");
     assert_eq!(ctr2.link_names(), vec!["lo"]);
 }
@@ -373,11 +414,12 @@ fn l2_attachment_check_del_and_disabled_interface() {
     assert!(!ctr.link_is_up("eth0"));
     w.exec("CHECK", "dci", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
     w.exec("DEL", "dci", &ctr, "eth0").run(&conf.to_string()).ok_silent();
-    let before = ns_state(&w.host);
+    wait_until("veths to be unregistered", Duration::from_secs(10), || host_veths(&w.host).is_empty());
+    let before = state(&w.host);
     let bad = w.conf("1.0.0", json!({"disableContainerInterface": true}));
     let msg = w.exec("ADD", "dci2", &ctr, "eth0").run(&bad.to_string()).err(7);
     assert!(msg.contains("disableContainerInterface"), "{msg}");
-    assert_eq!(ns_state(&w.host), before);
+    assert_eq!(state(&w.host), before);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,29 +449,33 @@ fn vlans_or_a_clean_refusal_without_kernel_support() {
                         conf["ipam"] = json!({});
                         conf["isGateway"] = json!(false);
                     }
-                    let before_host = ns_state(&w.host);
-                    let before_ctr = ns_state(&ctr);
+                    let before_host = state(&w.host);
+                    let before_ctr = state(&ctr);
                     let before_data = dir_state(w.data.path());
                     let out = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string());
                     let msg = out.err(2);
                     assert!(msg.contains("VLAN filtering"), "{msg}");
-                    assert_eq!(ns_state(&w.host), before_host, "{extra}: no bridge, no veth");
-                    assert_eq!(ns_state(&ctr), before_ctr);
+                    assert_eq!(state(&w.host), before_host, "{extra}: no bridge, no veth");
+                    assert_eq!(state(&ctr), before_ctr);
                     assert_eq!(dir_state(w.data.path()), before_data, "{extra}: IPAM never ran");
                 }
             }
-            // An existing bridge: the port VLAN request fails, the veth is taken back.
-            w.host.run("ip", &["link", "add", "cni0", "type", "bridge"]);
+            // An existing bridge (up, MAC set by its owner — an unpinned bridge would take the
+            // temporary port's MAC, as the kernel does for any port): the port VLAN request
+            // fails, the veth is taken back.
+            w.host.run("ip", &["link", "add", "cni0", "address", "02:00:00:00:00:42", "type", "bridge"]);
+            w.host.run("ip", &["link", "set", "cni0", "up"]);
+            wait_no_tentative(&w.host, "cni0");
             let ctr = Netns::new("brc");
-            let before = ns_state(&w.host);
+            let before = state(&w.host);
             let before_data = dir_state(w.data.path());
             let msg = w
                 .exec("ADD", "vx", &ctr, "eth0")
                 .run(&w.conf("1.0.0", json!({"vlan": 7})).to_string())
                 .err(2);
             assert!(msg.contains("\"vlan\""), "{msg}");
-            assert_eq!(ns_state(&w.host), before);
-            assert!(!ns_state(&ctr).contains("eth0"));
+            assert_state_returns(&w.host, &before, "veth taken back");
+            assert!(!state(&ctr).contains("eth0"));
             assert_eq!(dir_state(w.data.path()), before_data);
         }
         Ok(()) => {
@@ -543,13 +589,15 @@ fn container_mac_from_cni_args_args_and_runtime_config() {
     let w = World::new();
     let cases: [(&str, Value, &str); 3] = [
         ("IgnoreUnknown=1;K8S_POD_NAME=x;MAC=0a:58:00:00:00:01", json!({}), "0a:58:00:00:00:01"),
+        // host-local (ours and upstream's) refuses CNI_ARGS it does not know without IgnoreUnknown.
         (
-            "MAC=0a:58:00:00:00:01",
+            "IgnoreUnknown=1;MAC=0a:58:00:00:00:01",
             json!({"args": {"cni": {"mac": "0a:58:00:00:00:02"}}}),
             "0a:58:00:00:00:02",
         ),
+        // host-local (ours and upstream's) refuses CNI_ARGS it does not know without IgnoreUnknown.
         (
-            "MAC=0a:58:00:00:00:01",
+            "IgnoreUnknown=1;MAC=0a:58:00:00:00:01",
             json!({"args": {"cni": {"mac": "0a:58:00:00:00:02"}}, "runtimeConfig": {"mac": "0a:58:00:00:00:03"}}),
             "0a:58:00:00:00:03",
         ),
@@ -565,12 +613,15 @@ fn container_mac_from_cni_args_args_and_runtime_config() {
     }
     // Unknown CNI_ARGS keys are refused unless IgnoreUnknown, as upstream.
     let ctr = Netns::new("brc");
-    let before = ns_state(&w.host);
+    wait_until("earlier veths to be unregistered", Duration::from_secs(10), || {
+        host_veths(&w.host).is_empty()
+    });
+    let before = state(&w.host);
     w.exec("ADD", "mx", &ctr, "eth0")
         .env("CNI_ARGS", "K8S_POD_NAME=x")
         .run(&w.conf("1.0.0", json!({})).to_string())
         .err(4);
-    assert_eq!(ns_state(&w.host), before);
+    assert_eq!(state(&w.host), before);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -606,7 +657,7 @@ fn check_detects_tampering() {
             w.host.run("nft", &["-a", "list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.lines()
-            .find(|l| l.contains("masquerade"))
+            .find(|l| l.contains(" masquerade comment"))
             .and_then(|l| l.rsplit("handle ").next())
             .unwrap()
             .trim()
@@ -936,14 +987,14 @@ fn bad_input_is_refused_before_anything_changes() {
         (json!({"ipam": {"type": "no-such-ipam"}}), 7, "failed to find plugin"),
         (json!({"ipMasq": true, "nonMasqueradeCIDRs": ["10.0.0.1/8"]}), 7, "host bits"),
     ];
-    let before = ns_state(&w.host);
-    let before_ctr = ns_state(&ctr);
+    let before = state(&w.host);
+    let before_ctr = state(&ctr);
     for (extra, code, needle) in cases {
         let conf = w.conf("1.0.0", extra.clone());
         let msg = w.exec("ADD", "bad", &ctr, "eth0").run(&conf.to_string()).err(code);
         assert!(msg.contains(needle), "{extra}: {msg}");
-        assert_eq!(ns_state(&w.host), before, "{extra} changed the host");
-        assert_eq!(ns_state(&ctr), before_ctr, "{extra} changed the container");
+        assert_eq!(state(&w.host), before, "{extra} changed the host");
+        assert_eq!(state(&ctr), before_ctr, "{extra} changed the container");
         assert!(dir_state(w.data.path()).is_empty(), "{extra} touched IPAM");
     }
     // A second ADD of the same ifname: refused, and the first attachment is intact.

@@ -115,9 +115,10 @@ pub fn add(req: &Request) -> Result<CniResult> {
     let mut host = Netlink::new()?;
     let mut ctr = Netlink::new_in(&ns)?;
 
-    // The IPAM delegate runs while we build the bridge and the veth pair.
+    // The IPAM delegate runs while we build the bridge and the veth pair — except with VLANs,
+    // which a kernel may not support: then nothing is reserved before they are in place.
     let mut undo = Undo::default();
-    if conf.l3 {
+    if conf.l3 && !conf.uses_vlans() {
         undo.ipam_pending = Some(ipam::start(req, Command::Add)?);
     }
     match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_ref(), &mut undo) {
@@ -185,7 +186,10 @@ fn setup(
 
     let mut gateways: Vec<IpNet> = Vec::new();
     if conf.l3 {
-        let pending = undo.ipam_pending.take().expect("started for l3");
+        let pending = match undo.ipam_pending.take() {
+            Some(p) => p,
+            None => ipam::start(req, Command::Add)?,
+        };
         // A delegate that failed reserved nothing (and releasing would free what an earlier
         // ADD of the same attachment holds); one whose output we cannot use has reserved.
         let out = pending.wait()?;
