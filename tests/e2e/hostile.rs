@@ -268,3 +268,135 @@ fn host_local_rejects_hostile_input_without_side_effects() {
     let n = run_cases(&w, "host-local", cases);
     assert!(n >= 70, "{n} cases");
 }
+
+#[test]
+fn bandwidth_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["bandwidth"]);
+    // The container is attached by a veth pair, as bridge would leave it.
+    w.host
+        .run("ip", &["link", "add", "hveth0", "type", "veth", "peer", "name", "eth0", "netns", w.ctr.name()]);
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [
+        {"name": "hbr0"}, {"name": "hveth0"}, {"name": "eth0", "sandbox": w.ctr.path_str()}]});
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "bandwidth",
+        "ingressRate": 8000, "ingressBurst": 800, "egressRate": 8000, "egressBurst": 800, "prevResult": prev});
+    let mut cases = generic_cases(&base, &w);
+    let without = |keys: &[&str]| {
+        let mut c = base.clone();
+        for k in keys {
+            c.as_object_mut().unwrap().remove(*k);
+        }
+        c
+    };
+    let rt = |v: Value| {
+        let mut c = without(&["ingressRate", "ingressBurst", "egressRate", "egressBurst"]);
+        c["runtimeConfig"] = json!({"bandwidth": v});
+        c.to_string()
+    };
+    let specific = vec![
+        case("rate without burst", without(&["ingressBurst"]).to_string(), 7),
+        case("burst without rate", without(&["egressRate"]).to_string(), 7),
+        case("burst over 4GB", set(&base, "egressBurst", json!(34_359_738_360u64)), 7),
+        case("burst u64::MAX", set(&base, "egressBurst", json!(u64::MAX)), 7),
+        case("rate below one byte/s", set(&base, "ingressRate", json!(7)), 7),
+        case("rate above u64", set(&base, "ingressRate", json!(1e20)), 6),
+        case("rate negative", set(&base, "ingressRate", json!(-8000)), 6),
+        case("rate fractional", set(&base, "ingressRate", json!(8000.5)), 6),
+        case("rate as string", set(&base, "ingressRate", json!("8k")), 6),
+        case("runtime rate without burst", rt(json!({"egressRate": 1000})), 7),
+        case("runtime bandwidth of wrong type", rt(json!([1, 2])), 6),
+        case("runtime rate of wrong type", rt(json!({"ingressRate": true, "ingressBurst": 8})), 6),
+        case("runtimeConfig of wrong type", set(&base, "runtimeConfig", json!("fast")), 6),
+        case("shaped subnets", set(&base, "shapedSubnets", json!(["10.0.0.0/8"])), 2),
+        case("subnets of wrong type", set(&base, "unshapedSubnets", json!("10.0.0.0/8")), 6),
+        case("no prevResult", without(&["prevResult"]).to_string(), 7),
+        case("prevResult without interfaces", set(&base, "prevResult", json!({"cniVersion": "1.0.0"})), 7),
+        case(
+            "prevResult without the host veth",
+            set(&base, "prevResult", json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hbr0"}]})),
+            7,
+        ),
+        case(
+            "host veth listed inside the sandbox",
+            set(
+                &base,
+                "prevResult",
+                json!({"cniVersion": "1.0.0", "interfaces": [{"name": "hveth0", "sandbox": w.ctr.path_str()}]}),
+            ),
+            7,
+        ),
+        case("spec 0.2.0 (no interfaces in results)", set(&base, "cniVersion", json!("0.2.0")), 1),
+        with_env(case("container interface missing", base.to_string(), 999), "CNI_IFNAME", Some("eth9")),
+        with_env(case("container interface not a veth", base.to_string(), 999), "CNI_IFNAME", Some("lo")),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "bandwidth", cases);
+    assert!(n >= 70, "{n} cases");
+}
+
+#[test]
+fn portmap_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["portmap"]);
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [
+        {"name": "hbr0"}, {"name": "hveth0"}, {"name": "eth0", "sandbox": w.ctr.path_str()}],
+        "ips": [{"address": "10.66.0.5/24", "gateway": "10.66.0.1", "interface": 2}]});
+    let pm = |v: Value| json!({"portMappings": v});
+    let base = json!({"cniVersion": "1.1.0", "name": "hostile", "type": "portmap",
+        "runtimeConfig": pm(json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])), "prevResult": prev});
+    let mut cases = generic_cases(&base, &w);
+    let mapping = |m: Value| set(&base, "runtimeConfig", pm(json!([m])));
+    let without_prev = {
+        let mut c = base.clone();
+        c.as_object_mut().unwrap().remove("prevResult");
+        c.to_string()
+    };
+    let specific = vec![
+        case("host port 0", mapping(json!({"hostPort": 0, "containerPort": 80})), 7),
+        case("host port 65536", mapping(json!({"hostPort": 65536, "containerPort": 80})), 7),
+        case("container port negative", mapping(json!({"hostPort": 80, "containerPort": -1})), 7),
+        case("port huge", mapping(json!({"hostPort": 1e30, "containerPort": 80})), 6),
+        case("port as string", mapping(json!({"hostPort": "80", "containerPort": 80})), 6),
+        case("protocol icmp", mapping(json!({"hostPort": 80, "containerPort": 80, "protocol": "icmp"})), 2),
+        case(
+            "protocol with nft syntax",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "protocol": "tcp; flush ruleset"})),
+            2,
+        ),
+        case(
+            "hostIP not an address",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "hostIP": "x; y"})),
+            7,
+        ),
+        case(
+            "hostIP multicast",
+            mapping(json!({"hostPort": 80, "containerPort": 80, "hostIP": "ff02::1"})),
+            7,
+        ),
+        case(
+            "same host port to two container ports",
+            set(
+                &base,
+                "runtimeConfig",
+                pm(json!([{"hostPort": 80, "containerPort": 80}, {"hostPort": 80, "containerPort": 81}])),
+            ),
+            7,
+        ),
+        case("mappings not a list", set(&base, "runtimeConfig", pm(json!({"hostPort": 80}))), 6),
+        case("backend iptables", set(&base, "backend", json!("iptables")), 2),
+        case("backend unknown", set(&base, "backend", json!("bpf")), 2),
+        case("iptables conditions", set(&base, "conditionsV4", json!(["-d", "10.0.0.1"])), 2),
+        case(
+            "conditions injecting a statement",
+            set(&base, "conditionsV4", json!(["ip daddr 1.1.1.1; flush ruleset"])),
+            7,
+        ),
+        case("conditions with a comment", set(&base, "conditionsV6", json!(["#"])), 7),
+        case("conditions nft rejects", set(&base, "conditionsV4", json!(["ip", "daddr", "nonsense"])), 7),
+        case("conditions of wrong type", set(&base, "conditionsV4", json!("ip daddr 1.1.1.1")), 6),
+        case("markMasqBit out of range", set(&base, "markMasqBit", json!(32)), 7),
+        case("snat of wrong type", set(&base, "snat", json!("yes")), 6),
+        case("no prevResult", without_prev, 7),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "portmap", cases);
+    assert!(n >= 60, "{n} cases");
+}

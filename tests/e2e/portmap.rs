@@ -195,7 +195,7 @@ fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
         if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
     let out = ns
         .command("socat")
-        .args(["-T3", "-", &format!("{target},connect-timeout=3")])
+        .args(["-T5", "-", &format!("{target},connect-timeout=5")])
         .stdin(Stdio::null())
         .output()
         .expect("run socat");
@@ -205,7 +205,7 @@ fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
 fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
     let mut cmd: Command = ns.command("socat");
     let out = cmd
-        .args(["-T2", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
+        .args(["-T5", "-", &format!("UDP4:{addr}:{port},sourceport={sport},reuseaddr")])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -562,4 +562,55 @@ fn conditions_apply_and_follow_the_last_add() {
     run(&w, "ADD", &a, &conf("pmnet", &p, tcp(3030), json!({}))).ok();
     assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 3030), format!("ctrA 10.250.{n}.2"));
     assert!(!rules(&w.host).contains("gate4_"), "the old gate chain is gone");
+}
+
+#[test]
+fn concurrent_adds_claim_each_port_once() {
+    // Eight attachments race for one host port on a fresh host (so they also race to create
+    // the table), and eight more for eight different ports.
+    let mut w = World::new();
+    let ctrs: Vec<Ctr> = (0..8).map(|_| w.container()).collect();
+    let results: Vec<PluginOutput> = std::thread::scope(|s| {
+        let handles: Vec<_> = ctrs
+            .iter()
+            .map(|c| {
+                let w = &w;
+                s.spawn(move || {
+                    run(w, "ADD", c, &conf("pmnet", &w.prev(c, true, false), tcp(2020), json!({})))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = (0..8).filter(|&i| results[i].code == 0).collect();
+    assert_eq!(winners.len(), 1, "exactly one ADD wins: {results:?}");
+    let winner = &ctrs[winners[0]];
+    for (i, r) in results.iter().enumerate() {
+        if i != winners[0] {
+            let msg = r.err(7);
+            assert!(msg.contains(&winner.id), "loser names the winner: {msg}");
+        }
+    }
+    let owners = elements(&w.host).unwrap().iter().filter(|e| e.starts_with("owner")).count();
+    assert_eq!(owners, 1);
+    // different ports: all succeed
+    let results: Vec<PluginOutput> = std::thread::scope(|s| {
+        let handles: Vec<_> = ctrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != winners[0])
+            .map(|(i, c)| {
+                let w = &w;
+                s.spawn(move || {
+                    run(w, "ADD", c, &conf("pmnet", &w.prev(c, true, false), tcp(2100 + i as u16), json!({})))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        r.ok();
+    }
+    let owners = elements(&w.host).unwrap().iter().filter(|e| e.starts_with("owner")).count();
+    assert_eq!(owners, 8);
 }

@@ -112,6 +112,8 @@ impl<'de> Deserializer<'de> for Ci {
             Value::Object(m) => {
                 visitor.visit_map(CiMap::new(fold_keys(m, fields), path.clone())).map_err(|e| at(&path, e))
             }
+            // serde would fill a struct from an array by position; Go's decoder refuses.
+            Value::Array(_) => Err(at(&path, de::Error::invalid_type(de::Unexpected::Seq, &"a JSON object"))),
             other => other.deserialize_struct(name, fields, visitor).map_err(|e| at(&path, e)),
         }
     }
@@ -315,6 +317,14 @@ mod tests {
         assert!(e.starts_with("mtu: invalid type: floating point"), "{e}");
         let e = from_value::<Outer>(json!("x")).unwrap_err();
         assert!(e.contains("expected struct Outer"), "{e}");
+    }
+
+    #[test]
+    fn arrays_do_not_fill_structs() {
+        // serde's derive accepts [5, 6] as Inner { ingress_rate: 5, ingress_burst: 6 }; Go does not.
+        let e = from_value::<Outer>(json!({"bandwidth": [5, 6]})).unwrap_err();
+        assert!(e.starts_with("bandwidth: invalid type: sequence, expected a JSON object"), "{e}");
+        assert!(from_value::<Outer>(json!([true])).is_err());
     }
 
     #[test]

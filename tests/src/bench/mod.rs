@@ -9,6 +9,7 @@
 pub mod bandwidth;
 pub mod bridge;
 pub mod loopback;
+pub mod portmap;
 
 use std::time::{Duration, Instant};
 

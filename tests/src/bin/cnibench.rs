@@ -10,12 +10,16 @@ fn main() {
     let mut scenarios = Vec::new();
     let mut iterations = 100;
     let mut warmup = 5;
+    let mut containers = 1000;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iterations" => iterations = args.next().and_then(|v| v.parse().ok()).expect("--iterations N"),
             "--warmup" => warmup = args.next().and_then(|v| v.parse().ok()).expect("--warmup N"),
+            "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
             "-h" | "--help" => {
-                eprintln!("usage: cnibench <loopback|bandwidth|bridge>… [--iterations N] [--warmup N]");
+                eprintln!(
+                    "usage: cnibench <loopback|bandwidth|bridge|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                );
                 return;
             }
             s => scenarios.push(s.to_string()),
@@ -30,18 +34,33 @@ fn main() {
     let host = Netns::new("bhost");
     host.enter_current_thread();
     let mut cases = Vec::new();
+    let mut scale_rows = Vec::new();
+    let mut notes = Vec::new();
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
             "bridge" => cases.extend(bench::bridge::cases()),
+            "portmap-scale" => {
+                let (rows, n) = bench::portmap::scale(containers);
+                scale_rows.extend(rows);
+                notes.extend(n);
+            }
             other => panic!("unknown scenario {other}"),
         }
     }
-    let rows = bench::run(cases, iterations, warmup);
-    println!(
-        "Machine: {}. {iterations} interleaved iterations per case after {warmup} warm-up.\n",
-        bench::machine()
-    );
+    let mut rows = bench::run(cases, iterations, warmup);
+    println!("Machine: {}.", bench::machine());
+    if !rows.is_empty() {
+        println!("{iterations} interleaved iterations per case after {warmup} warm-up.");
+    }
+    if !scale_rows.is_empty() {
+        println!("portmap-scale: {containers} containers per side, added alternately; medians over the positions named.");
+    }
+    println!();
+    rows.extend(scale_rows);
     print!("{}", bench::markdown(&rows));
+    for n in notes {
+        println!("\n{n}");
+    }
 }

@@ -1,0 +1,227 @@
+//! portmap at scale: N containers, each with one host port, attached one after the other to
+//! one bridge (full chain: bridge + host-local, then portmap), ours and upstream side by side
+//! in two fake hosts. Only the portmap ADD is timed. Containers are added alternately to
+//! the two hosts (ours first on even steps, upstream first on odd ones), so both see the same
+//! machine noise at the same table size.
+//!
+//! The chain's bridge and host-local are upstream's binaries on both sides (our bridge plugin
+//! lives on another branch); they are identical for both and untimed.
+
+use super::{stats, timed, upstream_bin, Row};
+use crate::{bin, Exec, Netns, TempDir};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+struct Side {
+    portmap: PathBuf,
+    host: Netns,
+    cni_path: TempDir,
+    data: TempDir,
+    ctrs: Vec<Netns>,
+    samples: Vec<Duration>,
+}
+
+impl Side {
+    fn new(portmap: PathBuf) -> Side {
+        let host = Netns::new("bph");
+        host.run("ip", &["link", "set", "lo", "up"]);
+        host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+        let cni_path = TempDir::new("bpb");
+        for p in ["bridge", "host-local"] {
+            std::os::unix::fs::symlink(upstream_bin(p), cni_path.join(p)).expect("symlink");
+        }
+        Side { portmap, host, cni_path, data: TempDir::new("bpd"), ctrs: Vec::new(), samples: Vec::new() }
+    }
+
+    fn bridge_conf(&self) -> String {
+        json!({"cniVersion": "1.0.0", "name": "benchnet", "type": "bridge", "bridge": "cnibench0",
+               "isGateway": true, "ipMasq": false, "hairpinMode": true,
+               "ipam": {"type": "host-local", "subnet": "10.77.0.0/16", "dataDir": self.data.str()}})
+        .to_string()
+    }
+
+    /// Attach container `i` (untimed bridge ADD), then time the portmap ADD.
+    fn step(&mut self, i: usize) {
+        let ctr = Netns::new("bpc");
+        let id = format!("bench-{i:05}");
+        let bridge = self.cni_path.join("bridge");
+        let out = Exec::new(bridge.to_str().unwrap())
+            .in_ns(&self.host)
+            .attachment("ADD", &id, ctr.path_str(), "eth0", self.cni_path.str())
+            .run(&self.bridge_conf());
+        let prev: Value = out.ok();
+        let conf = json!({"cniVersion": "1.0.0", "name": "benchnet", "type": "portmap",
+                          "capabilities": {"portMappings": true}, "snat": true,
+                          "runtimeConfig": {"portMappings": [{"hostPort": 10000 + i, "containerPort": 80, "protocol": "tcp"}]},
+                          "prevResult": prev})
+        .to_string();
+        let exec = Exec::new(self.portmap.to_str().unwrap()).in_ns(&self.host).attachment(
+            "ADD",
+            &id,
+            ctr.path_str(),
+            "eth0",
+            self.cni_path.str(),
+        );
+        let (out, t) = timed(|| exec.run(&conf));
+        assert_eq!(out.code, 0, "{} ADD #{i}: {} {}", self.portmap.display(), out.stdout, out.stderr);
+        self.samples.push(t);
+        self.ctrs.push(ctr);
+    }
+
+    /// Time one extra ADD with the current table: attach a probe container (untimed), time the
+    /// portmap ADD, then detach it again (untimed DELs).
+    fn probe(&mut self, j: usize) -> Duration {
+        let ctr = Netns::new("bpp");
+        let id = format!("probe-{j}");
+        let bridge = self.cni_path.join("bridge");
+        let br = |cmd: &str| {
+            Exec::new(bridge.to_str().unwrap())
+                .in_ns(&self.host)
+                .attachment(cmd, &id, ctr.path_str(), "eth0", self.cni_path.str())
+                .run(&self.bridge_conf())
+        };
+        let prev: Value = br("ADD").ok();
+        let conf = json!({"cniVersion": "1.0.0", "name": "benchnet", "type": "portmap",
+                          "capabilities": {"portMappings": true}, "snat": true,
+                          "runtimeConfig": {"portMappings": [{"hostPort": 60000, "containerPort": 80, "protocol": "tcp"}]},
+                          "prevResult": prev})
+        .to_string();
+        let pm = |cmd: &str| {
+            Exec::new(self.portmap.to_str().unwrap())
+                .in_ns(&self.host)
+                .attachment(cmd, &id, ctr.path_str(), "eth0", self.cni_path.str())
+                .run(&conf)
+        };
+        let (out, t) = timed(|| pm("ADD"));
+        assert_eq!(out.code, 0, "{} probe ADD: {} {}", self.portmap.display(), out.stdout, out.stderr);
+        assert_eq!(pm("DEL").code, 0);
+        assert_eq!(br("DEL").code, 0);
+        t
+    }
+
+    /// What the firewall holds afterwards: nft rules of our table, or iptables nat rules.
+    fn rule_count(&self, ours: bool) -> usize {
+        if ours {
+            let out = self.host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            v["nftables"]
+                .as_array()
+                .map(|a| a.iter().filter(|o| o.get("rule").is_some()).count())
+                .unwrap_or(0)
+        } else {
+            let out = self.host.try_run("iptables-save", &["-t", "nat"]);
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("-A ")).count()
+        }
+    }
+}
+
+/// 1-based inclusive positions summarised as one row each.
+fn windows(n: usize) -> Vec<(String, usize, usize)> {
+    let mut w = vec![("ADD #1 (creates the table)".to_string(), 1, 1)];
+    if n >= 12 {
+        w.push(("ADD #2–11".into(), 2, 11));
+    }
+    if n >= 20 {
+        let mid = n / 2;
+        w.push((format!("ADD #{}–{}", mid - 5, mid + 5), mid - 5, mid + 5));
+        w.push((format!("ADD #{}–{}", n - 10, n), n - 10, n));
+    }
+    w
+}
+
+/// Probes per checkpoint.
+const PROBES: usize = 15;
+
+/// Samples taken at one checkpoint: (ours, ours reference, upstream, upstream reference).
+type Probes = [Vec<Duration>; 4];
+
+/// At a checkpoint, time probe ADDs on the big hosts and on reference hosts that hold one
+/// container, round-robin, so the growth ratio compares measurements taken at the same time
+/// (the machine is shared: load drifts over the minutes the scenario takes).
+fn checkpoint(sides: [&mut Side; 4]) -> Probes {
+    let mut out: Probes = Default::default();
+    let [a, b, c, d] = sides;
+    let all = [a, b, c, d];
+    for j in 0..PROBES {
+        for k in 0..4 {
+            let idx = (k + j) % 4;
+            let t = all[idx].probe(j);
+            out[idx].push(t);
+        }
+    }
+    out
+}
+
+/// Run the scenario with `n` containers per side. Returns the table rows and a few notes.
+pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
+    let mut ours = Side::new(bin("portmap"));
+    let mut up = Side::new(upstream_bin("portmap"));
+    let mut ours_ref = Side::new(bin("portmap"));
+    let mut up_ref = Side::new(upstream_bin("portmap"));
+    ours_ref.step(1);
+    up_ref.step(1);
+    let checkpoints: Vec<usize> = if n >= 20 { vec![1, n / 2, n] } else { vec![n] };
+    let mut probes: Vec<(usize, Probes)> = Vec::new();
+    for i in 1..=n {
+        if i % 2 == 0 {
+            ours.step(i);
+            up.step(i);
+        } else {
+            up.step(i);
+            ours.step(i);
+        }
+        if i % 100 == 0 {
+            eprintln!("portmap-scale: {i}/{n} containers per side");
+        }
+        if checkpoints.contains(&i) {
+            probes.push((i, checkpoint([&mut ours, &mut ours_ref, &mut up, &mut up_ref])));
+        }
+    }
+    let mut rows = Vec::new();
+    for (label, a, b) in windows(n) {
+        rows.push(Row {
+            case: format!("portmap, {n} containers on one bridge"),
+            row: label,
+            ours: stats(ours.samples[a - 1..b].to_vec()),
+            upstream: stats(up.samples[a - 1..b].to_vec()),
+        });
+    }
+    for (i, p) in &probes {
+        rows.push(Row {
+            case: format!("portmap, {n} containers on one bridge"),
+            row: format!("probe ADD with {i} attached ({PROBES}×)"),
+            ours: stats(p[0].clone()),
+            upstream: stats(p[2].clone()),
+        });
+    }
+    let med = |s: &Side, a: usize, b: usize| stats(s.samples[a - 1..b].to_vec()).median.as_secs_f64();
+    let mut notes = Vec::new();
+    if n >= 20 {
+        for (name, s) in [("ours", &ours), ("upstream", &up)] {
+            notes.push(format!(
+                "{name}: ADD at #{}–{} / ADD at #1 = {:.2}x; / ADD at #2–11 = {:.2}x",
+                n - 10,
+                n,
+                med(s, n - 10, n) / med(s, 1, 1),
+                med(s, n - 10, n) / med(s, 2, 11)
+            ));
+        }
+    }
+    for (i, p) in &probes {
+        let m = |k: usize| stats(p[k].clone()).median.as_secs_f64();
+        notes.push(format!(
+            "probe with {i} attached vs a 1-container host probed at the same time: ours {:.2}x, upstream {:.2}x",
+            m(0) / m(1),
+            m(2) / m(3)
+        ));
+    }
+    notes.push(format!(
+        "firewall rules after {n} containers: ours {} nft rules in inet cni_portmap (elements hold the mappings), \
+         upstream {} iptables nat rules",
+        ours.rule_count(true),
+        up.rule_count(false)
+    ));
+    eprintln!("portmap-scale: removing {} namespaces", 2 * n);
+    (rows, notes)
+}
