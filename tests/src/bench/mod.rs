@@ -9,6 +9,7 @@
 pub mod bandwidth;
 pub mod bridge;
 pub mod chain;
+pub mod host_local;
 pub mod loopback;
 pub mod portmap;
 
