@@ -1,59 +1,135 @@
 #!/usr/bin/env bash
-# The main job, end to end on this machine, touching nothing outside scratch namespaces:
-# build the suite, install it into a scratch CNI_PATH, attach a scratch container namespace
-# through a conflist with our cnitool, show the result, detach and clean up.
+# Demo: two "pods" on a kubenet-style cbr0 bridge, wired up by our plugins through our cnitool,
+# then a ping from one to the other. Everything happens in scratch network namespaces and a
+# scratch directory: the machine's own interfaces, routes, firewall and /var/lib/cni are not
+# touched, and everything is removed at the end, also when a step fails. Needs root.
+#
+#   scripts/demo.sh            # build, run, clean up
+#   KEEP=1 scripts/demo.sh     # stop before cleaning up (press Enter to finish)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
 
 if [ "$(id -u)" != 0 ]; then
     echo "scripts/demo.sh needs root (it creates network namespaces)" >&2
     exit 1
 fi
+
+step "Build the plugins and cnitool (static release binaries)"
 scripts/install-deps.sh
+bin=$(scripts/build-release.sh)
+echo "built into $bin"
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-
+# Scratch state. The names carry our pid so two demos never collide.
 work=$(mktemp -d /tmp/cni-demo.XXXXXX)
 host=cni-demo-host-$$
-ctr=cni-demo-ctr-$$
+pod_a=cni-demo-a-$$
+pod_b=cni-demo-b-$$
+export CNI_PATH=$work/bin NETCONFPATH=$work/net.d CNI_CACHE_DIR=$work/cache
+
+# cnitool, run inside the scratch "host" namespace, as a runtime would run it on a node.
+cnitool() { ip netns exec "$host" "$work/bin/cnitool" "$@"; }
+
 cleanup() {
-    ip netns del "$ctr" 2>/dev/null || true
-    ip netns del "$host" 2>/dev/null || true
+    set +e
+    step "Clean up"
+    for pod in "$pod_a" "$pod_b"; do
+        if [ -e "/run/netns/$pod" ]; then
+            cnitool del kubenet "/run/netns/$pod" 2>/dev/null
+            cnitool del kubenet-loopback "/run/netns/$pod" 2>/dev/null
+        fi
+    done
+    for ns in "$pod_a" "$pod_b" "$host"; do
+        ip netns del "$ns" 2>/dev/null
+    done
     rm -rf "$work"
+    echo "removed the namespaces $host $pod_a $pod_b and $work"
 }
 trap cleanup EXIT
 
-say "build (static release binaries)"
-bin=$(scripts/build-release.sh)
+step "Install the plugins into a scratch CNI_PATH ($CNI_PATH)"
+mkdir -p "$CNI_PATH" "$NETCONFPATH" "$CNI_CACHE_DIR"
+for p in bridge host-local loopback portmap bandwidth cnitool; do
+    if [ -x "$bin/$p" ]; then
+        cp "$bin/$p" "$CNI_PATH/"
+    fi
+done
+ls "$CNI_PATH"
 
-say "install into a scratch CNI_PATH: $work/bin"
-scripts/install.sh "$work/bin" >/dev/null
-ls -l "$work/bin"
-
-say "scratch namespaces: host=$host container=$ctr"
-ip netns add "$host"
-ip netns add "$ctr"
-
-mkdir -p "$work/net.d"
-cat >"$work/net.d/99-loopback.conflist" <<'CONF'
-{ "cniVersion": "1.1.0", "name": "demo-loopback", "plugins": [ { "type": "loopback" } ] }
-CONF
-cat "$work/net.d/99-loopback.conflist"
-
-cnitool() {
-    ip netns exec "$host" env CNI_PATH="$work/bin" NETCONFPATH="$work/net.d" \
-        CNI_CACHE_DIR="$work/cache" "$bin/cnitool" "$@"
+step "Write the network configuration (conf-examples/10-kubenet.conflist, pod CIDR 10.244.3.0/24)"
+# portmap and bandwidth are part of the kubenet profile; they are chained when they were built.
+extra=""
+[ -x "$CNI_PATH/portmap" ] && extra+=',
+    { "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }'
+[ -x "$CNI_PATH/bandwidth" ] && extra+=',
+    { "type": "bandwidth", "capabilities": { "bandwidth": true } }'
+cat >"$NETCONFPATH/10-kubenet.conflist" <<EOF
+{
+  "cniVersion": "1.1.0",
+  "name": "kubenet",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cbr0",
+      "isGateway": true,
+      "hairpinMode": true,
+      "autoMtu": true,
+      "ipMasq": true,
+      "nonMasqueradeCIDRs": ["10.244.0.0/16"],
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$work/ipam",
+        "ranges": [[{ "subnet": "10.244.3.0/24" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    }$extra
+  ]
 }
+EOF
+cp conf-examples/99-loopback.conflist "$NETCONFPATH/"
+cat "$NETCONFPATH/10-kubenet.conflist"
 
-say "cnitool add demo-loopback /run/netns/$ctr"
-cnitool add demo-loopback "/run/netns/$ctr"
-ip -n "$ctr" -br addr show dev lo
+step "Create a scratch host namespace and two pod namespaces"
+run ip netns add "$host"
+ip netns exec "$host" ip link set lo up
+run ip netns add "$pod_a"
+run ip netns add "$pod_b"
 
-say "cnitool check"
-cnitool check demo-loopback "/run/netns/$ctr" && echo "CHECK ok"
+declare -A pod_ip
+for pod in "$pod_a" "$pod_b"; do
+    step "ADD: attach $pod to the network (cnitool add kubenet /run/netns/$pod)"
+    cnitool add kubenet-loopback "/run/netns/$pod" >/dev/null
+    result=$(cnitool add kubenet "/run/netns/$pod")
+    echo "$result"
+    pod_ip[$pod]=$(echo "$result" | grep -o '"address": "[0-9.]*' | head -1 | cut -d'"' -f4)
+done
 
-say "cnitool del"
-cnitool del demo-loopback "/run/netns/$ctr"
-ip -n "$ctr" -br link show dev lo
+step "What the host namespace looks like now"
+run ip -netns "$host" -br addr show
+run ip -netns "$host" -br link show master cbr0
+run ip netns exec "$host" nft list table inet cni_plugins_masquerade
 
-say "done: everything is cleaned up on exit"
+step "Inside pod $pod_a"
+run ip -netns "$pod_a" -br addr show
+run ip -netns "$pod_a" route show
+
+step "Ping across the bridge: $pod_a -> $pod_b (${pod_ip[$pod_b]}) and to the gateway"
+run ip netns exec "$pod_a" ping -c 3 -W 2 "${pod_ip[$pod_b]}"
+run ip netns exec "$pod_b" ping -c 1 -W 2 10.244.3.1
+
+step "CHECK: the plugins verify the state they created"
+run cnitool check kubenet "/run/netns/$pod_a" && echo "CHECK passed"
+
+step "DEL: detach both pods"
+for pod in "$pod_a" "$pod_b"; do
+    run cnitool del kubenet "/run/netns/$pod"
+    cnitool del kubenet-loopback "/run/netns/$pod"
+done
+run ip -netns "$pod_a" -br link show
+echo "host-local reservations left: $(find "$work/ipam" -type f -name '10.*' | wc -l)"
+
+if [ -n "${KEEP:-}" ]; then
+    read -r -p "KEEP is set: press Enter to clean up " _
+fi

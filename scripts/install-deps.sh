@@ -4,11 +4,14 @@
 #   nftables                    nft: portmap, bridge ipMasq/macspoofchk
 #   iproute2                    ip/tc for tests and the demo
 #   containernetworking-plugins upstream Go plugins in /usr/lib/cni: interop tests, benchmarks
-#   socat, conntrack, iputils-ping, procps: traffic in end-to-end tests
+#   socat, conntrack, iputils-ping, procps, curl: traffic in end-to-end tests
+#   podman, containerd, runc, busybox-static, util-linux: real-client tests
+#     (tests/e2e/clients.rs, docs/real-clients.md); podman/containerd start no service here
 #   iptables                    upstream portmap (iptables backend) in the portmap benchmark
 set -euo pipefail
 
-packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod iptables)
+packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod curl
+    podman containerd runc busybox-static util-linux iptables)
 missing=()
 for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

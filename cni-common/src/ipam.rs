@@ -33,6 +33,17 @@ pub fn find_in_path(name: &str, cni_path: &str) -> Result<PathBuf> {
 /// Run a plugin binary with `command`, the current environment (CNI_COMMAND replaced) and
 /// `stdin`. Returns stdout on success; on failure the plugin's error object, or its stderr.
 pub fn exec_plugin(path: &Path, command: Command, stdin: &[u8]) -> Result<Vec<u8>> {
+    spawn_plugin(path, command, stdin)?.wait()
+}
+
+/// A delegate that has been started and fed its stdin, still running.
+pub struct Pending {
+    child: std::process::Child,
+    path: PathBuf,
+}
+
+/// Start a plugin binary like [`exec_plugin`] without waiting for it.
+pub fn spawn_plugin(path: &Path, command: Command, stdin: &[u8]) -> Result<Pending> {
     let mut attempt = 0;
     let mut child = loop {
         let spawned = Process::new(path)
@@ -55,28 +66,63 @@ pub fn exec_plugin(path: &Path, command: Command, stdin: &[u8]) -> Result<Vec<u8
         // A plugin may exit without reading stdin (e.g. on an env error): ignore EPIPE.
         if let Err(e) = input.write_all(stdin) {
             if e.kind() != std::io::ErrorKind::BrokenPipe {
+                let _ = child.kill();
+                let _ = child.wait();
                 return Err(CniError::io(format!("write stdin of {}: {e}", path.display())));
             }
         }
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| CniError::internal(format!("wait for {}: {e}", path.display())))?;
-    if !out.stderr.is_empty() {
-        let _ = std::io::stderr().write_all(&out.stderr);
+    Ok(Pending { child, path: path.to_path_buf() })
+}
+
+impl Pending {
+    /// Wait for an ADD started with [`start`] and decode its result into the canonical model.
+    pub fn wait_result(self, req: &Request) -> Result<CniResult> {
+        let out = self.wait()?;
+        decode_result(req, &out)
     }
-    if out.status.success() {
-        return Ok(out.stdout);
+
+    /// Wait for the plugin: its stdout on success; on failure its error object, or its stderr.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        let Pending { child, path } = self;
+        let path = path.as_path();
+        let out = child
+            .wait_with_output()
+            .map_err(|e| CniError::internal(format!("wait for {}: {e}", path.display())))?;
+        if !out.stderr.is_empty() {
+            let _ = std::io::stderr().write_all(&out.stderr);
+        }
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        if let Some(e) = CniError::from_json(&out.stdout) {
+            return Err(e);
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Err(CniError::internal(format!(
+            "netplugin {name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(if out.stderr.is_empty() { &out.stdout } else { &out.stderr }).trim()
+        )))
     }
-    if let Some(e) = CniError::from_json(&out.stdout) {
-        return Err(e);
-    }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Err(CniError::internal(format!(
-        "netplugin {name} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(if out.stderr.is_empty() { &out.stdout } else { &out.stderr }).trim()
-    )))
+}
+
+/// Decode the stdout of a successful IPAM ADD (any version) into the canonical model.
+pub fn decode_result(req: &Request, out: &[u8]) -> Result<CniResult> {
+    let v: serde_json::Value = serde_json::from_slice(out).map_err(|e| {
+        CniError::decode(format!(
+            "cannot decode result of IPAM plugin {:?}: {e}",
+            req.conf.ipam_type().unwrap_or("")
+        ))
+    })?;
+    CniResult::decode(&v, req.version).map_err(|e| e.context("IPAM result"))
+}
+
+/// Start the configured IPAM delegate with `command` and return while it runs, so the caller can
+/// do its own work meanwhile; [`Pending::wait`] (or [`Pending::wait_result`] for ADD) collects
+/// the outcome. The caller must wait for it, also on its own error paths.
+pub fn start(req: &Request, command: Command) -> Result<Pending> {
+    spawn_plugin(&required(req)?, command, &req.stdin)
 }
 
 /// The IPAM delegate configured in `req` (`ipam.type`), located on CNI_PATH.
@@ -93,12 +139,7 @@ fn required(req: &Request) -> Result<PathBuf> {
 
 /// IPAM ADD: returns the delegate's result converted to the canonical model.
 pub fn add(req: &Request) -> Result<CniResult> {
-    let path = required(req)?;
-    let out = exec_plugin(&path, Command::Add, &req.stdin)?;
-    let v: serde_json::Value = serde_json::from_slice(&out).map_err(|e| {
-        CniError::decode(format!("cannot decode result of IPAM plugin {}: {e}", path.display()))
-    })?;
-    CniResult::decode(&v, req.version).map_err(|e| e.context("IPAM result"))
+    start(req, Command::Add)?.wait_result(req)
 }
 
 /// IPAM DEL.

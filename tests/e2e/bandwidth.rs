@@ -559,6 +559,37 @@ fn gc_removes_only_this_networks_dead_attachments() {
 }
 
 #[test]
+fn gc_removes_an_ifb_whose_add_was_killed_before_the_alias_was_written() {
+    // The kernel applies the device group in the create request, the alias only afterwards:
+    // an ADD killed in between leaves an ifb that only the group attributes to its network.
+    let host = Netns::new("bwh");
+    let before = ns_state(&host);
+    let (a, b) = (pod(&host), pod(&host));
+    a.exec(&host, "ADD").run(&conf("1.1.0", "neta", both(a.prev(&host)))).ok();
+    b.exec(&host, "ADD").run(&conf("1.1.0", "netb", both(b.prev(&host)))).ok();
+    let (ifa, ifb) = (ifb_name("neta", &a.id), ifb_name("netb", &b.id));
+    for i in [&ifa, &ifb] {
+        host.run("ip", &["link", "set", "dev", i, "alias", ""]);
+        assert!(host.link(i).unwrap().get("ifalias").is_none(), "alias removed");
+    }
+    let gc = |net: &str| {
+        let c =
+            json!({"cniVersion": "1.1.0", "name": net, "type": "bandwidth", "cni.dev/valid-attachments": []});
+        Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
+    };
+    gc("neta").ok_silent();
+    assert!(host.link(&ifa).is_none(), "neta's alias-less ifb is in neta's group: removed");
+    assert!(host.link(&ifb).is_some(), "netb's is in netb's group: untouched by neta's GC");
+    gc("netb").ok_silent();
+    assert!(host.link(&ifb).is_none());
+    for p in [&a, &b] {
+        p.exec(&host, "DEL").run(&conf("1.1.0", "neta", json!({}))).ok_silent();
+    }
+    remove_pods(&host, vec![a, b]);
+    assert_eq!(ns_state(&host), before);
+}
+
+#[test]
 fn status_and_gc_verbs() {
     let host = Netns::new("bwh");
     Exec::new("bandwidth")

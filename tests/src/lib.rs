@@ -36,12 +36,22 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// Newest modification time of the files below `dir` that cargo builds from (Rust sources and
+/// manifests; a README edit does not make a binary stale).
 fn newest_mtime(dir: &Path) -> Option<SystemTime> {
     let mut newest = None;
     let entries = std::fs::read_dir(dir).ok()?;
     for e in entries.flatten() {
         let p = e.path();
-        let t = if p.is_dir() { newest_mtime(&p) } else { e.metadata().ok().and_then(|m| m.modified().ok()) };
+        let built_from =
+            p.extension().is_some_and(|x| x == "rs") || p.file_name().is_some_and(|n| n == "Cargo.toml");
+        let t = if p.is_dir() {
+            newest_mtime(&p)
+        } else if built_from {
+            e.metadata().ok().and_then(|m| m.modified().ok())
+        } else {
+            None
+        };
         if let Some(t) = t {
             if newest.is_none_or(|n| t > n) {
                 newest = Some(t);
@@ -307,6 +317,8 @@ pub struct PluginOutput {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// Peak resident set size of the plugin process (getrusage of the child), in KiB.
+    pub max_rss_kib: u64,
 }
 
 impl PluginOutput {
@@ -384,6 +396,29 @@ impl<'a> Exec<'a> {
             .env("CNI_PATH", cni_path)
     }
 
+    /// Start the plugin with `stdin` written and closed, and hand back the running process
+    /// (fault-injection tests kill it midway).
+    pub fn spawn(&self, stdin: &str) -> std::process::Child {
+        let mut cmd = match self.in_ns {
+            Some(ns) => ns.command(&self.plugin),
+            None => Command::new(&self.plugin),
+        };
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
+        {
+            use std::io::Write;
+            let mut input = child.stdin.take().expect("stdin");
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        child
+    }
+
     pub fn run(&self, stdin: &str) -> PluginOutput {
         let mut cmd = match self.in_ns {
             Some(ns) => ns.command(&self.plugin),
@@ -397,19 +432,51 @@ impl<'a> Exec<'a> {
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Reaped below with wait4 (for the resource usage), not with Child::wait.
+        #[allow(clippy::zombie_processes)]
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
         {
             use std::io::Write;
             let mut input = child.stdin.take().expect("stdin");
             let _ = input.write_all(stdin.as_bytes());
         }
-        let out = child.wait_with_output().expect("wait for plugin");
+        // Read both pipes (stderr on a thread so neither can fill up and block the plugin),
+        // then reap the child with wait4 to get its resource usage.
+        let mut err_pipe = child.stderr.take().expect("stderr");
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut err_pipe, &mut v);
+            v
+        });
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut child.stdout.take().expect("stdout"), &mut out);
+        let err = err_reader.join().expect("stderr reader");
+        let (code, max_rss_kib) = wait4(child.id() as libc::pid_t);
         PluginOutput {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+            max_rss_kib,
         }
     }
+}
+
+/// Reap `pid`: (exit code or -signal, peak RSS in KiB).
+fn wait4(pid: libc::pid_t) -> (i32, u64) {
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid pointers to locals; pid is a child of this process not yet reaped.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "wait4({pid}): {e}");
+    }
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
+    (code, ru.ru_maxrss as u64)
 }
 
 /// Snapshot of everything a plugin could change in a namespace: links, addresses, routes
@@ -456,6 +523,18 @@ fn strip_timers(line: &str) -> String {
     out.join(" ")
 }
 
+/// Poll `cond` with a short backoff until it holds; fail the test after `limit`. For state the
+/// kernel finishes asynchronously (a dropped namespace's devices), never as a fixed sleep.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + limit;
+    let mut pause = std::time::Duration::from_millis(1);
+    while !cond() {
+        assert!(std::time::Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Files (relative path and content) below `dir`, sorted: to compare stores before/after.
 pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
@@ -489,3 +568,6 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
     }
 }
 pub mod bench;
+pub mod chain;
+pub mod clients;
+pub mod leaks;

@@ -46,6 +46,8 @@ pub struct Link {
     pub link_netnsid: Option<i32>,
     pub alias: Option<String>,
     pub txqlen: u32,
+    /// `IFLA_GROUP`: the device group (0 unless someone set one).
+    pub group: u32,
 }
 
 impl Link {
@@ -80,6 +82,9 @@ pub struct LinkSpec<'a> {
     pub txqlen: Option<u32>,
     /// Set after creation (the kernel ignores `IFLA_IFALIAS` in a create request).
     pub alias: Option<String>,
+    /// `IFLA_GROUP`, which unlike the alias the kernel applies in the create request itself:
+    /// the one mark a device can carry from the instant it exists.
+    pub group: Option<u32>,
 }
 
 impl<'a> LinkSpec<'a> {
@@ -94,6 +99,7 @@ impl<'a> LinkSpec<'a> {
             master: None,
             txqlen: None,
             alias: None,
+            group: None,
         }
     }
 }
@@ -170,6 +176,9 @@ pub(crate) fn new_link_message(spec: &LinkSpec<'_>) -> LinkMessage {
     if let Some(q) = spec.txqlen {
         attrs.push(LinkAttribute::TxQueueLen(q));
     }
+    if let Some(g) = spec.group {
+        attrs.push(LinkAttribute::Group(g));
+    }
     if let Some(master) = spec.master {
         attrs.push(LinkAttribute::Controller(master));
     }
@@ -231,6 +240,7 @@ pub(crate) fn parse_link(buf: &[u8]) -> Option<Link> {
             LinkAttribute::LinkNetNsId(id) => link.link_netnsid = Some(id),
             LinkAttribute::IfAlias(a) if !a.is_empty() => link.alias = Some(a),
             LinkAttribute::TxQueueLen(q) => link.txqlen = q,
+            LinkAttribute::Group(g) => link.group = g,
             _ => {}
         }
     }
@@ -424,6 +434,15 @@ impl Netlink {
         )
     }
 
+    /// Rename a link (it must be down: the kernel refuses to rename a running device).
+    pub fn link_set_name(&mut self, index: u32, name: &str) -> Result<(), NlError> {
+        self.set_link(
+            || format!("rename link {index} to {name}"),
+            index,
+            |m| m.attributes.push(LinkAttribute::IfName(name.to_string())),
+        )
+    }
+
     /// Set the alias (`ip link set … alias`); an empty string removes it.
     pub fn link_set_alias(&mut self, index: u32, alias: &str) -> Result<(), NlError> {
         self.set_link(
@@ -549,6 +568,7 @@ mod tests {
             LinkAttribute::LinkNetNsId(0),
             LinkAttribute::IfAlias("container x".into()),
             LinkAttribute::TxQueueLen(1000),
+            LinkAttribute::Group(0xB700_0001),
             LinkAttribute::OperState(State::Up),
             LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Veth)]),
             LinkAttribute::Other(netlink_packet_core::DefaultNla::new(999, vec![1, 2, 3, 4])),
@@ -569,6 +589,7 @@ mod tests {
                 link_netnsid: Some(0),
                 alias: Some("container x".into()),
                 txqlen: 1000,
+                group: 0xB700_0001,
             }
         );
         assert!(link.up() && link.promisc() && link.oper_state_up());

@@ -13,7 +13,11 @@
 //! and the small structs defined here.
 
 mod addr;
+mod bridge;
+mod devconf;
+mod events;
 mod link;
+pub mod nftables;
 mod route;
 mod socket;
 pub mod tc;
@@ -29,6 +33,8 @@ use crate::netns::NetNs;
 use crate::{CniError, Result};
 
 pub use addr::Address;
+pub use bridge::{vlan_request_bytes, PortFlags, PortVlan};
+pub use devconf::IPV4_DEVCONF_ARP_NOTIFY;
 pub use link::{Link, LinkKind, LinkSpec, VethPeer};
 pub use route::{NextHop, Route, RouteKind, RouteSpec, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN};
 

@@ -45,7 +45,12 @@ pub(crate) struct NlSocket {
 impl NlSocket {
     /// Create a socket in the calling thread's network namespace and connect it to the kernel.
     pub(crate) fn open() -> Result<NlSocket, NlError> {
-        let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| NlError::from_io("open netlink socket", &e))?;
+        Self::open_protocol(NETLINK_ROUTE)
+    }
+
+    /// Like [`NlSocket::open`] for another netlink protocol (e.g. `NETLINK_NETFILTER`).
+    pub(crate) fn open_protocol(protocol: isize) -> Result<NlSocket, NlError> {
+        let mut sock = Socket::new(protocol).map_err(|e| NlError::from_io("open netlink socket", &e))?;
         sock.bind_auto().map_err(|e| NlError::from_io("bind netlink socket", &e))?;
         sock.connect(&SocketAddr::new(0, 0)).map_err(|e| NlError::from_io("connect netlink socket", &e))?;
         // Best effort, all of these only improve things on kernels that support them:
@@ -62,7 +67,14 @@ impl NlSocket {
     /// Errors carry a generic `op`; callers replace it with what they were doing.
     pub(crate) fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<Reply>, NlError> {
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut packet = encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags);
+        self.request_packet(encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags), dump)
+    }
+
+    /// Send an already serialized request (header flags set by the caller; the sequence number
+    /// is filled in here) and collect the replies, with the same dump retry as [`request`].
+    ///
+    /// [`request`]: NlSocket::request
+    pub(crate) fn request_packet(&mut self, mut packet: Vec<u8>, dump: bool) -> Result<Vec<Reply>, NlError> {
         let attempts = if dump { DUMP_ATTEMPTS } else { 1 };
         for _ in 0..attempts {
             self.seq = self.seq.wrapping_add(1).max(1);
@@ -82,6 +94,55 @@ impl NlSocket {
         let mut e = NlError::new("netlink dump", libc::EINTR);
         e.detail = Some(format!("interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row"));
         Err(e)
+    }
+
+    /// Send `messages` (serialized, header flags set by the caller) as one datagram — e.g. an
+    /// nfnetlink batch — and wait until each message with `NLM_F_ACK` has been answered (the
+    /// kernel answers every one of them, also when the batch is aborted). An error for a message
+    /// without `NLM_F_ACK` (a batch header) ends the wait at once. Sequence numbers are assigned
+    /// here. Returns the first error reported.
+    pub(crate) fn request_batch(&mut self, mut messages: Vec<Vec<u8>>) -> Result<(), NlError> {
+        let mut waiting = Vec::new();
+        let mut all = Vec::new();
+        let mut packet = Vec::new();
+        for m in &mut messages {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            set_sequence(m, self.seq);
+            all.push(self.seq);
+            if NetlinkBuffer::new(&m[..]).flags() & NLM_F_ACK != 0 {
+                waiting.push(self.seq);
+            }
+            packet.extend_from_slice(m);
+        }
+        self.send(&packet)?;
+        let mut first_error: Option<NlError> = None;
+        'recv: while !waiting.is_empty() {
+            let n = self.recv()?;
+            let mut data = &self.rx[..n];
+            while !data.is_empty() {
+                let msg = NetlinkBuffer::new_checked(data)
+                    .map_err(|_| NlError::new("decode netlink reply (truncated message)", libc::EBADMSG))?;
+                let (len, seq, flags) = (msg.length() as usize, msg.sequence_number(), msg.flags());
+                if msg.message_type() == NLMSG_ERROR && all.contains(&seq) {
+                    let code = read_i32(msg.payload()).unwrap_or(-libc::EBADMSG);
+                    let expected = waiting.contains(&seq);
+                    waiting.retain(|s| *s != seq);
+                    if code != 0 && first_error.is_none() {
+                        let mut e = NlError::new("netlink batch", code.saturating_neg());
+                        e.detail = error_ext_ack(flags, msg.payload());
+                        first_error = Some(e);
+                    }
+                    if code != 0 && !expected {
+                        break 'recv;
+                    }
+                }
+                data = &data[align4(len).min(data.len())..];
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn send(&self, packet: &[u8]) -> Result<(), NlError> {

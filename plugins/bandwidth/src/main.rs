@@ -134,9 +134,10 @@ impl Plugin for Bandwidth {
     }
 
     /// Delete this network's ifbs whose attachment is not in the valid list. Only ifbs whose
-    /// alias records this network are considered: other networks' ifbs and upstream's (which
-    /// carry no record) are never touched. The host veth qdiscs went with the containers'
-    /// namespaces.
+    /// alias records this network are considered, plus alias-less ones in this network's device
+    /// group (an ADD killed between creating the ifb and writing its alias): other networks'
+    /// ifbs and upstream's (no record, group 0) are never touched. The host veth qdiscs went
+    /// with the containers' namespaces.
     fn gc(&self, req: &Request) -> Result<()> {
         let valid = req.valid_attachments()?;
         let net = req.network();
@@ -146,13 +147,24 @@ impl Plugin for Bandwidth {
             if link.kind.as_deref() != Some("ifb") || !link.name.starts_with("bwp") {
                 continue;
             }
-            let Some(o) = link.alias.as_deref().and_then(Owner::parse) else { continue };
-            if o.network != net {
-                continue;
-            }
-            let alive = valid.iter().any(|a| {
-                o.is(net, &a.container_id, &a.ifname) && shape::ifb_name(net, &a.container_id) == link.name
-            });
+            let alive = match link.alias.as_deref() {
+                Some(alias) => {
+                    let Some(o) = Owner::parse(alias) else { continue };
+                    if o.network != net {
+                        continue;
+                    }
+                    valid.iter().any(|a| {
+                        o.is(net, &a.container_id, &a.ifname)
+                            && shape::ifb_name(net, &a.container_id) == link.name
+                    })
+                }
+                // No alias: ours only if created in this network's group. Then it is alive
+                // only if a valid attachment's ifb has this name (its ADD is being retried).
+                None if link.group == shape::owner_group(net) => {
+                    valid.iter().any(|a| shape::ifb_name(net, &a.container_id) == link.name)
+                }
+                None => continue,
+            };
             if alive {
                 continue;
             }

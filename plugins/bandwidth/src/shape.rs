@@ -39,6 +39,16 @@ pub fn ifb_name(network: &str, container_id: &str) -> String {
     format!("{IFB_PREFIX}{}", &hex[..IFNAMSIZ - IFB_PREFIX.len()])
 }
 
+/// The device group our ifbs are created in: a marker byte (`0xB7`) and 24 bits of a hash of
+/// the network name. The kernel applies `IFLA_GROUP` in the create request itself (not so the
+/// alias), so an ifb is attributable to its network from the instant it exists: GC can remove
+/// one left by an ADD killed between creating it and writing its alias. Upstream's ifbs are in
+/// group 0.
+pub fn owner_group(network: &str) -> u32 {
+    let digest = Sha512::digest(network.as_bytes());
+    0xB700_0000 | (u32::from(digest[0]) << 16) | (u32::from(digest[1]) << 8) | u32::from(digest[2])
+}
+
 /// Who an ifb belongs to, recorded in its alias (`ip link` shows it) as
 /// `cni-bandwidth net=<network> ctr=<container id> if=<ifname>`. Network names, container ids
 /// and interface names cannot contain spaces, so the fields split unambiguously. When the whole
@@ -352,6 +362,7 @@ fn build(
         // upstream: the veth's queue length, at least 1000
         txqlen: Some(veth.txqlen.max(1000)),
         alias: Some(owner.alias()),
+        group: Some(owner_group(&owner.network)),
         ..LinkSpec::new(ifb_name, LinkKind::Ifb)
     };
     let ifb = host.link_add(&spec).context("create ifb for traffic out of the container")?;
@@ -473,6 +484,14 @@ mod tests {
             })
             .expect("run sha512sum");
         String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    }
+
+    #[test]
+    fn owner_group_is_marked_and_per_network() {
+        let g = owner_group("kubenet");
+        assert_eq!(g >> 24, 0xB7);
+        assert_eq!(g, owner_group("kubenet"));
+        assert_ne!(g, owner_group("kubenet2"));
     }
 
     #[test]

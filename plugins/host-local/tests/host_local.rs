@@ -484,7 +484,10 @@ fn gc_releases_what_is_not_valid() {
 }
 
 #[test]
-fn an_empty_file_from_a_crash_is_skipped_by_add_and_removed_by_gc() {
+fn an_empty_file_from_a_crash_is_reclaimed_by_add_and_removed_by_gc() {
+    // An empty reservation file can only be debris (an upstream writer killed between create
+    // and write, or a power loss before the content reached the disk): every writer holds the
+    // lock while it writes, so under the lock it is nobody's.
     let ns = Netns::new();
     let d = tempfile::tempdir().unwrap();
     let net = d.path().join("mynet");
@@ -492,11 +495,14 @@ fn an_empty_file_from_a_crash_is_skipped_by_add_and_removed_by_gc() {
     std::fs::write(net.join("10.1.2.2"), "").unwrap();
     let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24"}));
     let out = Call::new(OURS, "ADD", "a", &ns).run(&c).expect_ok();
-    assert_eq!(result_ips(&out.json), ["10.1.2.3"]);
+    assert_eq!(result_ips(&out.json), ["10.1.2.2"], "the address is reclaimed, not lost");
+    assert_eq!(reservations(&net), [("10.1.2.2".into(), "a\r\neth0".into())]);
+    // GC removes empty files it finds, too
+    std::fs::write(net.join("10.1.2.9"), "").unwrap();
     let mut gc = c.clone();
     gc["cni.dev/valid-attachments"] = json!([{"containerID": "a", "ifname": "eth0"}]);
     Call::new(OURS, "GC", "", &ns).run(&gc).expect_ok();
-    assert_eq!(reservations(&net), [("10.1.2.3".into(), "a\r\neth0".into())]);
+    assert_eq!(reservations(&net), [("10.1.2.2".into(), "a\r\neth0".into())]);
 }
 
 #[test]

@@ -28,3 +28,24 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
         upstream: step(upstream_bin("loopback").to_string_lossy().into_owned()),
     }]
 }
+
+/// Process start-up alone: each binary with CNI_COMMAND unset prints its about banner and
+/// exits. The floor under every other figure.
+pub fn startup<'a>() -> Vec<Case<'a>> {
+    let one = |p: String| -> Step<'a> {
+        Box::new(move || {
+            let (out, t) = timed(|| Exec::new(&p).run(""));
+            assert_eq!(out.code, 0, "{p}: {}", out.stderr);
+            vec![t]
+        })
+    };
+    ["loopback", "bridge", "host-local", "portmap", "bandwidth"]
+        .into_iter()
+        .map(|p| Case {
+            label: format!("start-up only: {p}"),
+            rows: vec!["exec + about banner".into()],
+            ours: one(bin(p).to_string_lossy().into_owned()),
+            upstream: one(upstream_bin(p).to_string_lossy().into_owned()),
+        })
+        .collect()
+}

@@ -7,6 +7,9 @@
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
 
 pub mod bandwidth;
+pub mod bridge;
+pub mod chain;
+pub mod host_local;
 pub mod loopback;
 pub mod portmap;
 

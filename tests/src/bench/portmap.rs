@@ -4,8 +4,7 @@
 //! the two hosts (ours first on even steps, upstream first on odd ones), so both see the same
 //! machine noise at the same table size.
 //!
-//! The chain's bridge and host-local are upstream's binaries on both sides (our bridge plugin
-//! lives on another branch); they are identical for both and untimed.
+//! Each side runs its own implementation's bridge and host-local (untimed) before portmap.
 
 use super::{stats, timed, upstream_bin, Row};
 use crate::{bin, Exec, Netns, TempDir};
@@ -23,13 +22,15 @@ struct Side {
 }
 
 impl Side {
-    fn new(portmap: PathBuf) -> Side {
+    fn new(ours: bool) -> Side {
+        let portmap = if ours { bin("portmap") } else { upstream_bin("portmap") };
         let host = Netns::new("bph");
         host.run("ip", &["link", "set", "lo", "up"]);
         host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
         let cni_path = TempDir::new("bpb");
         for p in ["bridge", "host-local"] {
-            std::os::unix::fs::symlink(upstream_bin(p), cni_path.join(p)).expect("symlink");
+            let b = if ours { bin(p) } else { upstream_bin(p) };
+            std::os::unix::fs::symlink(b, cni_path.join(p)).expect("symlink");
         }
         Side { portmap, host, cni_path, data: TempDir::new("bpd"), ctrs: Vec::new(), samples: Vec::new() }
     }
@@ -155,10 +156,10 @@ fn checkpoint(sides: [&mut Side; 4]) -> Probes {
 
 /// Run the scenario with `n` containers per side. Returns the table rows and a few notes.
 pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
-    let mut ours = Side::new(bin("portmap"));
-    let mut up = Side::new(upstream_bin("portmap"));
-    let mut ours_ref = Side::new(bin("portmap"));
-    let mut up_ref = Side::new(upstream_bin("portmap"));
+    let mut ours = Side::new(true);
+    let mut up = Side::new(false);
+    let mut ours_ref = Side::new(true);
+    let mut up_ref = Side::new(false);
     ours_ref.step(1);
     up_ref.step(1);
     let checkpoints: Vec<usize> = if n >= 20 { vec![1, n / 2, n] } else { vec![n] };

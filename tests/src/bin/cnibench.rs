@@ -18,7 +18,7 @@ fn main() {
             "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <loopback|bandwidth|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
                 );
                 return;
             }
@@ -33,13 +33,29 @@ fn main() {
     // little as possible to what is measured.
     let host = Netns::new("bhost");
     host.enter_current_thread();
+    // A namespace that is not the driver's, for plugins that only need CNI_NETNS to be valid.
+    let other = Netns::new("bother");
+    let mut sizes: Vec<usize> = vec![0, 1000, 10000, 30000];
+    if let Ok(s) = std::env::var("HOST_LOCAL_SIZES") {
+        sizes = s.split_whitespace().map(|x| x.parse().expect("HOST_LOCAL_SIZES: numbers")).collect();
+    }
+    let mut growth = false;
     let mut cases = Vec::new();
     let mut scale_rows = Vec::new();
     let mut notes = Vec::new();
+    let rss: bench::chain::RssTable = Default::default();
+    let mut keep = Vec::new();
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
+            "startup" => cases.extend(bench::loopback::startup()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
+            "bridge" => cases.extend(bench::bridge::cases()),
+            "chain" => cases.extend(bench::chain::cases(rss.clone(), &mut keep)),
+            "host-local" => {
+                cases.extend(bench::host_local::cases(&sizes, &other));
+                growth = true;
+            }
             "portmap-scale" => {
                 let (rows, n) = bench::portmap::scale(containers);
                 scale_rows.extend(rows);
@@ -59,7 +75,15 @@ fn main() {
     println!();
     rows.extend(scale_rows);
     print!("{}", bench::markdown(&rows));
+    if growth {
+        println!("\nGrowth with the store size (median at N / median on an empty store):\n");
+        print!("{}", bench::host_local::growth_markdown(&rows));
+    }
     for n in notes {
         println!("\n{n}");
+    }
+    if !rss.borrow().is_empty() {
+        println!("\nPeak RSS per plugin process during the chain runs (getrusage of each child):\n");
+        print!("{}", bench::chain::rss_markdown(&rss));
     }
 }

@@ -1,0 +1,779 @@
+//! ADD: bridge, veth pair (one netlink request, container end created in the container's
+//! namespace), port settings, IPAM, container addresses and routes, gateway, firewall.
+//!
+//! Everything the configuration can get wrong is checked before the first change. Every change
+//! is recorded in [`Undo`]; if a later step fails, the attachment is taken apart again (veth,
+//! addresses released to IPAM, a bridge this call created), so a failed ADD leaves nothing.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use cni_common::error::{code, CniError, Context, Result};
+use cni_common::ipam;
+use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::{
+    Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, RouteSpec, VethPeer,
+    IPV4_DEVCONF_ARP_NOTIFY,
+};
+use cni_common::netns::NetNs;
+use cni_common::nft::Nft;
+use cni_common::spec::result::{CniResult, Interface, Route};
+use cni_common::spec::Command;
+use cni_common::sysctl;
+use cni_common::Request;
+use ipnet::IpNet;
+
+use crate::config::{format_mac, Conf};
+use crate::firewall::{self, Attachment};
+use crate::{auto_mtu, host_veth_name, random_mac};
+
+/// How long the host veth may take to become operationally up (upstream polls for 2.55 s).
+const OPER_UP_TIMEOUT: Duration = Duration::from_millis(2550);
+/// How long IPv6 duplicate address detection may take when `enabledad` is set.
+const DAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What this ADD changed so far, for taking it apart on failure.
+#[derive(Default)]
+struct Undo {
+    created_bridge: Option<u32>,
+    host_veth: Option<u32>,
+    vlan_gateway: Option<u32>,
+    /// The IPAM ADD, while it runs alongside the kernel setup.
+    ipam_pending: Option<IpamAdd>,
+    ipam: bool,
+    firewall: bool,
+}
+
+impl Undo {
+    fn run(mut self, req: &Request, host: &mut Netlink) {
+        if let Some(p) = self.ipam_pending.take() {
+            // It may have reserved addresses before we failed: wait, then release them.
+            self.ipam |= p.wait().is_ok();
+        }
+        if self.firewall {
+            if let Err(e) = crate::teardown::remove_firewall(req, true) {
+                eprintln!("bridge: undo firewall rules: {e}");
+            }
+        }
+        for idx in [self.host_veth, self.vlan_gateway].into_iter().flatten() {
+            if let Err(e) = host.link_del(idx) {
+                if !e.is_not_found() {
+                    eprintln!("bridge: undo veth {idx}: {e}");
+                }
+            }
+        }
+        if self.ipam {
+            if let Err(e) = ipam::del(req) {
+                eprintln!("bridge: release addresses after failed ADD: {e}");
+            }
+        }
+        if let Some(br) = self.created_bridge {
+            // Only if no other attachment joined it meanwhile.
+            match host.links() {
+                Ok(links) if !links.iter().any(|l| l.master == Some(br)) => {
+                    if let Err(e) = host.link_del(br) {
+                        eprintln!("bridge: undo bridge {br}: {e}");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("bridge: undo bridge {br}: {e}"),
+            }
+        }
+    }
+}
+
+/// The IPAM ADD running on a helper thread: spawning a process blocks the spawning thread until
+/// the child has exec'd, which this keeps off the main path as well.
+struct IpamAdd(std::thread::JoinHandle<Result<Vec<u8>>>);
+
+impl IpamAdd {
+    fn start(req: &Request) -> Result<IpamAdd> {
+        let path = ipam::delegate_path(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
+        let stdin = req.stdin.clone();
+        let handle = std::thread::Builder::new()
+            .name("ipam".into())
+            .spawn(move || ipam::exec_plugin(&path, Command::Add, &stdin))
+            .map_err(|e| CniError::internal(format!("start IPAM thread: {e}")))?;
+        Ok(IpamAdd(handle))
+    }
+
+    /// The delegate's stdout on success (it may have reserved addresses), its error otherwise.
+    fn wait(self) -> Result<Vec<u8>> {
+        self.0.join().unwrap_or_else(|_| Err(CniError::internal("IPAM thread panicked")))
+    }
+}
+
+/// IPv6 settings of the container interface, written from a helper thread inside the container
+/// namespace. The first lookup of `/proc/sys/net/ipv6` in a namespace costs time that grows with
+/// the number of namespaces on the host (milliseconds on a busy node); the thread does it at
+/// once, while the main thread creates the veth pair and IPAM runs, and writes the values when
+/// told (before the interface comes up).
+struct Ipv6Conf {
+    jobs: std::sync::mpsc::Sender<Vec<(String, &'static str, bool)>>,
+    done: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Ipv6Conf {
+    fn start(netns: &std::path::Path) -> Result<Ipv6Conf> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Vec<(String, &'static str, bool)>>();
+        let path = netns.to_path_buf();
+        let done = std::thread::Builder::new()
+            .name("ipv6conf".into())
+            .spawn(move || -> Result<()> {
+                let ns = NetNs::open(&path)?;
+                ns.run(|| {
+                    let _warm = std::fs::File::open("/proc/sys/net/ipv6/conf"); // absent without IPv6
+                    let Ok(list) = rx.recv() else { return Ok(()) }; // ADD gave up: nothing to do
+                    for (key, value, required) in list {
+                        match sysctl::set(&key, value) {
+                            Err(e) if required => return Err(e),
+                            _ => {}
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .map_err(|e| CniError::internal(format!("start sysctl thread: {e}")))?;
+        Ok(Ipv6Conf { jobs, done })
+    }
+
+    /// Write `list` (key, value, whether failure is an error) and wait until it is done.
+    fn apply(self, list: Vec<(String, &'static str, bool)>) -> Result<()> {
+        let _ = self.jobs.send(list);
+        self.done.join().unwrap_or_else(|_| Err(CniError::internal("sysctl thread panicked")))
+    }
+}
+
+fn vlan_unsupported(conf: &Conf, e: &NlError) -> CniError {
+    let (key, value) = if conf.vlan != 0 {
+        ("vlan", conf.vlan.to_string())
+    } else {
+        ("vlanTrunk", format!("{:?}", conf.trunk))
+    };
+    CniError::unsupported_field(
+        key,
+        value,
+        "this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING): remove vlan/vlanTrunk or use a kernel that supports it",
+    )
+    .with_details(e.to_string())
+}
+
+pub fn add(req: &Request) -> Result<CniResult> {
+    // ---- validation: nothing is changed before all of this passed ----
+    let conf = Conf::from_request(req)?;
+    conf.check_version(req.version)?;
+    if conf.l3 {
+        ipam::delegate_path(req)?;
+    }
+    let nft = if conf.ip_masq || conf.macspoofchk { Some(Nft::find()?) } else { None };
+    if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
+        ));
+    }
+    let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for ADD"))?;
+    let ns = NetNs::open(netns)?;
+    let mut host = Netlink::new()?;
+    let mut ctr = Netlink::new_in(&ns)?;
+
+    // The IPAM delegate runs while we build the bridge and the veth pair — except with VLANs,
+    // which a kernel may not support: then nothing is reserved before they are in place.
+    let mut undo = Undo::default();
+    if conf.l3 && !conf.uses_vlans() {
+        undo.ipam_pending = Some(IpamAdd::start(req)?);
+    }
+    let v6conf = Ipv6Conf::start(netns)?;
+    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_ref(), v6conf, &mut undo) {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            undo.run(req, &mut host);
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn setup(
+    req: &Request,
+    conf: &Conf,
+    ns: &NetNs,
+    host: &mut Netlink,
+    ctr: &mut Netlink,
+    nft: Option<&Nft>,
+    v6conf: Ipv6Conf,
+    undo: &mut Undo,
+) -> Result<CniResult> {
+    let ifname = req.env.ifname.as_str();
+    let mtu = match conf.mtu {
+        Some(m) => Some(m),
+        None if conf.auto_mtu => Some(auto_mtu(host)?),
+        None => None,
+    };
+
+    let (mut br, br_pinned) = ensure_bridge(host, conf, mtu, undo)?;
+    // With macspoofchk the host end says whose it is (GC needs that; see firewall::veth_alias).
+    let alias = conf.macspoofchk.then(|| {
+        firewall::veth_alias(Attachment {
+            network: req.network(),
+            container_id: &req.env.container_id,
+            ifname,
+        })
+    });
+    let hv = create_veth(host, ctr, ns, conf, ifname, br.index, mtu, alias, undo)?;
+    let ctr_index = hv.link.ok_or_else(|| CniError::internal(format!("veth {} reports no peer", hv.name)))?;
+    // CVE-2020-10749: the host must not learn routes from router advertisements sent by the
+    // container. The container end is still down, so nothing can have arrived yet.
+    set_if_present(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0")?;
+    if conf.hairpin || conf.port_isolation {
+        let flags = PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation };
+        host.bridge_port_set(hv.index, flags, false)
+            .with_context(|| format!("failed to set bridge port flags on {}", hv.name))?;
+    }
+    if conf.uses_vlans() {
+        setup_port_vlans(host, hv.index, conf.vlan, &conf.trunk, conf.preserve_default_vlan)
+            .map_err(|e| if e.is_unsupported() { vlan_unsupported(conf, &e) } else { CniError::from(e) })?;
+    }
+    let ctr_mac = match conf.mac {
+        Some(m) => m,
+        None => ctr
+            .link_by_index(ctr_index)?
+            .and_then(|l| l.mac)
+            .ok_or_else(|| CniError::internal(format!("container interface {ifname} vanished")))?,
+    };
+
+    let mut result = CniResult {
+        interfaces: vec![
+            Interface { name: br.name.clone(), mac: mac_text(br.mac), ..Default::default() },
+            Interface { name: hv.name.clone(), mac: mac_text(hv.mac), ..Default::default() },
+            Interface {
+                name: ifname.to_string(),
+                mac: format_mac(&ctr_mac),
+                sandbox: req.env.netns.clone(),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+
+    let mut gateways: Vec<IpNet> = Vec::new();
+    if conf.l3 {
+        let pending = match undo.ipam_pending.take() {
+            Some(p) => p,
+            None => IpamAdd::start(req)?,
+        };
+        // A delegate that failed reserved nothing (and releasing would free what an earlier
+        // ADD of the same attachment holds); one whose output we cannot use has reserved.
+        let out = pending.wait()?;
+        undo.ipam = true;
+        let r = ipam::decode_result(req, &out)?;
+        if r.ips.is_empty() {
+            return Err(CniError::internal("IPAM plugin returned missing IP config"));
+        }
+        result.ips = r.ips;
+        result.routes = r.routes;
+        result.dns = r.dns;
+        gateways = calc_gateways(&mut result, conf);
+    }
+
+    configure_container(ns, ctr, ctr_index, ifname, conf, &result, v6conf)?;
+
+    if conf.l3 && conf.is_gateway {
+        let mut vlan_if = None;
+        for gw in &gateways {
+            if conf.vlan != 0 {
+                let l = ensure_vlan_gateway(host, conf, &br, mtu, undo)?;
+                ensure_addr(host, &l, *gw, conf.force_address)?;
+                vlan_if.get_or_insert(l);
+            } else if ensure_addr(host, &br, *gw, conf.force_address)? && !br_pinned {
+                // Pin the bridge MAC (set it to its current value): otherwise it follows the
+                // lowest port MAC and changes as containers come and go (cni#285).
+                if let Some(cur) = host.link_by_index(br.index)? {
+                    if let Some(mac) = cur.mac {
+                        host.link_set_mac(br.index, mac).context("could not set bridge's mac")?;
+                    }
+                    br = cur;
+                }
+            }
+        }
+        if let Some(l) = vlan_if {
+            result.interfaces.push(Interface {
+                name: l.name.clone(),
+                mac: mac_text(l.mac),
+                ..Default::default()
+            });
+        }
+        if gateways.iter().any(|g| g.addr().is_ipv4()) {
+            sysctl::set("net/ipv4/ip_forward", "1").context("failed to enable forwarding")?;
+        }
+        if gateways.iter().any(|g| g.addr().is_ipv6()) {
+            sysctl::set("net/ipv6/conf/all/forwarding", "1").context("failed to enable forwarding")?;
+        }
+    }
+
+    if conf.bridge_nf_call_iptables {
+        sysctl::set("net/bridge/bridge-nf-call-iptables", "1")?;
+        if result.ips.iter().any(|i| i.address.addr().is_ipv6()) {
+            sysctl::set("net/bridge/bridge-nf-call-ip6tables", "1")?;
+        }
+    }
+
+    if let Some(nft) = nft {
+        let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
+        let addrs: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
+        let mac = format_mac(&ctr_mac);
+        undo.firewall = true;
+        apply_with_retry(nft, || {
+            let mut nf = NfTables::new()?;
+            let found = firewall::find(&mut nf, att, conf.ip_masq, conf.macspoofchk)?;
+            let mut script = String::new();
+            if conf.macspoofchk {
+                script.push_str(&firewall::spoof_add_script(att, &hv.name, &mac, &found));
+            }
+            if conf.ip_masq && !addrs.is_empty() {
+                script.push_str(&firewall::masq_add_script(
+                    att,
+                    &addrs,
+                    conf.non_masquerade.as_deref(),
+                    &found,
+                ));
+            }
+            Ok(script)
+        })?;
+    }
+
+    if !conf.disable_container_interface {
+        match host.wait_link_oper_up(hv.index, OPER_UP_TIMEOUT) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(CniError::internal(format!("host veth {} vanished", hv.name))),
+            Err(e) if e.errno() == libc::ETIMEDOUT => {
+                return Err(CniError::internal(format!("bridge port in error state: {}", hv.name))
+                    .with_details(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !br_pinned {
+        if let Some(cur) = host.link_by_index(br.index)? {
+            br = cur;
+        }
+    }
+    result.interfaces[0].mac = mac_text(br.mac);
+    if let Some(dns) = &conf.dns {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
+/// Run `build` (which reads the current state and writes the transaction) and apply it; if
+/// the transaction fails — e.g. a rule it deletes by handle vanished meanwhile — read again and
+/// retry once.
+pub(crate) fn apply_with_retry(nft: &Nft, mut build: impl FnMut() -> Result<String>) -> Result<()> {
+    let script = build()?;
+    if script.is_empty() {
+        return Ok(());
+    }
+    match nft.apply(&script) {
+        Ok(()) => Ok(()),
+        Err(first) => {
+            let script = build()?;
+            if script.is_empty() {
+                return Ok(());
+            }
+            nft.apply(&script).map_err(|e| e.context(format_args!("(retry after: {})", first.msg)))
+        }
+    }
+}
+
+fn mac_text(mac: Option<[u8; 6]>) -> String {
+    mac.map(|m| format_mac(&m)).unwrap_or_default()
+}
+
+/// Write a per-interface sysctl; a key that does not exist (IPv6 disabled) is skipped.
+fn set_if_present(key: &str, value: &str) -> Result<()> {
+    if sysctl::path_of(key).map(|p| p.exists()).unwrap_or(false) {
+        sysctl::set(key, value)?;
+    }
+    Ok(())
+}
+
+/// The bridge, created when missing (with a random MAC, which the kernel then never replaces by
+/// a port's MAC), up, with `accept_ra=0`. Returns whether its MAC is pinned by this call.
+fn ensure_bridge(host: &mut Netlink, conf: &Conf, mtu: Option<u32>, undo: &mut Undo) -> Result<(Link, bool)> {
+    let name = conf.bridge.as_str();
+    let (br, created) = match host.link_by_name(name)? {
+        Some(l) => (l, false),
+        None => {
+            let spec = LinkSpec {
+                mtu,
+                mac: Some(random_mac()),
+                up: true,
+                ..LinkSpec::new(name, LinkKind::Bridge { vlan_filtering: conf.uses_vlans() })
+            };
+            match host.link_add(&spec) {
+                Ok(l) => {
+                    undo.created_bridge = Some(l.index);
+                    (l, true)
+                }
+                Err(e) if e.is_exists() => {
+                    let l = host
+                        .link_by_name(name)?
+                        .ok_or_else(|| CniError::internal(format!("could not lookup {name:?}")))?;
+                    (l, false)
+                }
+                Err(e) if e.is_unsupported() && conf.uses_vlans() => return Err(vlan_unsupported(conf, &e)),
+                Err(e) => {
+                    return Err(CniError::from(e).context(format_args!("failed to create bridge {name:?}")))
+                }
+            }
+        }
+    };
+    if br.kind.as_deref() != Some("bridge") {
+        return Err(CniError::internal(format!("{name:?} already exists but is not a bridge")));
+    }
+    if conf.promisc && !br.promisc() {
+        host.link_set_promisc(br.index, true)
+            .with_context(|| format!("could not set promiscuous mode on {name:?}"))?;
+    }
+    // We own the routes of this interface.
+    set_if_present(&sysctl::iface_key("ipv6", name, "accept_ra"), "0")?;
+    if !br.up() {
+        host.link_set_up(br.index)?;
+    }
+    Ok((br, created))
+}
+
+/// The veth pair in one request: the host end (random name, MTU, up, enslaved to the bridge) and
+/// the container end created directly in the container namespace (CNI_IFNAME, MTU, MAC).
+#[allow(clippy::too_many_arguments)]
+fn create_veth(
+    host: &mut Netlink,
+    ctr: &mut Netlink,
+    ns: &NetNs,
+    conf: &Conf,
+    ifname: &str,
+    bridge: u32,
+    mtu: Option<u32>,
+    alias: Option<String>,
+    undo: &mut Undo,
+) -> Result<Link> {
+    let mut last = None;
+    for _ in 0..10 {
+        let peer = VethPeer {
+            name: ifname.to_string(),
+            mtu: None,
+            mac: conf.mac,
+            netns: Some(ns.as_fd()),
+            up: false,
+        };
+        let spec = LinkSpec {
+            mtu,
+            up: true,
+            master: Some(bridge),
+            alias: alias.clone(),
+            ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
+        };
+        match host.link_add(&spec) {
+            Ok(l) => {
+                undo.host_veth = Some(l.index);
+                return Ok(l);
+            }
+            Err(e) if e.is_exists() => {
+                if ctr.link_by_name(ifname)?.is_some() {
+                    return Err(CniError::internal(format!(
+                        "container veth name provided ({ifname}) already exists"
+                    )));
+                }
+                last = Some(e); // the random host name was taken: try another
+            }
+            Err(e) => return Err(CniError::from(e).context("failed to create veth pair")),
+        }
+    }
+    Err(CniError::internal(format!(
+        "failed to find a free host veth name: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}
+
+/// VLANs of a new bridge port: unless `preserve_default`, whatever the port got by default is
+/// removed first; then the access VLAN (PVID, untagged) — VLAN 1 for a trunk without one — and
+/// the trunk VIDs, tagged.
+pub(crate) fn setup_port_vlans(
+    host: &mut Netlink,
+    port: u32,
+    vlan: u16,
+    trunk: &[u16],
+    preserve_default: bool,
+) -> std::result::Result<(), NlError> {
+    if !preserve_default {
+        let existing: Vec<u16> = host.bridge_port_vlans(port)?.iter().map(|v| v.vid).collect();
+        host.bridge_vlan_del(port, &existing)?;
+    }
+    host.bridge_vlan_add(port, &port_vlan_plan(vlan, trunk))
+}
+
+/// The VLAN entries a port gets for `vlan`/`vlanTrunk`, in request order.
+pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
+    let mut plan = Vec::new();
+    if vlan != 0 {
+        plan.push(PortVlan::access(vlan));
+    } else if !trunk.is_empty() {
+        plan.push(PortVlan::access(1)); // native VLAN of the trunk
+    }
+    plan.extend(trunk.iter().map(|v| PortVlan::tagged(*v)));
+    plan
+}
+
+/// `<bridge>.<vlan>`: a veth whose one end joins the bridge as an access port of the VLAN and
+/// whose other end (in the host) carries the gateway address (upstream's VLAN gateway).
+fn ensure_vlan_gateway(
+    host: &mut Netlink,
+    conf: &Conf,
+    br: &Link,
+    mtu: Option<u32>,
+    undo: &mut Undo,
+) -> Result<Link> {
+    let name = format!("{}.{}", br.name, conf.vlan);
+    if name.len() > 15 {
+        return Err(CniError::config(format!(
+            "VLAN gateway interface name {name:?} is longer than 15 bytes: use a shorter bridge name"
+        )));
+    }
+    if let Some(l) = host.link_by_name(&name)? {
+        return Ok(l);
+    }
+    let peer = VethPeer { name: name.clone(), mtu: None, mac: None, netns: None, up: true };
+    let spec = LinkSpec {
+        mtu: mtu.or(Some(br.mtu)),
+        up: true,
+        master: Some(br.index),
+        ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
+    };
+    let port = host.link_add(&spec).context("failed to create vlan gateway")?;
+    undo.vlan_gateway = Some(port.index);
+    set_if_present(&sysctl::iface_key("ipv6", &port.name, "accept_ra"), "0")?;
+    setup_port_vlans(host, port.index, conf.vlan, &[], conf.preserve_default_vlan).map_err(|e| {
+        if e.is_unsupported() {
+            vlan_unsupported(conf, &e)
+        } else {
+            CniError::from(e)
+        }
+    })?;
+    host.link_by_name(&name)?.ok_or_else(|| CniError::internal(format!("VLAN gateway {name} vanished")))
+}
+
+/// Put `gw` on `link` the way upstream does: nothing if present; another IPv4 address, or an
+/// overlapping IPv6 one, is an error unless `force` (then it is replaced). Returns whether the
+/// address was added.
+fn ensure_addr(host: &mut Netlink, link: &Link, gw: IpNet, force: bool) -> Result<bool> {
+    let family = Family::of(&gw.addr());
+    let addrs = host.addrs(Some(link.index), Some(family))?;
+    if addrs.iter().any(|a| a.addr == gw) {
+        return Ok(false);
+    }
+    for a in &addrs {
+        if family == Family::V4 || a.addr.contains(&gw.addr()) || gw.contains(&a.addr.addr()) {
+            if !force {
+                return Err(CniError::internal(format!(
+                    "{:?} already has an IP address different from {gw}",
+                    link.name
+                ))
+                .with_details(format!("it has {}; set \"forceAddress\": true to replace it", a.addr)));
+            }
+            host.addr_del(link.index, a.addr)
+                .with_context(|| format!("could not remove IP address from {:?}", link.name))?;
+        }
+    }
+    match host.addr_add(link.index, gw) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_exists() => Ok(false),
+        Err(e) => Err(CniError::from(e).context(format_args!("could not add IP address to {:?}", link.name))),
+    }
+}
+
+fn first_host(net: &IpNet) -> IpAddr {
+    match net.trunc().addr() {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a).wrapping_add(1))),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a).wrapping_add(1))),
+    }
+}
+
+/// Upstream's `calcGateways`: every address belongs to the container interface (index 2); with
+/// `isGateway` a missing gateway is the subnet's first address; with `isDefaultGateway` a default
+/// route per family is added unless one with a gateway is there. Returns the gateway addresses
+/// (with the container's prefix length) for the bridge.
+pub(crate) fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Vec<IpNet> {
+    let mut gws = Vec::new();
+    let mut default_done = [false, false];
+    for i in 0..result.ips.len() {
+        let ip = &mut result.ips[i];
+        ip.interface = Some(2);
+        if ip.gateway.is_none() && conf.is_gateway {
+            ip.gateway = Some(first_host(&ip.address));
+        }
+        let (v4, gw, prefix) = (ip.address.addr().is_ipv4(), ip.gateway, ip.address.prefix_len());
+        let fam = usize::from(!v4);
+        if conf.is_default_gateway && !default_done[fam] {
+            let default: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
+            if !result.routes.iter().any(|r| r.gw.is_some() && r.dst == default) {
+                result.routes.push(Route::new(default, gw));
+            }
+            default_done[fam] = true;
+        }
+        if conf.is_gateway {
+            if let Some(g) = gw {
+                if let Ok(n) = IpNet::new(g, prefix) {
+                    if !gws.contains(&n) {
+                        gws.push(n);
+                    }
+                }
+            }
+        }
+    }
+    gws
+}
+
+/// The container's IPv6 settings: DAD off (or enhanced DAD on with `enabledad`); with IPv6
+/// addresses, IPv6 enabled on `lo` and the interface and addresses kept when it goes down.
+/// (key, value, whether failing to write it is an error — DAD keys are best effort as upstream:
+/// a namespace without IPv6 has none.)
+fn ipv6_settings(ifname: &str, conf: &Conf, has_v6: bool) -> Vec<(String, &'static str, bool)> {
+    let key = |dev: &str, leaf: &str| sysctl::iface_key("ipv6", dev, leaf);
+    let mut list = Vec::new();
+    if conf.enable_dad {
+        list.push((key(ifname, "enhanced_dad"), "1", false));
+        list.push((key(ifname, "accept_dad"), "1", false));
+    } else {
+        list.push((key(ifname, "accept_dad"), "0", false));
+    }
+    if has_v6 {
+        list.push((key("lo", "disable_ipv6"), "0", true));
+        list.push((key(ifname, "disable_ipv6"), "0", true));
+        list.push((key(ifname, "keep_addr_on_down"), "1", false));
+    }
+    list
+}
+
+/// Container side: IPv6 sysctls, then arp_notify and link up in one request, addresses, routes.
+#[allow(clippy::too_many_arguments)]
+fn configure_container(
+    ns: &NetNs,
+    ctr: &mut Netlink,
+    index: u32,
+    ifname: &str,
+    conf: &Conf,
+    result: &CniResult,
+    v6conf: Ipv6Conf,
+) -> Result<()> {
+    let has_v6 = result.ips.iter().any(|i| i.address.addr().is_ipv6());
+    v6conf.apply(ipv6_settings(ifname, conf, has_v6)).context("failed to configure IPv6 in the container")?;
+    let up = !conf.disable_container_interface;
+    ctr.link_set_ipv4_conf(index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)], up)
+        .with_context(|| format!("failed to set {ifname:?} up"))?;
+    if !up {
+        return Ok(());
+    }
+    let mut v4gw = None;
+    let mut v6gw = None;
+    for ip in &result.ips {
+        ctr.addr_add(index, ip.address)
+            .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
+        if let Some(g) = ip.gateway {
+            if g.is_ipv4() {
+                v4gw.get_or_insert(g);
+            } else {
+                v6gw.get_or_insert(g);
+            }
+        }
+    }
+    if v6gw.is_some() && conf.enable_dad {
+        ns.run(|| Ok(ctr.wait_addrs_settled(index, Some(Family::V6), DAD_TIMEOUT)?))?;
+    }
+    for r in &result.routes {
+        let gw = r.gw.or(if r.dst.addr().is_ipv4() { v4gw } else { v6gw });
+        let spec = RouteSpec {
+            gw,
+            oif: Some(index),
+            table: r.table,
+            priority: r.priority,
+            scope: r.scope,
+            mtu: r.mtu,
+            advmss: r.advmss,
+            append: true,
+            ..RouteSpec::new(r.dst)
+        };
+        let via = gw.map(|g| g.to_string()).unwrap_or_else(|| "<nil>".into());
+        ctr.route_add(&spec)
+            .with_context(|| format!("failed to add route '{} via {via} dev {ifname}'", r.dst))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RawConf;
+    use cni_common::spec::json;
+    use cni_common::spec::result::IpConfig;
+    use serde_json::json;
+
+    fn conf(v: serde_json::Value) -> Conf {
+        let raw: RawConf = json::from_value(v).unwrap();
+        Conf::from_raw(raw, "", true, None).unwrap()
+    }
+
+    fn ip(a: &str, gw: Option<&str>) -> IpConfig {
+        IpConfig { interface: None, address: a.parse().unwrap(), gateway: gw.map(|g| g.parse().unwrap()) }
+    }
+
+    #[test]
+    fn gateways_and_default_routes_like_upstream() {
+        let mut r = CniResult {
+            ips: vec![
+                ip("10.1.0.5/24", None),
+                ip("fd00:1::5/64", Some("fd00:1::1")),
+                ip("fd00:2::5/64", None),
+            ],
+            ..Default::default()
+        };
+        let gws = calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
+        assert!(r.ips.iter().all(|i| i.interface == Some(2)));
+        assert_eq!(r.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
+        assert_eq!(r.ips[2].gateway, Some("fd00:2::1".parse().unwrap()));
+        let gw_text: Vec<String> = gws.iter().map(|g| g.to_string()).collect();
+        assert_eq!(gw_text, vec!["10.1.0.1/24", "fd00:1::1/64", "fd00:2::1/64"]);
+        let routes: Vec<(String, Option<String>)> =
+            r.routes.iter().map(|r| (r.dst.to_string(), r.gw.map(|g| g.to_string()))).collect();
+        assert_eq!(
+            routes,
+            vec![("0.0.0.0/0".into(), Some("10.1.0.1".into())), ("::/0".into(), Some("fd00:1::1".into()))]
+        );
+
+        // An IPAM default route with a gateway is kept and not duplicated.
+        let mut r = CniResult {
+            ips: vec![ip("10.1.0.5/24", Some("10.1.0.254"))],
+            routes: vec![Route::new("0.0.0.0/0".parse().unwrap(), Some("10.1.0.254".parse().unwrap()))],
+            ..Default::default()
+        };
+        calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
+        assert_eq!(r.routes.len(), 1);
+
+        // Without isGateway nothing is invented.
+        let mut r = CniResult { ips: vec![ip("10.1.0.5/24", None)], ..Default::default() };
+        assert!(calc_gateways(&mut r, &conf(json!({}))).is_empty());
+        assert_eq!(r.ips[0].gateway, None);
+        assert!(r.routes.is_empty());
+    }
+
+    #[test]
+    fn vlan_plans() {
+        assert_eq!(port_vlan_plan(100, &[]), vec![PortVlan::access(100)]);
+        assert_eq!(
+            port_vlan_plan(0, &[101, 200]),
+            vec![PortVlan::access(1), PortVlan::tagged(101), PortVlan::tagged(200)]
+        );
+        assert_eq!(port_vlan_plan(100, &[101]), vec![PortVlan::access(100), PortVlan::tagged(101)]);
+        assert!(port_vlan_plan(0, &[]).is_empty());
+    }
+}

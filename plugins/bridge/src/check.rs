@@ -1,0 +1,251 @@
+//! CHECK: verify the real state against prevResult and the configuration — bridge, container
+//! interface and its veth peer on the bridge (with MACs), port flags, VLANs, addresses,
+//! connected and configured routes, gateway addresses on the bridge, masquerade and spoof-check
+//! rules — and CHECK the IPAM delegate. Works for layer-2 configurations too (no IPAM call).
+
+use std::net::IpAddr;
+
+use cni_common::error::{CniError, Result};
+use cni_common::ipam;
+use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
+use cni_common::netns::NetNs;
+use cni_common::spec::result::{CniResult, Interface};
+use cni_common::spec::Command;
+use cni_common::Request;
+use ipnet::IpNet;
+
+use crate::add::port_vlan_plan;
+use crate::config::{format_mac, Conf};
+use crate::firewall::{self, Attachment};
+
+fn fail(msg: impl Into<String>) -> CniError {
+    CniError::internal(msg)
+}
+
+fn mac_of(l: &Link) -> String {
+    l.mac.map(|m| format_mac(&m)).unwrap_or_default()
+}
+
+pub fn check(req: &Request) -> Result<()> {
+    let conf = Conf::from_request(req)?;
+    let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
+    // The delegate checks its reservation while we look at the kernel.
+    let pending = if conf.l3 { Some(ipam::start(req, Command::Check)?) } else { None };
+    let ours = check_state(req, &conf, &prev);
+    let theirs = match pending {
+        Some(p) => p.wait().map(drop),
+        None => Ok(()),
+    };
+    ours.and(theirs)
+}
+
+fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
+    let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for CHECK"))?;
+    let ifname = req.env.ifname.as_str();
+    let ns = NetNs::open(netns)?;
+    let mut host = Netlink::new()?;
+    let mut ctr = Netlink::new_in(&ns)?;
+
+    // Interfaces we created, as listed in prevResult.
+    let br_if = prev
+        .interfaces
+        .iter()
+        .find(|i| i.name == conf.bridge && i.sandbox.is_empty())
+        .ok_or_else(|| fail(format!("prevResult lists no bridge interface {:?}", conf.bridge)))?;
+    let ctr_pos =
+        prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == req.env.netns).ok_or_else(
+            || fail(format!("prevResult lists no interface {ifname:?} in sandbox {:?}", req.env.netns)),
+        )?;
+    let ctr_if = &prev.interfaces[ctr_pos];
+
+    // Bridge.
+    let br = host
+        .link_by_name(&conf.bridge)?
+        .ok_or_else(|| fail(format!("CNI created bridge {} in host namespace was not found", conf.bridge)))?;
+    if br.kind.as_deref() != Some("bridge") {
+        return Err(fail(format!("Interface {} does not have link type of bridge", br.name)));
+    }
+    if !br_if.mac.is_empty() && br_if.mac != mac_of(&br) {
+        return Err(fail(format!(
+            "Bridge interface {} Mac doesn't match: {} (now {})",
+            br.name,
+            br_if.mac,
+            mac_of(&br)
+        )));
+    }
+    if br.promisc() != conf.promisc {
+        return Err(fail(format!(
+            "Bridge interface {} configured Promisc Mode {} doesn't match current state: {}",
+            br.name,
+            conf.promisc,
+            br.promisc()
+        )));
+    }
+
+    // Container interface.
+    let c = ctr
+        .link_by_name(ifname)?
+        .ok_or_else(|| fail(format!("CNI created interface in container {ifname} not found")))?;
+    if c.kind.as_deref() != Some("veth") {
+        return Err(fail(format!("Error: Container interface {ifname} not of type veth")));
+    }
+    if !ctr_if.mac.is_empty() && ctr_if.mac != mac_of(&c) {
+        return Err(fail(format!(
+            "Interface {ifname} Mac {} doesn't match container Mac: {}",
+            ctr_if.mac,
+            mac_of(&c)
+        )));
+    }
+    if !conf.disable_container_interface && !c.up() {
+        return Err(fail(format!("container interface {ifname} is down")));
+    }
+    let peer = c.link.ok_or_else(|| fail(format!("Unable to obtain veth peer index for veth {ifname}")))?;
+
+    // Its peer: a host veth of prevResult, enslaved to the bridge, with the configured flags.
+    let mut host_veth: Option<(Link, &Interface)> = None;
+    for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
+        let Some((l, flags)) = host.link_with_port_flags(&i.name)? else { continue };
+        if l.kind.as_deref() != Some("veth")
+            || l.index != peer
+            || l.link != Some(c.index)
+            || l.master != Some(br.index)
+        {
+            continue;
+        }
+        if !i.mac.is_empty() && i.mac != mac_of(&l) {
+            return Err(fail(format!("Interface {} Mac doesn't match: {} not found", l.name, i.mac)));
+        }
+        let flags = flags.unwrap_or_default();
+        if flags.hairpin != conf.hairpin {
+            return Err(fail(format!(
+                "bridge port {} hairpin mode is {}, configured {}",
+                l.name, flags.hairpin, conf.hairpin
+            )));
+        }
+        if flags.isolated != conf.port_isolation {
+            return Err(fail(format!(
+                "bridge port {} isolation is {}, configured portIsolation {}",
+                l.name, flags.isolated, conf.port_isolation
+            )));
+        }
+        host_veth = Some((l, i));
+        break;
+    }
+    let Some((hv, _)) = host_veth else {
+        return Err(fail(format!("CNI veth created for bridge {} was not found", conf.bridge)));
+    };
+
+    if conf.uses_vlans() {
+        let have = host.bridge_port_vlans(hv.index)?;
+        for want in port_vlan_plan(conf.vlan, &conf.trunk) {
+            if !have.contains(&want) {
+                return Err(fail(format!("bridge port {} lacks VLAN {want:?} (has {have:?})", hv.name)));
+            }
+        }
+    }
+
+    // Addresses and routes in the container.
+    let ours: Vec<IpNet> =
+        prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)).map(|i| i.address).collect();
+    if !ours.is_empty() || !prev.routes.is_empty() {
+        let addrs = ctr.addrs(Some(c.index), None)?;
+        let routes = ctr.routes(None)?;
+        for a in &ours {
+            if !addrs.iter().any(|x| x.addr == *a) {
+                return Err(fail(format!("Failed to match addr {a} on interface {ifname}")));
+            }
+            let connected = a.trunc();
+            if !routes.iter().any(|r| {
+                r.dst == connected && r.table == TABLE_MAIN && r.paths().iter().any(|p| p.1 == Some(c.index))
+            }) {
+                return Err(fail(format!("no connected route {connected} dev {ifname} for address {a}")));
+            }
+        }
+        let gw_of =
+            |v4: bool| prev.ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway);
+        for r in &prev.routes {
+            let want_gw = r.gw.or(gw_of(r.dst.addr().is_ipv4()));
+            let table = r.table.unwrap_or(TABLE_MAIN);
+            if !routes.iter().any(|k| route_matches(k, r.dst, want_gw, table, c.index)) {
+                let via = want_gw.map(|g| format!(" via {g}")).unwrap_or_default();
+                return Err(fail(format!(
+                    "Failed to find a route {}{via} dev {ifname} (table {table})",
+                    r.dst
+                )));
+            }
+        }
+    }
+
+    // Gateway addresses on the bridge.
+    if conf.l3 && conf.is_gateway && conf.vlan == 0 {
+        let on_bridge = host.addrs(Some(br.index), None)?;
+        for ip in prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)) {
+            let Some(gw) = ip.gateway else { continue };
+            let Ok(want) = IpNet::new(gw, ip.address.prefix_len()) else { continue };
+            if !on_bridge.iter().any(|a| a.addr == want) {
+                return Err(fail(format!("gateway address {want} is missing on bridge {}", br.name)));
+            }
+        }
+    }
+
+    // Firewall.
+    if (conf.ip_masq && !ours.is_empty()) || conf.macspoofchk {
+        let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
+        let mut nf = NfTables::new()?;
+        let found = firewall::find(&mut nf, att, conf.ip_masq, conf.macspoofchk)?;
+        if conf.ip_masq && !ours.is_empty() {
+            let expected = firewall::masq_rules(att, &ours, conf.non_masquerade.as_deref()).len();
+            if expected > 0 && !found.masq_hooked {
+                return Err(fail(format!(
+                    "masquerading is not hooked: chain postrouting of table inet {} does not go to {}",
+                    firewall::MASQ_TABLE,
+                    firewall::MASQ_CHAIN
+                )));
+            }
+            if found.masq.len() != expected {
+                return Err(fail(format!(
+                    "expected {expected} masquerade rule(s) for {ifname} in {} {}, found {}",
+                    firewall::MASQ_TABLE,
+                    firewall::MASQ_CHAIN,
+                    found.masq.len()
+                )));
+            }
+            for a in &ours {
+                let octets = ip_octets(&a.addr());
+                let covered = found
+                    .masq
+                    .iter()
+                    .any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
+                if !covered && expected > 0 {
+                    return Err(fail(format!("no masquerade rule for source {}", a.addr())));
+                }
+            }
+        }
+        if conf.macspoofchk {
+            if !found.spoof_jumps.iter().any(|r| r.iifname().as_deref() == Some(hv.name.as_str())) {
+                return Err(fail(format!("macspoofchk: no rule in bridge nat PREROUTING for {}", hv.name)));
+            }
+            let mac = c.mac.unwrap_or_default();
+            let ok = found.spoof_rules.iter().any(|r| r.cmp_data().any(|d| d == mac.as_slice()))
+                && found.spoof_rules.iter().any(|r| r.has_expr("immediate") || r.verdicts().next().is_some());
+            if !ok {
+                return Err(fail(format!("macspoofchk: rules do not allow {} on {}", mac_of(&c), hv.name)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ip_octets(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn route_matches(k: &Route, dst: IpNet, gw: Option<IpAddr>, table: u32, oif: u32) -> bool {
+    k.dst == dst.trunc()
+        && k.table == table
+        && k.paths().iter().any(|(g, o)| (gw.is_none() || *g == gw) && (o.is_none() || *o == Some(oif)))
+}

@@ -1,0 +1,625 @@
+//! nftables state of a bridge attachment: `ipMasq` and `macspoofchk`.
+//!
+//! Layouts are upstream's, so a node can move between our binaries and upstream's (v1.6+, whose
+//! ipMasq has an nftables backend) in either direction and each side's DEL/GC finds the other's
+//! rules:
+//!
+//! * ipMasq: table `inet cni_plugins_masquerade`; base chain `postrouting` (nat, srcnat),
+//!   rewritten on every ADD: multicast destinations `return`, then `goto masq_checks`; in
+//!   `masq_checks` one rule per container address, `ip saddr A ip daddr != SUBNET masquerade`,
+//!   with the comment `<hash16(network)>-<hash16(ifname:containerID)>, net: …, if: …, id: …`.
+//!   The hash prefix identifies the attachment, so DEL (also with an empty CNI_NETNS) and GC
+//!   never need the addresses and never touch another attachment's rules.
+//! * macspoofchk: table `bridge nat`, base chain `PREROUTING` (filter, prerouting, -300); per
+//!   attachment chains `cni-br-iface-<id>-<ifname>` and `…-mac`; `iifname <host veth> jump`,
+//!   `jump …-mac`, `ether saddr <mac> return`, `drop`; comments `macspoofchk-<id>-<ifname>`.
+//!
+//! Reads go over netlink ([`NfTables`]). ADD writes with one `nft -f` transaction that only
+//! adds (shared objects are written only when missing or different); DEL and GC delete with one
+//! netlink transaction and run no `nft` at all; a verb that finds nothing to change changes
+//! nothing.
+
+use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, NftRule, Verdict};
+use cni_common::nft::quote;
+use ipnet::IpNet;
+use sha2::{Digest, Sha512};
+use std::collections::HashSet;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
+pub const MASQ_CHAIN: &str = "masq_checks";
+pub const MASQ_HOOK_CHAIN: &str = "postrouting";
+pub const SPOOF_TABLE: &str = "nat";
+pub const SPOOF_BASE_CHAIN: &str = "PREROUTING";
+/// nft's limit on comment length.
+const COMMENT_MAX: usize = 128;
+
+/// First `n` hex digits of SHA-512(`s`) (upstream's `MustFormatHashWithPrefix(n, "", s)`).
+pub fn hash_hex(s: &str, n: usize) -> String {
+    let digest = Sha512::digest(s.as_bytes());
+    let mut out = String::with_capacity(128);
+    for b in digest.iter() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.truncate(n);
+    out
+}
+
+/// Identifies the attachment (network, ifname, container id): `hash16(net)-hash16(if:id)`.
+pub fn instance_hash(network: &str, ifname: &str, container_id: &str) -> String {
+    format!("{}-{}", network_hash(network), hash_hex(&format!("{ifname}:{container_id}"), 16))
+}
+
+pub fn network_hash(network: &str) -> String {
+    hash_hex(network, 16)
+}
+
+/// Characters nft accepts in an identifier or that are harmless in a comment; everything else
+/// becomes `_` (only exotic interface names are affected; the hash prefix is computed on the
+/// original strings).
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' }).collect()
+}
+
+/// The masquerade rule comment, as upstream writes it (truncated to nft's limit).
+pub fn masq_comment(network: &str, ifname: &str, container_id: &str) -> String {
+    let mut c = format!(
+        "{}, net: {}, if: {}, id: {}",
+        instance_hash(network, ifname, container_id),
+        sanitize(network),
+        sanitize(ifname),
+        sanitize(container_id)
+    );
+    c.truncate(COMMENT_MAX);
+    c
+}
+
+/// `<containerID>-<ifname>`: the upstream spoof-check reference id.
+pub fn spoof_ref(container_id: &str, ifname: &str) -> String {
+    sanitize(&format!("{container_id}-{ifname}"))
+}
+
+pub fn spoof_chain(refid: &str) -> String {
+    format!("cni-br-iface-{refid}")
+}
+
+pub fn spoof_mac_chain(refid: &str) -> String {
+    format!("cni-br-iface-{refid}-mac")
+}
+
+pub fn spoof_comment(refid: &str) -> String {
+    let mut c = format!("macspoofchk-{refid}");
+    c.truncate(COMMENT_MAX);
+    c
+}
+
+/// One attachment.
+#[derive(Debug, Clone, Copy)]
+pub struct Attachment<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+/// What the kernel has of the shared tables and of one attachment.
+#[derive(Debug, Default, Clone)]
+pub struct Found {
+    /// `inet cni_plugins_masquerade` exists.
+    pub masq_table: bool,
+    /// Its `masq_checks` chain exists.
+    pub masq_checks: bool,
+    /// Its `postrouting` base chain is exactly what ADD writes (nat, srcnat, multicast returns,
+    /// `goto masq_checks`).
+    pub masq_hooked: bool,
+    /// The attachment's rules in `masq_checks`.
+    pub masq: Vec<NftRule>,
+    /// `bridge nat` has the `PREROUTING` base chain ADD writes.
+    pub spoof_base: bool,
+    /// `PREROUTING` jump rules of the attachment.
+    pub spoof_jumps: Vec<NftRule>,
+    /// Which of the two per-attachment spoof chains exist (iface chain, mac chain).
+    pub spoof_chains: (bool, bool),
+    /// Rules inside the per-attachment spoof chains.
+    pub spoof_rules: Vec<NftRule>,
+}
+
+impl Found {
+    /// Nothing of the attachment is there.
+    pub fn is_empty(&self) -> bool {
+        self.masq.is_empty() && self.spoof_jumps.is_empty() && self.spoof_chains == (false, false)
+    }
+}
+
+/// `postrouting` holds exactly the three rules ADD writes.
+fn postrouting_ok(rules: &[&NftRule]) -> bool {
+    let returns_for = |r: &NftRule, first: u8| {
+        r.verdicts().any(|v| *v == Verdict::Return) && r.cmp_data().any(|d| d.first() == Some(&first))
+    };
+    rules.len() == 3
+        && returns_for(rules[0], 224)
+        && returns_for(rules[1], 0xff)
+        && rules[2].verdicts().any(|v| *v == Verdict::Goto(MASQ_CHAIN.into()))
+}
+
+/// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
+pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> cni_common::Result<Found> {
+    let mut f = Found::default();
+    if masq {
+        let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
+        if !chains.is_empty() {
+            f.masq_table = true;
+            f.masq_checks = chains.iter().any(|c| c.name == MASQ_CHAIN && c.hook.is_none());
+            let hook_ok = chains.iter().any(|c| {
+                c.name == MASQ_HOOK_CHAIN
+                    && c.hook == Some((4, 100))
+                    && c.chain_type.as_deref() == Some("nat")
+            });
+            let prefix = instance_hash(a.network, a.ifname, a.container_id);
+            let rules = nf.rules(NftFamily::Inet, MASQ_TABLE, None)?;
+            let post: Vec<&NftRule> = rules.iter().filter(|r| r.chain == MASQ_HOOK_CHAIN).collect();
+            f.masq_hooked = hook_ok && postrouting_ok(&post);
+            f.masq = rules
+                .into_iter()
+                .filter(|r| {
+                    r.chain == MASQ_CHAIN && r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix))
+                })
+                .collect();
+        }
+    }
+    if spoof {
+        let refid = spoof_ref(a.container_id, a.ifname);
+        let (chain, mac_chain, comment) =
+            (spoof_chain(&refid), spoof_mac_chain(&refid), spoof_comment(&refid));
+        let chains = nf.chain_info(NftFamily::Bridge, SPOOF_TABLE)?;
+        f.spoof_base = chains.iter().any(|c| {
+            c.name == SPOOF_BASE_CHAIN
+                && c.hook == Some((0, -300))
+                && c.chain_type.as_deref() == Some("filter")
+                && c.policy == Some(1)
+        });
+        f.spoof_chains = (chains.iter().any(|c| c.name == chain), chains.iter().any(|c| c.name == mac_chain));
+        if !chains.is_empty() {
+            for r in nf.rules(NftFamily::Bridge, SPOOF_TABLE, None)? {
+                if r.chain == SPOOF_BASE_CHAIN && r.comment.as_deref() == Some(comment.as_str()) {
+                    f.spoof_jumps.push(r);
+                } else if r.chain == chain || r.chain == mac_chain {
+                    f.spoof_rules.push(r);
+                }
+            }
+        }
+    }
+    Ok(f)
+}
+
+fn addr_match(ip: &IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "ip"
+    } else {
+        "ip6"
+    }
+}
+
+/// The destination exclusion of one masquerade rule: the attachment's subnet, plus the
+/// `nonMasqueradeCIDRs` of the same family when given (then only non-local destinations are
+/// masqueraded, as kubenet's rule did). `None` when nothing at all is to be masqueraded.
+fn masq_match(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<String> {
+    let fam = addr_match(&addr.addr());
+    let Some(extra) = non_masquerade else {
+        return Some(format!("{fam} daddr != {}", addr.trunc()));
+    };
+    let mut nets: Vec<IpNet> = vec![addr.trunc()];
+    nets.extend(extra.iter().filter(|n| n.addr().is_ipv4() == addr.addr().is_ipv4()).copied());
+    let nets = IpNet::aggregate(&nets);
+    if nets.iter().any(|n| n.prefix_len() == 0) {
+        return None; // the whole address family is excluded
+    }
+    let set = if nets.len() == 1 {
+        nets[0].to_string()
+    } else {
+        format!("{{ {} }}", nets.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "))
+    };
+    Some(format!("{fam} daddr != {set} fib daddr type != local"))
+}
+
+/// The masquerade rules `a` should have for `addrs` (one per address, in order).
+pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<String> {
+    let comment = quote(&masq_comment(a.network, a.ifname, a.container_id));
+    addrs
+        .iter()
+        .filter_map(|addr| {
+            let m = masq_match(addr, non_masquerade)?;
+            Some(format!(
+                "add rule inet {MASQ_TABLE} {MASQ_CHAIN} {} saddr {} {m} masquerade comment {comment}\n",
+                addr_match(&addr.addr()),
+                addr.addr()
+            ))
+        })
+        .collect()
+}
+
+/// The ADD transaction for ipMasq. Shared objects are only written when they are missing or
+/// differ (redefining an existing chain makes the kernel keep the old definition until an RCU
+/// grace period has passed, which `nft` then waits for on exit); stale rules of the same
+/// attachment are removed; the new rules are added.
+pub fn masq_add_script(
+    a: Attachment<'_>,
+    addrs: &[IpNet],
+    non_masquerade: Option<&[IpNet]>,
+    f: &Found,
+) -> String {
+    let t = MASQ_TABLE;
+    let mut s = String::new();
+    if !f.masq_table {
+        let _ = writeln!(
+            s,
+            "add table inet {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}"
+        );
+    }
+    if !f.masq_checks {
+        let _ = writeln!(
+            s,
+            "add chain inet {t} {MASQ_CHAIN} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}"
+        );
+    }
+    if !f.masq_hooked {
+        let _ = writeln!(
+            s,
+            "add chain inet {t} {MASQ_HOOK_CHAIN} {{ type nat hook postrouting priority srcnat ; }}"
+        );
+        let _ = writeln!(s, "flush chain inet {t} {MASQ_HOOK_CHAIN}");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip daddr 224.0.0.0/4 return");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip6 daddr ff00::/8 return");
+        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} goto {MASQ_CHAIN}");
+    }
+    for r in &f.masq {
+        let _ = writeln!(s, "delete rule inet {t} {} handle {}", r.chain, r.handle);
+    }
+    for r in masq_rules(a, addrs, non_masquerade) {
+        s.push_str(&r);
+    }
+    s
+}
+
+/// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`. Stale state of the
+/// same attachment is replaced.
+pub fn spoof_add_script(a: Attachment<'_>, host_veth: &str, mac: &str, f: &Found) -> String {
+    let refid = spoof_ref(a.container_id, a.ifname);
+    let (chain, mac_chain) = (spoof_chain(&refid), spoof_mac_chain(&refid));
+    let comment = quote(&spoof_comment(&refid));
+    let t = SPOOF_TABLE;
+    let mut s = String::new();
+    if !f.spoof_base {
+        let _ = writeln!(s, "add table bridge {t}");
+        let _ = writeln!(
+            s,
+            "add chain bridge {t} {SPOOF_BASE_CHAIN} {{ type filter hook prerouting priority -300 ; policy accept ; }}"
+        );
+    }
+    for r in &f.spoof_jumps {
+        let _ = writeln!(s, "delete rule bridge {t} {SPOOF_BASE_CHAIN} handle {}", r.handle);
+    }
+    for (name, exists) in [(&chain, f.spoof_chains.0), (&mac_chain, f.spoof_chains.1)] {
+        if exists {
+            let _ = writeln!(s, "flush chain bridge {t} {name}");
+        } else {
+            let _ = writeln!(s, "add chain bridge {t} {name}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "add rule bridge {t} {SPOOF_BASE_CHAIN} iifname {} jump {chain} comment {comment}",
+        quote(host_veth)
+    );
+    let _ = writeln!(s, "add rule bridge {t} {chain} jump {mac_chain} comment {comment}");
+    let _ = writeln!(s, "add rule bridge {t} {mac_chain} ether saddr {mac} return comment {comment}");
+    let _ = writeln!(s, "add rule bridge {t} {mac_chain} drop comment {comment}");
+    s
+}
+
+/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
+pub fn del_ops(a: Attachment<'_>, f: &Found) -> Vec<NftDelete> {
+    let mut ops: Vec<NftDelete> = f
+        .masq
+        .iter()
+        .map(|r| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: MASQ_TABLE.into(),
+            chain: r.chain.clone(),
+            handle: r.handle,
+        })
+        .collect();
+    spoof_del_ops(&mut ops, &spoof_ref(a.container_id, a.ifname), f);
+    ops
+}
+
+fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
+    let b = |chain: &str| (NftFamily::Bridge, SPOOF_TABLE.to_string(), chain.to_string());
+    for r in &f.spoof_jumps {
+        let (family, table, chain) = b(SPOOF_BASE_CHAIN);
+        ops.push(NftDelete::Rule { family, table, chain, handle: r.handle });
+    }
+    let chains = [(spoof_chain(refid), f.spoof_chains.0), (spoof_mac_chain(refid), f.spoof_chains.1)];
+    for (name, exists) in &chains {
+        if *exists {
+            let (family, table, chain) = b(name);
+            ops.push(NftDelete::Flush { family, table, chain });
+        }
+    }
+    for (name, exists) in &chains {
+        if *exists {
+            let (family, table, chain) = b(name);
+            ops.push(NftDelete::Chain { family, table, chain });
+        }
+    }
+}
+
+/// GC: the masquerade rules of `network` whose attachment is not in `valid`.
+pub fn masq_garbage(
+    nf: &mut NfTables,
+    network: &str,
+    valid: &HashSet<String>,
+) -> cni_common::Result<Vec<NftRule>> {
+    let net = format!("{}-", network_hash(network));
+    Ok(nf
+        .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
+        .into_iter()
+        .filter(|r| {
+            r.comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with(&net) && !valid.contains(c.get(..33).unwrap_or(c)))
+        })
+        .collect())
+}
+
+/// The alias ADD gives the host veth of a `macspoofchk` attachment: `cni:<network>:<id>:<ifname>`
+/// (none of the three can contain `:`). It tells GC which network a spoof-check rule belongs to,
+/// which upstream's rule comments (`macspoofchk-<id>-<ifname>`) do not.
+pub fn veth_alias(a: Attachment<'_>) -> String {
+    let mut s = format!("cni:{}:{}:{}", a.network, a.container_id, a.ifname);
+    s.truncate(255);
+    s
+}
+
+/// (network, container id, ifname) from a [`veth_alias`].
+pub fn parse_veth_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = alias.strip_prefix("cni:")?.splitn(3, ':');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
+/// What GC knows about the host interface a spoof-check rule matches.
+pub enum PortOwner {
+    /// The interface is gone: the rule can never match again.
+    Gone,
+    /// It exists and belongs to this attachment (network, container id, ifname).
+    Attachment(String, String, String),
+    /// It exists but says nothing about its attachment (e.g. made by upstream's bridge).
+    Unknown,
+}
+
+/// GC: spoof-check state of this network's attachments that are not in `valid`
+/// ((container id, ifname) pairs), and of any attachment whose host interface is gone, as
+/// (reference id, what was found).
+pub fn spoof_garbage(
+    nf: &mut NfTables,
+    network: &str,
+    owner_of: &mut dyn FnMut(&str) -> cni_common::Result<PortOwner>,
+    valid: &HashSet<(String, String)>,
+) -> cni_common::Result<Vec<(String, Found)>> {
+    let chains = nf.chains(NftFamily::Bridge, SPOOF_TABLE)?;
+    if chains.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<(String, Found)> = Vec::new();
+    for r in nf.rules(NftFamily::Bridge, SPOOF_TABLE, Some(SPOOF_BASE_CHAIN))? {
+        let Some(refid) = r.comment.as_deref().and_then(|c| c.strip_prefix("macspoofchk-")) else { continue };
+        let Some(iface) = r.iifname() else { continue };
+        let garbage = match owner_of(&iface)? {
+            PortOwner::Gone => true,
+            PortOwner::Attachment(net, id, ifname) => net == network && !valid.contains(&(id, ifname)),
+            PortOwner::Unknown => false,
+        };
+        if !garbage {
+            continue;
+        }
+        let refid = refid.to_string();
+        let pos = match out.iter().position(|(id, _)| *id == refid) {
+            Some(p) => p,
+            None => {
+                let f = Found {
+                    spoof_chains: (
+                        chains.contains(&spoof_chain(&refid)),
+                        chains.contains(&spoof_mac_chain(&refid)),
+                    ),
+                    ..Found::default()
+                };
+                out.push((refid, f));
+                out.len() - 1
+            }
+        };
+        out[pos].1.spoof_jumps.push(r);
+    }
+    Ok(out)
+}
+
+/// The transaction removing GC garbage.
+pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
+    let mut ops: Vec<NftDelete> = masq
+        .iter()
+        .map(|r| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: MASQ_TABLE.into(),
+            chain: r.chain.clone(),
+            handle: r.handle,
+        })
+        .collect();
+    for (refid, f) in spoof {
+        spoof_del_ops(&mut ops, refid, f);
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Attachment<'static> = Attachment { network: "kubenet", container_id: "c0ffee", ifname: "eth0" };
+
+    #[test]
+    fn hashes_match_upstream_scheme() {
+        // sha512("kubenet"), first 16 hex digits.
+        let full = hash_hex("kubenet", 128);
+        assert_eq!(full.len(), 128);
+        assert_eq!(network_hash("kubenet"), &full[..16]);
+        let ih = instance_hash("kubenet", "eth0", "c0ffee");
+        assert_eq!(ih.len(), 33);
+        assert_eq!(&ih[17..], &hash_hex("eth0:c0ffee", 16));
+        // sha512("") is well known: cf83e1357eefb8bd...
+        assert_eq!(hash_hex("", 16), "cf83e1357eefb8bd");
+    }
+
+    #[test]
+    fn veth_alias_round_trip() {
+        let a = Attachment { network: "kubenet", container_id: "abc-1.x", ifname: "net1" };
+        assert_eq!(veth_alias(a), "cni:kubenet:abc-1.x:net1");
+        assert_eq!(parse_veth_alias(&veth_alias(a)), Some(("kubenet", "abc-1.x", "net1")));
+        assert_eq!(parse_veth_alias("some admin note"), None);
+        assert_eq!(parse_veth_alias("cni:only:two"), None);
+    }
+
+    #[test]
+    fn comment_is_upstreams_and_bounded() {
+        let c = masq_comment("kubenet", "eth0", "c0ffee");
+        assert_eq!(
+            c,
+            format!("{}, net: kubenet, if: eth0, id: c0ffee", instance_hash("kubenet", "eth0", "c0ffee"))
+        );
+        let long = "x".repeat(200);
+        assert_eq!(masq_comment("n", "eth0", &long).len(), 128);
+        assert!(masq_comment("n", "e\"th", "id").ends_with("if: e_th, id: id"));
+    }
+
+    #[test]
+    fn add_script_for_dual_stack() {
+        let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
+        let c = masq_comment("kubenet", "eth0", "c0ffee");
+        let rules = format!(
+            "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"{c}\"\n\
+             add rule inet cni_plugins_masquerade masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/64 masquerade comment \"{c}\"\n"
+        );
+        // Nothing there yet: table, chains and the hook are created.
+        let s = masq_add_script(A, &addrs, None, &Found::default());
+        assert!(s.starts_with("add table inet cni_plugins_masquerade { comment"), "{s}");
+        assert!(s.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }\n"));
+        assert!(s.contains("add rule inet cni_plugins_masquerade postrouting goto masq_checks\n"));
+        assert!(s.ends_with(&rules), "{s}");
+        // Everything shared is in place: only additions.
+        let ready = Found { masq_table: true, masq_checks: true, masq_hooked: true, ..Found::default() };
+        assert_eq!(masq_add_script(A, &addrs, None, &ready), rules);
+        // A stale rule of the same attachment is replaced.
+        let stale = Found { masq: vec![rule("masq_checks", 9)], ..ready };
+        assert_eq!(
+            masq_add_script(A, &addrs, None, &stale),
+            format!("delete rule inet cni_plugins_masquerade masq_checks handle 9\n{rules}")
+        );
+    }
+
+    fn rule(chain: &str, handle: u64) -> NftRule {
+        NftRule { table: String::new(), chain: chain.into(), handle, comment: None, exprs: vec![] }
+    }
+
+    #[test]
+    fn non_masquerade_cidrs_like_kubenet() {
+        let addr: IpNet = "10.244.3.7/24".parse().unwrap();
+        let extra: Vec<IpNet> = vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "192.168.0.0/16".parse().unwrap(),
+            "fd00::/8".parse().unwrap(),
+        ];
+        let rules = masq_rules(A, &[addr], Some(&extra));
+        assert_eq!(rules.len(), 1);
+        // The pod subnet lies inside 10.0.0.0/8: aggregated away; v6 CIDRs not used for v4.
+        assert!(
+            rules[0].contains("ip saddr 10.244.3.7 ip daddr != { 10.0.0.0/8, 192.168.0.0/16 } fib daddr type != local masquerade"),
+            "{}",
+            rules[0]
+        );
+        // Empty list: only non-local destinations outside the pod subnet.
+        let rules = masq_rules(A, &[addr], Some(&[]));
+        assert!(
+            rules[0].contains("ip daddr != 10.244.3.0/24 fib daddr type != local masquerade"),
+            "{}",
+            rules[0]
+        );
+        // 0.0.0.0/0 means nothing is masqueraded (kubenet skipped its rule then).
+        assert!(masq_rules(A, &[addr], Some(&["0.0.0.0/0".parse().unwrap()])).is_empty());
+    }
+
+    #[test]
+    fn spoof_script_matches_upstream_layout() {
+        let s = spoof_add_script(A, "veth1234abcd", "0a:58:0a:01:00:05", &Found::default());
+        let expected = "add table bridge nat\n\
+            add chain bridge nat PREROUTING { type filter hook prerouting priority -300 ; policy accept ; }\n\
+            add chain bridge nat cni-br-iface-c0ffee-eth0\n\
+            add chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
+            add rule bridge nat PREROUTING iifname \"veth1234abcd\" jump cni-br-iface-c0ffee-eth0 comment \"macspoofchk-c0ffee-eth0\"\n\
+            add rule bridge nat cni-br-iface-c0ffee-eth0 jump cni-br-iface-c0ffee-eth0-mac comment \"macspoofchk-c0ffee-eth0\"\n\
+            add rule bridge nat cni-br-iface-c0ffee-eth0-mac ether saddr 0a:58:0a:01:00:05 return comment \"macspoofchk-c0ffee-eth0\"\n\
+            add rule bridge nat cni-br-iface-c0ffee-eth0-mac drop comment \"macspoofchk-c0ffee-eth0\"\n";
+        assert_eq!(s, expected);
+        // Base chain present, stale state of the attachment: replaced, not redefined.
+        let f = Found {
+            spoof_base: true,
+            spoof_jumps: vec![rule("PREROUTING", 4)],
+            spoof_chains: (true, true),
+            ..Found::default()
+        };
+        let s = spoof_add_script(A, "veth1234abcd", "0a:58:0a:01:00:05", &f);
+        assert!(
+            s.starts_with(
+                "delete rule bridge nat PREROUTING handle 4\n\
+             flush chain bridge nat cni-br-iface-c0ffee-eth0\n\
+             flush chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
+             add rule bridge nat PREROUTING"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn teardown_names_only_what_exists() {
+        assert!(del_ops(A, &Found::default()).is_empty());
+        let f = Found {
+            masq: vec![rule("masq_checks", 7), rule("masq_checks", 9)],
+            spoof_jumps: vec![rule("PREROUTING", 3)],
+            spoof_chains: (true, true),
+            ..Found::default()
+        };
+        let inet = |chain: &str, handle| NftDelete::Rule {
+            family: NftFamily::Inet,
+            table: "cni_plugins_masquerade".into(),
+            chain: chain.into(),
+            handle,
+        };
+        let br = |chain: &str| (NftFamily::Bridge, "nat".to_string(), chain.to_string());
+        let (f1, t1, c1) = br("cni-br-iface-c0ffee-eth0");
+        let (f2, t2, c2) = br("cni-br-iface-c0ffee-eth0-mac");
+        assert_eq!(
+            del_ops(A, &f),
+            vec![
+                inet("masq_checks", 7),
+                inet("masq_checks", 9),
+                NftDelete::Rule {
+                    family: NftFamily::Bridge,
+                    table: "nat".into(),
+                    chain: "PREROUTING".into(),
+                    handle: 3
+                },
+                NftDelete::Flush { family: f1, table: t1.clone(), chain: c1.clone() },
+                NftDelete::Flush { family: f2, table: t2.clone(), chain: c2.clone() },
+                NftDelete::Chain { family: f1, table: t1, chain: c1 },
+                NftDelete::Chain { family: f2, table: t2, chain: c2 },
+            ]
+        );
+    }
+}

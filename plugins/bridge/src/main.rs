@@ -1,0 +1,3 @@
+fn main() {
+    cni_common::skel::run(&bridge::Bridge)
+}

@@ -1,0 +1,268 @@
+//! DEL, GC and STATUS.
+//!
+//! DEL is best effort and idempotent: firewall rules of the attachment (found by their tag, so
+//! an empty or vanished CNI_NETNS is no obstacle), the container interface, the IPAM
+//! reservation. Errors are collected and the first is reported after everything was tried.
+//!
+//! What upstream's DEL waits for is the kernel, not work: unregistering a network device waits
+//! for RCU grace periods (`rcu_barrier()` in `netdev_run_todo`, 10–30 ms measured here), and so
+//! does releasing the netlink socket of an nftables transaction that deleted something (the
+//! kernel frees the deleted rules after a grace period and flushes that work when the socket
+//! goes). By default DEL waits, as upstream. With `"deferredDelete": true` (ours, opt-in) DEL
+//! does every change itself — rules deleted and committed, the container interface down and
+//! renamed out of the way so CNI_IFNAME is free at once, IPAM released — and hands the two waits
+//! to a detached helper process that holds the sockets, unregisters the interface and exits.
+
+use std::collections::HashSet;
+
+use cni_common::error::{CniError, Result};
+use cni_common::ipam;
+use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::{Netlink, NlError};
+use cni_common::netns::NetNs;
+use cni_common::nft::Nft;
+use cni_common::spec::Command;
+use cni_common::Request;
+
+use crate::config::Conf;
+use crate::firewall::{self, Attachment};
+
+fn attachment(req: &Request) -> Attachment<'_> {
+    Attachment { network: req.network(), container_id: &req.env.container_id, ifname: &req.env.ifname }
+}
+
+/// Find `build`'s deletions and commit them in one netlink transaction; if it fails because a
+/// rule vanished meanwhile (a concurrent DEL or GC), read again and retry once. Returns whether
+/// something was deleted.
+fn delete_with_retry(
+    nf: &mut NfTables,
+    mut build: impl FnMut(&mut NfTables) -> Result<Vec<cni_common::netlink::nftables::NftDelete>>,
+) -> Result<bool> {
+    let ops = build(nf)?;
+    if ops.is_empty() {
+        return Ok(false);
+    }
+    match nf.delete(&ops) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_not_found() => {
+            let ops = build(nf)?;
+            if ops.is_empty() {
+                return Ok(true);
+            }
+            nf.delete(&ops).map(|_| true).map_err(CniError::from)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Remove the attachment's firewall rules with one netlink transaction. When neither ipMasq
+/// nor macspoofchk is configured, a kernel without nf_tables is not an error (`required`
+/// false). Returns the socket when it committed a deletion (releasing it makes the kernel wait
+/// for an RCU grace period).
+pub(crate) fn remove_firewall(req: &Request, required: bool) -> Result<Option<NfTables>> {
+    let att = attachment(req);
+    let mut nf = match NfTables::new() {
+        Ok(nf) => nf,
+        Err(e) if !required => {
+            eprintln!("bridge: nftables not readable, skipping firewall cleanup: {e}");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let changed =
+        delete_with_retry(&mut nf, |nf| Ok(firewall::del_ops(att, &firewall::find(nf, att, true, true)?)))
+            .map_err(|e| e.context("remove firewall rules"))?;
+    Ok(changed.then_some(nf))
+}
+
+/// The name a container interface gets while it waits to be unregistered (<= 15 bytes).
+fn tombstone_name(index: u32) -> String {
+    format!("cnidel{index:x}")
+}
+
+/// The container interface, made inert: down (no traffic; the host end loses carrier too) and
+/// renamed (CNI_IFNAME is free for a new attachment immediately). Returns the socket and index
+/// for unregistering it, or None when there is nothing to remove.
+fn make_inert(ns: &NetNs, ifname: &str) -> Result<Option<(Netlink, u32)>> {
+    let mut nl = Netlink::new_in(ns)?;
+    let Some(link) = nl.link_by_name(ifname)? else { return Ok(None) };
+    let inert = |nl: &mut Netlink| -> std::result::Result<(), NlError> {
+        nl.link_set_down(link.index)?;
+        nl.link_set_name(link.index, &tombstone_name(link.index))
+    };
+    match inert(&mut nl) {
+        Ok(()) => Ok(Some((nl, link.index))),
+        Err(e) if e.is_not_found() => Ok(None),
+        // Could not rename (a name clash): unregister it right away instead.
+        Err(_) => unregister(&mut nl, link.index, ifname).map(|_| None),
+    }
+}
+
+fn unregister(nl: &mut Netlink, index: u32, ifname: &str) -> Result<()> {
+    match nl.link_del(index) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(CniError::from(e).context(format_args!("failed to delete {ifname}"))),
+    }
+}
+
+/// Fork a helper that unregisters `link` (if any) and then exits; it inherits every open file,
+/// so the nftables socket is released — and waited for — by the helper too. The helper starts
+/// its own session and lets go of stdin/stdout/stderr at once, so the runtime sees this process
+/// finish and its output end without waiting for the kernel. Returns false when no helper
+/// could be started (nothing was done then).
+fn spawn_finisher(link: Option<&mut (Netlink, u32)>) -> bool {
+    // SAFETY: DEL runs single-threaded, so the child may run arbitrary code; it leaves with
+    // _exit (no atexit handlers, no flushing of buffers it shares with the parent).
+    match unsafe { libc::fork() } {
+        -1 => false,
+        0 => {
+            // SAFETY: plain syscalls on descriptors we own; the path is a valid C string.
+            unsafe {
+                libc::setsid();
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    if null >= 0 {
+                        libc::dup2(null, fd);
+                    } else {
+                        libc::close(fd);
+                    }
+                }
+                if null > 2 {
+                    libc::close(null);
+                }
+            }
+            if let Some((nl, index)) = link {
+                let _ = nl.link_del(*index);
+            }
+            // SAFETY: end the helper without running any parent-owned cleanup.
+            unsafe { libc::_exit(0) }
+        }
+        _ => true,
+    }
+}
+
+pub fn del(req: &Request) -> Result<()> {
+    let conf = Conf::from_request(req)?;
+    let mut errors: Vec<CniError> = Vec::new();
+
+    // The IPAM release runs while we clean up the rest.
+    let pending = if conf.l3 { Some(ipam::start(req, Command::Del)) } else { None };
+
+    let fw_socket = match remove_firewall(req, conf.ip_masq || conf.macspoofchk) {
+        Ok(s) => s,
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    };
+    let mut link = None;
+    if let Some(path) = req.netns() {
+        match NetNs::open_if_exists(path) {
+            // A namespace that is gone took its interfaces with it.
+            Ok(None) => {}
+            Ok(Some(ns)) if conf.deferred_delete => match make_inert(&ns, &req.env.ifname) {
+                Ok(l) => link = l,
+                Err(e) => errors.push(e),
+            },
+            Ok(Some(ns)) => {
+                let r = Netlink::new_in(&ns).and_then(|mut nl| match nl.link_by_name(&req.env.ifname)? {
+                    Some(l) => unregister(&mut nl, l.index, &req.env.ifname),
+                    None => Ok(()),
+                });
+                if let Err(e) = r {
+                    errors.push(e);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(p) = pending {
+        if let Err(e) = p.and_then(|p| p.wait()) {
+            errors.push(e);
+        }
+    }
+    if conf.deferred_delete && (link.is_some() || fw_socket.is_some()) && !spawn_finisher(link.as_mut()) {
+        if let Some((mut nl, index)) = link {
+            if let Err(e) = unregister(&mut nl, index, &req.env.ifname) {
+                errors.push(e);
+            }
+        }
+    }
+    drop(fw_socket);
+    report(errors)
+}
+
+fn report(mut errors: Vec<CniError>) -> Result<()> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let first = errors.remove(0);
+    if errors.is_empty() {
+        return Err(first);
+    }
+    let rest: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    Err(first.with_details(format!("also: {}", rest.join("; "))))
+}
+
+pub fn gc(req: &Request) -> Result<()> {
+    let conf = Conf::from_request(req)?;
+    let valid = req.valid_attachments()?;
+    let network = req.network();
+    let mut errors = Vec::new();
+
+    let keep_masq: HashSet<String> =
+        valid.iter().map(|a| firewall::instance_hash(network, &a.ifname, &a.container_id)).collect();
+    let keep_spoof: HashSet<(String, String)> =
+        valid.iter().map(|a| (a.container_id.clone(), a.ifname.clone())).collect();
+    let required = conf.ip_masq || conf.macspoofchk;
+    let firewall_gc = || -> Result<()> {
+        let mut nf = match NfTables::new() {
+            Ok(nf) => nf,
+            Err(_) if !required => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut host = Netlink::new()?;
+        delete_with_retry(&mut nf, |nf| {
+            let masq = firewall::masq_garbage(nf, network, &keep_masq)?;
+            let spoof = if conf.macspoofchk {
+                let mut owner_of = |name: &str| -> Result<firewall::PortOwner> {
+                    Ok(match host.link_by_name(name)? {
+                        None => firewall::PortOwner::Gone,
+                        Some(l) => match l.alias.as_deref().and_then(firewall::parse_veth_alias) {
+                            Some((net, id, ifname)) => {
+                                firewall::PortOwner::Attachment(net.into(), id.into(), ifname.into())
+                            }
+                            None => firewall::PortOwner::Unknown,
+                        },
+                    })
+                };
+                firewall::spoof_garbage(nf, network, &mut owner_of, &keep_spoof)?
+            } else {
+                Vec::new()
+            };
+            Ok(firewall::gc_ops(&masq, &spoof))
+        })
+        .map(drop)
+    };
+    if let Err(e) = firewall_gc() {
+        errors.push(e.context("garbage-collect firewall rules"));
+    }
+    if conf.l3 {
+        if let Err(e) = ipam::gc(req) {
+            errors.push(e);
+        }
+    }
+    report(errors)
+}
+
+pub fn status(req: &Request) -> Result<()> {
+    let conf = Conf::from_request(req)?;
+    if conf.ip_masq || conf.macspoofchk {
+        Nft::find()?; // code 50 when nft is missing: ADD could not set up the rules
+    }
+    if conf.l3 {
+        ipam::status(req)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! bridge + host-local ADD and DEL, whole process (the bridge execs host-local itself), in a
+//! fresh container netns each iteration. Ours and upstream's each get their own CNI_PATH
+//! (bridge + host-local of the same implementation), bridge, subnet and dataDir.
+
+use super::{timed, upstream_bin, Case, Step};
+use crate::{bin, Exec, Netns, TempDir};
+use std::path::Path;
+use std::time::Duration;
+
+struct Side {
+    cni_path: TempDir,
+    data: TempDir,
+}
+
+fn side(bridge: &Path, host_local: &Path) -> Side {
+    let cni_path = TempDir::new("bbin");
+    std::os::unix::fs::symlink(bridge, cni_path.join("bridge")).expect("symlink bridge");
+    std::os::unix::fs::symlink(host_local, cni_path.join("host-local")).expect("symlink host-local");
+    Side { cni_path, data: TempDir::new("bdata") }
+}
+
+/// Which configuration a case uses.
+#[derive(Clone, Copy)]
+enum Profile {
+    /// `isGateway`, one IPv4 range.
+    Gateway,
+    /// The same with `ipMasq`.
+    Masq,
+    /// `isGateway` with our opt-in `deferredDelete` (upstream ignores the key).
+    Deferred,
+    /// kubenet's: dual stack, default routes, hairpin (no masquerading, as kubenet's bridge).
+    Kubenet,
+}
+
+fn step<'a>(label: &'static str, s: Side, net: u8, profile: Profile) -> Step<'a> {
+    let data = s.data.str();
+    let conf = match profile {
+        Profile::Gateway | Profile::Masq | Profile::Deferred => format!(
+            r#"{{"cniVersion":"1.0.0","name":"bench-{label}-{net}","type":"bridge","bridge":"bb{label}{net}",
+                "isGateway":true,"ipMasq":{},"deferredDelete":{},
+                "ipam":{{"type":"host-local","subnet":"10.{net}.0.0/16","dataDir":"{data}"}}}}"#,
+            matches!(profile, Profile::Masq),
+            matches!(profile, Profile::Deferred)
+        ),
+        Profile::Kubenet => format!(
+            r#"{{"cniVersion":"1.0.0","name":"bench-{label}-{net}","type":"bridge","bridge":"bb{label}{net}",
+                "isGateway":true,"hairpinMode":true,
+                "ipam":{{"type":"host-local","dataDir":"{data}",
+                         "ranges":[[{{"subnet":"10.{net}.0.0/16"}}],[{{"subnet":"fd00:{net}::/64"}}]],
+                         "routes":[{{"dst":"0.0.0.0/0"}},{{"dst":"::/0"}}]}}}}"#
+        ),
+    };
+    let plugin = s.cni_path.join("bridge").to_string_lossy().into_owned();
+    let mut n = 0u64;
+    Box::new(move || -> Vec<Duration> {
+        let _keep = &s;
+        n += 1;
+        let id = format!("bench-{n}");
+        let ctr = Netns::new("bb");
+        let run = |cmd: &str| {
+            Exec::new(&plugin).attachment(cmd, &id, ctr.path_str(), "eth0", s.cni_path.str()).run(&conf)
+        };
+        let (add, t_add) = timed(|| run("ADD"));
+        assert_eq!(add.code, 0, "{label} ADD: {} {}", add.stdout, add.stderr);
+        let (del, t_del) = timed(|| run("DEL"));
+        assert_eq!(del.code, 0, "{label} DEL: {} {}", del.stdout, del.stderr);
+        vec![t_add, t_del]
+    })
+}
+
+/// The driver runs inside the fake host netns already.
+pub fn cases<'a>() -> Vec<Case<'a>> {
+    let ours = || side(&bin("bridge"), &bin("host-local"));
+    let up = || side(&upstream_bin("bridge"), &upstream_bin("host-local"));
+    vec![
+        Case {
+            label: "bridge + host-local (isGateway)".into(),
+            rows: vec!["ADD".into(), "DEL".into()],
+            ours: step("o", ours(), 61, Profile::Gateway),
+            upstream: step("u", up(), 62, Profile::Gateway),
+        },
+        Case {
+            label: "kubenet profile (dual stack, default routes, hairpin)".into(),
+            rows: vec!["ADD".into(), "DEL".into()],
+            ours: step("o", ours(), 65, Profile::Kubenet),
+            upstream: step("u", up(), 66, Profile::Kubenet),
+        },
+        Case {
+            label: "isGateway + ipMasq (ours: nftables; upstream 1.1.1: iptables)".into(),
+            rows: vec!["ADD".into(), "DEL".into()],
+            ours: step("o", ours(), 63, Profile::Masq),
+            upstream: step("u", up(), 64, Profile::Masq),
+        },
+        Case {
+            label: "isGateway, ours with deferredDelete (opt-in)".into(),
+            rows: vec!["ADD".into(), "DEL".into()],
+            ours: step("o", ours(), 67, Profile::Deferred),
+            upstream: step("u", up(), 68, Profile::Deferred),
+        },
+    ]
+}

@@ -1,0 +1,104 @@
+//! The kubenet-style chain, whole process per plugin: bridge (delegating to host-local),
+//! portmap with one hostPort, bandwidth with ingress and egress limits. ADD runs the plugins
+//! in order with prevResult, DEL in reverse with the final result, as a runtime does; the
+//! chain is driven from here (no runner process) so only plugin processes are timed. Also
+//! records each plugin's peak RSS.
+//!
+//! Both sides run in the same scratch host namespace on their own bridge, subnet, dataDir and
+//! host ports. cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
+
+use super::{upstream_bin, Case, Step};
+use crate::chain::Chain;
+use crate::{bin, Netns, TempDir};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+const PLUGINS: [&str; 3] = ["bridge", "portmap", "bandwidth"];
+
+/// Peak RSS (KiB) per (side, plugin), filled while the benchmark runs.
+pub type RssTable = Rc<RefCell<BTreeMap<(String, String), u64>>>;
+
+/// Capability args of iteration `n`: one hostPort and 100 Mbit/s each way.
+fn caps(port_base: u16, n: u32) -> Value {
+    json!({
+        "portMappings": [{"hostPort": port_base + (n % 10000) as u16, "containerPort": 80, "protocol": "tcp"}],
+        "bandwidth": {"ingressRate": 100_000_000u64, "ingressBurst": 200_000_000u64,
+                      "egressRate": 100_000_000u64, "egressBurst": 200_000_000u64}
+    })
+}
+
+fn step<'a>(label: &'static str, chain: Chain, port_base: u16, rss: RssTable) -> Step<'a> {
+    let mut n = 0u32;
+    Box::new(move || {
+        n += 1;
+        let ctr = Netns::new("bc");
+        let id = format!("bench-{label}-{n}");
+        let caps = caps(port_base, n);
+        let (result, adds) = chain
+            .add(&id, ctr.path_str(), "eth0", &caps, None)
+            .unwrap_or_else(|s| panic!("{label} ADD failed: {:?}", s.last().map(|x| &x.out)));
+        {
+            let mut r = rss.borrow_mut();
+            for s in &adds {
+                let e = r.entry((label.to_string(), s.plugin.clone())).or_default();
+                *e = (*e).max(s.out.max_rss_kib);
+            }
+        }
+        let mut dels = chain.del(&id, ctr.path_str(), "eth0", &caps, Some(&result), None);
+        dels.reverse();
+        let mut v = vec![adds.iter().map(|s| s.elapsed).sum(), dels.iter().map(|s| s.elapsed).sum()];
+        v.extend(adds.iter().map(|s| s.elapsed));
+        v.extend(dels.iter().map(|s| s.elapsed));
+        v
+    })
+}
+
+/// A CNI_PATH with our binaries (bridge finds host-local next to itself).
+fn our_dir() -> TempDir {
+    let d = TempDir::new("bench-bin");
+    for p in ["bridge", "host-local", "portmap", "bandwidth"] {
+        std::os::unix::fs::symlink(bin(p), d.join(p)).expect("symlink");
+    }
+    d
+}
+
+pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
+    let ours_dir = our_dir();
+    let upstream_dir: PathBuf = upstream_bin("bridge").parent().map(Path::to_path_buf).expect("dir");
+    let ours_data = TempDir::new("bench-data");
+    let upstream_data = TempDir::new("bench-data");
+    let ours =
+        Chain::kubenet("bench-ours", "1.0.0", "cbro", "10.201.0.0/16", ours_data.str(), ours_dir.path());
+    let upstream =
+        Chain::kubenet("bench-up", "1.0.0", "cbru", "10.202.0.0/16", upstream_data.str(), &upstream_dir);
+    keep.extend([ours_dir, ours_data, upstream_data]);
+    let suffix = |p: &str| if p == "bridge" { " (+host-local)" } else { "" };
+    let mut rows = vec!["ADD (whole chain)".to_string(), "DEL (whole chain)".to_string()];
+    rows.extend(PLUGINS.iter().map(|p| format!("ADD {p}{}", suffix(p))));
+    rows.extend(PLUGINS.iter().map(|p| format!("DEL {p}{}", suffix(p))));
+    vec![Case {
+        label: "bridge+host-local+portmap+bandwidth".into(),
+        rows,
+        ours: step("ours", ours, 20000, rss.clone()),
+        upstream: step("upstream", upstream, 40000, rss),
+    }]
+}
+
+/// Markdown table of peak RSS per plugin.
+pub fn rss_markdown(rss: &RssTable) -> String {
+    let r = rss.borrow();
+    let mut s = String::from(
+        "| plugin | ours peak RSS (KiB) | upstream peak RSS (KiB) | ours / upstream |\n|---|---|---|---|\n",
+    );
+    for p in PLUGINS {
+        let o = r.get(&("ours".to_string(), p.to_string())).copied().unwrap_or(0);
+        let u = r.get(&("upstream".to_string(), p.to_string())).copied().unwrap_or(0);
+        if o > 0 && u > 0 {
+            s.push_str(&format!("| {p} | {o} | {u} | {:.2} |\n", o as f64 / u as f64));
+        }
+    }
+    s
+}

@@ -1,0 +1,690 @@
+//! Real container runtimes — Podman (CNI backend) and containerd (`ctr run --cni`) — run
+//! against our plugins in a sandbox that leaves the machine alone.
+//!
+//! Runtimes set up networking in the network namespace they run in, and write state to fixed
+//! host paths (`/var/lib/cni` for libcni's cache, `/run/netns` for Podman's namespaces,
+//! `/run/containerd/s` for containerd shim sockets, `/dev/shm/libpod_lock`, `/etc/cni/net.d`
+//! and `/opt/cni/bin` for `ctr`). So a [`Sandbox`] is:
+//!
+//! * a scratch **host** network namespace (bridges, veth host ends, nftables, qdiscs and
+//!   sysctls land there) with an **outside** peer namespace joined by a veth, addresses in
+//!   10.250.0.0/30 (host .1, outside .2) and fd00:250::/64 (::1, ::2);
+//! * a **mount namespace** held by a keeper process (slave propagation, so nothing mounted
+//!   inside reaches the machine), with fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the
+//!   scratch plugin, config and cache directories bind-mounted on `/opt/cni/bin`,
+//!   `/etc/cni/net.d` and `/var/lib/cni`;
+//! * scratch directories for everything else (Podman root/runroot/tmpdir, containerd
+//!   root/state/sockets, host-local's dataDir, a busybox-static rootfs);
+//! * a cgroup parent of its own, removed at the end.
+//!
+//! Runtime commands run inside both namespaces through `nsenter`, each under `timeout`.
+//! [`HostSnapshot`] records what the machine looked like before, to prove afterwards that no
+//! link, nftables rule or file appeared outside the scratch directories.
+
+use crate::{bin, unique, Netns, TempDir};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Which plugins a sandbox puts in its plugin directory. The tests use ours only; for work on
+/// the harness itself `CNI_CLIENTS_UPSTREAM` swaps in Debian's Go plugins from /usr/lib/cni
+/// (`all`, or a comma-separated list such as `bridge`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginSet {
+    /// Plugins taken from /usr/lib/cni instead of ours.
+    pub upstream: Vec<String>,
+}
+
+impl PluginSet {
+    /// All ours.
+    pub fn ours() -> PluginSet {
+        PluginSet::default()
+    }
+
+    /// Ours, except what `CNI_CLIENTS_UPSTREAM` names.
+    pub fn from_env() -> PluginSet {
+        let v = std::env::var("CNI_CLIENTS_UPSTREAM").unwrap_or_default();
+        let upstream: Vec<String> = match v.trim() {
+            "" => Vec::new(),
+            "all" => PLUGINS.iter().map(|p| p.to_string()).collect(),
+            list => list.split(',').map(|p| p.trim().to_string()).collect(),
+        };
+        for p in &upstream {
+            assert!(
+                PLUGINS.contains(&p.as_str()),
+                "CNI_CLIENTS_UPSTREAM names {p:?}, not one of {PLUGINS:?}"
+            );
+        }
+        if !upstream.is_empty() {
+            eprintln!("NOTE: CNI_CLIENTS_UPSTREAM: using upstream {upstream:?} from /usr/lib/cni, not ours");
+        }
+        PluginSet { upstream }
+    }
+
+    pub fn is_upstream(&self, plugin: &str) -> bool {
+        self.upstream.iter().any(|p| p == plugin)
+    }
+}
+
+/// The plugins the runtime tests chain.
+pub const PLUGINS: [&str; 5] = ["bridge", "host-local", "portmap", "bandwidth", "loopback"];
+
+/// Address of the scratch host on its link to the outside namespace.
+pub const HOST_ADDR: &str = "10.250.0.1";
+/// Address of the outside namespace.
+pub const OUTSIDE_ADDR: &str = "10.250.0.2";
+/// IPv6 address of the scratch host on its link to the outside namespace.
+pub const HOST_ADDR6: &str = "fd00:250::1";
+/// IPv6 address of the outside namespace.
+pub const OUTSIDE_ADDR6: &str = "fd00:250::2";
+
+/// Seconds any one runtime command may take.
+pub const CMD_TIMEOUT: u64 = 60;
+
+/// Build `timeout -k 5 <secs> <program>` so no external command can hang a test.
+pub fn timed(secs: u64, program: &str) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", &secs.to_string(), program]);
+    c
+}
+
+/// Assert a command succeeded; return its stdout. Says so when `timeout` killed it.
+pub fn must(what: &str, out: Output) -> String {
+    let code = out.status.code();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): stdout {} stderr {}",
+        match code {
+            Some(124) | Some(137) => "timed out".to_string(),
+            Some(c) => format!("exit {c}"),
+            None => "killed by a signal".to_string(),
+        },
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Poll `cond` until it returns Some (-> Some) or `limit` passes (-> None).
+pub fn poll<T>(limit: Duration, mut cond: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = cond() {
+            return Some(v);
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Poll `cond` until it returns Some; fail the test if `limit` passes first.
+pub fn wait_for<T>(what: &str, limit: Duration, cond: impl FnMut() -> Option<T>) -> T {
+    poll(limit, cond).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// A child process killed (and reaped) when dropped, also when a test fails.
+pub struct Reaper(pub Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A scratch host + outside netns, a private mount namespace and scratch directories.
+pub struct Sandbox {
+    pub host: Netns,
+    pub outside: Netns,
+    pub plugins: PluginSet,
+    /// Scratch root: bin/ conf/ cache/ data/ rootfs/ and per-runtime directories.
+    pub dir: TempDir,
+    /// Absolute cgroup parent (e.g. `/cnisbx…`) for containers of this sandbox.
+    pub cgroup_parent: String,
+    keeper: Option<(Child, ChildStdin)>,
+    keeper_pid: u32,
+}
+
+/// Shell script run by the keeper inside its new mount namespace. `$1` is the scratch root.
+const KEEPER_SCRIPT: &str = r#"
+set -eu
+S="$1"
+mount -t tmpfs -o mode=755 cnisandbox /run
+mkdir -p /run/netns
+mount -t tmpfs -o mode=1777 cnisandbox /dev/shm
+mount -t tmpfs -o mode=755 cnisandbox /opt
+mkdir -p /opt/cni/bin
+mount --bind "$S/bin" /opt/cni/bin
+# /etc/cni/net.d and /var/lib/cni: bind over them; where missing, make them in an overlay
+# whose upper layer is scratch, so the machine's tree stays as it is.
+for pair in /etc/cni/net.d:/etc:"$S/conf" /var/lib/cni:/var/lib:"$S/cache"; do
+    target=${pair%%:*}; rest=${pair#*:}; parent=${rest%%:*}; src=${rest#*:}
+    if [ ! -d "$target" ]; then
+        o="$S/overlay$(echo "$parent" | tr / _)"
+        mkdir -p "$o/up" "$o/work"
+        mount -t overlay overlay -o "lowerdir=$parent,upperdir=$o/up,workdir=$o/work" "$parent"
+        mkdir -p "$target"
+    fi
+    mount --bind "$src" "$target"
+done
+echo ready
+exec cat >/dev/null
+"#;
+
+impl Sandbox {
+    pub fn new(plugins: PluginSet) -> Sandbox {
+        let host = Netns::new("sbh");
+        let outside = Netns::new("sbo");
+        let dir = TempDir::new("sbx");
+        for d in ["bin", "conf", "cache", "data", "rootfs"] {
+            std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
+        }
+        for p in PLUGINS {
+            let dst = dir.join("bin").join(p);
+            if plugins.is_upstream(p) {
+                std::fs::copy(Path::new("/usr/lib/cni").join(p), &dst)
+                    .unwrap_or_else(|e| panic!("upstream plugin {p}: {e}"));
+            } else {
+                std::os::unix::fs::symlink(bin(p), &dst).expect("symlink plugin");
+            }
+        }
+        // host <-> outside link
+        let hv = unique("sbv");
+        let ov = unique("sbw");
+        let out = Command::new("ip")
+            .args(["link", "add", &hv, "netns", host.name(), "type", "veth", "peer", "name", &ov])
+            .args(["netns", outside.name()])
+            .output()
+            .expect("run ip");
+        assert!(out.status.success(), "veth host<->outside: {}", String::from_utf8_lossy(&out.stderr));
+        host.run("ip", &["addr", "add", &format!("{HOST_ADDR}/30"), "dev", &hv]);
+        outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/30"), "dev", &ov]);
+        host.run("ip", &["-6", "addr", "add", &format!("{HOST_ADDR6}/64"), "dev", &hv, "nodad"]);
+        outside.run("ip", &["-6", "addr", "add", &format!("{OUTSIDE_ADDR6}/64"), "dev", &ov, "nodad"]);
+        for (ns, dev) in [(&host, hv.as_str()), (&outside, ov.as_str())] {
+            ns.run("ip", &["link", "set", dev, "up"]);
+            ns.run("ip", &["link", "set", "lo", "up"]);
+        }
+        make_rootfs(&dir.join("rootfs"));
+
+        // The keeper: unshare a mount namespace inside the host netns, set it up, then wait
+        // on stdin; closing stdin ends it.
+        let mut cmd = host.command("unshare");
+        cmd.args(["--mount", "--propagation", "slave", "sh", "-c", KEEPER_SCRIPT, "keeper", dir.str()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn unshare (util-linux)");
+        let stdin = child.stdin.take().expect("keeper stdin");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("keeper stdout"))
+            .read_line(&mut line)
+            .expect("read keeper");
+        if line.trim() != "ready" {
+            let out = child.wait_with_output().expect("keeper output");
+            panic!("cannot set up the sandbox mount namespace: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let keeper_pid = child.id();
+        let cgroup_parent = format!("/{}", unique("cnisbx"));
+        Sandbox { host, outside, plugins, dir, cgroup_parent, keeper: Some((child, stdin)), keeper_pid }
+    }
+
+    /// A command run inside the sandbox (host netns + private mount ns), under `timeout`.
+    pub fn command(&self, secs: u64, program: &str) -> Command {
+        let mut c = timed(secs, "nsenter");
+        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "--", program]);
+        c
+    }
+
+    /// Run `program args` in the sandbox; panics on failure; returns stdout.
+    pub fn must(&self, program: &str, args: &[&str]) -> String {
+        let out = self.command(CMD_TIMEOUT, program).args(args).output().expect("spawn nsenter");
+        must(&format!("{program} {args:?}"), out)
+    }
+
+    /// Write a conflist into the scratch config dir (what `/etc/cni/net.d` shows in the sandbox).
+    pub fn write_conflist(&self, file: &str, v: &Value) {
+        std::fs::write(self.dir.join("conf").join(file), serde_json::to_string_pretty(v).unwrap())
+            .expect("write conflist");
+    }
+
+    /// The libcni cache entry of an attachment, parsed (None if absent).
+    pub fn cached(&self, net: &str, id: &str, ifname: &str) -> Option<Value> {
+        let p = self.dir.join("cache/results").join(format!("{net}-{id}-{ifname}"));
+        std::fs::read(p).ok().map(|b| serde_json::from_slice(&b).expect("cache entry is JSON"))
+    }
+
+    /// Names of files in the libcni cache (results/).
+    pub fn cache_entries(&self) -> Vec<String> {
+        list(&self.dir.join("cache/results"))
+    }
+
+    /// host-local's reservations (files named after an address) for `net`.
+    pub fn reservations(&self, net: &str) -> Vec<String> {
+        list(&self.dir.join("data").join(net))
+            .into_iter()
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect()
+    }
+
+    /// HTTP GET with curl from `ns` (5 s limit); Ok(body) or Err(curl's complaint).
+    pub fn http_get(ns: &Netns, url: &str) -> Result<String, String> {
+        let out = ns
+            .command("timeout")
+            .args(["-k", "2", "10", "curl", "-gsS", "--max-time", "5", "--noproxy", "*", url])
+            .output()
+            .expect("run curl");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Everything firewall-shaped in the host netns, as text: the nft ruleset and, when
+    /// iptables is installed (upstream's plugins use it), iptables-save of both families.
+    pub fn firewall_text(&self) -> String {
+        let mut s =
+            String::from_utf8_lossy(&self.host.try_run("nft", &["list", "ruleset"]).stdout).into_owned();
+        for tool in ["iptables-save", "ip6tables-save"] {
+            if Path::new("/usr/sbin").join(tool).exists() {
+                s.push_str(&String::from_utf8_lossy(&self.host.try_run(tool, &[]).stdout));
+            }
+        }
+        s
+    }
+
+    /// Links in the host netns.
+    pub fn host_links(&self) -> Vec<String> {
+        self.host.link_names()
+    }
+
+    /// tc qdiscs in the host netns, as text.
+    pub fn qdiscs(&self) -> String {
+        String::from_utf8_lossy(&self.host.run("tc", &["qdisc", "show"]).stdout).into_owned()
+    }
+
+    /// Remove this sandbox's cgroup directories (deepest first); returns what could not be
+    /// removed (a non-empty cgroup means a process of a container is still alive).
+    pub fn remove_cgroups(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for ctl in list(Path::new("/sys/fs/cgroup")) {
+            let base =
+                Path::new("/sys/fs/cgroup").join(&ctl).join(self.cgroup_parent.trim_start_matches('/'));
+            if !base.exists() {
+                continue;
+            }
+            let mut dirs = Vec::new();
+            collect_dirs(&base, &mut dirs);
+            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+            for d in dirs {
+                if let Err(e) = std::fs::remove_dir(&d) {
+                    left.push(format!("{}: {e}", d.display()));
+                }
+            }
+        }
+        left
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin)) = self.keeper.take() {
+            drop(stdin);
+            let _ = child.wait();
+        }
+        let left = self.remove_cgroups();
+        if !left.is_empty() && !std::thread::panicking() {
+            panic!("cgroups left behind: {left:?}");
+        }
+    }
+}
+
+fn collect_dirs(d: &Path, out: &mut Vec<PathBuf>) {
+    out.push(d.to_path_buf());
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_dirs(&e.path(), out);
+            }
+        }
+    }
+}
+
+fn list(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A minimal rootfs: static busybox and a page for httpd at /www/index.html.
+fn make_rootfs(root: &Path) {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("busybox not installed: scripts/install-deps.sh installs busybox-static");
+    for d in ["bin", "proc", "sys", "dev", "etc", "tmp", "run", "www"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).expect("copy busybox");
+    for a in ["sh", "httpd", "nc", "ip", "cat", "sleep", "ls", "echo", "printf"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(a)).unwrap();
+    }
+    std::fs::write(root.join("www/index.html"), "hello from the container\n").unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+}
+
+/// Podman 4 with its CNI backend, configured entirely through scratch files.
+pub struct Podman<'a> {
+    sb: &'a Sandbox,
+    conf: PathBuf,
+    storage: PathBuf,
+}
+
+impl<'a> Podman<'a> {
+    pub fn new(sb: &'a Sandbox) -> Podman<'a> {
+        let d = sb.dir.join("podman");
+        for s in ["root", "runroot", "tmp"] {
+            std::fs::create_dir_all(d.join(s)).unwrap();
+        }
+        let conf = d.join("containers.conf");
+        let storage = d.join("storage.conf");
+        let p = |s: &str| d.join(s).to_string_lossy().into_owned();
+        std::fs::write(
+            &conf,
+            format!(
+                r#"[containers]
+default_sysctls = []
+[network]
+network_backend = "cni"
+cni_plugin_dirs = ["{bin}"]
+network_config_dir = "{conf}"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+runtime = "runc"
+tmp_dir = "{tmp}"
+static_dir = "{root}/libpod"
+volume_path = "{root}/volumes"
+num_locks = 64
+"#,
+                bin = sb.dir.join("bin").display(),
+                conf = sb.dir.join("conf").display(),
+                tmp = p("tmp"),
+                root = p("root"),
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            &storage,
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+                p("root"),
+                p("runroot")
+            ),
+        )
+        .unwrap();
+        Podman { sb, conf, storage }
+    }
+
+    /// `podman <global flags> args…` in the sandbox, under a timeout.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let d = self.sb.dir.join("podman");
+        let mut c = self.sb.command(CMD_TIMEOUT, "env");
+        c.arg(format!("CONTAINERS_CONF={}", self.conf.display()))
+            .arg(format!("CONTAINERS_STORAGE_CONF={}", self.storage.display()))
+            .arg("CONTAINERS_REGISTRIES_CONF=/dev/null")
+            .arg("podman")
+            .arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .args(["--runtime", "runc", "--cgroup-manager", "cgroupfs", "--events-backend", "none"])
+            .args(args);
+        c.output().expect("spawn podman")
+    }
+
+    pub fn must(&self, args: &[&str]) -> String {
+        must(&format!("podman {args:?}"), self.run(args))
+    }
+
+    /// `podman inspect` of one container, parsed.
+    pub fn inspect(&self, name: &str) -> Value {
+        let v: Value = serde_json::from_str(&self.must(&["inspect", name])).expect("inspect JSON");
+        v[0].clone()
+    }
+}
+
+impl Drop for Podman<'_> {
+    fn drop(&mut self) {
+        // Whatever a failed test left running.
+        let _ = self.run(&["rm", "-f", "-a", "-t", "0"]);
+    }
+}
+
+/// A private containerd 1.6 daemon (root, state and sockets in scratch; CRI off) and `ctr`.
+pub struct Containerd<'a> {
+    sb: &'a Sandbox,
+    daemon: Option<Child>,
+    pub socket: PathBuf,
+    state: PathBuf,
+}
+
+impl<'a> Containerd<'a> {
+    /// Start the daemon in the sandbox and wait until it answers. Fails the test if it cannot.
+    pub fn start(sb: &'a Sandbox) -> Containerd<'a> {
+        let d = sb.dir.join("containerd");
+        std::fs::create_dir_all(&d).unwrap();
+        let socket = d.join("c.sock");
+        let state = d.join("state");
+        let config = d.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+"#,
+                root = d.join("root").display(),
+                state = state.display(),
+                sock = socket.display(),
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &sb.keeper_pid.to_string(), "-m", "-n", "--", "containerd", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let daemon = c.spawn().expect("spawn containerd");
+        let mut me = Containerd { sb, daemon: Some(daemon), socket, state };
+        let start = Instant::now();
+        loop {
+            if me.ctr(&["version"]).status.success() {
+                break;
+            }
+            if let Some(st) = me.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "containerd exited ({st}) at start: {}",
+                    std::fs::read_to_string(d.join("containerd.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd did not answer within 30 s: {}",
+                std::fs::read_to_string(d.join("containerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        me
+    }
+
+    /// `ctr -a <socket> args…` in the sandbox, under a timeout.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_command(CMD_TIMEOUT, args).output().expect("spawn ctr")
+    }
+
+    pub fn ctr_command(&self, secs: u64, args: &[&str]) -> Command {
+        let mut c = self.sb.command(secs, "ctr");
+        c.arg("-a").arg(&self.socket).args(args);
+        c
+    }
+
+    pub fn must(&self, args: &[&str]) -> String {
+        must(&format!("ctr {args:?}"), self.ctr(args))
+    }
+
+    /// PIDs of running shims (from their pid files under the state dir).
+    pub fn shim_pids(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        let base = self.state.join("io.containerd.runtime.v2.task");
+        for ns in list(&base) {
+            for id in list(&base.join(&ns)) {
+                if let Ok(s) = std::fs::read_to_string(base.join(&ns).join(&id).join("shim.pid")) {
+                    if let Ok(p) = s.trim().parse() {
+                        pids.push(p);
+                    }
+                }
+            }
+        }
+        pids
+    }
+
+    /// Stop the daemon (SIGTERM, then wait).
+    pub fn stop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            // SAFETY: plain kill(2) on the daemon this struct started and has not reaped.
+            unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+            let _ = d.wait();
+        }
+    }
+}
+
+impl Drop for Containerd<'_> {
+    fn drop(&mut self) {
+        // Clean up what a failed test left: tasks, containers, then the daemon and any shim.
+        if self.daemon.is_some() {
+            let tasks = self.ctr(&["task", "ls", "-q"]);
+            for id in String::from_utf8_lossy(&tasks.stdout).lines() {
+                let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+                let _ = self.ctr(&["task", "delete", "-f", id]);
+            }
+            let cs = self.ctr(&["container", "ls", "-q"]);
+            for id in String::from_utf8_lossy(&cs.stdout).lines() {
+                let _ = self.ctr(&["container", "delete", id]);
+            }
+        }
+        let shims = self.shim_pids();
+        self.stop();
+        for p in shims {
+            // SAFETY: kill(2) on a shim this daemon started for this sandbox.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// What the machine (the test process's own namespaces) looks like, restricted to what a
+/// runtime or our plugins could leave behind: links, the nftables ruleset, runtime state
+/// directories, and entries naming this test's attachments in shared CNI directories.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostSnapshot {
+    links: Vec<String>,
+    nft: String,
+    files: Vec<String>,
+}
+
+/// Directories that no other test writes to: any change there is ours.
+const RUNTIME_DIRS: [&str; 12] = [
+    "/run/containerd",
+    "/run/libpod",
+    "/run/containers",
+    "/run/runc",
+    "/run/crun",
+    "/run/podman",
+    "/var/lib/containers",
+    "/var/lib/containerd",
+    "/opt/cni",
+    "/etc/cni",
+    "/var/lib/cni/networks",
+    "/etc/containers/networks",
+];
+
+impl HostSnapshot {
+    /// `tokens`: strings that name this test's networks/containers (checked in shared dirs
+    /// such as /var/lib/cni/results and /run/netns, where other tests write too).
+    pub fn take(tokens: &[&str]) -> HostSnapshot {
+        let links_out = Command::new("ip").args(["-o", "link", "show"]).output().expect("ip link");
+        let mut links: Vec<String> = String::from_utf8_lossy(&links_out.stdout)
+            .lines()
+            .filter_map(|l| l.split(':').nth(1).map(|s| s.trim().split('@').next().unwrap().to_string()))
+            .collect();
+        links.sort();
+        let nft = Command::new("nft").args(["list", "ruleset"]).output().expect("nft");
+        let mut files = Vec::new();
+        for d in RUNTIME_DIRS {
+            walk(Path::new(d), &mut files);
+        }
+        // Podman's SHM lock; other programs may use /dev/shm for their own things
+        walk(Path::new("/dev/shm"), &mut files);
+        files.retain(|f| !f.starts_with("/dev/shm/") || f.starts_with("/dev/shm/libpod"));
+        for d in ["/var/lib/cni", "/run/netns", "/run/cni"] {
+            let mut all = Vec::new();
+            walk(Path::new(d), &mut all);
+            files.extend(
+                all.into_iter()
+                    .filter(|f| tokens.iter().any(|t| f.contains(t)) || f.starts_with("/run/netns/cni-")),
+            );
+        }
+        files.sort();
+        HostSnapshot { links, nft: String::from_utf8_lossy(&nft.stdout).into_owned(), files }
+    }
+
+    /// Assert the machine looks as it did in `before`.
+    pub fn assert_unchanged_since(before: &HostSnapshot, tokens: &[&str]) {
+        let after = HostSnapshot::take(tokens);
+        assert_eq!(before.links, after.links, "links of the machine changed");
+        assert_eq!(before.nft, after.nft, "the machine's nftables ruleset changed");
+        assert_eq!(before.files, after.files, "files appeared or vanished outside the scratch dirs");
+    }
+}
+
+fn walk(p: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(p) else { return };
+    out.push(p.display().to_string());
+    for e in rd.flatten() {
+        let path = e.path();
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            walk(&path, out);
+        } else {
+            out.push(path.display().to_string());
+        }
+    }
+}
