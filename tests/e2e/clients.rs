@@ -24,6 +24,10 @@ const RATE: u64 = 80_000_000;
 const BURST: u64 = 800_000;
 
 fn conflist(sb: &Sandbox, net: &str, bridge: &str) -> Value {
+    conflist_on(sb, net, bridge, SUBNET, GATEWAY)
+}
+
+fn conflist_on(sb: &Sandbox, net: &str, bridge: &str, subnet: &str, gateway: &str) -> Value {
     json!({
         "cniVersion": "1.0.0",
         "name": net,
@@ -37,7 +41,7 @@ fn conflist(sb: &Sandbox, net: &str, bridge: &str) -> Value {
                 "ipam": {
                     "type": "host-local",
                     "dataDir": sb.dir.join("data"),
-                    "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+                    "ranges": [[{"subnet": subnet, "gateway": gateway}]],
                     "routes": [{"dst": "0.0.0.0/0"}]
                 }
             },
@@ -623,6 +627,97 @@ fn podman_tears_down_when_the_container_exits_by_itself() {
         });
         assert_attachment_gone(&sb, &before, &bridge, &net, &ip, &[&id, "18083"], "exit + podman cleanup");
         podman.must(&["rm", &name]);
+        drop(podman);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
+
+#[test]
+fn podman_two_networks_share_a_published_port() {
+    // `podman run --network n1,n2 -p 18090:8080`: Podman runs each network's chain with the same
+    // portMappings. Both ADDs must succeed; disconnecting the first network keeps the port
+    // working through the second; removing the container leaves nothing.
+    let (net1, net2) = (cni_tests::unique("cnirt"), cni_tests::unique("cnirt"));
+    let name = cni_tests::unique("ctr");
+    let tokens = [net1.as_str(), net2.as_str(), name.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let (br1, br2) = (cni_tests::unique("cbr"), cni_tests::unique("cbr"));
+        sb.write_conflist(&format!("10-{net1}.conflist"), &conflist_on(&sb, &net1, &br1, SUBNET, GATEWAY));
+        sb.write_conflist(
+            &format!("11-{net2}.conflist"),
+            &conflist_on(&sb, &net2, &br2, "10.90.0.0/24", "10.90.0.1"),
+        );
+        let podman = Podman::new(&sb);
+        let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+        let rootfs = sb.dir.join("rootfs");
+        let nets = format!("{net1},{net2}");
+        podman.must(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &nets,
+            "-p",
+            "18090:8080",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cgroup-parent",
+            &sb.cgroup_parent,
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "/bin/httpd",
+            "-f",
+            "-p",
+            "8080",
+            "-h",
+            "/www",
+        ]);
+        let info = podman.inspect(&name);
+        let id = info["Id"].as_str().expect("container id").to_string();
+        let ip_of = |net: &str| {
+            info["NetworkSettings"]["Networks"][net]["IPAddress"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no IP for {net} in inspect: {}", info["NetworkSettings"]))
+                .to_string()
+        };
+        let (ip1, ip2) = (ip_of(&net1), ip_of(&net2));
+        assert!(ip1.starts_with("10.89.0.") && ip2.starts_with("10.90.0."), "{ip1} {ip2}");
+
+        let page = "hello from the container\n";
+        let via_port = format!("http://{HOST_ADDR}:18090/");
+        wait_for("httpd through the host port", Duration::from_secs(20), || {
+            Sandbox::http_get(&sb.outside, &via_port).ok()
+        });
+        assert_eq!(Sandbox::http_get(&sb.outside, &via_port).as_deref(), Ok(page));
+        let fw = sb.firewall_text();
+        assert!(mentions_ip(&fw, &ip1) && mentions_ip(&fw, &ip2), "both claims recorded:\n{fw}");
+
+        // CNI DEL of the first network only: the port now leads to the second address
+        podman.must(&["network", "disconnect", &net1, &name]);
+        assert_eq!(
+            Sandbox::http_get(&sb.outside, &via_port).as_deref(),
+            Ok(page),
+            "still reachable through the second network"
+        );
+        let fw = sb.firewall_text();
+        assert!(!mentions_ip(&fw, &ip1), "nothing of the first network left:\n{fw}");
+        assert!(fw.contains("18090") && mentions_ip(&fw, &ip2), "{fw}");
+
+        podman.must(&["rm", "-f", "-t", "0", &name]);
+        let fw = sb.firewall_text();
+        for t in [id.as_str(), &id[..12], "18090", &ip1, &ip2] {
+            assert!(!fw.contains(t), "firewall still mentions {t}:\n{fw}");
+        }
+        assert!(Sandbox::http_get(&sb.outside, &via_port).is_err(), "the host port is closed");
+        let mut expected = before.clone();
+        expected.extend([br1.clone(), br2.clone()]); // the bridges stay, as with upstream
+        assert_eq!(sb.host_links().into_iter().collect::<BTreeSet<_>>(), expected, "links left");
+        assert_eq!(sb.cache_entries(), Vec::<String>::new(), "libcni cache entries left");
         drop(podman);
     }
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
