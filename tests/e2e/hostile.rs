@@ -167,6 +167,7 @@ fn generic_cases(base: &Value, w: &World) -> Vec<Case> {
 
 fn run_cases(w: &World, plugin: &str, cases: Vec<Case>) -> usize {
     let n = cases.len();
+    let mut failures = Vec::new();
     for c in cases {
         let before = w.snapshot();
         let mut e = Exec::new(plugin).in_ns(&w.host).attachment(
@@ -183,14 +184,23 @@ fn run_cases(w: &World, plugin: &str, cases: Vec<Case>) -> usize {
             };
         }
         let out = e.run(&c.stdin);
-        assert_ne!(out.code, 0, "{plugin}: {}: succeeded: {}", c.what, out.stdout);
+        let what = &c.what;
+        if out.code == 0 {
+            failures.push(format!("{what}: succeeded: {}", out.stdout));
+            continue;
+        }
         let doc = out.json(); // exactly one document
-        assert_eq!(doc["code"], c.code, "{plugin}: {}: {} (stderr {})", c.what, out.stdout, out.stderr);
-        assert!(doc["msg"].as_str().is_some_and(|m| !m.is_empty()), "{plugin}: {}: no message", c.what);
-        assert!(doc["cniVersion"].is_string(), "{plugin}: {}: no cniVersion", c.what);
-        let after = w.snapshot();
-        assert!(before == after, "{plugin}: {}: host state changed", c.what);
+        if doc["code"] != c.code {
+            failures.push(format!("{what}: code {} (want {}): {}", doc["code"], c.code, doc["msg"]));
+        }
+        if doc["msg"].as_str().is_none_or(str::is_empty) || !doc["cniVersion"].is_string() {
+            failures.push(format!("{what}: no message or cniVersion: {doc}"));
+        }
+        if before != w.snapshot() {
+            failures.push(format!("{what}: host state changed"));
+        }
     }
+    assert!(failures.is_empty(), "{plugin}: {} of {n} cases wrong:\n{}", failures.len(), failures.join("\n"));
     n
 }
 
@@ -399,4 +409,175 @@ fn portmap_rejects_hostile_input_without_side_effects() {
     cases.extend(specific);
     let n = run_cases(&w, "portmap", cases);
     assert!(n >= 60, "{n} cases");
+}
+
+fn bridge_base(w: &World) -> Value {
+    json!({"cniVersion": "1.1.0", "name": "hostile", "type": "bridge", "bridge": "hbr1", "isGateway": true,
+           "ipMasq": true,
+           "ipam": {"type": "host-local", "subnet": "10.78.0.0/24", "dataDir": w.data.str()}})
+}
+
+#[test]
+fn bridge_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["bridge", "host-local"]);
+    let base = bridge_base(&w);
+    let mut cases = generic_cases(&base, &w);
+    let specific = vec![
+        case("bridge name too long", set(&base, "bridge", json!("averyverylongbridgename")), 7),
+        case("bridge name with slash", set(&base, "bridge", json!("br/0")), 7),
+        case("bridge name with space", set(&base, "bridge", json!("br 0")), 7),
+        case("bridge name is a number", set(&base, "bridge", json!(0)), 6),
+        case("bridge is an existing non-bridge", set(&base, "bridge", json!("lo")), 7),
+        case("isGateway as a string", set(&base, "isGateway", json!("true")), 6),
+        case("hairpinMode as a number", set(&base, "hairpinMode", json!(1)), 6),
+        case("mtu negative", set(&base, "mtu", json!(-1)), 7),
+        case("mtu as a string", set(&base, "mtu", json!("1500")), 6),
+        case("mtu too small", set(&base, "mtu", json!(10)), 7),
+        case("mtu too large", set(&base, "mtu", json!(1_000_000)), 7),
+        case("vlan out of range", set(&base, "vlan", json!(5000)), 7),
+        case("vlan negative", set(&base, "vlan", json!(-1)), 7),
+        case("vlanTrunk missing maxID", set(&base, "vlanTrunk", json!([{"minID": 10}])), 7),
+        case("vlanTrunk min above max", set(&base, "vlanTrunk", json!([{"minID": 20, "maxID": 10}])), 7),
+        case("vlanTrunk id out of range", set(&base, "vlanTrunk", json!([{"id": 4095}])), 7),
+        case("vlanTrunk of wrong type", set(&base, "vlanTrunk", json!("10-20")), 6),
+        case(
+            "hairpin and promisc together",
+            {
+                let mut c = base.clone();
+                c["hairpinMode"] = json!(true);
+                c["promiscMode"] = json!(true);
+                c.to_string()
+            },
+            7,
+        ),
+        case("ipMasqBackend iptables", set(&base, "ipMasqBackend", json!("iptables")), 2),
+        case("ipMasqBackend unknown", set(&base, "ipMasqBackend", json!("pf")), 7),
+        case("ipam with disableContainerInterface", set(&base, "disableContainerInterface", json!(true)), 7),
+        case("ipam type traversal", ipam_set(&base, "type", json!("../host-local")), 7),
+        case("ipam type missing on CNI_PATH", ipam_set(&base, "type", json!("no-such-ipam")), 7),
+        case("ipam subnet malformed", ipam_set(&base, "subnet", json!("10.78.0.0/40")), 6),
+        case("ipam subnet host bits", ipam_set(&base, "subnet", json!("10.78.0.1/24")), 7),
+        case("args.cni.mac malformed", set(&base, "args", json!({"cni": {"mac": "zz:zz"}})), 7),
+        case(
+            "runtimeConfig.mac multicast",
+            set(&base, "runtimeConfig", json!({"mac": "01:00:5e:00:00:01"})),
+            7,
+        ),
+        with_env(
+            case("CNI_ARGS MAC malformed", set(&base, "x", json!(0)), 7),
+            "CNI_ARGS",
+            Some("IgnoreUnknown=1;MAC=nope"),
+        ),
+        case("dns of wrong type", set(&base, "dns", json!(["8.8.8.8"])), 6),
+        case("nonMasqueradeCIDRs of wrong type", set(&base, "nonMasqueradeCIDRs", json!("10.0.0.0/8")), 6),
+        case(
+            "nonMasqueradeCIDRs entry malformed",
+            set(&base, "nonMasqueradeCIDRs", json!(["10.0.0.0/99"])),
+            7,
+        ),
+        case("autoMtu as a string", set(&base, "autoMtu", json!("yes")), 6),
+        // the container already has an interface of that name
+        with_env(case("CNI_IFNAME exists in the container", base.to_string(), 999), "CNI_IFNAME", Some("lo")),
+        case("macspoofchk as a string", set(&base, "macspoofchk", json!("true")), 6),
+    ];
+    cases.extend(specific);
+    let n = run_cases(&w, "bridge", cases);
+    assert!(n >= 80, "{n} cases");
+}
+
+/// The runner: cnitool must refuse bad configuration files, environments and arguments with a
+/// message on stderr and a non-zero exit, and change nothing.
+#[test]
+fn cnitool_rejects_hostile_input_without_side_effects() {
+    let w = World::new(&["loopback", "bridge", "host-local"]);
+    let conf = TempDir::new("hostile-conf");
+    let cache = TempDir::new("hostile-cache");
+    let good = json!({"cniVersion": "1.1.0", "name": "good", "plugins": [{"type": "loopback"}]});
+    let files: Vec<(&str, String)> = vec![
+        ("10-good.conflist", good.to_string()),
+        ("20-broken.conflist", "{\"name\": \"broken\", \"plugins\": [".into()),
+        (
+            "30-traversal.conflist",
+            json!({"cniVersion": "1.1.0", "name": "traversal", "plugins": [{"type": "../../../bin/true"}]})
+                .to_string(),
+        ),
+        ("40-empty.conflist", json!({"cniVersion": "1.1.0", "name": "empty", "plugins": []}).to_string()),
+        (
+            "50-future.conflist",
+            json!({"cniVersion": "9.9.9", "name": "future", "plugins": [{"type": "loopback"}]}).to_string(),
+        ),
+        ("60-noname.conflist", json!({"cniVersion": "1.1.0", "plugins": [{"type": "loopback"}]}).to_string()),
+        (
+            "70-badname.conflist",
+            json!({"cniVersion": "1.1.0", "name": "../etc", "plugins": [{"type": "loopback"}]}).to_string(),
+        ),
+        (
+            "80-missing.conflist",
+            json!({"cniVersion": "1.1.0", "name": "missing", "plugins": [{"type": "no-such-plugin"}]})
+                .to_string(),
+        ),
+        (
+            "90-notype.conflist",
+            json!({"cniVersion": "1.1.0", "name": "notype", "plugins": [{"bridge": "x"}]}).to_string(),
+        ),
+    ];
+    for (f, text) in &files {
+        std::fs::write(conf.join(f), text).unwrap();
+    }
+    let tool = cni_tests::bin("cnitool");
+    // (what, argv, env overrides)
+    type RunnerCase<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>);
+    let ctr = w.ctr.path_str();
+    let cases: Vec<RunnerCase> = vec![
+        ("no arguments", vec![], vec![]),
+        ("too few arguments", vec!["add", "good"], vec![]),
+        ("unknown verb", vec!["attach", "good", ctr], vec![]),
+        ("network not found", vec!["add", "nosuchnet", ctr], vec![]),
+        ("broken conflist", vec!["add", "broken", ctr], vec![]),
+        ("plugin type with a path", vec!["add", "traversal", ctr], vec![]),
+        ("empty plugin list", vec!["add", "empty", ctr], vec![]),
+        ("unsupported cniVersion", vec!["add", "future", ctr], vec![]),
+        ("network with a bad name", vec!["add", "../etc", ctr], vec![]),
+        ("plugin not on CNI_PATH", vec!["add", "missing", ctr], vec![]),
+        ("plugin without a type", vec!["add", "notype", ctr], vec![]),
+        ("CAP_ARGS not JSON", vec!["add", "good", ctr], vec![("CAP_ARGS", "{portMappings")]),
+        ("CAP_ARGS not an object", vec!["add", "good", ctr], vec![("CAP_ARGS", "[1]")]),
+        ("CNI_ARGS without =", vec!["add", "good", ctr], vec![("CNI_ARGS", "IP")]),
+        ("CNI_ARGS empty value", vec!["add", "good", ctr], vec![("CNI_ARGS", "IP=")]),
+        ("CNI_IFNAME too long", vec!["add", "good", ctr], vec![("CNI_IFNAME", "a23456789012345x")]),
+        ("CNI_IFNAME with slash", vec!["add", "good", ctr], vec![("CNI_IFNAME", "a/b")]),
+        ("container id override invalid", vec!["add", "good", ctr], vec![("CNI_CONTAINERID", "../x")]),
+        ("netns does not exist", vec!["add", "good", "/run/netns/no-such-ns"], vec![]),
+        ("netns is a regular file", vec!["add", "good", "/etc/hostname"], vec![]),
+        ("NETCONFPATH missing", vec!["add", "good", ctr], vec![("NETCONFPATH", "/nonexistent/net.d")]),
+        ("CNI_PATH empty", vec!["add", "good", ctr], vec![("CNI_PATH", "")]),
+        ("check without a cached result", vec!["check", "good", ctr], vec![]),
+        ("GC keep list malformed", vec!["gc", "good", ctr], vec![("CNI_GC_KEEP", "no-colon")]),
+    ];
+    let n = cases.len();
+    for (what, args, env) in cases {
+        let before = format!("{}\n{:?}", w.snapshot(), dir_state(cache.path()));
+        let mut cmd = w.host.command(&tool);
+        cmd.args(&args)
+            .env("CNI_PATH", w.cni_path.path())
+            .env("NETCONFPATH", conf.path())
+            .env("CNI_CACHE_DIR", cache.path());
+        for k in ["CAP_ARGS", "CNI_ARGS", "CNI_IFNAME", "CNI_CONTAINERID", "CNI_GC_KEEP"] {
+            cmd.env_remove(k);
+        }
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run cnitool");
+        assert!(!out.status.success(), "cnitool: {what}: succeeded");
+        assert!(!out.stderr.is_empty(), "cnitool: {what}: no message on stderr");
+        assert!(
+            out.stdout.is_empty(),
+            "cnitool: {what}: printed on stdout: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let after = format!("{}\n{:?}", w.snapshot(), dir_state(cache.path()));
+        assert!(before == after, "cnitool: {what}: state changed");
+    }
+    assert!(n >= 24, "{n} cases");
 }

@@ -177,6 +177,23 @@ pub fn add(req: &Request) -> Result<CniResult> {
     let ns = NetNs::open(netns)?;
     let mut host = Netlink::new()?;
     let mut ctr = Netlink::new_in(&ns)?;
+    // Conflicts that would make setup fail halfway: refuse them before anything is reserved
+    // or created.
+    if let Some(l) = host.link_by_name(&conf.bridge)? {
+        if l.kind.as_deref() != Some("bridge") {
+            return Err(CniError::config(format!(
+                "{:?} already exists but is not a bridge ({}): name another bridge in \"bridge\"",
+                conf.bridge,
+                l.kind.as_deref().unwrap_or("a device without a link type")
+            )));
+        }
+    }
+    if ctr.link_by_name(&req.env.ifname)?.is_some() {
+        return Err(CniError::internal(format!(
+            "container veth name provided ({}) already exists",
+            req.env.ifname
+        )));
+    }
 
     // The IPAM delegate runs while we build the bridge and the veth pair — except with VLANs,
     // which a kernel may not support: then nothing is reserved before they are in place.
