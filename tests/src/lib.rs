@@ -396,9 +396,8 @@ impl<'a> Exec<'a> {
             .env("CNI_PATH", cni_path)
     }
 
-    /// Start the plugin with `stdin` written and closed, and hand back the running process
-    /// (fault-injection tests kill it midway).
-    pub fn spawn(&self, stdin: &str) -> std::process::Child {
+    /// The command with the plugin's CNI environment (only what the test set), in the namespace.
+    fn command(&self) -> Command {
         let mut cmd = match self.in_ns {
             Some(ns) => ns.command(&self.plugin),
             None => Command::new(&self.plugin),
@@ -409,6 +408,13 @@ impl<'a> Exec<'a> {
             }
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        cmd
+    }
+
+    /// Start the plugin with `stdin` written and closed, and hand back the running process
+    /// (fault-injection tests kill it midway).
+    pub fn spawn(&self, stdin: &str) -> std::process::Child {
+        let mut cmd = self.command();
         cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null());
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("exec {}: {e}", self.plugin.display()));
         {
@@ -420,17 +426,7 @@ impl<'a> Exec<'a> {
     }
 
     pub fn run(&self, stdin: &str) -> PluginOutput {
-        let mut cmd = match self.in_ns {
-            Some(ns) => ns.command(&self.plugin),
-            None => Command::new(&self.plugin),
-        };
-        // Start from a clean CNI environment: only what the test sets.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("CNI_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut cmd = self.command();
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Reaped below with wait4 (for the resource usage), not with Child::wait.
         #[allow(clippy::zombie_processes)]
