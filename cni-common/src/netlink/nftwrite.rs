@@ -219,8 +219,7 @@ impl RuleExpr {
 
     /// `ip|ip6 saddr|daddr [!=] <net>` as nft encodes it: a host address compares the whole
     /// address; a prefix on a byte boundary loads and compares only its bytes; other prefixes
-    /// load the address and mask it. A /0 prefix matches every packet and yields nothing for
-    /// `==` (nft refuses `!=` on it: nothing would match, so callers must not ask for it).
+    /// (and /0) load the address and mask it.
     pub fn addr(source: bool, net: IpNet, op: CmpOp) -> Vec<RuleExpr> {
         let net = net.trunc();
         let (offset, bytes): (u32, Vec<u8>) = match net.addr() {
@@ -228,16 +227,13 @@ impl RuleExpr {
             IpAddr::V6(a) => (if source { 8 } else { 24 }, a.octets().to_vec()),
         };
         let (plen, max) = (net.prefix_len() as usize, net.max_prefix_len() as usize);
-        if plen == 0 {
-            return Vec::new();
-        }
         let payload = |len: usize| RuleExpr::Payload {
             base: PAYLOAD_NETWORK_HEADER,
             offset,
             len: len as u32,
             dreg: REG_1,
         };
-        if plen == max || plen % 8 == 0 {
+        if plen == max || (plen > 0 && plen % 8 == 0) {
             let n = plen / 8;
             return vec![payload(n), RuleExpr::Cmp { sreg: REG_1, op, data: bytes[..n].to_vec() }];
         }

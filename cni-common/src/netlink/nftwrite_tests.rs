@@ -219,6 +219,7 @@ fn tables_chains_and_rules_encode_like_nft() {
     assert_like_nft("masq4-12", masq_rule("10.1.0.5/32", &["10.16.0.0/12"], false, "c12"));
     assert_like_nft("masq6", masq_rule("fd00:1::5/128", &["fd00:1::/64"], false, "c6"));
     assert_like_nft("masq6-57", masq_rule("fd00:1::5/128", &["fd00:1::/57"], false, "c57"));
+    assert_like_nft("masq4-0", masq_rule("10.1.0.5/32", &["0.0.0.0/0"], false, "c0"));
     assert_like_nft(
         "masq-nonlocal",
         masq_rule("10.244.3.7/32", &["10.0.0.0/8", "192.168.0.0/16"], true, "nm"),

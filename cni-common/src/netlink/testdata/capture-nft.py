@@ -52,6 +52,8 @@ CASES = [
      f'add rule {MASQ} masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/64 masquerade comment "c6"'),
     ("masq6-57", f"add table {MASQ}\nadd chain {MASQ} masq_checks\n",
      f'add rule {MASQ} masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/57 masquerade comment "c57"'),
+    ("masq4-0", f"add table {MASQ}\nadd chain {MASQ} masq_checks\n",
+     f'add rule {MASQ} masq_checks ip saddr 10.1.0.5 ip daddr != 0.0.0.0/0 masquerade comment "c0"'),
     ("masq-nonlocal", f"add table {MASQ}\nadd chain {MASQ} masq_checks\n",
      f'add rule {MASQ} masq_checks ip saddr 10.244.3.7 ip daddr != 10.0.0.0/8 ip daddr != 192.168.0.0/16 fib daddr type != local masquerade comment "nm"'),
     ("br-table", "", "add table bridge nat"),
