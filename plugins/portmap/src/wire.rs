@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 const FAMILY: NftFamily = NftFamily::Inet;
 /// How often a read is repeated when the ruleset changed while it was being read.
-const READ_ATTEMPTS: usize = 5;
+const READ_ATTEMPTS: usize = 20;
 
 /// One component of a key or datum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
