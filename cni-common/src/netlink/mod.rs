@@ -18,6 +18,7 @@ mod devconf;
 mod events;
 mod link;
 pub mod nftables;
+pub mod nftwrite;
 mod route;
 mod socket;
 pub mod tc;

@@ -2,7 +2,8 @@
 //! executing `nft`: chains of a table and rules of a table or chain, each rule with its handle,
 //! its comment and a light decoding of its expressions.
 //!
-//! Rules are written with `nft -f` (see [`crate::nft`]); this module finds the handles of the
+//! Writing (elements, tables, chains, rules) is in [`super::nftwrite`]; plugins still use
+//! `nft -f` (see [`crate::nft`]) where their input is nft syntax. This module finds the handles of the
 //! rules a plugin must delete, or proves there is nothing to delete, for the price of one netlink
 //! dump instead of one more `nft` process, and deletes (rules by handle, whole chains) in one
 //! atomic nfnetlink batch ([`NfTables::delete`]).
@@ -19,15 +20,17 @@ use super::socket::NlSocket;
 use super::NlError;
 
 const NETLINK_NETFILTER: isize = 12;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
+pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+pub(super) const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFTA_TABLE_NAME: u16 = 1;
 
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
@@ -41,17 +44,18 @@ const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_HANDLE: u16 = 3;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
-const NFTA_LIST_ELEM: u16 = 1;
+pub(super) const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
 const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
+pub(super) const NFTA_DATA_VALUE: u16 = 1;
+pub(super) const NFTA_DATA_VERDICT: u16 = 2;
+pub(super) const NFTA_VERDICT_CODE: u16 = 1;
+pub(super) const NFTA_VERDICT_CHAIN: u16 = 2;
 const NFTA_META_KEY: u16 = 2;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_LOOKUP_SET: u16 = 1;
 /// `NFTNL_UDATA_RULE_COMMENT`: the TLV type of a rule comment inside `NFTA_RULE_USERDATA`.
 const UDATA_RULE_COMMENT: u8 = 0;
 const NLA_TYPE_MASK: u16 = 0x3fff;
@@ -66,7 +70,7 @@ pub enum NftFamily {
 }
 
 impl NftFamily {
-    fn proto(self) -> u8 {
+    pub(super) fn proto(self) -> u8 {
         match self {
             NftFamily::Inet => 1,
             NftFamily::Ip => 2,
@@ -107,6 +111,8 @@ pub enum NftExpr {
     Meta { key: u32 },
     /// `immediate` carrying a verdict.
     Verdict(Verdict),
+    /// `lookup` in a named set or map (`@set`, `vmap @map`, `… map @map`).
+    Lookup { set: String },
     /// Anything else, by name (`payload`, `masq`, `lookup`, `fib`, …).
     Other(String),
 }
@@ -122,6 +128,11 @@ pub struct NftRule {
 }
 
 impl NftRule {
+    /// Whether the rule looks something up in set or map `set`.
+    pub fn uses_set(&self, set: &str) -> bool {
+        self.exprs.iter().any(|e| matches!(e, NftExpr::Lookup { set: s } if s == set))
+    }
+
     /// Whether the rule has an expression called `name` (e.g. "masq").
     pub fn has_expr(&self, name: &str) -> bool {
         self.exprs.iter().any(|e| matches!(e, NftExpr::Other(n) if n == name))
@@ -157,7 +168,7 @@ impl NftRule {
 }
 
 /// Netlink attributes of `buf` as (type without flag bits, value); stops at the first malformed one.
-fn nlas(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(super) fn nlas(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if buf.len() < 4 {
             return None;
@@ -173,7 +184,7 @@ fn nlas(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     })
 }
 
-fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
+pub(super) fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = 4 + value.len();
     out.extend_from_slice(&(len as u16).to_ne_bytes());
     out.extend_from_slice(&kind.to_ne_bytes());
@@ -183,7 +194,7 @@ fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
     }
 }
 
-fn cstr(s: &str) -> Vec<u8> {
+pub(super) fn cstr(s: &str) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
     v
@@ -204,16 +215,16 @@ pub(crate) fn dump_request(msg: u16, family: NftFamily, attrs: &[(u16, &str)]) -
     packet
 }
 
-fn string_of(v: &[u8]) -> String {
+pub(super) fn string_of(v: &[u8]) -> String {
     let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
 }
 
-fn be32(v: &[u8]) -> Option<u32> {
+pub(super) fn be32(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
 }
 
-fn comment_of(udata: &[u8]) -> Option<String> {
+pub(super) fn comment_of(udata: &[u8]) -> Option<String> {
     let mut rest = udata;
     while rest.len() >= 2 {
         let (kind, len) = (rest[0], rest[1] as usize);
@@ -226,7 +237,7 @@ fn comment_of(udata: &[u8]) -> Option<String> {
     None
 }
 
-fn verdict_of(data: &[u8]) -> Option<Verdict> {
+pub(super) fn verdict_of(data: &[u8]) -> Option<Verdict> {
     let v = nlas(data).find(|(k, _)| *k == NFTA_DATA_VERDICT)?;
     let (mut code, mut chain) = (None, None);
     for (k, value) in nlas(v.1) {
@@ -270,6 +281,10 @@ fn expr_of(elem: &[u8]) -> Option<NftExpr> {
         "meta" => NftExpr::Meta { key: find(NFTA_META_KEY).and_then(be32).unwrap_or(u32::MAX) },
         "immediate" => match find(NFTA_IMMEDIATE_DATA).and_then(verdict_of) {
             Some(v) => NftExpr::Verdict(v),
+            None => NftExpr::Other(name),
+        },
+        "lookup" => match find(NFTA_LOOKUP_SET) {
+            Some(set) => NftExpr::Lookup { set: string_of(set) },
             None => NftExpr::Other(name),
         },
         _ => NftExpr::Other(name),
@@ -349,9 +364,17 @@ pub enum NftDelete {
     Flush { family: NftFamily, table: String, chain: String },
     /// A chain (it must not be referenced by a jump; flush it in the same transaction first).
     Chain { family: NftFamily, table: String, chain: String },
+    /// A whole table with everything in it.
+    Table { family: NftFamily, table: String },
 }
 
-fn message(msg_type: u16, flags: u16, family: u8, res_id: u16, attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
+pub(super) fn message(
+    msg_type: u16,
+    flags: u16,
+    family: u8,
+    res_id: u16,
+    attrs: &[(u16, Vec<u8>)],
+) -> Vec<u8> {
     let mut body = vec![family, 0 /* NFNETLINK_V0 */];
     body.extend_from_slice(&res_id.to_be_bytes());
     for (kind, value) in attrs {
@@ -366,47 +389,58 @@ fn message(msg_type: u16, flags: u16, family: u8, res_id: u16, attrs: &[(u16, Ve
     packet
 }
 
-/// The nfnetlink batch for `ops`: begin, one message per deletion (each acknowledged), end.
-pub(crate) fn delete_batch(ops: &[NftDelete]) -> Vec<Vec<u8>> {
+/// The message of one deletion, acknowledged.
+pub(super) fn delete_message(op: &NftDelete) -> Vec<u8> {
     const ACKED: u16 = NLM_F_REQUEST | netlink_packet_core::NLM_F_ACK;
     let kind = |m: u16| (NFNL_SUBSYS_NFTABLES << 8) | m;
-    let mut out = vec![message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[])];
-    for op in ops {
-        out.push(match op {
-            NftDelete::Rule { family, table, chain, handle } => message(
-                kind(NFT_MSG_DELRULE),
-                ACKED,
-                family.proto(),
-                0,
-                &[
-                    (NFTA_RULE_TABLE, cstr(table)),
-                    (NFTA_RULE_CHAIN, cstr(chain)),
-                    (NFTA_RULE_HANDLE, handle.to_be_bytes().to_vec()),
-                ],
-            ),
-            NftDelete::Flush { family, table, chain } => message(
-                kind(NFT_MSG_DELRULE),
-                ACKED,
-                family.proto(),
-                0,
-                &[(NFTA_RULE_TABLE, cstr(table)), (NFTA_RULE_CHAIN, cstr(chain))],
-            ),
-            NftDelete::Chain { family, table, chain } => message(
-                kind(NFT_MSG_DELCHAIN),
-                ACKED,
-                family.proto(),
-                0,
-                &[(NFTA_CHAIN_TABLE, cstr(table)), (NFTA_CHAIN_NAME, cstr(chain))],
-            ),
-        });
+    match op {
+        NftDelete::Rule { family, table, chain, handle } => message(
+            kind(NFT_MSG_DELRULE),
+            ACKED,
+            family.proto(),
+            0,
+            &[
+                (NFTA_RULE_TABLE, cstr(table)),
+                (NFTA_RULE_CHAIN, cstr(chain)),
+                (NFTA_RULE_HANDLE, handle.to_be_bytes().to_vec()),
+            ],
+        ),
+        NftDelete::Flush { family, table, chain } => message(
+            kind(NFT_MSG_DELRULE),
+            ACKED,
+            family.proto(),
+            0,
+            &[(NFTA_RULE_TABLE, cstr(table)), (NFTA_RULE_CHAIN, cstr(chain))],
+        ),
+        NftDelete::Chain { family, table, chain } => message(
+            kind(NFT_MSG_DELCHAIN),
+            ACKED,
+            family.proto(),
+            0,
+            &[(NFTA_CHAIN_TABLE, cstr(table)), (NFTA_CHAIN_NAME, cstr(chain))],
+        ),
+        NftDelete::Table { family, table } => {
+            message(kind(NFT_MSG_DELTABLE), ACKED, family.proto(), 0, &[(NFTA_TABLE_NAME, cstr(table))])
+        }
     }
+}
+
+/// An nfnetlink batch: begin, `messages`, end.
+pub(super) fn batch(messages: impl IntoIterator<Item = Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut out = vec![message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[])];
+    out.extend(messages);
     out.push(message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]));
     out
 }
 
+/// The nfnetlink batch for `ops`: begin, one message per deletion (each acknowledged), end.
+pub(crate) fn delete_batch(ops: &[NftDelete]) -> Vec<Vec<u8>> {
+    batch(ops.iter().map(delete_message))
+}
+
 /// A `NETLINK_NETFILTER` connection in the calling thread's network namespace.
 pub struct NfTables {
-    sock: NlSocket,
+    pub(super) sock: NlSocket,
 }
 
 impl NfTables {
@@ -414,7 +448,7 @@ impl NfTables {
         Ok(NfTables { sock: NlSocket::open_protocol(NETLINK_NETFILTER)? })
     }
 
-    fn dump(&mut self, packet: Vec<u8>, what: &str) -> Result<Vec<super::socket::Reply>, NlError> {
+    pub(super) fn dump(&mut self, packet: Vec<u8>, what: &str) -> Result<Vec<super::socket::Reply>, NlError> {
         match self.sock.request_packet(packet, true) {
             Ok(r) => Ok(r),
             // No such table/chain: nothing to list.

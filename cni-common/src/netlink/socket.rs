@@ -114,6 +114,7 @@ impl NlSocket {
             }
             packet.extend_from_slice(m);
         }
+        self.fit_send_buffer(packet.len());
         self.send(&packet)?;
         let mut first_error: Option<NlError> = None;
         'recv: while !waiting.is_empty() {
@@ -142,6 +143,33 @@ impl NlSocket {
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// The kernel refuses a datagram larger than the socket's send buffer (about 200 KiB by
+    /// default): grow it for a large batch (SO_SNDBUFFORCE as root, else up to the sysctl limit).
+    fn fit_send_buffer(&self, len: usize) {
+        const DEFAULT_FITS: usize = 128 * 1024;
+        if len <= DEFAULT_FITS {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let size = libc::c_int::try_from(len.saturating_mul(2)).unwrap_or(libc::c_int::MAX);
+        let fd = self.sock.as_raw_fd();
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            // SAFETY: setsockopt with a pointer to a c_int of the size passed.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                return;
+            }
         }
     }
 

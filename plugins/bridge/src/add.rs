@@ -17,7 +17,6 @@ use cni_common::netlink::{
     IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
-use cni_common::nft::Nft;
 use cni_common::spec::result::{CniResult, Interface, Route};
 use cni_common::spec::Command;
 use cni_common::sysctl;
@@ -166,7 +165,7 @@ pub fn add(req: &Request) -> Result<CniResult> {
     if conf.l3 {
         ipam::delegate_path(req)?;
     }
-    let nft = if conf.ip_masq || conf.macspoofchk { Some(Nft::find()?) } else { None };
+    let mut nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
     if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
         return Err(CniError::new(
             code::NOT_AVAILABLE,
@@ -202,7 +201,7 @@ pub fn add(req: &Request) -> Result<CniResult> {
         undo.ipam_pending = Some(IpamAdd::start(req)?);
     }
     let v6conf = Ipv6Conf::start(netns)?;
-    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_ref(), v6conf, &mut undo) {
+    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_mut(), v6conf, &mut undo) {
         Ok(r) => Ok(r),
         Err(e) => {
             undo.run(req, &mut host);
@@ -218,7 +217,7 @@ fn setup(
     ns: &NetNs,
     host: &mut Netlink,
     ctr: &mut Netlink,
-    nft: Option<&Nft>,
+    nft: Option<&mut NfTables>,
     v6conf: Ipv6Conf,
     undo: &mut Undo,
 ) -> Result<CniResult> {
@@ -336,28 +335,12 @@ fn setup(
         }
     }
 
-    if let Some(nft) = nft {
+    if let Some(nf) = nft {
         let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
         let addrs: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
-        let mac = format_mac(&ctr_mac);
         undo.firewall = true;
-        apply_with_retry(nft, || {
-            let mut nf = NfTables::new()?;
-            let found = firewall::find(&mut nf, att, conf.ip_masq, conf.macspoofchk)?;
-            let mut script = String::new();
-            if conf.macspoofchk {
-                script.push_str(&firewall::spoof_add_script(att, &hv.name, &mac, &found));
-            }
-            if conf.ip_masq && !addrs.is_empty() {
-                script.push_str(&firewall::masq_add_script(
-                    att,
-                    &addrs,
-                    conf.non_masquerade.as_deref(),
-                    &found,
-                ));
-            }
-            Ok(script)
-        })?;
+        let masq = conf.ip_masq.then_some((addrs.as_slice(), conf.non_masquerade.as_deref()));
+        firewall::apply_add(nf, att, masq, conf.macspoofchk.then_some((hv.name.as_str(), ctr_mac)))?;
     }
 
     if !conf.disable_container_interface {
@@ -381,26 +364,6 @@ fn setup(
         result.dns = dns.clone();
     }
     Ok(result)
-}
-
-/// Run `build` (which reads the current state and writes the transaction) and apply it; if
-/// the transaction fails — e.g. a rule it deletes by handle vanished meanwhile — read again and
-/// retry once.
-pub(crate) fn apply_with_retry(nft: &Nft, mut build: impl FnMut() -> Result<String>) -> Result<()> {
-    let script = build()?;
-    if script.is_empty() {
-        return Ok(());
-    }
-    match nft.apply(&script) {
-        Ok(()) => Ok(()),
-        Err(first) => {
-            let script = build()?;
-            if script.is_empty() {
-                return Ok(());
-            }
-            nft.apply(&script).map_err(|e| e.context(format_args!("(retry after: {})", first.msg)))
-        }
-    }
 }
 
 fn mac_text(mac: Option<[u8; 6]>) -> String {

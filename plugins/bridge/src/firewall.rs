@@ -14,18 +14,23 @@
 //!   attachment chains `cni-br-iface-<id>-<ifname>` and `…-mac`; `iifname <host veth> jump`,
 //!   `jump …-mac`, `ether saddr <mac> return`, `drop`; comments `macspoofchk-<id>-<ifname>`.
 //!
-//! Reads go over netlink ([`NfTables`]). ADD writes with one `nft -f` transaction that only
-//! adds (shared objects are written only when missing or different); DEL and GC delete with one
-//! netlink transaction and run no `nft` at all; a verb that finds nothing to change changes
-//! nothing.
+//! Everything goes over netlink ([`NfTables`]), no verb runs `nft`. ADD writes with one
+//! transaction that only adds (shared objects are written only when missing or different; the
+//! rules are encoded as `nft` encodes the same rule text, so `nft list` shows them as before);
+//! DEL and GC delete with one transaction; a verb that finds nothing to change changes nothing.
+//! One difference from rules `nft` wrote from text: the `nonMasqueradeCIDRs` exclusions are
+//! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
+//! `ip daddr != { … }`, without a set to create).
 
 use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, NftRule, Verdict};
-use cni_common::nft::quote;
+use cni_common::netlink::nftwrite::{
+    BaseChain, CmpOp, NftOp, RuleExpr, HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
+};
+use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use sha2::{Digest, Sha512};
 use std::collections::HashSet;
 use std::fmt::Write;
-use std::net::IpAddr;
 
 pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
 pub const MASQ_CHAIN: &str = "masq_checks";
@@ -34,6 +39,9 @@ pub const SPOOF_TABLE: &str = "nat";
 pub const SPOOF_BASE_CHAIN: &str = "PREROUTING";
 /// nft's limit on comment length.
 const COMMENT_MAX: usize = 128;
+const MASQ_TABLE_COMMENT: &str = "Masquerading for plugins from github.com/containernetworking/plugins";
+const MASQ_CHAIN_COMMENT: &str =
+    "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
 
 /// First `n` hex digits of SHA-512(`s`) (upstream's `MustFormatHashWithPrefix(n, "", s)`).
 pub fn hash_hex(s: &str, n: usize) -> String {
@@ -143,7 +151,7 @@ fn postrouting_ok(rules: &[&NftRule]) -> bool {
 }
 
 /// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
-pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> cni_common::Result<Found> {
+pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> Result<Found> {
     let mut f = Found::default();
     if masq {
         let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
@@ -192,21 +200,13 @@ pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> cn
     Ok(f)
 }
 
-fn addr_match(ip: &IpAddr) -> &'static str {
-    if ip.is_ipv4() {
-        "ip"
-    } else {
-        "ip6"
-    }
-}
-
-/// The destination exclusion of one masquerade rule: the attachment's subnet, plus the
-/// `nonMasqueradeCIDRs` of the same family when given (then only non-local destinations are
-/// masqueraded, as kubenet's rule did). `None` when nothing at all is to be masqueraded.
-fn masq_match(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<String> {
-    let fam = addr_match(&addr.addr());
+/// What the masquerade rule of one address leaves alone: destination networks (the
+/// attachment's subnet, plus the `nonMasqueradeCIDRs` of the same family when given) and, with
+/// `nonMasqueradeCIDRs`, local destinations (as kubenet's rule did). `None` when nothing at all
+/// is to be masqueraded.
+fn masq_exclusions(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<(Vec<IpNet>, bool)> {
     let Some(extra) = non_masquerade else {
-        return Some(format!("{fam} daddr != {}", addr.trunc()));
+        return Some((vec![addr.trunc()], false));
     };
     let mut nets: Vec<IpNet> = vec![addr.trunc()];
     nets.extend(extra.iter().filter(|n| n.addr().is_ipv4() == addr.addr().is_ipv4()).copied());
@@ -214,107 +214,191 @@ fn masq_match(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<String> 
     if nets.iter().any(|n| n.prefix_len() == 0) {
         return None; // the whole address family is excluded
     }
-    let set = if nets.len() == 1 {
-        nets[0].to_string()
-    } else {
-        format!("{{ {} }}", nets.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "))
-    };
-    Some(format!("{fam} daddr != {set} fib daddr type != local"))
+    Some((nets, true))
 }
 
-/// The masquerade rules `a` should have for `addrs` (one per address, in order).
-pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<String> {
-    let comment = quote(&masq_comment(a.network, a.ifname, a.container_id));
+fn rule(family: NftFamily, table: &str, chain: &str, exprs: Vec<RuleExpr>, comment: Option<&str>) -> NftOp {
+    NftOp::AddRule {
+        family,
+        table: table.into(),
+        chain: chain.into(),
+        exprs,
+        comment: comment.map(str::to_string),
+    }
+}
+
+/// The masquerade rules `a` should have for `addrs` (one per address, in order):
+/// `ip saddr A ip daddr != SUBNET masquerade comment …` (with `nonMasqueradeCIDRs`: one
+/// `ip daddr != …` per excluded network, then `fib daddr type != local`).
+pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<NftOp> {
+    let comment = masq_comment(a.network, a.ifname, a.container_id);
     addrs
         .iter()
         .filter_map(|addr| {
-            let m = masq_match(addr, non_masquerade)?;
-            Some(format!(
-                "add rule inet {MASQ_TABLE} {MASQ_CHAIN} {} saddr {} {m} masquerade comment {comment}\n",
-                addr_match(&addr.addr()),
-                addr.addr()
-            ))
+            let (nets, not_local) = masq_exclusions(addr, non_masquerade)?;
+            let mut exprs = RuleExpr::nfproto(addr.addr().is_ipv4());
+            exprs.extend(RuleExpr::addr(true, IpNet::from(addr.addr()), CmpOp::Eq));
+            for n in nets {
+                exprs.extend(RuleExpr::addr(false, n, CmpOp::Neq));
+            }
+            if not_local {
+                exprs.extend(RuleExpr::daddr_not_local());
+            }
+            exprs.push(RuleExpr::Masquerade);
+            Some(rule(NftFamily::Inet, MASQ_TABLE, MASQ_CHAIN, exprs, Some(&comment)))
         })
         .collect()
 }
 
 /// The ADD transaction for ipMasq. Shared objects are only written when they are missing or
 /// differ (redefining an existing chain makes the kernel keep the old definition until an RCU
-/// grace period has passed, which `nft` then waits for on exit); stale rules of the same
-/// attachment are removed; the new rules are added.
-pub fn masq_add_script(
+/// grace period has passed, which the process releasing the socket then waits for); stale
+/// rules of the same attachment are removed; the new rules are added.
+pub fn masq_add_ops(
     a: Attachment<'_>,
     addrs: &[IpNet],
     non_masquerade: Option<&[IpNet]>,
     f: &Found,
-) -> String {
-    let t = MASQ_TABLE;
-    let mut s = String::new();
+) -> Vec<NftOp> {
+    let (inet, t) = (NftFamily::Inet, MASQ_TABLE.to_string());
+    let mut ops = Vec::new();
     if !f.masq_table {
-        let _ = writeln!(
-            s,
-            "add table inet {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}"
-        );
+        ops.push(NftOp::AddTable {
+            family: inet,
+            table: t.clone(),
+            comment: Some(MASQ_TABLE_COMMENT.into()),
+        });
     }
     if !f.masq_checks {
-        let _ = writeln!(
-            s,
-            "add chain inet {t} {MASQ_CHAIN} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}"
-        );
+        ops.push(NftOp::AddChain {
+            family: inet,
+            table: t.clone(),
+            chain: MASQ_CHAIN.into(),
+            base: None,
+            comment: Some(MASQ_CHAIN_COMMENT.into()),
+        });
     }
     if !f.masq_hooked {
-        let _ = writeln!(
-            s,
-            "add chain inet {t} {MASQ_HOOK_CHAIN} {{ type nat hook postrouting priority srcnat ; }}"
-        );
-        let _ = writeln!(s, "flush chain inet {t} {MASQ_HOOK_CHAIN}");
-        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip daddr 224.0.0.0/4 return");
-        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} ip6 daddr ff00::/8 return");
-        let _ = writeln!(s, "add rule inet {t} {MASQ_HOOK_CHAIN} goto {MASQ_CHAIN}");
+        ops.push(NftOp::AddChain {
+            family: inet,
+            table: t.clone(),
+            chain: MASQ_HOOK_CHAIN.into(),
+            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
+            comment: None,
+        });
+        ops.push(NftOp::Delete(NftDelete::Flush {
+            family: inet,
+            table: t.clone(),
+            chain: MASQ_HOOK_CHAIN.into(),
+        }));
+        for net in ["224.0.0.0/4", "ff00::/8"] {
+            let net: IpNet = net.parse().expect("valid");
+            let mut exprs = RuleExpr::nfproto(net.addr().is_ipv4());
+            exprs.extend(RuleExpr::addr(false, net, CmpOp::Eq));
+            exprs.push(RuleExpr::Verdict(Verdict::Return));
+            ops.push(rule(inet, &t, MASQ_HOOK_CHAIN, exprs, None));
+        }
+        let goto = vec![RuleExpr::Verdict(Verdict::Goto(MASQ_CHAIN.into()))];
+        ops.push(rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
     }
     for r in &f.masq {
-        let _ = writeln!(s, "delete rule inet {t} {} handle {}", r.chain, r.handle);
+        ops.push(NftOp::Delete(NftDelete::Rule {
+            family: inet,
+            table: t.clone(),
+            chain: r.chain.clone(),
+            handle: r.handle,
+        }));
     }
-    for r in masq_rules(a, addrs, non_masquerade) {
-        s.push_str(&r);
-    }
-    s
+    ops.extend(masq_rules(a, addrs, non_masquerade));
+    ops
 }
 
 /// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`. Stale state of the
 /// same attachment is replaced.
-pub fn spoof_add_script(a: Attachment<'_>, host_veth: &str, mac: &str, f: &Found) -> String {
+pub fn spoof_add_ops(a: Attachment<'_>, host_veth: &str, mac: [u8; 6], f: &Found) -> Vec<NftOp> {
     let refid = spoof_ref(a.container_id, a.ifname);
     let (chain, mac_chain) = (spoof_chain(&refid), spoof_mac_chain(&refid));
-    let comment = quote(&spoof_comment(&refid));
-    let t = SPOOF_TABLE;
-    let mut s = String::new();
+    let comment = spoof_comment(&refid);
+    let (br, t) = (NftFamily::Bridge, SPOOF_TABLE);
+    let mut ops = Vec::new();
     if !f.spoof_base {
-        let _ = writeln!(s, "add table bridge {t}");
-        let _ = writeln!(
-            s,
-            "add chain bridge {t} {SPOOF_BASE_CHAIN} {{ type filter hook prerouting priority -300 ; policy accept ; }}"
-        );
+        ops.push(NftOp::AddTable { family: br, table: t.into(), comment: None });
+        ops.push(NftOp::AddChain {
+            family: br,
+            table: t.into(),
+            chain: SPOOF_BASE_CHAIN.into(),
+            base: Some(BaseChain {
+                kind: "filter".into(),
+                hook: HOOK_PREROUTING,
+                priority: -300,
+                policy: Some(POLICY_ACCEPT),
+            }),
+            comment: None,
+        });
     }
     for r in &f.spoof_jumps {
-        let _ = writeln!(s, "delete rule bridge {t} {SPOOF_BASE_CHAIN} handle {}", r.handle);
+        ops.push(NftOp::Delete(NftDelete::Rule {
+            family: br,
+            table: t.into(),
+            chain: SPOOF_BASE_CHAIN.into(),
+            handle: r.handle,
+        }));
     }
     for (name, exists) in [(&chain, f.spoof_chains.0), (&mac_chain, f.spoof_chains.1)] {
-        if exists {
-            let _ = writeln!(s, "flush chain bridge {t} {name}");
+        ops.push(if exists {
+            NftOp::Delete(NftDelete::Flush { family: br, table: t.into(), chain: name.clone() })
         } else {
-            let _ = writeln!(s, "add chain bridge {t} {name}");
+            NftOp::AddChain { family: br, table: t.into(), chain: name.clone(), base: None, comment: None }
+        });
+    }
+    let c = Some(comment.as_str());
+    let mut jump = RuleExpr::iifname(host_veth);
+    jump.push(RuleExpr::Verdict(Verdict::Jump(chain.clone())));
+    ops.push(rule(br, t, SPOOF_BASE_CHAIN, jump, c));
+    ops.push(rule(br, t, &chain, vec![RuleExpr::Verdict(Verdict::Jump(mac_chain.clone()))], c));
+    let mut allow = RuleExpr::ether_saddr(mac);
+    allow.push(RuleExpr::Verdict(Verdict::Return));
+    ops.push(rule(br, t, &mac_chain, allow, c));
+    ops.push(rule(br, t, &mac_chain, vec![RuleExpr::Verdict(Verdict::Drop)], c));
+    ops
+}
+
+/// A netlink connection for the firewall verbs; code 50 when nf_tables cannot be used.
+pub fn open() -> Result<NfTables> {
+    NfTables::new().map_err(|e| {
+        CniError::new(cni_common::code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
+    })
+}
+
+/// ADD's firewall state for `a`: masquerading of `masq` = (addresses, `nonMasqueradeCIDRs`)
+/// and the MAC spoof check of `spoof` = (host veth, container MAC), in one transaction built
+/// from what the kernel has. If it fails (e.g. a rule it deletes by handle vanished meanwhile),
+/// read again and retry once.
+pub fn apply_add(
+    nf: &mut NfTables,
+    a: Attachment<'_>,
+    masq: Option<(&[IpNet], Option<&[IpNet]>)>,
+    spoof: Option<(&str, [u8; 6])>,
+) -> Result<()> {
+    let build = |nf: &mut NfTables| -> Result<Vec<NftOp>> {
+        let found = find(nf, a, masq.is_some(), spoof.is_some())?;
+        let mut ops = Vec::new();
+        if let Some((veth, mac)) = spoof {
+            ops.extend(spoof_add_ops(a, veth, mac, &found));
+        }
+        if let Some((addrs, non_masquerade)) = masq.filter(|(addrs, _)| !addrs.is_empty()) {
+            ops.extend(masq_add_ops(a, addrs, non_masquerade, &found));
+        }
+        Ok(ops)
+    };
+    let ops = build(nf)?;
+    match nf.apply(&ops) {
+        Ok(()) => Ok(()),
+        Err(first) => {
+            let ops = build(nf)?;
+            nf.apply(&ops).map_err(|e| CniError::from(e).context(format_args!("(retry after: {first})")))
         }
     }
-    let _ = writeln!(
-        s,
-        "add rule bridge {t} {SPOOF_BASE_CHAIN} iifname {} jump {chain} comment {comment}",
-        quote(host_veth)
-    );
-    let _ = writeln!(s, "add rule bridge {t} {chain} jump {mac_chain} comment {comment}");
-    let _ = writeln!(s, "add rule bridge {t} {mac_chain} ether saddr {mac} return comment {comment}");
-    let _ = writeln!(s, "add rule bridge {t} {mac_chain} drop comment {comment}");
-    s
 }
 
 /// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
@@ -355,11 +439,7 @@ fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
 }
 
 /// GC: the masquerade rules of `network` whose attachment is not in `valid`.
-pub fn masq_garbage(
-    nf: &mut NfTables,
-    network: &str,
-    valid: &HashSet<String>,
-) -> cni_common::Result<Vec<NftRule>> {
+pub fn masq_garbage(nf: &mut NfTables, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
     let net = format!("{}-", network_hash(network));
     Ok(nf
         .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
@@ -403,9 +483,9 @@ pub enum PortOwner {
 pub fn spoof_garbage(
     nf: &mut NfTables,
     network: &str,
-    owner_of: &mut dyn FnMut(&str) -> cni_common::Result<PortOwner>,
+    owner_of: &mut dyn FnMut(&str) -> Result<PortOwner>,
     valid: &HashSet<(String, String)>,
-) -> cni_common::Result<Vec<(String, Found)>> {
+) -> Result<Vec<(String, Found)>> {
     let chains = nf.chains(NftFamily::Bridge, SPOOF_TABLE)?;
     if chains.is_empty() {
         return Ok(Vec::new());
@@ -499,32 +579,59 @@ mod tests {
         assert!(masq_comment("n", "e\"th", "id").ends_with("if: e_th, id: id"));
     }
 
-    #[test]
-    fn add_script_for_dual_stack() {
-        let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
-        let c = masq_comment("kubenet", "eth0", "c0ffee");
-        let rules = format!(
-            "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"{c}\"\n\
-             add rule inet cni_plugins_masquerade masq_checks ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/64 masquerade comment \"{c}\"\n"
-        );
-        // Nothing there yet: table, chains and the hook are created.
-        let s = masq_add_script(A, &addrs, None, &Found::default());
-        assert!(s.starts_with("add table inet cni_plugins_masquerade { comment"), "{s}");
-        assert!(s.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }\n"));
-        assert!(s.contains("add rule inet cni_plugins_masquerade postrouting goto masq_checks\n"));
-        assert!(s.ends_with(&rules), "{s}");
-        // Everything shared is in place: only additions.
-        let ready = Found { masq_table: true, masq_checks: true, masq_hooked: true, ..Found::default() };
-        assert_eq!(masq_add_script(A, &addrs, None, &ready), rules);
-        // A stale rule of the same attachment is replaced.
-        let stale = Found { masq: vec![rule("masq_checks", 9)], ..ready };
-        assert_eq!(
-            masq_add_script(A, &addrs, None, &stale),
-            format!("delete rule inet cni_plugins_masquerade masq_checks handle 9\n{rules}")
-        );
+    fn summary(ops: &[NftOp]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                NftOp::AddTable { table, comment, .. } => format!("table {table} {}", comment.is_some()),
+                NftOp::AddChain { chain, base, .. } => format!("chain {chain} {}", base.is_some()),
+                NftOp::AddRule { chain, exprs, comment, .. } => {
+                    format!("rule {chain} {} {}", exprs.len(), comment.as_deref().unwrap_or("-"))
+                }
+                NftOp::Delete(NftDelete::Rule { handle, .. }) => format!("delete {handle}"),
+                NftOp::Delete(NftDelete::Flush { chain, .. }) => format!("flush {chain}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
     }
 
-    fn rule(chain: &str, handle: u64) -> NftRule {
+    #[test]
+    fn add_ops_for_dual_stack() {
+        let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
+        let c = masq_comment("kubenet", "eth0", "c0ffee");
+        // meta nfproto + cmp, saddr payload + cmp, daddr payload + cmp, masq
+        let rules = vec![format!("rule masq_checks 7 {c}"), format!("rule masq_checks 7 {c}")];
+        // Nothing there yet: table, chains and the hook are created.
+        let ops = masq_add_ops(A, &addrs, None, &Found::default());
+        let mut all = vec![
+            "table cni_plugins_masquerade true".to_string(),
+            "chain masq_checks false".into(),
+            "chain postrouting true".into(),
+            "flush postrouting".into(),
+            "rule postrouting 6 -".into(),
+            "rule postrouting 5 -".into(),
+            "rule postrouting 1 -".into(),
+        ];
+        all.extend(rules.clone());
+        assert_eq!(summary(&ops), all);
+        // Everything shared is in place: only additions.
+        let ready = Found { masq_table: true, masq_checks: true, masq_hooked: true, ..Found::default() };
+        assert_eq!(summary(&masq_add_ops(A, &addrs, None, &ready)), rules);
+        match &masq_add_ops(A, &addrs, None, &ready)[1] {
+            NftOp::AddRule { exprs, .. } => {
+                let prefix = RuleExpr::addr(false, "fd00:1::/64".parse().unwrap(), CmpOp::Neq);
+                assert_eq!(exprs[4..6], prefix[..], "{exprs:?}");
+                assert_eq!(exprs[6], RuleExpr::Masquerade);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A stale rule of the same attachment is replaced.
+        let stale = Found { masq: vec![rule_at("masq_checks", 9)], ..ready };
+        let mut want = vec!["delete 9".to_string()];
+        want.extend(rules);
+        assert_eq!(summary(&masq_add_ops(A, &addrs, None, &stale)), want);
+    }
+
+    fn rule_at(chain: &str, handle: u64) -> NftRule {
         NftRule { table: String::new(), chain: chain.into(), handle, comment: None, exprs: vec![] }
     }
 
@@ -536,53 +643,67 @@ mod tests {
             "192.168.0.0/16".parse().unwrap(),
             "fd00::/8".parse().unwrap(),
         ];
+        // The pod subnet lies inside 10.0.0.0/8: aggregated away; v6 CIDRs not used for v4.
+        assert_eq!(
+            masq_exclusions(&addr, Some(&extra)),
+            Some((vec!["10.0.0.0/8".parse().unwrap(), "192.168.0.0/16".parse().unwrap()], true))
+        );
         let rules = masq_rules(A, &[addr], Some(&extra));
         assert_eq!(rules.len(), 1);
-        // The pod subnet lies inside 10.0.0.0/8: aggregated away; v6 CIDRs not used for v4.
-        assert!(
-            rules[0].contains("ip saddr 10.244.3.7 ip daddr != { 10.0.0.0/8, 192.168.0.0/16 } fib daddr type != local masquerade"),
-            "{}",
-            rules[0]
-        );
+        let NftOp::AddRule { exprs, .. } = &rules[0] else { panic!("{rules:?}") };
+        let mut want = RuleExpr::nfproto(true);
+        want.extend(RuleExpr::addr(true, "10.244.3.7/32".parse().unwrap(), CmpOp::Eq));
+        want.extend(RuleExpr::addr(false, "10.0.0.0/8".parse().unwrap(), CmpOp::Neq));
+        want.extend(RuleExpr::addr(false, "192.168.0.0/16".parse().unwrap(), CmpOp::Neq));
+        want.extend(RuleExpr::daddr_not_local());
+        want.push(RuleExpr::Masquerade);
+        assert_eq!(*exprs, want);
         // Empty list: only non-local destinations outside the pod subnet.
-        let rules = masq_rules(A, &[addr], Some(&[]));
-        assert!(
-            rules[0].contains("ip daddr != 10.244.3.0/24 fib daddr type != local masquerade"),
-            "{}",
-            rules[0]
-        );
+        assert_eq!(masq_exclusions(&addr, Some(&[])), Some((vec!["10.244.3.0/24".parse().unwrap()], true)));
+        assert_eq!(masq_exclusions(&addr, None), Some((vec!["10.244.3.0/24".parse().unwrap()], false)));
         // 0.0.0.0/0 means nothing is masqueraded (kubenet skipped its rule then).
         assert!(masq_rules(A, &[addr], Some(&["0.0.0.0/0".parse().unwrap()])).is_empty());
     }
 
     #[test]
-    fn spoof_script_matches_upstream_layout() {
-        let s = spoof_add_script(A, "veth1234abcd", "0a:58:0a:01:00:05", &Found::default());
-        let expected = "add table bridge nat\n\
-            add chain bridge nat PREROUTING { type filter hook prerouting priority -300 ; policy accept ; }\n\
-            add chain bridge nat cni-br-iface-c0ffee-eth0\n\
-            add chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
-            add rule bridge nat PREROUTING iifname \"veth1234abcd\" jump cni-br-iface-c0ffee-eth0 comment \"macspoofchk-c0ffee-eth0\"\n\
-            add rule bridge nat cni-br-iface-c0ffee-eth0 jump cni-br-iface-c0ffee-eth0-mac comment \"macspoofchk-c0ffee-eth0\"\n\
-            add rule bridge nat cni-br-iface-c0ffee-eth0-mac ether saddr 0a:58:0a:01:00:05 return comment \"macspoofchk-c0ffee-eth0\"\n\
-            add rule bridge nat cni-br-iface-c0ffee-eth0-mac drop comment \"macspoofchk-c0ffee-eth0\"\n";
-        assert_eq!(s, expected);
+    fn spoof_ops_match_upstream_layout() {
+        let mac = [0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05];
+        let ops = spoof_add_ops(A, "veth1234abcd", mac, &Found::default());
+        let c = "macspoofchk-c0ffee-eth0";
+        assert_eq!(
+            summary(&ops),
+            vec![
+                "table nat false".to_string(),
+                "chain PREROUTING true".into(),
+                "chain cni-br-iface-c0ffee-eth0 false".into(),
+                "chain cni-br-iface-c0ffee-eth0-mac false".into(),
+                format!("rule PREROUTING 3 {c}"),
+                format!("rule cni-br-iface-c0ffee-eth0 1 {c}"),
+                format!("rule cni-br-iface-c0ffee-eth0-mac 3 {c}"),
+                format!("rule cni-br-iface-c0ffee-eth0-mac 1 {c}"),
+            ]
+        );
+        let NftOp::AddRule { exprs, .. } = &ops[4] else { panic!() };
+        assert_eq!(exprs[..2], RuleExpr::iifname("veth1234abcd")[..]);
+        assert_eq!(exprs[2], RuleExpr::Verdict(Verdict::Jump("cni-br-iface-c0ffee-eth0".into())));
+        let NftOp::AddRule { exprs, .. } = &ops[6] else { panic!() };
+        assert_eq!(exprs[..2], RuleExpr::ether_saddr(mac)[..]);
         // Base chain present, stale state of the attachment: replaced, not redefined.
         let f = Found {
             spoof_base: true,
-            spoof_jumps: vec![rule("PREROUTING", 4)],
+            spoof_jumps: vec![rule_at("PREROUTING", 4)],
             spoof_chains: (true, true),
             ..Found::default()
         };
-        let s = spoof_add_script(A, "veth1234abcd", "0a:58:0a:01:00:05", &f);
-        assert!(
-            s.starts_with(
-                "delete rule bridge nat PREROUTING handle 4\n\
-             flush chain bridge nat cni-br-iface-c0ffee-eth0\n\
-             flush chain bridge nat cni-br-iface-c0ffee-eth0-mac\n\
-             add rule bridge nat PREROUTING"
-            ),
-            "{s}"
+        let s = summary(&spoof_add_ops(A, "veth1234abcd", mac, &f));
+        assert_eq!(
+            s[..4],
+            [
+                "delete 4".to_string(),
+                "flush cni-br-iface-c0ffee-eth0".into(),
+                "flush cni-br-iface-c0ffee-eth0-mac".into(),
+                format!("rule PREROUTING 3 {c}"),
+            ]
         );
     }
 
@@ -590,8 +711,8 @@ mod tests {
     fn teardown_names_only_what_exists() {
         assert!(del_ops(A, &Found::default()).is_empty());
         let f = Found {
-            masq: vec![rule("masq_checks", 7), rule("masq_checks", 9)],
-            spoof_jumps: vec![rule("PREROUTING", 3)],
+            masq: vec![rule_at("masq_checks", 7), rule_at("masq_checks", 9)],
+            spoof_jumps: vec![rule_at("PREROUTING", 3)],
             spoof_chains: (true, true),
             ..Found::default()
         };

@@ -15,12 +15,11 @@
 
 use std::collections::HashSet;
 
-use cni_common::error::{CniError, Result};
+use cni_common::error::{code, CniError, Result};
 use cni_common::ipam;
 use cni_common::netlink::nftables::NfTables;
 use cni_common::netlink::{Netlink, NlError};
 use cni_common::netns::NetNs;
-use cni_common::nft::Nft;
 use cni_common::spec::Command;
 use cni_common::Request;
 
@@ -259,7 +258,10 @@ pub fn gc(req: &Request) -> Result<()> {
 pub fn status(req: &Request) -> Result<()> {
     let conf = Conf::from_request(req)?;
     if conf.ip_masq || conf.macspoofchk {
-        Nft::find()?; // code 50 when nft is missing: ADD could not set up the rules
+        // code 50 when nf_tables is not usable: ADD could not set up the rules
+        firewall::open()?.generation().map_err(|e| {
+            CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
+        })?;
     }
     if conf.l3 {
         ipam::status(req)?;

@@ -1,23 +1,31 @@
 //! `portmap`: host port forwarding for a chained attachment, with nftables sets and maps.
 //!
 //! The rules never grow with the number of mappings (see [`ruleset`] for the layout); every
-//! verb changes the kernel in one atomic `nft -f` transaction. ADD first tries a transaction
-//! that only adds elements (a few milliseconds whatever the number of attached containers);
-//! when that fails — table missing, other conditions installed, a host port claimed by another
-//! attachment, or this attachment's old elements differing — the slow path reads the table,
-//! explains conflicts with other containers by naming the holder, shares host ports between
-//! attachments of one container, and rebuilds what is needed in one transaction.
+//! verb changes the kernel in one atomic nf_tables transaction. Element changes and all reads
+//! go over netlink ([`wire`]); only the static part (table, sets, chains, rules with the
+//! `conditionsV4/V6` written in nft syntax) is (re)built with `nft -f`: on the first ADD on a
+//! host, when the conditions change, and when the static part was tampered with.
+//!
+//! ADD first tries a netlink transaction that only adds elements (well under a millisecond
+//! whatever the number of attached containers); when that fails — table missing, other
+//! conditions installed, a host port claimed by another attachment, or this attachment's old
+//! elements differing — the slow path reads the table, explains conflicts with other
+//! containers by naming the holder, shares host ports between attachments of one container,
+//! and applies what is needed in one transaction (netlink when the static part is intact,
+//! else one `nft -f` that also rebuilds it).
 
 mod config;
 mod ruleset;
+mod wire;
 
 use cni_common::conntrack::{self, CtFamily};
+use cni_common::netlink::nftables::NfTables;
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::nft::Nft;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, sysctl, CniError, Plugin, Request, Result};
 use config::{container_addrs, Conf, Fam, Proto, RawConf};
-use ruleset::{Elem, Entry, Listed, Listing, Owner, FAMILY, TABLE};
+use ruleset::{Elem, Entry, Listed, Owner, FAMILY, TABLE};
 use std::collections::HashSet;
 use std::fs::File;
 use std::net::IpAddr;
@@ -57,8 +65,9 @@ fn lock() -> Result<nix::fcntl::Flock<File>> {
         .map_err(|(_, e)| CniError::io(format!("lock {LOCK_PATH}: {e}")))
 }
 
-fn listing(nft: &Nft) -> Result<Option<Listing>> {
-    Ok(nft.list_table(FAMILY, TABLE)?.map(|l| ruleset::parse_listing(&l)))
+fn nftables() -> Result<NfTables> {
+    NfTables::new()
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
 }
 
 /// The elements this attachment needs, from the config and prevResult.
@@ -69,11 +78,12 @@ fn plan(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Result<(V
     Ok((entries, elems))
 }
 
-/// The slow ADD path: read the table, refuse claims of other containers, rebuild the static
-/// part and apply this attachment's changes (sharing host ports with other attachments of the
-/// same container), all in one transaction. Returns the UDP ports whose target changed.
+/// The slow ADD path: read the table, refuse claims of other containers, and apply this
+/// attachment's changes (sharing host ports with other attachments of the same container) in
+/// one transaction: over netlink when the static part is as `conf` needs it, else with one
+/// `nft -f` that also (re)builds the static part. Returns the UDP ports whose target changed.
 fn slow_add(
-    nft: &Nft,
+    nf: &mut NfTables,
     conf: &Conf,
     elems: &[Elem],
     owner: &Owner,
@@ -81,8 +91,12 @@ fn slow_add(
 ) -> Result<HashSet<(Fam, u16)>> {
     let _lock = lock()?;
     let mut last = fast_err;
+    let mut rebuild = false;
+    let mut nft = None;
     for _ in 0..SLOW_ATTEMPTS {
-        let l = listing(nft)?.unwrap_or_default();
+        let l = wire::read(nf)?;
+        rebuild |= l.as_ref().is_none_or(|l| l.static_problem(conf).is_some());
+        let l = l.unwrap_or_default();
         // Claims held by another container: refuse, naming the holder.
         if let Some((e, holder, x)) = ruleset::foreign_claim(&l, elems, owner) {
             let what = describe_key(e);
@@ -95,19 +109,33 @@ fn slow_add(
         let hash = owner.hash.to_string();
         let gone = |tag: &str, h: &str| tag == owner.tag || h == hash;
         let plan = ruleset::plan(&l, &gone, elems, &owner.tag);
-        let mut script = ruleset::setup_script(conf, &l.gate_chains());
-        script.push_str(&plan.script());
-        match nft.apply(&script) {
+        let applied = if rebuild {
+            let nft = match &nft {
+                Some(n) => n,
+                None => nft.insert(Nft::find()?),
+            };
+            let mut script = ruleset::setup_script(conf, &l.gate_chains());
+            script.push_str(&plan.script());
+            nft.apply(&script)
+        } else {
+            // A failure here (a concurrent change, or a set that went missing) is retried from
+            // a new read with the static part rebuilt.
+            rebuild = true;
+            nf.apply(&wire::plan_ops(&plan)?).map_err(CniError::from)
+        };
+        match applied {
             Ok(()) => return Ok(plan.udp_ports()),
             Err(e) => last = e,
         }
     }
     if !conf.conditions_v4.is_empty() || !conf.conditions_v6.is_empty() {
-        if let Err(e) = nft.check(&ruleset::conditions_probe_script(conf)) {
-            return Err(CniError::config(format!(
-                "conditionsV4/conditionsV6 are not valid nft syntax: {}",
-                e.msg.trim_start_matches("nft check failed: ")
-            )));
+        if let Some(nft) = &nft {
+            if let Err(e) = nft.check(&ruleset::conditions_probe_script(conf)) {
+                return Err(CniError::config(format!(
+                    "conditionsV4/conditionsV6 are not valid nft syntax: {}",
+                    e.msg.trim_start_matches("nft check failed: ")
+                )));
+            }
         }
     }
     Err(last.context("portmap: could not install the port mappings"))
@@ -115,28 +143,34 @@ fn slow_add(
 
 /// Under the lock: withdraw the claims of the attachments `gone` selects (the remaining
 /// claimants of a shared host port keep it), delete their other elements, and flush their UDP
-/// flows. With `drop_empty_table`, a table left without any element is deleted.
-fn withdraw(nft: &Nft, gone: &dyn Fn(&str, &str) -> bool, drop_empty_table: bool, what: &str) -> Result<()> {
+/// flows, in one netlink transaction. With `drop_empty_table`, a table left without any
+/// element is deleted.
+fn withdraw(
+    nf: &mut NfTables,
+    gone: &dyn Fn(&str, &str) -> bool,
+    drop_empty_table: bool,
+    what: &str,
+) -> Result<()> {
     let _lock = lock()?;
     let mut last = None;
     for _ in 0..SLOW_ATTEMPTS {
-        let Some(l) = listing(nft)? else { return Ok(()) };
+        let Some(l) = wire::read(nf)? else { return Ok(()) };
         let plan = ruleset::plan(&l, gone, &[], "");
         let remaining = l.all_elements().count() + plan.add.len() - plan.delete.len();
-        let script = if drop_empty_table && remaining == 0 {
+        let ops = if drop_empty_table && remaining == 0 {
             // Nothing of any network is mapped any more: leave no table behind.
-            format!("delete table {FAMILY} {TABLE}\n")
+            vec![wire::delete_table_op()]
         } else if plan.is_empty() {
             return Ok(());
         } else {
-            plan.script()
+            wire::plan_ops(&plan)?
         };
-        match nft.apply(&script) {
+        match nf.apply(&ops) {
             Ok(()) => {
                 flush_udp(plan.udp_ports());
                 return Ok(());
             }
-            Err(e) => last = Some(e),
+            Err(e) => last = Some(CniError::from(e)),
         }
     }
     Err(last.expect("an attempt failed").context(what))
@@ -216,10 +250,10 @@ impl Plugin for Portmap {
             );
             return Ok(prev);
         }
-        let nft = Nft::find()?;
-        let changed_udp = match nft.apply(&ruleset::fast_add_script(&conf, &elems, &owner)) {
+        let mut nf = nftables()?;
+        let changed_udp = match nf.apply(&wire::fast_add_ops(&conf, &elems, &owner)?) {
             Ok(()) => udp_ports(&entries),
-            Err(e) => slow_add(&nft, &conf, &elems, &owner, e)?,
+            Err(e) => slow_add(&mut nf, &conf, &elems, &owner, e.into())?,
         };
         if conf.snat && !conf.masq_all {
             if let Some(e) = entries.iter().find(|e| e.fam == Fam::V4) {
@@ -236,7 +270,7 @@ impl Plugin for Portmap {
             return Ok(()); // nothing was mapped (upstream's early exit; GC is the safety net)
         }
         let owner = owner(req);
-        let nft = match Nft::find() {
+        let mut nf = match nftables() {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("portmap: {}; nothing to delete", e.msg);
@@ -246,9 +280,11 @@ impl Plugin for Portmap {
         // Fast path: with prevResult we know every element; delete them guarded by our claims.
         if let Some(prev) = req.prev_result().ok().flatten() {
             if let Ok((entries, elems)) = plan(&conf, &prev, &req.env.ifname, &owner) {
-                if !elems.is_empty() && nft.apply(&ruleset::guarded_delete_script(&elems, &owner)).is_ok() {
-                    flush_udp(udp_ports(&entries));
-                    return Ok(());
+                if let Ok(ops) = wire::guarded_delete_ops(&elems, &owner) {
+                    if !elems.is_empty() && nf.apply(&ops).is_ok() {
+                        flush_udp(udp_ports(&entries));
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -256,7 +292,7 @@ impl Plugin for Portmap {
         // attachments of this container): withdraw whatever carries our tag or hash.
         let hash = owner.hash.to_string();
         withdraw(
-            &nft,
+            &mut nf,
             &|tag: &str, h: &str| tag == owner.tag || h == hash,
             false,
             "portmap: could not delete the port mappings",
@@ -274,8 +310,7 @@ impl Plugin for Portmap {
         if elems.is_empty() {
             return Ok(());
         }
-        let nft = Nft::find()?;
-        let l = listing(&nft)?
+        let l = wire::read(&mut nftables()?)?
             .ok_or_else(|| CniError::internal(format!("portmap: table {FAMILY} {TABLE} does not exist")))?;
         if let Some(p) = l.static_problem(&conf) {
             return Err(CniError::internal(format!("portmap: table {FAMILY} {TABLE}: {p}")));
@@ -330,7 +365,7 @@ impl Plugin for Portmap {
             .map(|a| Owner::new(req.network(), &a.container_id, &a.ifname).tag)
             .collect();
         let prefix = ruleset::net_prefix(req.network());
-        let nft = match Nft::find() {
+        let mut nf = match nftables() {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("portmap: {}; nothing to collect", e.msg);
@@ -338,7 +373,7 @@ impl Plugin for Portmap {
             }
         };
         withdraw(
-            &nft,
+            &mut nf,
             &|tag: &str, _: &str| tag.starts_with(&prefix) && !valid.contains(tag),
             true,
             "portmap: GC could not delete stale port mappings",
@@ -347,8 +382,13 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<()> {
         let conf = load(req)?;
+        // Element changes and reads go over netlink...
+        nftables()?.generation().map_err(|e| {
+            CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
+        })?;
+        // ...but the first ADD on a host (and every change of the conditions) builds the table
+        // with nft, so a missing nft is reported too.
         let nft = Nft::find()?;
-        nft.probe()?;
         // Dry-run the whole static layout: proves nat, fib, vmap and concatenated interval
         // sets are usable in this kernel, without committing anything.
         nft.check(&ruleset::setup_script(&conf, &[])).map_err(|e| {

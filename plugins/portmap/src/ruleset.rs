@@ -36,10 +36,10 @@
 //! the static part.
 
 use crate::config::{Conf, Fam, HostIp, Proto};
+use cni_common::netlink::nftables::{NftRule, Verdict};
 use cni_common::nft::quote;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -400,34 +400,9 @@ pub fn conditions_probe_script(conf: &Conf) -> String {
     )
 }
 
-/// The fast ADD path: only element additions (cheap, no rule flushes). Fails when the table
-/// is not set up for these conditions, or when a claim belongs to someone else, or when this
-/// attachment's old elements differ.
-pub fn fast_add_script(conf: &Conf, elems: &[Elem], owner: &Owner) -> String {
-    let mut s = gates_element(conf);
-    for e in elems {
-        s.push_str(&add_line(e, &owner.tag));
-    }
-    s
-}
-
-/// The fast DEL path: every owner claim is first re-asserted (a no-op when it is ours, a
-/// failure when it belongs to someone else), then everything is deleted. Fails (and changes
-/// nothing) when any element is missing or not ours.
-pub fn guarded_delete_script(elems: &[Elem], owner: &Owner) -> String {
-    let mut s = String::new();
-    for e in elems.iter().filter(|e| e.set == "owner") {
-        s.push_str(&add_line(e, &owner.tag));
-    }
-    for e in elems {
-        s.push_str(&delete_line(&e.set, &e.key));
-    }
-    s
-}
-
 // ---- reading the table back ----
 
-/// An element as listed by `nft -j list table`.
+/// An element as read from the kernel (see [`crate::wire`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     pub set: String,
@@ -447,88 +422,9 @@ impl Listed {
 pub struct Listing {
     pub elems: Vec<Listed>,
     pub chains: Vec<String>,
-    /// (chain, rule JSON text)
-    pub rules: Vec<(String, String)>,
+    pub rules: Vec<NftRule>,
     /// gates map: (nfproto, verdict text)
     pub gates: Vec<(String, String)>,
-}
-
-/// Render an nft JSON value the way nft's text syntax writes it.
-pub fn render(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        Value::Object(o) => {
-            if let Some(Value::Array(parts)) = o.get("concat") {
-                return parts.iter().map(render).collect::<Vec<_>>().join(" . ");
-            }
-            if let Some(p) = o.get("prefix") {
-                return format!("{}/{}", render(&p["addr"]), render(&p["len"]));
-            }
-            if let Some(Value::Array(r)) = o.get("range") {
-                return r.iter().map(render).collect::<Vec<_>>().join("-");
-            }
-            if let Some(e) = o.get("elem") {
-                return render(&e["val"]);
-            }
-            for verdict in ["jump", "goto"] {
-                if let Some(j) = o.get(verdict) {
-                    return format!("{verdict} {}", render(&j["target"]));
-                }
-            }
-            v.to_string()
-        }
-        other => other.to_string(),
-    }
-}
-
-fn elem_comment(v: &Value) -> Option<String> {
-    v.get("elem").and_then(|e| e.get("comment")).and_then(Value::as_str).map(str::to_string)
-}
-
-pub fn parse_listing(list: &[Value]) -> Listing {
-    let mut l = Listing::default();
-    for o in list {
-        if let Some(c) = o.get("chain") {
-            if let Some(n) = c.get("name").and_then(Value::as_str) {
-                l.chains.push(n.to_string());
-            }
-            continue;
-        }
-        if let Some(r) = o.get("rule") {
-            let chain = r.get("chain").and_then(Value::as_str).unwrap_or_default().to_string();
-            l.rules.push((chain, r.get("expr").map(Value::to_string).unwrap_or_default()));
-            continue;
-        }
-        let (set, is_map) = match (o.get("set"), o.get("map")) {
-            (Some(s), _) => (s, false),
-            (_, Some(m)) => (m, true),
-            _ => continue,
-        };
-        let name = set.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-        let Some(Value::Array(items)) = set.get("elem") else { continue };
-        for it in items {
-            if name == "gates" {
-                if let Value::Array(kv) = it {
-                    if kv.len() == 2 {
-                        l.gates.push((render(&kv[0]), render(&kv[1])));
-                    }
-                }
-                continue;
-            }
-            let (k, d) = match (is_map, it) {
-                (true, Value::Array(kv)) if kv.len() == 2 => (&kv[0], Some(&kv[1])),
-                _ => (it, None),
-            };
-            l.elems.push(Listed {
-                set: name.clone(),
-                key: render(k),
-                data: d.map(render),
-                comment: elem_comment(k),
-            });
-        }
-    }
-    l
 }
 
 impl Listing {
@@ -557,33 +453,39 @@ impl Listing {
         self.chains.iter().filter(|c| c.starts_with("gate4") || c.starts_with("gate6")).cloned().collect()
     }
 
-    fn rule_has(&self, chain: &str, needle: &str) -> bool {
-        self.rules.iter().any(|(c, r)| c == chain && r.contains(needle))
+    fn uses_set(&self, chain: &str, set: &str) -> bool {
+        self.rules.iter().any(|r| r.chain == chain && r.uses_set(set))
+    }
+
+    fn jumps_to(&self, chain: &str, target: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.chain == chain && r.verdicts().any(|v| *v == Verdict::Jump(target.to_string())))
     }
 
     /// Whether the static part matches what `conf` needs; the first problem otherwise.
     pub fn static_problem(&self, conf: &Conf) -> Option<String> {
         let (g4, g6) = gate_names(conf);
         let checks: [(&str, &str); 8] = [
-            ("prerouting", "\"@gates\""),
-            ("output", "\"@gates\""),
-            ("hostports4", "\"@hp4\""),
-            ("hostports4", "\"@hip4\""),
-            ("hostports6", "\"@hp6\""),
-            ("hostports6", "\"@hip6\""),
-            ("masquerading", "\"@masq4\""),
-            ("masquerading", "\"@masq6\""),
+            ("prerouting", "gates"),
+            ("output", "gates"),
+            ("hostports4", "hp4"),
+            ("hostports4", "hip4"),
+            ("hostports6", "hp6"),
+            ("hostports6", "hip6"),
+            ("masquerading", "masq4"),
+            ("masquerading", "masq6"),
         ];
-        for (chain, needle) in checks {
-            if !self.rule_has(chain, needle) {
-                return Some(format!("chain {chain} lacks its rule using {}", needle.trim_matches('"')));
+        for (chain, set) in checks {
+            if !self.uses_set(chain, set) {
+                return Some(format!("chain {chain} lacks its rule using @{set}"));
             }
         }
         for (fam, g, hp) in [("ipv4", &g4, "hostports4"), ("ipv6", &g6, "hostports6")] {
             if !self.gates.iter().any(|(k, v)| k == fam && *v == format!("jump {g}")) {
                 return Some(format!("gates map does not send {fam} to chain {g} (conditions changed?)"));
             }
-            if !self.rule_has(g, &format!("\"{hp}\"")) {
+            if !self.jumps_to(g, hp) {
                 return Some(format!("chain {g} lacks its jump to {hp}"));
             }
         }
@@ -871,7 +773,8 @@ pub fn plan(l: &Listing, gone: &dyn Fn(&str, &str) -> bool, want: &[Elem], tag: 
 mod tests {
     use super::*;
     use crate::config::{Mapping, RawConf};
-    use serde_json::json;
+    use cni_common::netlink::nftables::NftExpr;
+    use cni_common::netlink::nftwrite::NftOp;
 
     fn conf(mappings: Vec<Mapping>) -> Conf {
         let mut c = Conf::from_raw(RawConf::default()).unwrap();
@@ -977,18 +880,33 @@ mod tests {
     }
 
     #[test]
-    fn scripts_are_element_only_on_the_fast_path() {
+    fn fast_paths_are_element_only_and_plans_script_like_nft() {
         let c = conf(vec![m(80, 8080, Proto::Tcp, HostIp::Any)]);
         let o = Owner::new("n", "c", "eth0");
         let en = entries(&c, Some("10.0.0.5/24".parse().unwrap()), None).unwrap();
         let el = elements(&c, &en, &o);
-        let s = fast_add_script(&c, &el, &o);
-        assert!(s.lines().all(|l| l.starts_with("add element inet cni_portmap ")), "{s}");
-        assert!(s.contains("gates { ipv4 : jump gate4, ipv6 : jump gate6 }"));
-        assert!(s.contains("hp4 { tcp . 80 comment \"n,c,eth0\" : 10.0.0.5 . 8080 }"), "{s}");
-        let d = guarded_delete_script(&el, &o);
-        assert!(d.lines().next().unwrap().starts_with("add element inet cni_portmap owner"));
-        assert_eq!(d.lines().filter(|l| l.starts_with("delete element")).count(), el.len());
+        let ops = crate::wire::fast_add_ops(&c, &el, &o).unwrap();
+        assert!(ops.iter().all(|op| matches!(op, NftOp::AddElements { .. })), "{ops:?}");
+        let d = crate::wire::guarded_delete_ops(&el, &o).unwrap();
+        assert!(matches!(&d[0], NftOp::AddElements { set, .. } if set == "owner"));
+        let deleted: usize = d
+            .iter()
+            .map(|op| match op {
+                NftOp::DeleteElements { elems, .. } => elems.len(),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(deleted, el.len());
+        // the rebuild path writes the same change as nft script
+        let l = listed(&[(&el, &o)]);
+        let other = Owner::new("n", "c", "eth1");
+        let p = plan(&l, &|t: &str, _: &str| t == o.tag, &[], "");
+        let s = p.script();
+        assert!(s.contains("delete element inet cni_portmap hp4 { tcp . 80 }\n"), "{s}");
+        let p = plan(&Listing::default(), &|_: &str, _: &str| false, &el, &other.tag);
+        assert!(p.script().contains(
+            "add element inet cni_portmap hp4 { tcp . 80 comment \"n,c,eth1\" : 10.0.0.5 . 8080 }"
+        ));
     }
 
     #[test]
@@ -1006,28 +924,40 @@ mod tests {
         assert!(!s.contains(&format!("delete chain inet cni_portmap {g4}\n")));
     }
 
+    fn rule(chain: &str, exprs: Vec<NftExpr>) -> NftRule {
+        NftRule { table: TABLE.into(), chain: chain.into(), handle: 1, comment: None, exprs }
+    }
+
     #[test]
-    fn listing_is_rendered_like_our_elements() {
-        let doc = json!([
-            {"map": {"name": "hp4", "elem": [[{"elem": {"val": {"concat": ["tcp", 8080]}, "comment": "n,c1,eth0"}}, {"concat": ["10.0.0.3", 80]}]]}},
-            {"map": {"name": "owner", "elem": [[{"elem": {"val": {"concat": ["::ffff:0.0.0.0", "tcp", 8080]}, "comment": "n,c1,eth0"}}, "1234::1"]]}},
-            {"set": {"name": "masq4", "elem": [{"elem": {"val": {"concat": [{"prefix": {"addr": "10.0.0.0", "len": 24}}, "10.0.0.3", "tcp", 80]}, "comment": "n,c1,eth0"}},
-                                               {"concat": ["127.0.0.1", "10.0.0.3", "tcp", 80]}]}},
-            {"map": {"name": "gates", "elem": [["ipv4", {"jump": {"target": "gate4"}}]]}},
-            {"chain": {"name": "gate4"}},
-            {"rule": {"chain": "gate4", "expr": [{"jump": {"target": "hostports4"}}]}}
-        ]);
-        let l = parse_listing(doc.as_array().unwrap());
-        assert_eq!(l.elems.len(), 4);
-        assert_eq!(l.find("hp4", "tcp . 8080").unwrap().data.as_deref(), Some("10.0.0.3 . 80"));
-        assert_eq!(
-            l.find("owner", "::ffff:0.0.0.0 . tcp . 8080").unwrap().comment.as_deref(),
-            Some("n,c1,eth0")
-        );
-        assert!(l.find("masq4", "10.0.0.0/24 . 10.0.0.3 . tcp . 80").is_some());
-        assert_eq!(l.find("masq4", "127.0.0.1 . 10.0.0.3 . tcp . 80").unwrap().comment, None);
-        assert_eq!(l.gates, vec![("ipv4".to_string(), "jump gate4".to_string())]);
-        assert_eq!(l.gate_chains(), vec!["gate4".to_string()]);
+    fn static_part_is_checked_from_the_rules() {
+        let c = conf(vec![]);
+        let lookup = |set: &str| NftExpr::Lookup { set: set.into() };
+        let mut l = Listing {
+            chains: vec!["gate4".into(), "gate6".into(), "hostports4".into()],
+            gates: vec![("ipv4".into(), "jump gate4".into()), ("ipv6".into(), "jump gate6".into())],
+            ..Default::default()
+        };
+        for (chain, sets) in [
+            ("prerouting", &["gates"][..]),
+            ("output", &["gates"]),
+            ("hostports4", &["hip4", "hp4"]),
+            ("hostports6", &["hip6", "hp6"]),
+            ("masquerading", &["masq4", "masq6"]),
+        ] {
+            for set in sets {
+                l.rules.push(rule(chain, vec![NftExpr::Other("fib".into()), lookup(set)]));
+            }
+        }
+        for (g, hp) in [("gate4", "hostports4"), ("gate6", "hostports6")] {
+            l.rules.push(rule(g, vec![NftExpr::Verdict(Verdict::Jump(hp.into()))]));
+        }
+        assert_eq!(l.static_problem(&c), None);
+        assert_eq!(l.gate_chains(), vec!["gate4".to_string(), "gate6".to_string()]);
+        let mut cond = c.clone();
+        cond.conditions_v4 = vec!["ip".into(), "saddr".into(), "10.0.0.1".into()];
+        assert!(l.static_problem(&cond).unwrap().contains("conditions changed"));
+        l.rules.retain(|r| !(r.chain == "hostports4" && r.uses_set("hp4")));
+        assert_eq!(l.static_problem(&c).unwrap(), "chain hostports4 lacks its rule using @hp4");
         let udp = [("hip6", "fd00::1 . udp . 53"), ("hp4", "tcp . 53"), ("owner", ":: . udp . 54")];
         assert_eq!(udp_ports_of(udp), HashSet::from([(Fam::V6, 53)]));
     }

@@ -1,0 +1,554 @@
+use super::*;
+use crate::nft::Nft;
+use serde_json::Value;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+// ---- byte-for-byte against nft ----
+
+/// Messages `nft` 1.0.6 sent, by case name (testdata/capture-nft.py).
+fn golden(name: &str) -> Vec<Vec<u8>> {
+    let v: Vec<Vec<u8>> = include_str!("testdata/nft-golden.txt")
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(n, _)| *n == name)
+        .map(|(_, hex)| {
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+        })
+        .collect();
+    assert!(!v.is_empty(), "no golden message {name}");
+    v
+}
+
+/// A message with sequence number and port id zeroed, without our `NLM_F_ACK` (nft reads
+/// errors without asking for acks) and without `NFTA_SET_ELEM_LIST_SET_ID` (nft's
+/// process-local set id, meaningless for a set that exists).
+fn normalize(msg: &[u8]) -> Vec<u8> {
+    let ty = u16::from_ne_bytes([msg[4], msg[5]]);
+    let flags = u16::from_ne_bytes([msg[6], msg[7]]) & !NLM_F_ACK;
+    let mut attrs = Vec::new();
+    let mut rest = &msg[20..];
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]);
+        let padded = len.next_multiple_of(4).min(rest.len());
+        if !(ty & 0xff == NFT_MSG_NEWSETELEM && kind == 4) {
+            attrs.extend_from_slice(&rest[..padded]);
+        }
+        rest = &rest[padded..];
+    }
+    let mut out = ((20 + attrs.len()) as u32).to_ne_bytes().to_vec();
+    out.extend_from_slice(&ty.to_ne_bytes());
+    out.extend_from_slice(&flags.to_ne_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&msg[16..20]);
+    out.extend_from_slice(&attrs);
+    out
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn assert_like_nft(name: &str, op: NftOp) {
+    let ours: Vec<String> = op_messages(&op).iter().map(|m| hex(&normalize(m))).collect();
+    let nft: Vec<String> = golden(name).iter().map(|m| hex(&normalize(m))).collect();
+    assert_eq!(ours, nft, "{name}: ours (left) differs from nft's (right)");
+}
+
+const PM: &str = "cni_portmap";
+const MASQ: &str = "cni_plugins_masquerade";
+const TAG: &str = "n,c,eth0";
+
+fn v6(s: &str) -> Vec<u8> {
+    s.parse::<Ipv6Addr>().unwrap().octets().to_vec()
+}
+
+fn v4(s: &str) -> Vec<u8> {
+    s.parse::<Ipv4Addr>().unwrap().octets().to_vec()
+}
+
+fn port(p: u16) -> Vec<u8> {
+    p.to_be_bytes().to_vec()
+}
+
+fn add(set: &str, elems: Vec<NftElem>) -> NftOp {
+    NftOp::AddElements { family: NftFamily::Inet, table: PM.into(), set: set.into(), elems }
+}
+
+fn owner_key() -> Vec<u8> {
+    concat(&[&v6("::ffff:0.0.0.0"), &[6], &port(8080)])
+}
+
+fn rule(family: NftFamily, table: &str, chain: &str, exprs: Vec<RuleExpr>, comment: Option<&str>) -> NftOp {
+    NftOp::AddRule {
+        family,
+        table: table.into(),
+        chain: chain.into(),
+        exprs,
+        comment: comment.map(str::to_string),
+    }
+}
+
+fn masq_rule(saddr: &str, daddr: &[&str], nonlocal: bool, comment: &str) -> NftOp {
+    let s: IpNet = saddr.parse().unwrap();
+    let mut exprs = RuleExpr::nfproto(s.addr().is_ipv4());
+    exprs.extend(RuleExpr::addr(true, s, CmpOp::Eq));
+    for d in daddr {
+        exprs.extend(RuleExpr::addr(false, d.parse().unwrap(), CmpOp::Neq));
+    }
+    if nonlocal {
+        exprs.extend(RuleExpr::daddr_not_local());
+    }
+    exprs.push(RuleExpr::Masquerade);
+    rule(NftFamily::Inet, MASQ, "masq_checks", exprs, Some(comment))
+}
+
+#[test]
+fn elements_encode_like_nft() {
+    let jump = |c: &str| NftData::Verdict(Verdict::Jump(c.into()));
+    assert_like_nft(
+        "gates",
+        add(
+            "gates",
+            vec![NftElem::new(vec![2]).data(jump("gate4")), NftElem::new(vec![10]).data(jump("gate6"))],
+        ),
+    );
+    let owner = NftElem::new(owner_key()).data(NftData::Value(v6("1234::1")));
+    assert_like_nft("owner", add("owner", vec![owner.clone().comment(TAG)]));
+    assert_like_nft(
+        "owner-create",
+        NftOp::CreateElements {
+            family: NftFamily::Inet,
+            table: PM.into(),
+            set: "owner".into(),
+            elems: vec![owner],
+        },
+    );
+    let claim = concat(&[&v6("::ffff:0.0.0.0"), &[6], &port(8080), &v6("1234::1")]);
+    let target = concat(&[&v6("::ffff:10.0.0.5"), &port(80)]);
+    assert_like_nft(
+        "claims",
+        add("claims", vec![NftElem::new(claim).data(NftData::Value(target)).comment(TAG)]),
+    );
+    let hp4 = NftElem::new(concat(&[&[6], &port(8080)]))
+        .data(NftData::Value(concat(&[&v4("10.0.0.5"), &port(80)])));
+    assert_like_nft("hp4", add("hp4", vec![hp4.comment(TAG)]));
+    let hip6 = NftElem::new(concat(&[&v6("fd00::1"), &[17], &port(53)]))
+        .data(NftData::Value(concat(&[&v6("fd00::5"), &port(5353)])));
+    assert_like_nft("hip6", add("hip6", vec![hip6.comment(TAG)]));
+    let tail = |ctr: &[u8], proto: u8| concat(&[ctr, &[proto], &port(80)]);
+    let masq = |start: &[u8], end: &[u8], ctr: &[u8], proto: u8| {
+        NftElem::new(concat(&[start, &tail(ctr, proto)])).key_end(concat(&[end, &tail(ctr, proto)]))
+    };
+    let m4 = masq(&v4("10.0.0.0"), &v4("10.0.0.255"), &v4("10.0.0.5"), 6);
+    assert_like_nft("masq4-prefix", add("masq4", vec![m4.clone().comment(TAG)]));
+    let lo = masq(&v4("127.0.0.1"), &v4("127.0.0.1"), &v4("10.0.0.5"), 6);
+    assert_like_nft("masq4-addr", add("masq4", vec![lo.comment(TAG)]));
+    let all = masq(&v6("::"), &v6("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), &v6("fd00::5"), 132);
+    assert_like_nft("masq6-all", add("masq6", vec![all.comment(TAG)]));
+    // a plain interval set: nft also closes the gap before the interval (0.0.0.0 end)
+    let end = |k: &str| NftElem { interval_end: true, ..NftElem::new(v4(k)) };
+    assert_like_nft(
+        "interval",
+        add("iv", vec![end("0.0.0.0"), NftElem::new(v4("10.0.0.0")).comment("x"), end("10.0.1.0")]),
+    );
+    let del = |set: &str, e: NftElem| NftOp::DeleteElements {
+        family: NftFamily::Inet,
+        table: PM.into(),
+        set: set.into(),
+        elems: vec![e],
+    };
+    assert_like_nft(
+        "del-owner",
+        del("owner", NftElem::new(owner_key()).data(NftData::Value(v6("1::1"))).comment("x")),
+    );
+    assert_like_nft("del-masq4", del("masq4", m4.comment(TAG)));
+}
+
+#[test]
+fn tables_chains_and_rules_encode_like_nft() {
+    let inet = NftFamily::Inet;
+    assert_like_nft(
+        "masq-table",
+        NftOp::AddTable {
+            family: inet,
+            table: MASQ.into(),
+            comment: Some("Masquerading for plugins from github.com/containernetworking/plugins".into()),
+        },
+    );
+    assert_like_nft(
+        "masq-chain",
+        NftOp::AddChain {
+            family: inet,
+            table: MASQ.into(),
+            chain: "masq_checks".into(),
+            base: None,
+            comment: Some(
+                "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet".into(),
+            ),
+        },
+    );
+    assert_like_nft(
+        "masq-hook",
+        NftOp::AddChain {
+            family: inet,
+            table: MASQ.into(),
+            chain: "postrouting".into(),
+            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
+            comment: None,
+        },
+    );
+    assert_like_nft(
+        "flush",
+        NftOp::Delete(NftDelete::Flush { family: inet, table: MASQ.into(), chain: "postrouting".into() }),
+    );
+    let mcast = |net: &str| {
+        let n: IpNet = net.parse().unwrap();
+        let mut e = RuleExpr::nfproto(n.addr().is_ipv4());
+        e.extend(RuleExpr::addr(false, n, CmpOp::Eq));
+        e.push(RuleExpr::Verdict(Verdict::Return));
+        rule(inet, MASQ, "postrouting", e, None)
+    };
+    assert_like_nft("mcast4", mcast("224.0.0.0/4"));
+    assert_like_nft("mcast6", mcast("ff00::/8"));
+    assert_like_nft(
+        "goto",
+        rule(inet, MASQ, "postrouting", vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))], None),
+    );
+    assert_like_nft("masq4", masq_rule("10.1.0.5/32", &["10.1.0.0/24"], false, "abc, net: x"));
+    assert_like_nft("masq4-12", masq_rule("10.1.0.5/32", &["10.16.0.0/12"], false, "c12"));
+    assert_like_nft("masq6", masq_rule("fd00:1::5/128", &["fd00:1::/64"], false, "c6"));
+    assert_like_nft("masq6-57", masq_rule("fd00:1::5/128", &["fd00:1::/57"], false, "c57"));
+    assert_like_nft("masq4-0", masq_rule("10.1.0.5/32", &["0.0.0.0/0"], false, "c0"));
+    assert_like_nft(
+        "masq-nonlocal",
+        masq_rule("10.244.3.7/32", &["10.0.0.0/8", "192.168.0.0/16"], true, "nm"),
+    );
+
+    let br = NftFamily::Bridge;
+    assert_like_nft("br-table", NftOp::AddTable { family: br, table: "nat".into(), comment: None });
+    assert_like_nft(
+        "br-base",
+        NftOp::AddChain {
+            family: br,
+            table: "nat".into(),
+            chain: "PREROUTING".into(),
+            base: Some(BaseChain {
+                kind: "filter".into(),
+                hook: HOOK_PREROUTING,
+                priority: -300,
+                policy: Some(POLICY_ACCEPT),
+            }),
+            comment: None,
+        },
+    );
+    assert_like_nft(
+        "br-chain",
+        NftOp::AddChain {
+            family: br,
+            table: "nat".into(),
+            chain: "cni-br-iface-c0ffee-eth0".into(),
+            base: None,
+            comment: None,
+        },
+    );
+    let c = Some("macspoofchk-c0ffee-eth0");
+    let mut jump = RuleExpr::iifname("veth1234abcd");
+    jump.push(RuleExpr::Verdict(Verdict::Jump("cni-br-iface-c0ffee-eth0".into())));
+    assert_like_nft("br-jump", rule(br, "nat", "PREROUTING", jump, c));
+    let mut mac = RuleExpr::ether_saddr([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]);
+    mac.push(RuleExpr::Verdict(Verdict::Return));
+    assert_like_nft("br-mac", rule(br, "nat", "m", mac, c));
+    assert_like_nft("br-drop", rule(br, "nat", "m", vec![RuleExpr::Verdict(Verdict::Drop)], c));
+}
+
+#[test]
+fn long_element_lists_are_split_and_numbered() {
+    let elems: Vec<NftElem> = (0..3000u32)
+        .map(|i| NftElem::new(concat(&[&[6], &port(i as u16)])).comment(format!("n,c{i},eth0")))
+        .collect();
+    let msgs = op_messages(&add("hp4", elems));
+    assert!(msgs.len() > 1, "{} messages", msgs.len());
+    let mut total = 0;
+    for m in &msgs {
+        assert!(m.len() < 65_000);
+        let els = parse_setelem_message(&m[16..], PM, "hp4");
+        assert!(!els.is_empty());
+        total += els.len();
+    }
+    assert_eq!(total, 3000);
+    assert_eq!(concat(&[&[1], &[2, 3, 4, 5, 6]]), vec![1, 0, 0, 0, 2, 3, 4, 5, 6, 0, 0, 0]);
+    assert_eq!(split_concat(&concat(&[&[1], &[2, 3]]), &[1, 2]), Some(vec![&[1u8][..], &[2, 3][..]]));
+    assert_eq!(split_concat(&[0; 8], &[1]), None);
+    // comments are cut at nft's limit, on a character boundary
+    let long = "é".repeat(100);
+    let u = udata_comment(&long);
+    assert_eq!(u[1] as usize, COMMENT_MAX + 1);
+    assert_eq!(u.len(), COMMENT_MAX + 3);
+}
+
+// ---- kernel tests (private network namespace) ----
+
+const SETUP: &str = "table inet cni_portmap {\n\
+    map hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }\n\
+    map owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }\n\
+    set masq4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }\n\
+    map gates { type nf_proto : verdict; }\n\
+    set iv { type ipv4_addr; flags interval; }\n\
+    chain gate4 { }\n\
+}\n";
+
+fn setup() -> (Nft, NfTables) {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    nft.apply(SETUP).unwrap();
+    (nft, NfTables::new().unwrap())
+}
+
+fn hp4(p: u16, ctr: &str) -> NftElem {
+    NftElem::new(concat(&[&[6], &port(p)])).data(NftData::Value(concat(&[&v4(ctr), &port(80)])))
+}
+
+fn listed(nft: &Nft, set: &str) -> Vec<Value> {
+    let list = nft.list_table("inet", PM).unwrap().unwrap();
+    let s = list.iter().find_map(|o| o.get("map").or(o.get("set")).filter(|s| s["name"] == set)).unwrap();
+    s.get("elem").and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
+#[test]
+fn kernel_add_semantics_match_what_portmap_relies_on() {
+    let (nft, mut nf) = setup();
+    let errno = |r: Result<(), NlError>| r.unwrap_err().errno();
+    nf.apply(&[add("hp4", vec![hp4(80, "10.0.0.5").comment("first")])]).unwrap();
+    // the same key and data again (another comment): a no-op that keeps the first comment
+    nf.apply(&[add("hp4", vec![hp4(80, "10.0.0.5").comment("second")])]).unwrap();
+    let els = nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap();
+    assert_eq!(els.len(), 1);
+    assert_eq!(els[0].comment.as_deref(), Some("first"));
+    // other data under the key: EEXIST, and the whole batch is void
+    let batch = [add("hp4", vec![hp4(81, "10.0.0.6")]), add("hp4", vec![hp4(80, "10.0.0.7")])];
+    assert_eq!(errno(nf.apply(&batch)), libc::EEXIST);
+    assert_eq!(nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap().len(), 1, "nothing of the batch applied");
+    // create: even identical data fails
+    let create = NftOp::CreateElements {
+        family: NftFamily::Inet,
+        table: PM.into(),
+        set: "hp4".into(),
+        elems: vec![hp4(80, "10.0.0.5")],
+    };
+    assert_eq!(errno(nf.apply(&[create])), libc::EEXIST);
+    // a concatenated interval element re-added is a no-op too
+    let m = NftElem::new(concat(&[&v4("10.0.0.0"), &v4("10.0.0.5"), &[6], &port(80)])).key_end(concat(&[
+        &v4("10.0.0.255"),
+        &v4("10.0.0.5"),
+        &[6],
+        &port(80),
+    ]));
+    nf.apply(&[add("masq4", vec![m.clone().comment(TAG)])]).unwrap();
+    nf.apply(&[add("masq4", vec![m.clone()])]).unwrap();
+    // a verdict map element pointing at another chain differs; at a missing chain: ENOENT
+    nf.apply(&[add(
+        "gates",
+        vec![NftElem::new(vec![2]).data(NftData::Verdict(Verdict::Jump("gate4".into())))],
+    )])
+    .unwrap();
+    let to =
+        |c: &str| add("gates", vec![NftElem::new(vec![2]).data(NftData::Verdict(Verdict::Jump(c.into())))]);
+    nf.apply(&[to("gate4")]).unwrap();
+    assert_eq!(errno(nf.apply(&[to("nosuchchain")])), libc::ENOENT);
+    // delete then re-add in one batch; deleting a missing key fails the batch
+    let del = |e: &NftElem| NftOp::DeleteElements {
+        family: NftFamily::Inet,
+        table: PM.into(),
+        set: "masq4".into(),
+        elems: vec![e.key_only()],
+    };
+    nf.apply(&[del(&m), add("masq4", vec![m.clone().comment("again")])]).unwrap();
+    nf.apply(&[del(&m)]).unwrap();
+    assert_eq!(errno(nf.apply(&[del(&m)])), libc::ENOENT);
+    // a missing table or set: ENOENT; reads of them are empty
+    let missing = NftOp::AddElements {
+        family: NftFamily::Inet,
+        table: "nope".into(),
+        set: "hp4".into(),
+        elems: vec![hp4(1, "10.0.0.1")],
+    };
+    assert_eq!(errno(nf.apply(&[missing])), libc::ENOENT);
+    assert!(nf.set_elements(NftFamily::Inet, "nope", "hp4").unwrap().is_empty());
+    assert!(nf.set_elements(NftFamily::Inet, PM, "nope").unwrap().is_empty());
+    assert!(nf.has_table(NftFamily::Inet, PM).unwrap());
+    assert!(!nf.has_table(NftFamily::Inet, "nope").unwrap());
+    assert!(!nf.has_table(NftFamily::Ip, PM).unwrap());
+    // every committed transaction moves the generation; reads do not
+    let g = nf.generation().unwrap();
+    assert_eq!(nf.generation().unwrap(), g);
+    nf.apply(&[add("hp4", vec![hp4(82, "10.0.0.8")])]).unwrap();
+    assert_ne!(nf.generation().unwrap(), g);
+    nft.apply("flush map inet cni_portmap hp4\n").unwrap();
+}
+
+#[test]
+fn kernel_round_trip_with_nft() {
+    let (nft, mut nf) = setup();
+    // ours -> nft
+    let m = NftElem::new(concat(&[&v4("10.0.0.0"), &v4("10.0.0.5"), &[6], &port(80)]))
+        .key_end(concat(&[&v4("10.0.0.255"), &v4("10.0.0.5"), &[6], &port(80)]))
+        .comment(TAG);
+    let owner = NftElem::new(owner_key()).data(NftData::Value(v6("1234::1"))).comment(TAG);
+    let end = |k: &str| NftElem { interval_end: true, ..NftElem::new(v4(k)) };
+    nf.apply(&[
+        add("hp4", vec![hp4(8080, "10.0.0.5").comment(TAG), hp4(53, "10.0.0.6")]),
+        add("masq4", vec![m]),
+        add("owner", vec![owner]),
+        add("gates", vec![NftElem::new(vec![2]).data(NftData::Verdict(Verdict::Jump("gate4".into())))]),
+        add("iv", vec![NftElem::new(v4("10.9.0.0")).comment("x"), end("10.9.1.0")]),
+    ])
+    .unwrap();
+    let hp = listed(&nft, "hp4");
+    assert!(
+        hp.contains(&serde_json::json!([
+            {"elem": {"val": {"concat": ["tcp", 8080]}, "comment": TAG}},
+            {"concat": ["10.0.0.5", 80]}
+        ])),
+        "{hp:?}"
+    );
+    assert!(
+        hp.contains(&serde_json::json!([{"concat": ["tcp", 53]}, {"concat": ["10.0.0.6", 80]}])),
+        "{hp:?}"
+    );
+    assert_eq!(
+        listed(&nft, "masq4"),
+        vec![
+            serde_json::json!({"elem": {"val": {"concat": [{"prefix": {"addr": "10.0.0.0", "len": 24}}, "10.0.0.5", "tcp", 80]}, "comment": TAG}})
+        ]
+    );
+    assert_eq!(
+        listed(&nft, "owner"),
+        vec![
+            serde_json::json!([{"elem": {"val": {"concat": ["::ffff:0.0.0.0", "tcp", 8080]}, "comment": TAG}}, "1234::1"])
+        ]
+    );
+    assert_eq!(listed(&nft, "gates"), vec![serde_json::json!(["ipv4", {"jump": {"target": "gate4"}}])]);
+    assert_eq!(
+        listed(&nft, "iv"),
+        vec![
+            serde_json::json!({"elem": {"val": {"prefix": {"addr": "10.9.0.0", "len": 24}}, "comment": "x"}})
+        ]
+    );
+    // nft -> ours
+    nft.apply(
+        "flush map inet cni_portmap hp4\n\
+         add element inet cni_portmap hp4 { udp . 5353 comment \"from nft\" : 10.1.2.3 . 53 }\n\
+         add element inet cni_portmap iv { 10.20.0.0/16 }\n",
+    )
+    .unwrap();
+    let els = nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap();
+    assert_eq!(
+        els,
+        vec![NftElem::new(concat(&[&[17], &port(5353)]))
+            .data(NftData::Value(concat(&[&v4("10.1.2.3"), &port(53)])))
+            .comment("from nft")]
+    );
+    let iv = nf.set_elements(NftFamily::Inet, PM, "iv").unwrap();
+    for want in [
+        NftElem::new(v4("10.20.0.0")),
+        end("10.21.0.0"),
+        NftElem::new(v4("10.9.0.0")).comment("x"),
+        end("10.9.1.0"),
+    ] {
+        assert!(iv.contains(&want), "{want:?} not in {iv:?}");
+    }
+    let masq = nf.set_elements(NftFamily::Inet, PM, "masq4").unwrap();
+    assert_eq!(masq[0].key_end.as_deref().map(|k| &k[..4]), Some(&v4("10.0.0.255")[..]));
+    assert_eq!(
+        nf.set_elements(NftFamily::Inet, PM, "gates").unwrap()[0].data,
+        Some(NftData::Verdict(Verdict::Jump("gate4".into())))
+    );
+}
+
+#[test]
+fn kernel_large_transaction_and_dump() {
+    let (_nft, mut nf) = setup();
+    let elems: Vec<NftElem> = (1..=4000u32)
+        .map(|i| hp4(i as u16, "10.0.0.5").comment(format!("net,container-{i:05},eth0")))
+        .collect();
+    nf.apply(&[add("hp4", elems.clone())]).unwrap();
+    let got = nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap();
+    assert_eq!(got.len(), 4000);
+    assert!(got.iter().all(|e| elems.contains(e)));
+    let keys: Vec<NftElem> = elems.iter().map(NftElem::key_only).collect();
+    nf.apply(&[NftOp::DeleteElements {
+        family: NftFamily::Inet,
+        table: PM.into(),
+        set: "hp4".into(),
+        elems: keys,
+    }])
+    .unwrap();
+    assert!(nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap().is_empty());
+}
+
+#[test]
+fn kernel_rules_written_over_netlink_list_like_nfts() {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    let mut nf = NfTables::new().unwrap();
+    let inet = NftFamily::Inet;
+    let mut ops = vec![
+        NftOp::AddTable { family: inet, table: MASQ.into(), comment: Some("t comment".into()) },
+        NftOp::AddChain {
+            family: inet,
+            table: MASQ.into(),
+            chain: "masq_checks".into(),
+            base: None,
+            comment: Some("c comment".into()),
+        },
+        NftOp::AddChain {
+            family: inet,
+            table: MASQ.into(),
+            chain: "postrouting".into(),
+            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
+            comment: None,
+        },
+        NftOp::Delete(NftDelete::Flush { family: inet, table: MASQ.into(), chain: "postrouting".into() }),
+    ];
+    let mut mcast = RuleExpr::nfproto(true);
+    mcast.extend(RuleExpr::addr(false, "224.0.0.0/4".parse().unwrap(), CmpOp::Eq));
+    mcast.push(RuleExpr::Verdict(Verdict::Return));
+    ops.push(rule(inet, MASQ, "postrouting", mcast, None));
+    ops.push(rule(
+        inet,
+        MASQ,
+        "postrouting",
+        vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))],
+        None,
+    ));
+    ops.push(masq_rule("10.1.0.5/32", &["10.1.0.0/24"], false, "abc, net: x"));
+    ops.push(masq_rule("fd00:1::5/128", &["fd00:1::/57"], false, "c57"));
+    ops.push(masq_rule("10.244.3.7/32", &["10.0.0.0/8", "192.168.0.0/16"], true, "nm"));
+    // twice: table and chains exist the second time, the flush empties postrouting
+    nf.apply(&ops).unwrap();
+    nf.apply(&ops[..6]).unwrap();
+    let out =
+        std::process::Command::new(nft.program()).args(["list", "table", "inet", MASQ]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "comment \"t comment\"",
+        "comment \"c comment\"",
+        "type nat hook postrouting priority srcnat; policy accept;",
+        "ip daddr 224.0.0.0/4 return",
+        "goto masq_checks",
+        "ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"abc, net: x\"",
+        "ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/57 masquerade comment \"c57\"",
+        "ip saddr 10.244.3.7 ip daddr != 10.0.0.0/8 ip daddr != 192.168.0.0/16 fib daddr type != local masquerade comment \"nm\"",
+    ] {
+        assert!(text.contains(line), "{line:?} not in\n{text}");
+    }
+    assert_eq!(text.matches("goto masq_checks").count(), 1, "{text}");
+    assert_eq!(nf.rules(inet, MASQ, Some("masq_checks")).unwrap().len(), 3);
+    // a lookup is decoded with its set name
+    nft.apply("add table inet l\nadd set inet l s { type ipv4_addr; }\nadd chain inet l c\nadd rule inet l c ip saddr @s accept\n")
+        .unwrap();
+    assert!(nf.rules(inet, "l", Some("c")).unwrap()[0].uses_set("s"));
+    nf.apply(&[NftOp::Delete(NftDelete::Table { family: inet, table: "l".into() })]).unwrap();
+    assert!(!nf.has_table(inet, "l").unwrap());
+}
