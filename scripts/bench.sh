@@ -56,7 +56,8 @@ bench loopback --iterations "$it" | grep -v '^Machine'
 echo
 echo "## bridge + host-local"
 echo
-echo "bridge ADD and DEL, each delegating to its own implementation's host-local, a fresh"
+echo "bridge ADD and DEL, each delegating to its own implementation's host-local (ours runs it"
+echo "in-process, being the same build: plugins/bridge/README.md; upstream's is exec'd), a fresh"
 echo "container namespace per iteration. Upstream 1.1.1 masquerades with iptables, ours with"
 echo "nftables. Our DEL waits for the kernel to unregister the veth pair (10–30 ms of"
 echo "\`rcu_barrier()\` here, the same wait upstream's DEL has) unless \`deferredDelete\` (ours,"

@@ -2,14 +2,16 @@
 //!
 //! Two layers:
 //! - the **spec layer** ([`spec`], [`skel`], [`ipam`]): CNI 0.1.0 … 1.1.0 configuration and
-//!   result types, errors, environment validation, verb dispatch and IPAM delegation. No root
-//!   needed, no kernel access.
+//!   result types, errors, environment validation, verb dispatch and IPAM delegation (exec'd,
+//!   or in-process for a binary proven by [`ident`] to be the same build). No root needed, no
+//!   kernel access.
 //! - the **kernel layer** ([`netns`], [`netlink`], [`sysctl`]): entering network namespaces,
 //!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
 //!   the [`netlink`] module.
 
 pub mod conntrack;
 pub mod error;
+pub mod ident;
 pub mod ipam;
 pub mod netlink;
 pub mod netns;

@@ -172,8 +172,9 @@ fn remember_version(v: Version) {
 }
 
 /// Print a CNI error JSON on stdout if the process panics: with `panic = "abort"` nothing
-/// else would tell the runtime what happened.
-fn install_panic_hook() {
+/// else would tell the runtime what happened. [`run`] installs it; public for tests of
+/// in-process delegation.
+pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let msg = match info.payload().downcast_ref::<&str>() {
             Some(s) => (*s).to_string(),
@@ -183,10 +184,15 @@ fn install_panic_hook() {
         };
         let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         let e = CniError::internal(format!("internal error: {msg}{loc}"));
+        let json = format!("{}\n", pretty(&e.to_json(report_version())));
+        let line = format!("panic: {msg}{loc}\n");
+        // A delegate running in-process (crate::ipam) reports like a child process would and
+        // never returns here; anywhere else the process reports and ends.
+        crate::ipam::delegate_panicked(json.as_bytes(), line.as_bytes());
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", pretty(&e.to_json(report_version())));
+        let _ = out.write_all(json.as_bytes());
         let _ = out.flush();
-        eprintln!("panic: {msg}{loc}");
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }));
 }
 
@@ -197,8 +203,10 @@ pub fn run(plugin: &impl Plugin) -> ! {
         plugin,
         |k| std::env::var(k).ok(),
         &mut std::io::stdin().lock(),
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+        // Not locked for the whole run: other threads (an in-process IPAM delegate, the panic
+        // hook) write to stderr meanwhile, and holding the lock would block them for good.
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
     );
     std::process::exit(code)
 }

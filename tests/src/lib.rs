@@ -65,7 +65,11 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 fn source_dirs(name: &str) -> Vec<PathBuf> {
     let root = workspace_root();
     let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
-    vec![own.join("src"), root.join("cni-common/src")]
+    let mut dirs = vec![own.join("src"), root.join("cni-common/src")];
+    if name == "bridge" {
+        dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
+    }
+    dirs
 }
 
 /// Path of a built binary (`loopback`, `bridge`, `cnitool`, …). Fails the test if it is
@@ -354,6 +358,10 @@ impl PluginOutput {
     }
 }
 
+/// The one CNI_* variable of the test runner's environment that plugins get: it forces bridge
+/// to exec its IPAM delegate instead of running our host-local in-process.
+pub const KEPT_ENV: &str = "CNI_IPAM_EXEC";
+
 /// One invocation of a plugin binary: env + stdin, run inside a namespace (the fake host).
 pub struct Exec<'a> {
     plugin: PathBuf,
@@ -403,7 +411,7 @@ impl<'a> Exec<'a> {
             None => Command::new(&self.plugin),
         };
         for (k, _) in std::env::vars() {
-            if k.starts_with("CNI_") {
+            if k.starts_with("CNI_") && k != KEPT_ENV {
                 cmd.env_remove(k);
             }
         }

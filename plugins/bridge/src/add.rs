@@ -82,24 +82,35 @@ impl Undo {
     }
 }
 
-/// The IPAM ADD running on a helper thread: spawning a process blocks the spawning thread until
-/// the child has exec'd, which this keeps off the main path as well.
-struct IpamAdd(std::thread::JoinHandle<Result<Vec<u8>>>);
+/// The IPAM ADD while it runs alongside the kernel setup: in-process on a thread of its own
+/// (see `cni_common::ipam`), or exec'd from a helper thread — spawning a process blocks the
+/// spawning thread until the child has exec'd, which this keeps off the main path as well.
+enum IpamAdd {
+    Exec(std::thread::JoinHandle<Result<Vec<u8>>>),
+    InProcess(ipam::Pending),
+}
 
 impl IpamAdd {
     fn start(req: &Request) -> Result<IpamAdd> {
-        let path = ipam::delegate_path(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
+        let delegate =
+            ipam::Delegate::locate(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
+        if delegate.in_process() {
+            return Ok(IpamAdd::InProcess(delegate.start(Command::Add, &req.stdin)?));
+        }
         let stdin = req.stdin.clone();
         let handle = std::thread::Builder::new()
             .name("ipam".into())
-            .spawn(move || ipam::exec_plugin(&path, Command::Add, &stdin))
+            .spawn(move || delegate.run(Command::Add, &stdin))
             .map_err(|e| CniError::internal(format!("start IPAM thread: {e}")))?;
-        Ok(IpamAdd(handle))
+        Ok(IpamAdd::Exec(handle))
     }
 
     /// The delegate's stdout on success (it may have reserved addresses), its error otherwise.
     fn wait(self) -> Result<Vec<u8>> {
-        self.0.join().unwrap_or_else(|_| Err(CniError::internal("IPAM thread panicked")))
+        match self {
+            IpamAdd::Exec(h) => h.join().unwrap_or_else(|_| Err(CniError::internal("IPAM thread panicked"))),
+            IpamAdd::InProcess(p) => p.wait(),
+        }
     }
 }
 

@@ -18,6 +18,20 @@ use store::{Owner, Pending, Store};
 
 pub struct HostLocal;
 
+/// The identity this build's host-local binary carries in its `.cni_rs_ident` section
+/// (`cni_common::ident`): magic, name, version, commit and random per-build id (build.rs).
+/// A bridge of the same build runs host-local in-process only when the file on CNI_PATH
+/// carries exactly these bytes.
+pub const BUILD_IDENTITY: &[u8] = concat!(
+    "cni-rs build identity v1\0",
+    "host-local\0",
+    env!("CARGO_PKG_VERSION"),
+    "\0",
+    env!("HOST_LOCAL_BUILD_ID"),
+    "\0"
+)
+.as_bytes();
+
 impl Plugin for HostLocal {
     fn name(&self) -> &'static str {
         "host-local"
@@ -280,6 +294,19 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn build_identity_shape() {
+        let id = BUILD_IDENTITY;
+        assert!(id.starts_with(cni_common::ident::MAGIC), "magic");
+        let fields: Vec<&[u8]> = id[cni_common::ident::MAGIC.len()..].split(|&b| b == 0).collect();
+        assert_eq!(fields.len(), 4, "name, version, build id, then the final NUL: {fields:?}");
+        assert_eq!(fields[0], b"host-local");
+        assert_eq!(fields[1], env!("CARGO_PKG_VERSION").as_bytes());
+        let build = std::str::from_utf8(fields[2]).unwrap();
+        assert!(build.starts_with("commit=") && build.contains(" id="), "{build}");
+        assert!(fields[3].is_empty());
     }
 
     fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {

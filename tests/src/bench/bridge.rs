@@ -1,4 +1,5 @@
-//! bridge + host-local ADD and DEL, whole process (the bridge execs host-local itself), in a
+//! bridge + host-local ADD and DEL, whole process (the bridge runs host-local itself: ours
+//! in-process, being the same build, upstream's by exec), in a
 //! fresh container netns each iteration. Ours and upstream's each get their own CNI_PATH
 //! (bridge + host-local of the same implementation), bridge, subnet and dataDir.
 
