@@ -3,10 +3,11 @@
 //! things upstream lacks (GC, STATUS, L2 CHECK, DEL with empty netns, traffic tests).
 
 use cni_tests::{
-    cni_path_with, dir_state, ns_state, probe_in_scratch_ns, wait_until, Exec, Netns, PluginOutput, TempDir,
+    assert_bridge_ns_state_returns, bridge_ns_state, cni_path_with, dir_state, probe_in_scratch_ns,
+    wait_until, Exec, Netns, PluginOutput, TempDir,
 };
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ALL: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
@@ -109,49 +110,6 @@ fn sysctl(ns: &Netns, key: &str) -> String {
 
 fn nft_ruleset(ns: &Netns) -> String {
     String::from_utf8_lossy(&ns.run("nft", &["list", "ruleset"]).stdout).into_owned()
-}
-
-/// `ns_state` without the carrier, operational state and offload limits of links: a bridge's
-/// carrier and limits follow its ports, so a port that was attached and taken away again (a failed ADD undone) or is
-/// being unregistered in the background flips it although nothing was left behind.
-fn state(ns: &Netns) -> String {
-    let s = ns_state(ns);
-    let mut out = String::with_capacity(s.len());
-    for line in s.lines() {
-        let mut words = line.split_whitespace().peekable();
-        let mut kept = Vec::new();
-        while let Some(w) = words.next() {
-            if w == "state" && words.peek().is_some_and(|n| n.chars().all(|c| c.is_ascii_uppercase())) {
-                words.next();
-                continue;
-            }
-            // Offload limits of a bridge are derived from its ports.
-            if ["gso_max_size", "gso_max_segs", "tso_max_size", "tso_max_segs", "gro_max_size"].contains(&w) {
-                words.next();
-                continue;
-            }
-            kept.push(w.replace("NO-CARRIER,", "").replace(",LOWER_UP", "").replace(" linkdown", ""));
-        }
-        out.push_str(&kept.join(" ").replace(" linkdown", ""));
-        out.push('\n');
-    }
-    out
-}
-
-/// The namespace returns to `before`: carrier and operational flags of a bridge that lost a
-/// port settle asynchronously in the kernel, so this waits (bounded) for them.
-fn assert_state_returns(ns: &Netns, before: &str, what: &str) {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = state(ns);
-        if now == before {
-            return;
-        }
-        if Instant::now() >= end {
-            assert_eq!(now, before, "{what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// IPv6 duplicate address detection on the bridge's gateway address (upstream keeps it on) must
@@ -310,11 +268,11 @@ fn adopts_an_existing_bridge() {
     // Something that is not a bridge is refused, and nothing is left behind.
     let w2 = World::new();
     w2.host.run("ip", &["link", "add", "cni0", "type", "veth", "peer", "name", "cni0p"]);
-    let before = state(&w2.host);
+    let before = bridge_ns_state(&w2.host);
     let ctr2 = Netns::new("brc");
     let msg = w2.exec("ADD", "c1", &ctr2, "eth0").run(&w2.conf("1.0.0", json!({})).to_string()).err(7);
     assert!(msg.starts_with("\"cni0\" already exists but is not a bridge (veth)"), "{msg}");
-    assert_eq!(state(&w2.host), before);
+    assert_eq!(bridge_ns_state(&w2.host), before);
     assert!(w2.reservations("brtest").is_empty(), "refused before anything was reserved");
     assert_eq!(ctr2.link_names(), vec!["lo"]);
 }
@@ -405,11 +363,11 @@ fn l2_attachment_check_del_and_disabled_interface() {
     w.exec("CHECK", "dci", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
     w.exec("DEL", "dci", &ctr, "eth0").run(&conf.to_string()).ok_silent();
     wait_until("veths to be unregistered", Duration::from_secs(10), || host_veths(&w.host).is_empty());
-    let before = state(&w.host);
+    let before = bridge_ns_state(&w.host);
     let bad = w.conf("1.0.0", json!({"disableContainerInterface": true}));
     let msg = w.exec("ADD", "dci2", &ctr, "eth0").run(&bad.to_string()).err(7);
     assert!(msg.contains("disableContainerInterface"), "{msg}");
-    assert_eq!(state(&w.host), before);
+    assert_eq!(bridge_ns_state(&w.host), before);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -439,14 +397,14 @@ fn vlans_or_a_clean_refusal_without_kernel_support() {
                         conf["ipam"] = json!({});
                         conf["isGateway"] = json!(false);
                     }
-                    let before_host = state(&w.host);
-                    let before_ctr = state(&ctr);
+                    let before_host = bridge_ns_state(&w.host);
+                    let before_ctr = bridge_ns_state(&ctr);
                     let before_data = dir_state(w.data.path());
                     let out = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string());
                     let msg = out.err(2);
                     assert!(msg.contains("VLAN filtering"), "{msg}");
-                    assert_eq!(state(&w.host), before_host, "{extra}: no bridge, no veth");
-                    assert_eq!(state(&ctr), before_ctr);
+                    assert_eq!(bridge_ns_state(&w.host), before_host, "{extra}: no bridge, no veth");
+                    assert_eq!(bridge_ns_state(&ctr), before_ctr);
                     assert_eq!(dir_state(w.data.path()), before_data, "{extra}: IPAM never ran");
                 }
             }
@@ -457,15 +415,15 @@ fn vlans_or_a_clean_refusal_without_kernel_support() {
             w.host.run("ip", &["link", "set", "cni0", "up"]);
             wait_no_tentative(&w.host, "cni0");
             let ctr = Netns::new("brc");
-            let before = state(&w.host);
+            let before = bridge_ns_state(&w.host);
             let before_data = dir_state(w.data.path());
             let msg = w
                 .exec("ADD", "vx", &ctr, "eth0")
                 .run(&w.conf("1.0.0", json!({"vlan": 7})).to_string())
                 .err(2);
             assert!(msg.contains("\"vlan\""), "{msg}");
-            assert_state_returns(&w.host, &before, "veth taken back");
-            assert!(!state(&ctr).contains("eth0"));
+            assert_bridge_ns_state_returns(&w.host, &before, "veth taken back");
+            assert!(!bridge_ns_state(&ctr).contains("eth0"));
             assert_eq!(dir_state(w.data.path()), before_data);
         }
         Ok(()) => {
@@ -606,12 +564,12 @@ fn container_mac_from_cni_args_args_and_runtime_config() {
     wait_until("earlier veths to be unregistered", Duration::from_secs(10), || {
         host_veths(&w.host).is_empty()
     });
-    let before = state(&w.host);
+    let before = bridge_ns_state(&w.host);
     w.exec("ADD", "mx", &ctr, "eth0")
         .env("CNI_ARGS", "K8S_POD_NAME=x")
         .run(&w.conf("1.0.0", json!({})).to_string())
         .err(4);
-    assert_eq!(state(&w.host), before);
+    assert_eq!(bridge_ns_state(&w.host), before);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -986,14 +944,14 @@ fn bad_input_is_refused_before_anything_changes() {
         (json!({"ipam": {"type": "no-such-ipam"}}), 7, "failed to find plugin"),
         (json!({"ipMasq": true, "nonMasqueradeCIDRs": ["10.0.0.1/8"]}), 7, "host bits"),
     ];
-    let before = state(&w.host);
-    let before_ctr = state(&ctr);
+    let before = bridge_ns_state(&w.host);
+    let before_ctr = bridge_ns_state(&ctr);
     for (extra, code, needle) in cases {
         let conf = w.conf("1.0.0", extra.clone());
         let msg = w.exec("ADD", "bad", &ctr, "eth0").run(&conf.to_string()).err(code);
         assert!(msg.contains(needle), "{extra}: {msg}");
-        assert_eq!(state(&w.host), before, "{extra} changed the host");
-        assert_eq!(state(&ctr), before_ctr, "{extra} changed the container");
+        assert_eq!(bridge_ns_state(&w.host), before, "{extra} changed the host");
+        assert_eq!(bridge_ns_state(&ctr), before_ctr, "{extra} changed the container");
         assert!(dir_state(w.data.path()).is_empty(), "{extra} touched IPAM");
     }
     // A second ADD of the same ifname: refused, and the first attachment is intact.

@@ -7,11 +7,13 @@
 //! logs each time it is exec'd; a copy with a different build id and the same damage fails
 //! with ENOEXEC, proving it was exec'd.
 
-use cni_tests::{bin, cni_path_with, dir_state, ns_state, Exec, Netns, PluginOutput, TempDir};
+use cni_tests::{
+    assert_bridge_ns_state_returns, bin, bridge_ns_state, cni_path_with, dir_state, Exec, Netns,
+    PluginOutput, TempDir,
+};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 const MAGIC: &[u8] = b"cni-rs build identity v1\0host-local\0";
 
@@ -57,46 +59,6 @@ impl World {
             .map(|(name, _)| name)
             .filter(|n| n.starts_with(|c: char| c.is_ascii_digit()) && !n.starts_with("last_reserved"))
             .collect()
-    }
-}
-
-/// [`ns_state`] without what the kernel derives asynchronously from a bridge's ports (carrier,
-/// operational state, offload limits) or from IPv6 DAD (tentative): a port attached and taken
-/// away again by a failed ADD flips those although nothing was left behind.
-fn state(ns: &Netns) -> String {
-    const DERIVED: [&str; 5] =
-        ["gso_max_size", "gso_max_segs", "tso_max_size", "tso_max_segs", "gro_max_size"];
-    let mut out = String::new();
-    for line in ns_state(ns).lines() {
-        let mut words = line.split_whitespace().peekable();
-        let mut kept = Vec::new();
-        while let Some(w) = words.next() {
-            let state_word =
-                w == "state" && words.peek().is_some_and(|n| n.chars().all(|c| c.is_ascii_uppercase()));
-            if state_word || DERIVED.contains(&w) {
-                words.next();
-            } else if !matches!(w, "linkdown" | "tentative") {
-                kept.push(w.replace("NO-CARRIER,", "").replace(",LOWER_UP", ""));
-            }
-        }
-        out.push_str(&kept.join(" "));
-        out.push('\n');
-    }
-    out
-}
-
-/// The host returns to `before` (bounded wait: the derived flags settle asynchronously).
-fn assert_state_returns(ns: &Netns, before: &str, what: &str) {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = state(ns);
-        if now == before {
-            return;
-        }
-        if Instant::now() >= end {
-            assert_eq!(now, before, "{what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -175,7 +137,7 @@ fn our_own_build_runs_in_process_for_every_verb() {
     w.bridge(&path, "DEL", "c2", Some(&c2), "").run(&conf.to_string()).ok_silent();
 
     // The escape hatch: exec'd, the damaged copy fails, and the host is left as it was.
-    let before = state(&w.host);
+    let before = bridge_ns_state(&w.host);
     let store = dir_state(&w.data.join("inproc"));
     let c3 = Netns::new("bic");
     for v in ["1", "yes"] {
@@ -184,7 +146,7 @@ fn our_own_build_runs_in_process_for_every_verb() {
     }
     let msg = w.bridge(&path, "DEL", "c2", Some(&c2), "1").run(&conf.to_string()).err(999);
     assert!(msg.contains("os error 8"), "{msg}");
-    assert_state_returns(&w.host, &before, "failed ADD with CNI_IPAM_EXEC=1");
+    assert_bridge_ns_state_returns(&w.host, &before, "failed ADD with CNI_IPAM_EXEC=1");
     assert_eq!(dir_state(&w.data.join("inproc")), store);
     // "0" does not force exec.
     w.bridge(&path, "ADD", "c3", Some(&c3), "0").run(&conf.to_string()).ok();
@@ -232,7 +194,7 @@ fn other_builds_and_files_we_may_not_run_are_execd() {
     let conf = w.conf("1.0.0", "others", "10.43.0.0/24");
     let ctr = Netns::new("bic");
 
-    let before = state(&w.host);
+    let before = bridge_ns_state(&w.host);
     // Our code with another build id and unloadable program headers: exec'd, hence ENOEXEC
     // (in-process it would have worked).
     let damaged = path_with_copy(
@@ -249,7 +211,7 @@ fn other_builds_and_files_we_may_not_run_are_execd() {
     assert_exec_fails(&noexec.join("host-local"), libc::EACCES);
     let msg = w.bridge(&noexec, "ADD", "c1", Some(&ctr), "").run(&conf.to_string()).err(999);
     assert!(msg.contains("Permission denied"), "{msg}");
-    assert_state_returns(&w.host, &before, "failed ADDs leave the host as it was");
+    assert_bridge_ns_state_returns(&w.host, &before, "failed ADDs leave the host as it was");
 
     // Another build id, intact: exec'd, works.
     let other = path_with_copy(change_build_id, 0o755);
@@ -315,7 +277,7 @@ fn in_process_and_exec_give_identical_answers() {
 
     // Errors of the delegate, and the host left as it was after each failed ADD.
     w.bridge(&path, "ADD", "t1", Some(&ctr), "").run(&tiny.to_string()).ok();
-    let before = state(&w.host);
+    let before = bridge_ns_state(&w.host);
     let t2 = Netns::new("bic");
     let full = both_ways(|v| w.bridge(&path, "ADD", "t2", Some(&t2), v).run(&tiny.to_string()));
     assert!(full.err(999).contains("no IP addresses available"), "{}", full.stdout);
@@ -328,7 +290,7 @@ fn in_process_and_exec_give_identical_answers() {
     let mut bad = tiny.clone();
     bad["ipam"]["ranges"] = json!("nope");
     both_ways(|v| w.bridge(&path, "ADD", "t2", Some(&t2), v).run(&bad.to_string())).err(6);
-    assert_state_returns(&w.host, &before, "failed ADDs, both ways");
+    assert_bridge_ns_state_returns(&w.host, &before, "failed ADDs, both ways");
     assert_eq!(w.reservations("tiny"), ["10.44.0.2"]);
 
     // CHECK that only the delegate fails: its reservation vanished behind its back.

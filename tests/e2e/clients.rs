@@ -140,37 +140,7 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
         let before = HostView::take(&sb);
         let fw_before = sb.firewall_text();
         assert!(!fw_before.contains("18080"));
-        let rootfs = sb.dir.join("rootfs");
-        podman.must(&[
-            "run",
-            "-d",
-            "--name",
-            &name,
-            "--network",
-            &net,
-            "-p",
-            "18080:8080",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            "--cgroup-parent",
-            &sb.cgroup_parent,
-            "--rootfs",
-            rootfs.to_str().unwrap(),
-            "/bin/httpd",
-            "-f",
-            "-p",
-            "8080",
-            "-h",
-            "/www",
-        ]);
-        let info = podman.inspect(&name);
-        let id = info["Id"].as_str().expect("container id").to_string();
-        let ip = info["NetworkSettings"]["Networks"][&net]["IPAddress"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no IP for {net} in inspect: {}", info["NetworkSettings"]))
-            .to_string();
+        let (id, ip, _) = podman_httpd(&podman, &sb, &name, &net, 18080, &[]);
         assert!(ip.starts_with("10.89.0."), "{ip}");
 
         // what podman and our plugins recorded
@@ -651,34 +621,9 @@ fn podman_two_networks_share_a_published_port() {
         );
         let podman = Podman::new(&sb);
         let before: BTreeSet<String> = sb.host_links().into_iter().collect();
-        let rootfs = sb.dir.join("rootfs");
         let nets = format!("{net1},{net2}");
-        podman.must(&[
-            "run",
-            "-d",
-            "--name",
-            &name,
-            "--network",
-            &nets,
-            "-p",
-            "18090:8080",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            "--cgroup-parent",
-            &sb.cgroup_parent,
-            "--rootfs",
-            rootfs.to_str().unwrap(),
-            "/bin/httpd",
-            "-f",
-            "-p",
-            "8080",
-            "-h",
-            "/www",
-        ]);
+        let (id, _, _) = podman_httpd(&podman, &sb, &name, &nets, 18090, &[]);
         let info = podman.inspect(&name);
-        let id = info["Id"].as_str().expect("container id").to_string();
         let ip_of = |net: &str| {
             info["NetworkSettings"]["Networks"][net]["IPAddress"]
                 .as_str()

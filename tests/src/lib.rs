@@ -527,6 +527,47 @@ fn strip_timers(line: &str) -> String {
     out.join(" ")
 }
 
+/// [`ns_state`] without what the kernel derives asynchronously from a bridge's ports (carrier,
+/// operational state, offload limits) or from IPv6 DAD (tentative): a port attached and taken
+/// away again by a failed ADD, or still being unregistered, flips those although nothing was
+/// left behind.
+pub fn bridge_ns_state(ns: &Netns) -> String {
+    const DERIVED: [&str; 5] =
+        ["gso_max_size", "gso_max_segs", "tso_max_size", "tso_max_segs", "gro_max_size"];
+    let mut out = String::new();
+    for line in ns_state(ns).lines() {
+        let mut words = line.split_whitespace().peekable();
+        let mut kept = Vec::new();
+        while let Some(w) = words.next() {
+            let state_word =
+                w == "state" && words.peek().is_some_and(|n| n.chars().all(|c| c.is_ascii_uppercase()));
+            if state_word || DERIVED.contains(&w) {
+                words.next();
+            } else if !matches!(w, "linkdown" | "tentative") {
+                kept.push(w.replace("NO-CARRIER,", "").replace(",LOWER_UP", ""));
+            }
+        }
+        out.push_str(&kept.join(" "));
+        out.push('\n');
+    }
+    out
+}
+
+/// Wait (bounded) until [`bridge_ns_state`] of `ns` is `before` again, then fail with the diff.
+pub fn assert_bridge_ns_state_returns(ns: &Netns, before: &str, what: &str) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let now = bridge_ns_state(ns);
+        if now == before {
+            return;
+        }
+        if std::time::Instant::now() >= end {
+            assert_eq!(now, before, "{what}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Poll `cond` with a short backoff until it holds; fail the test after `limit`. For state the
 /// kernel finishes asynchronously (a dropped namespace's devices), never as a fixed sleep.
 pub fn wait_until(what: &str, limit: std::time::Duration, mut cond: impl FnMut() -> bool) {

@@ -148,14 +148,9 @@ impl Netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::{Emitable, Parseable};
+    use crate::netlink::tests::emit;
+    use netlink_packet_core::Parseable;
     use netlink_packet_route::address::AddressFlags;
-
-    fn emit(msg: &AddressMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
-    }
 
     #[test]
     fn v4_add_message_has_local_address_and_broadcast() {

@@ -286,13 +286,8 @@ impl Netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::{Emitable, Parseable};
-
-    fn emit(msg: &LinkMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
-    }
+    use crate::netlink::tests::emit;
+    use netlink_packet_core::Parseable;
 
     /// nlmsghdr (16) + ifinfomsg (16) + IFLA_AF_SPEC { IFLA_BRIDGE_VLAN_INFO (8 bytes each) }.
     fn expected(msg_type: u16, index: u32, infos: &[(u16, u16)]) -> Vec<u8> {

@@ -482,14 +482,9 @@ pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::{Emitable, Parseable};
+    use crate::netlink::tests::emit;
+    use netlink_packet_core::Parseable;
     use std::os::fd::AsFd;
-
-    fn emit(msg: &LinkMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
-    }
 
     #[test]
     fn veth_request_carries_peer_with_netns_fd() {

@@ -352,14 +352,9 @@ impl Netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::{Emitable, Parseable};
+    use crate::netlink::tests::emit;
+    use netlink_packet_core::Parseable;
     use netlink_packet_route::route::RouteType;
-
-    fn emit(msg: &RouteMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
-    }
 
     #[test]
     fn add_message_roundtrips_and_parses_back() {

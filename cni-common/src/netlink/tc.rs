@@ -561,18 +561,13 @@ impl Netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::{Emitable, Nla, Parseable};
+    use crate::netlink::tests::emit;
+    use netlink_packet_core::{Nla, Parseable};
 
     const PSCHED: &str = "000003e8 00000040 000f4240 3b9aca00\n";
 
     fn psched() -> Psched {
         Psched::parse(PSCHED).unwrap()
-    }
-
-    fn emit(msg: &TcMessage) -> Vec<u8> {
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.emit(&mut buf);
-        buf
     }
 
     #[test]

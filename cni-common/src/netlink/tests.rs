@@ -11,6 +11,13 @@ use super::*;
 use crate::netns::test_support::{private_netns, spare_netns};
 use crate::sysctl;
 
+/// A netlink message's wire bytes, for the message-level tests of the sibling modules.
+pub(super) fn emit<T: netlink_packet_core::Emitable>(msg: &T) -> Vec<u8> {
+    let mut buf = vec![0; msg.buffer_len()];
+    msg.emit(&mut buf);
+    buf
+}
+
 fn fresh() -> Netlink {
     private_netns();
     Netlink::new().expect("open netlink socket")
