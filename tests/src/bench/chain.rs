@@ -18,8 +18,8 @@ use std::rc::Rc;
 
 const PLUGINS: [&str; 3] = ["bridge", "portmap", "bandwidth"];
 
-/// Peak RSS (KiB) per (side, plugin), filled while the benchmark runs.
-pub type RssTable = Rc<RefCell<BTreeMap<(String, String), u64>>>;
+/// Peak RSS (KiB) of every ADD process per (side, plugin), filled while the benchmark runs.
+pub type RssTable = Rc<RefCell<BTreeMap<(String, String), Vec<u64>>>>;
 
 /// Capability args of iteration `n`: one hostPort and 100 Mbit/s each way.
 fn caps(port_base: u16, n: u32) -> Value {
@@ -43,8 +43,7 @@ fn step<'a>(label: &'static str, chain: Chain, port_base: u16, rss: RssTable) ->
         {
             let mut r = rss.borrow_mut();
             for s in &adds {
-                let e = r.entry((label.to_string(), s.plugin.clone())).or_default();
-                *e = (*e).max(s.out.max_rss_kib);
+                r.entry((label.to_string(), s.plugin.clone())).or_default().push(s.out.max_rss_kib);
             }
         }
         let mut dels = chain.del(&id, ctr.path_str(), "eth0", &caps, Some(&result), None);
@@ -87,17 +86,26 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
     }]
 }
 
-/// Markdown table of peak RSS per plugin.
+/// Markdown table of peak RSS per plugin: the largest of all ADD processes (warm-up included,
+/// so a one-time cost such as creating a table shows) and the median one.
 pub fn rss_markdown(rss: &RssTable) -> String {
     let r = rss.borrow();
     let mut s = String::from(
-        "| plugin | ours peak RSS (KiB) | upstream peak RSS (KiB) | ours / upstream |\n|---|---|---|---|\n",
+        "| plugin | ours largest (KiB) | upstream largest (KiB) | ours / upstream | ours median (KiB) | upstream median (KiB) | ours / upstream |\n|---|---|---|---|---|---|---|\n",
     );
+    let stats = |side: &str, p: &str| {
+        let mut v = r.get(&(side.to_string(), p.to_string())).cloned().unwrap_or_default();
+        v.sort_unstable();
+        (v.last().copied().unwrap_or(0), v.get(v.len() / 2).copied().unwrap_or(0))
+    };
     for p in PLUGINS {
-        let o = r.get(&("ours".to_string(), p.to_string())).copied().unwrap_or(0);
-        let u = r.get(&("upstream".to_string(), p.to_string())).copied().unwrap_or(0);
+        let ((o, om), (u, um)) = (stats("ours", p), stats("upstream", p));
         if o > 0 && u > 0 {
-            s.push_str(&format!("| {p} | {o} | {u} | {:.2} |\n", o as f64 / u as f64));
+            s.push_str(&format!(
+                "| {p} | {o} | {u} | {:.2} | {om} | {um} | {:.2} |\n",
+                o as f64 / u as f64,
+                om as f64 / um as f64
+            ));
         }
     }
     s

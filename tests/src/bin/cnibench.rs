@@ -83,7 +83,10 @@ fn main() {
         println!("\n{n}");
     }
     if !rss.borrow().is_empty() {
-        println!("\nPeak RSS per plugin process during the chain runs (getrusage of each child):\n");
+        println!(
+            "\nPeak RSS of the ADD processes during the chain runs (wait4 of each child; it includes\n\
+             programs the plugin itself ran, e.g. `nft`):\n"
+        );
         print!("{}", bench::chain::rss_markdown(&rss));
     }
 }
