@@ -724,16 +724,28 @@ fn config_compatibility_and_status() {
     assert_eq!(out["ips"], p["ips"]);
     assert_eq!(elements(&w.host).unwrap_or_default(), Vec::<String>::new());
 
-    let status = |nft: Option<&str>| {
+    let status = |nft: Option<&str>, extra: Value| {
         let mut e = Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "STATUS").env("CNI_PATH", "/x");
         if let Some(n) = nft {
             e = e.env("CNI_NFT", n);
         }
-        e.run(&json!({"cniVersion": "1.1.0", "name": "mynet", "type": "portmap"}).to_string())
+        let mut c = json!({"cniVersion": "1.1.0", "name": "mynet", "type": "portmap"});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        e.run(&c.to_string())
     };
-    status(None).ok_silent();
-    assert!(status(Some("/nonexistent/nft")).err(50).contains("nft"));
-    assert!(status(Some("/bin/false")).err(50).contains("nf_tables"));
+    // Without conditions the table is built over netlink: STATUS validates it there (a
+    // transaction the kernel checks and aborts) and needs no nft.
+    let before = ns_state(&w.host);
+    status(None, json!({})).ok_silent();
+    status(Some("/nonexistent/nft"), json!({})).ok_silent();
+    assert_eq!(ns_state(&w.host), before, "STATUS committed nothing");
+    // Conditions are nft syntax: then nft must be there and accept them.
+    let cond = json!({"conditionsV4": ["ip saddr != 192.0.2.0/24"]});
+    status(None, cond.clone()).ok_silent();
+    assert!(status(Some("/nonexistent/nft"), cond.clone()).err(50).contains("nft"));
+    assert!(status(Some("/bin/false"), cond).err(50).contains("nf_tables"));
 }
 
 #[test]
@@ -929,10 +941,10 @@ fn one_container_on_two_networks_shares_its_host_port() {
 
 #[test]
 fn steady_state_verbs_exec_no_nft() {
-    // Element changes and reads go over netlink: once the table exists, ADD (fast path, a
-    // conflict, a second network of the same container), CHECK, DEL and GC work with the nft
-    // binary out of reach (CNI_NFT names a missing file, so any use of nft fails). Only
-    // building the table needs nft, and says so.
+    // Everything goes over netlink unless conditions are configured: building the table, ADD
+    // (fast path, a conflict, a second network of the same container), CHECK, DEL and GC work
+    // with the nft binary out of reach (CNI_NFT names a missing file, so any use of nft
+    // fails). Only a table with conditions (nft syntax) needs nft, and says so.
     let mut w = World::new();
     let n = w.n;
     let a = w.container();
@@ -946,11 +958,17 @@ fn steady_state_verbs_exec_no_nft() {
             .run(stdin)
     };
     let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7171), json!({}));
+    let with_conditions = json!({"conditionsV4": ["ip saddr != 192.0.2.0/24"]});
     let before = ns_state(&w.host);
-    let msg = no_nft("ADD", &a, "eth0", &ca).err(50);
+    let msg = no_nft("ADD", &a, "eth0", &conf("pmnet", &w.prev(&a, true, true), tcp(7171), with_conditions))
+        .err(50);
     assert!(msg.contains("nft"), "{msg}");
     assert_eq!(ns_state(&w.host), before, "nothing half-built");
-    run(&w, "ADD", &a, &ca).ok(); // builds the table with nft
+    no_nft("ADD", &a, "eth0", &ca).ok(); // builds the table over netlink
+    let r = rules(&w.host);
+    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "masq4", "masq6"] {
+        assert!(r.contains(&format!("\"@{set}\"")), "no rule uses @{set}:\n{r}");
+    }
 
     let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7272), json!({}));
     no_nft("ADD", &b, "eth0", &cb).ok();

@@ -18,6 +18,8 @@ mod devconf;
 mod events;
 mod link;
 pub mod nftables;
+#[doc(hidden)]
+pub mod nftgolden;
 pub mod nftwrite;
 mod route;
 mod socket;

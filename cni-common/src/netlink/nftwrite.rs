@@ -1,7 +1,9 @@
 //! Writing nf_tables objects over netlink without executing `nft`: set and map elements
-//! (concatenated keys and data, interval ends, comments), tables, chains, and rules built from
-//! a small set of expressions, applied as one atomic nfnetlink batch ([`NfTables::apply`]);
-//! and reading elements back ([`NfTables::set_elements`]).
+//! (concatenated keys and data, interval ends, comments), tables, sets and maps declared with
+//! `type`, chains, and rules built from a small set of expressions (meta, payload, cmp,
+//! bitwise, fib, ct, byteorder, lookup, dnat, masquerade, verdicts), applied as one atomic
+//! nfnetlink batch ([`NfTables::apply`]) or checked without committing
+//! ([`NfTables::validate`]); and reading elements back ([`NfTables::set_elements`]).
 //!
 //! The encoding is what `nft` 1.0.6 (libnftnl) sends, attribute by attribute, so objects we
 //! write list in `nft list ruleset` exactly like objects `nft` writes, comments included. The
@@ -41,6 +43,7 @@ const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_DELSETELEM: u16 = 14;
@@ -64,6 +67,23 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_DATA_LEN: u16 = 7;
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_USERDATA: u16 = 13;
+const NFTA_SET_DESC_CONCAT: u16 = 2;
+const NFTA_SET_FIELD_LEN: u16 = 1;
+const NFT_SET_INTERVAL: u32 = 0x4;
+const NFT_SET_MAP: u32 = 0x8;
+const NFT_SET_CONCAT: u32 = 0x80;
+/// `NFT_DATA_VERDICT`: the data type of a verdict map.
+const NFT_DATA_VERDICT_TYPE: u32 = 0xffff_ff00;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -87,11 +107,23 @@ const ELEMENTS_PER_MESSAGE_BYTES: usize = 60_000;
 /// `NFT_META_*` keys.
 pub const META_IIFNAME: u32 = 6;
 pub const META_NFPROTO: u32 = 15;
+pub const META_L4PROTO: u32 = 16;
 /// `NFT_PAYLOAD_*` bases.
 pub const PAYLOAD_LL_HEADER: u32 = 0;
 pub const PAYLOAD_NETWORK_HEADER: u32 = 1;
-/// The 16-byte data register nft uses for single values (`NFT_REG_1`).
+pub const PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+/// `NFT_CT_STATUS`, and the `IPS_DST_NAT` bit of the status.
+pub const CT_STATUS: u32 = 2;
+pub const CT_STATUS_DST_NAT: u32 = 0x20;
+/// The verdict register, and the 16-byte data registers nft uses for single values
+/// (`NFT_REG_1`, `NFT_REG_2`, `NFT_REG_3`: each spans four 32-bit registers).
+pub const REG_VERDICT: u32 = 0;
 pub const REG_1: u32 = 1;
+pub const REG_2: u32 = 2;
+pub const REG_3: u32 = 3;
+/// The first 32-bit register (`NFT_REG32_00`, the first quarter of `NFT_REG_1`): the
+/// components of a concatenation go into consecutive 32-bit registers from here.
+pub const REG32_00: u32 = 8;
 /// `NF_INET_*` hooks (also `NF_BR_*` for the bridge family: prerouting 0, postrouting 4).
 pub const HOOK_PREROUTING: u32 = 0;
 pub const HOOK_POSTROUTING: u32 = 4;
@@ -171,6 +203,167 @@ pub fn split_concat<'a>(bytes: &'a [u8], lens: &[usize]) -> Option<Vec<&'a [u8]>
     (off == bytes.len()).then_some(out)
 }
 
+/// nft's data types (`enum datatypes` of nft 1.0.6), as far as our sets use them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NftType {
+    NfProto,
+    Ipv4Addr,
+    Ipv6Addr,
+    InetProto,
+    InetService,
+}
+
+impl NftType {
+    fn id(self) -> u32 {
+        match self {
+            NftType::NfProto => 2,
+            NftType::Ipv4Addr => 7,
+            NftType::Ipv6Addr => 8,
+            NftType::InetProto => 12,
+            NftType::InetService => 13,
+        }
+    }
+
+    /// Bytes of one value (before the padding of a concatenation).
+    pub fn bytes(self) -> u32 {
+        match self {
+            NftType::NfProto | NftType::InetProto => 1,
+            NftType::Ipv4Addr => 4,
+            NftType::Ipv6Addr => 16,
+            NftType::InetService => 2,
+        }
+    }
+
+    /// The byte order nft records for a set of this one type (`enum byteorder`: 0 invalid,
+    /// 2 big endian).
+    fn byteorder(self) -> u32 {
+        match self {
+            NftType::NfProto | NftType::InetProto => 0,
+            NftType::Ipv4Addr | NftType::Ipv6Addr | NftType::InetService => 2,
+        }
+    }
+}
+
+/// The type id nft gives a (possibly concatenated) type: 6 bits per component.
+fn type_id(types: &[NftType]) -> u32 {
+    types.iter().fold(0, |acc, t| (acc << 6) | t.id())
+}
+
+/// The length of a value of `types`: a concatenation pads every component to 4 bytes.
+fn types_len(types: &[NftType]) -> u32 {
+    match types {
+        [one] => one.bytes(),
+        _ => types.iter().map(|t| t.bytes().next_multiple_of(4)).sum(),
+    }
+}
+
+/// The data of a map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NftSetData {
+    Values(Vec<NftType>),
+    Verdict,
+}
+
+/// A set (`type <key>`) or map (`type <key> : <data>`) declared with `type`, as
+/// `nft add set|map` writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftSet {
+    pub name: String,
+    /// The key's types; more than one make a concatenation.
+    pub key: Vec<NftType>,
+    pub data: Option<NftSetData>,
+    /// `flags interval`.
+    pub interval: bool,
+    /// The transaction-local id rules of the same transaction use to find the set while it is
+    /// being created (`NFTA_SET_ID`, `NFTA_LOOKUP_SET_ID`): unique within one transaction.
+    pub id: u32,
+}
+
+/// nft's userdata of a set: the byte orders of key and data, a "typeof" record for a
+/// concatenated key or data declared with `type` (a concat expression without members), and
+/// whether map data are intervals (never here). `nft list` reads them back to print values.
+fn set_userdata(set: &NftSet) -> Vec<u8> {
+    const KEYBYTEORDER: u8 = 0;
+    const DATABYTEORDER: u8 = 1;
+    const KEY_TYPEOF: u8 = 3;
+    const DATA_TYPEOF: u8 = 4;
+    const DATA_INTERVAL: u8 = 6;
+    /// `NFTNL_UDATA_SET_TYPEOF_EXPR` = nft's `EXPR_CONCAT` (13), then an empty
+    /// `NFTNL_UDATA_SET_TYPEOF_DATA`.
+    fn typeof_concat(u: &mut Vec<u8>, kind: u8) {
+        u.extend_from_slice(&[kind, 8, 0, 4]);
+        u.extend_from_slice(&13u32.to_ne_bytes());
+        u.extend_from_slice(&[1, 0]);
+    }
+    fn put_u32(u: &mut Vec<u8>, kind: u8, v: u32) {
+        u.extend_from_slice(&[kind, 4]);
+        u.extend_from_slice(&v.to_ne_bytes());
+    }
+    let order = |t: &[NftType]| if let [one] = t { one.byteorder() } else { 0 };
+    let mut u = Vec::new();
+    put_u32(&mut u, KEYBYTEORDER, order(&set.key));
+    if let Some(d) = &set.data {
+        put_u32(&mut u, DATABYTEORDER, if let NftSetData::Values(t) = d { order(t) } else { 0 });
+    }
+    if set.key.len() > 1 {
+        typeof_concat(&mut u, KEY_TYPEOF);
+    }
+    if matches!(&set.data, Some(NftSetData::Values(t)) if t.len() > 1) {
+        typeof_concat(&mut u, DATA_TYPEOF);
+    }
+    if set.data.is_some() {
+        put_u32(&mut u, DATA_INTERVAL, 0);
+    }
+    u
+}
+
+fn set_attrs(table: &str, set: &NftSet) -> Vec<(u16, Vec<u8>)> {
+    let concat_key = set.key.len() > 1;
+    let mut flags = 0;
+    if set.data.is_some() {
+        flags |= NFT_SET_MAP;
+    }
+    if set.interval {
+        flags |= NFT_SET_INTERVAL;
+        if concat_key {
+            flags |= NFT_SET_CONCAT;
+        }
+    }
+    let mut attrs = vec![
+        (NFTA_SET_TABLE, cstr(table)),
+        (NFTA_SET_NAME, cstr(&set.name)),
+        (NFTA_SET_FLAGS, be32(flags).to_vec()),
+        (NFTA_SET_KEY_TYPE, be32(type_id(&set.key)).to_vec()),
+        (NFTA_SET_KEY_LEN, be32(types_len(&set.key)).to_vec()),
+    ];
+    match &set.data {
+        Some(NftSetData::Values(t)) => {
+            attrs.push((NFTA_SET_DATA_TYPE, be32(type_id(t)).to_vec()));
+            attrs.push((NFTA_SET_DATA_LEN, be32(types_len(t)).to_vec()));
+        }
+        Some(NftSetData::Verdict) => {
+            attrs.push((NFTA_SET_DATA_TYPE, be32(NFT_DATA_VERDICT_TYPE).to_vec()));
+            attrs.push((NFTA_SET_DATA_LEN, be32(0).to_vec()));
+        }
+        None => {}
+    }
+    attrs.push((NFTA_SET_ID, be32(set.id).to_vec()));
+    if set.interval && concat_key {
+        // the field lengths the pipapo backend of a concatenated interval set needs
+        let mut fields = Vec::new();
+        for t in &set.key {
+            let mut f = Vec::new();
+            attr(&mut f, NFTA_SET_FIELD_LEN, &be32(t.bytes()));
+            nest(&mut fields, NFTA_LIST_ELEM, &f);
+        }
+        let mut desc = Vec::new();
+        nest(&mut desc, NFTA_SET_DESC_CONCAT, &fields);
+        attrs.push((NFTA_SET_DESC | NLA_F_NESTED, desc));
+    }
+    attrs.push((NFTA_SET_USERDATA, set_userdata(set)));
+    attrs
+}
+
 /// A base chain's type, hook, priority and (when given) policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseChain {
@@ -205,6 +398,15 @@ pub enum RuleExpr {
     Verdict(Verdict),
     /// `masq`
     Masquerade,
+    /// `lookup reg <sreg> set <set> [dreg <dreg>]`: a set match, or a map lookup into `dreg`
+    /// (the verdict register for a verdict map).
+    Lookup { sreg: u32, dreg: Option<u32>, set: String, set_id: u32 },
+    /// `nat dnat <family> addr_min reg <reg_addr> proto_min reg <reg_proto>`.
+    Dnat { family: u32, reg_addr: u32, reg_proto: u32 },
+    /// `ct load <key> => reg`
+    Ct { key: u32, dreg: u32 },
+    /// `byteorder reg <dreg> = hton(reg <sreg>, <size>, <len>)`
+    Hton { sreg: u32, dreg: u32, size: u32, len: u32 },
 }
 
 impl RuleExpr {
@@ -268,13 +470,18 @@ impl RuleExpr {
 
     /// `fib daddr type != local`.
     pub fn daddr_not_local() -> Vec<RuleExpr> {
+        RuleExpr::daddr_type_local(CmpOp::Neq)
+    }
+
+    /// `fib daddr type local` (`Eq`) or `fib daddr type != local` (`Neq`).
+    pub fn daddr_type_local(op: CmpOp) -> Vec<RuleExpr> {
         const NFTA_FIB_F_DADDR: u32 = 1 << 1;
         const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
         const RTN_LOCAL: u32 = 2;
         vec![
             RuleExpr::Fib { flags: NFTA_FIB_F_DADDR, result: NFT_FIB_RESULT_ADDRTYPE, dreg: REG_1 },
             // the register holds the route type as a host-order u32
-            RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: RTN_LOCAL.to_ne_bytes().to_vec() },
+            RuleExpr::Cmp { sreg: REG_1, op, data: RTN_LOCAL.to_ne_bytes().to_vec() },
         ]
     }
 }
@@ -300,6 +507,10 @@ pub enum NftOp {
     CreateElements { family: NftFamily, table: String, set: String, elems: Vec<NftElem> },
     /// `delete element` (by key, and key end / interval flag; data and comments are ignored).
     DeleteElements { family: NftFamily, table: String, set: String, elems: Vec<NftElem> },
+    /// `add set|map` (an existing set with the same definition is left as it is).
+    AddSet { family: NftFamily, table: String, set: NftSet },
+    /// `flush set|map`: every element goes.
+    FlushSet { family: NftFamily, table: String, set: String },
     /// A deletion of a rule, chain or table.
     Delete(NftDelete),
 }
@@ -425,6 +636,35 @@ fn expr_attr(out: &mut Vec<u8>, e: &RuleExpr) {
             "immediate"
         }
         RuleExpr::Masquerade => "masq",
+        RuleExpr::Lookup { sreg, dreg, set, set_id } => {
+            attr(&mut d, 2, &be32(*sreg)); // NFTA_LOOKUP_SREG
+            if let Some(r) = dreg {
+                attr(&mut d, 3, &be32(*r)); // NFTA_LOOKUP_DREG
+            }
+            attr(&mut d, 1, &cstr(set)); // NFTA_LOOKUP_SET
+            attr(&mut d, 4, &be32(*set_id)); // NFTA_LOOKUP_SET_ID
+            "lookup"
+        }
+        RuleExpr::Dnat { family, reg_addr, reg_proto } => {
+            attr(&mut d, 1, &be32(1)); // NFTA_NAT_TYPE: NFT_NAT_DNAT
+            attr(&mut d, 2, &be32(*family));
+            attr(&mut d, 3, &be32(*reg_addr)); // NFTA_NAT_REG_ADDR_MIN
+            attr(&mut d, 5, &be32(*reg_proto)); // NFTA_NAT_REG_PROTO_MIN
+            "nat"
+        }
+        RuleExpr::Ct { key, dreg } => {
+            attr(&mut d, 2, &be32(*key)); // NFTA_CT_KEY
+            attr(&mut d, 1, &be32(*dreg));
+            "ct"
+        }
+        RuleExpr::Hton { sreg, dreg, size, len } => {
+            attr(&mut d, 1, &be32(*sreg)); // NFTA_BYTEORDER_SREG
+            attr(&mut d, 2, &be32(*dreg));
+            attr(&mut d, 3, &be32(1)); // NFTA_BYTEORDER_OP: NFT_BYTEORDER_HTON
+            attr(&mut d, 4, &be32(*len));
+            attr(&mut d, 5, &be32(*size));
+            "byteorder"
+        }
     };
     let mut elem = Vec::new();
     attr(&mut elem, NFTA_EXPR_NAME, &cstr(name));
@@ -473,6 +713,12 @@ fn element_messages(
         flush(&mut list, &mut out);
     }
     out
+}
+
+/// The messages of `ops` as [`NfTables::apply`] sends them between the batch markers: for
+/// tests that compare them with what `nft` sends ([`crate::netlink::nftgolden`]).
+pub fn wire_messages(ops: &[NftOp]) -> Vec<Vec<u8>> {
+    ops.iter().flat_map(op_messages).collect()
 }
 
 /// The messages of one operation (each acknowledged).
@@ -533,6 +779,16 @@ pub(crate) fn op_messages(op: &NftOp) -> Vec<Vec<u8>> {
         NftOp::DeleteElements { family, table, set, elems } => {
             element_messages(NFT_MSG_DELSETELEM, ACK, *family, table, set, elems, false)
         }
+        NftOp::AddSet { family, table, set } => {
+            vec![message(kind(NFT_MSG_NEWSET), ACK | NLM_F_CREATE, family.proto(), 0, &set_attrs(table, set))]
+        }
+        NftOp::FlushSet { family, table, set } => vec![message(
+            kind(NFT_MSG_DELSETELEM),
+            ACK,
+            family.proto(),
+            0,
+            &[(NFTA_SET_ELEM_LIST_SET, cstr(set)), (NFTA_SET_ELEM_LIST_TABLE, cstr(table))],
+        )],
         NftOp::Delete(d) => vec![delete_message(d)],
     }
 }
@@ -604,6 +860,17 @@ impl NfTables {
         self.sock
             .request_batch(batch(messages))
             .map_err(|e| e.during(format!("nftables transaction ({n} messages)")))
+    }
+
+    /// Send `ops` as a transaction that is never committed (a batch without its end marker,
+    /// as `nft --check` does): the kernel processes and acknowledges every message, then
+    /// aborts. Proves the kernel accepts these objects (modules, expressions, set types)
+    /// without changing anything.
+    pub fn validate(&mut self, ops: &[NftOp]) -> Result<(), NlError> {
+        let mut messages = batch(ops.iter().flat_map(op_messages));
+        messages.pop(); // the end marker: without it the kernel aborts after processing
+        let n = messages.len() - 1;
+        self.sock.request_batch(messages).map_err(|e| e.during(format!("nftables validation ({n} messages)")))
     }
 
     /// The elements of set or map `set` of `table` (empty when either does not exist).

@@ -5,54 +5,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 // ---- byte-for-byte against nft ----
 
-/// Messages `nft` 1.0.6 sent, by case name (testdata/capture-nft.py).
-fn golden(name: &str) -> Vec<Vec<u8>> {
-    let v: Vec<Vec<u8>> = include_str!("testdata/nft-golden.txt")
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(n, _)| *n == name)
-        .map(|(_, hex)| {
-            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
-        })
-        .collect();
-    assert!(!v.is_empty(), "no golden message {name}");
-    v
-}
-
-/// A message with sequence number and port id zeroed, without our `NLM_F_ACK` (nft reads
-/// errors without asking for acks) and without `NFTA_SET_ELEM_LIST_SET_ID` (nft's
-/// process-local set id, meaningless for a set that exists).
-fn normalize(msg: &[u8]) -> Vec<u8> {
-    let ty = u16::from_ne_bytes([msg[4], msg[5]]);
-    let flags = u16::from_ne_bytes([msg[6], msg[7]]) & !NLM_F_ACK;
-    let mut attrs = Vec::new();
-    let mut rest = &msg[20..];
-    while rest.len() >= 4 {
-        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]);
-        let padded = len.next_multiple_of(4).min(rest.len());
-        if !(ty & 0xff == NFT_MSG_NEWSETELEM && kind == 4) {
-            attrs.extend_from_slice(&rest[..padded]);
-        }
-        rest = &rest[padded..];
-    }
-    let mut out = ((20 + attrs.len()) as u32).to_ne_bytes().to_vec();
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&[0; 8]);
-    out.extend_from_slice(&msg[16..20]);
-    out.extend_from_slice(&attrs);
-    out
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn assert_like_nft(name: &str, op: NftOp) {
-    let ours: Vec<String> = op_messages(&op).iter().map(|m| hex(&normalize(m))).collect();
-    let nft: Vec<String> = golden(name).iter().map(|m| hex(&normalize(m))).collect();
-    assert_eq!(ours, nft, "{name}: ours (left) differs from nft's (right)");
+    crate::netlink::nftgolden::assert_like_nft(name, &[op]);
 }
 
 const PM: &str = "cni_portmap";
@@ -551,4 +505,51 @@ fn kernel_rules_written_over_netlink_list_like_nfts() {
     assert!(nf.rules(inet, "l", Some("c")).unwrap()[0].uses_set("s"));
     nf.apply(&[NftOp::Delete(NftDelete::Table { family: inet, table: "l".into() })]).unwrap();
     assert!(!nf.has_table(inet, "l").unwrap());
+}
+
+#[test]
+fn kernel_validate_processes_everything_and_commits_nothing() {
+    crate::netns::test_support::private_netns();
+    let mut nf = NfTables::new().unwrap();
+    let set = NftSet {
+        name: "m".into(),
+        key: vec![NftType::InetProto, NftType::InetService],
+        data: Some(NftSetData::Values(vec![NftType::Ipv4Addr, NftType::InetService])),
+        interval: false,
+        id: 1,
+    };
+    let table = NftOp::AddTable { family: NftFamily::Inet, table: "v".into(), comment: None };
+    let chain = NftOp::AddChain {
+        family: NftFamily::Inet,
+        table: "v".into(),
+        chain: "c".into(),
+        base: None,
+        comment: None,
+    };
+    let add_set = NftOp::AddSet { family: NftFamily::Inet, table: "v".into(), set };
+    let rule = |set: &str| NftOp::AddRule {
+        family: NftFamily::Inet,
+        table: "v".into(),
+        chain: "c".into(),
+        exprs: vec![
+            RuleExpr::Meta { key: META_L4PROTO, dreg: REG_1 },
+            RuleExpr::Payload { base: PAYLOAD_TRANSPORT_HEADER, offset: 2, len: 2, dreg: REG32_00 + 1 },
+            RuleExpr::Lookup { sreg: REG_1, dreg: None, set: set.into(), set_id: 1 },
+        ],
+        comment: None,
+    };
+    let gen = nf.generation().unwrap();
+    nf.validate(&[table.clone(), chain.clone(), add_set.clone(), rule("m")]).unwrap();
+    assert!(!nf.has_table(NftFamily::Inet, "v").unwrap(), "validation committed nothing");
+    assert_eq!(nf.generation().unwrap(), gen);
+    // a rule naming a set that does not exist (and no set of that id) is refused
+    let e = nf.validate(&[table.clone(), chain.clone(), rule("nosuchset")]).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOENT, "{e}");
+    assert!(!nf.has_table(NftFamily::Inet, "v").unwrap());
+    // the same objects applied: nft lists the set with its type and the rule as written
+    nf.apply(&[table, chain, add_set, rule("m")]).unwrap();
+    let out = std::process::Command::new("nft").args(["list", "table", "inet", "v"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("type inet_proto . inet_service : ipv4_addr . inet_service"), "{text}");
+    assert!(text.contains("meta l4proto . th dport @m"), "{text}");
 }

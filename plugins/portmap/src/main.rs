@@ -2,17 +2,17 @@
 //!
 //! The rules never grow with the number of mappings (see [`ruleset`] for the layout); every
 //! verb changes the kernel in one atomic nf_tables transaction. Element changes and all reads
-//! go over netlink ([`wire`]); only the static part (table, sets, chains, rules with the
-//! `conditionsV4/V6` written in nft syntax) is (re)built with `nft -f`: on the first ADD on a
-//! host, when the conditions change, and when the static part was tampered with.
+//! go over netlink ([`wire`]), and so does (re)building the static part (table, sets, chains,
+//! rules) on the first ADD on a host or after tampering; only a static part with
+//! `conditionsV4/V6`, which are nft syntax, is built with `nft -f`.
 //!
 //! ADD first tries a netlink transaction that only adds elements (well under a millisecond
 //! whatever the number of attached containers); when that fails — table missing, other
 //! conditions installed, a host port claimed by another attachment, or this attachment's old
 //! elements differing — the slow path reads the table, explains conflicts with other
 //! containers by naming the holder, shares host ports between attachments of one container,
-//! and applies what is needed in one transaction (netlink when the static part is intact,
-//! else one `nft -f` that also rebuilds it).
+//! and applies what is needed in one transaction (netlink, rebuilding the static part when
+//! needed; one `nft -f` instead when that part has conditions).
 
 mod config;
 mod ruleset;
@@ -110,13 +110,22 @@ fn slow_add(
         let gone = |tag: &str, h: &str| tag == owner.tag || h == hash;
         let plan = ruleset::plan(&l, &gone, elems, &owner.tag);
         let applied = if rebuild {
-            let nft = match &nft {
-                Some(n) => n,
-                None => nft.insert(Nft::find()?),
-            };
-            let mut script = ruleset::setup_script(conf, &l.gate_chains());
-            script.push_str(&plan.script());
-            nft.apply(&script)
+            match wire::setup_ops(conf, &l.gate_chains()) {
+                // No conditions: the static part goes over netlink too, in the same transaction.
+                Some(mut ops) => {
+                    ops.extend(wire::plan_ops(&plan)?);
+                    nf.apply(&ops).map_err(CniError::from)
+                }
+                None => {
+                    let nft = match &nft {
+                        Some(n) => n,
+                        None => nft.insert(Nft::find()?),
+                    };
+                    let mut script = ruleset::setup_script(conf, &l.gate_chains());
+                    script.push_str(&plan.script());
+                    nft.apply(&script)
+                }
+            }
         } else {
             // A failure here (a concurrent change, or a set that went missing) is retried from
             // a new read with the static part rebuilt.
@@ -386,14 +395,16 @@ impl Plugin for Portmap {
         nftables()?.generation().map_err(|e| {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
         })?;
-        // ...but the first ADD on a host (and every change of the conditions) builds the table
-        // with nft, so a missing nft is reported too.
-        let nft = Nft::find()?;
         // Dry-run the whole static layout: proves nat, fib, vmap and concatenated interval
-        // sets are usable in this kernel, without committing anything.
-        nft.check(&ruleset::setup_script(&conf, &[])).map_err(|e| {
-            CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {}", e.msg))
-        })
+        // sets are usable in this kernel, without committing anything. Over netlink too,
+        // unless conditions need nft (and then a missing nft is reported).
+        let cannot = |msg: String| {
+            CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {msg}"))
+        };
+        match wire::setup_ops(&conf, &[]) {
+            Some(ops) => nftables()?.validate(&ops).map_err(|e| cannot(e.to_string())),
+            None => Nft::find()?.check(&ruleset::setup_script(&conf, &[])).map_err(|e| cannot(e.msg)),
+        }
     }
 }
 

@@ -10,7 +10,12 @@
 use crate::config::Conf;
 use crate::ruleset::{self, Elem, Listed, Listing, Owner, ELEMENT_SETS, TABLE};
 use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, Verdict};
-use cni_common::netlink::nftwrite::{concat, split_concat, NftData, NftElem, NftOp};
+use cni_common::netlink::nftwrite::{
+    concat, split_concat, BaseChain, CmpOp, NftData, NftElem, NftOp, NftSet, NftSetData, NftType, RuleExpr,
+    CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING, META_L4PROTO, META_NFPROTO,
+    PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3,
+    REG_VERDICT,
+};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -285,6 +290,221 @@ pub fn plan_ops(p: &ruleset::Plan) -> Result<Vec<NftOp>> {
     ops(dels.iter().map(Change::Delete).chain(p.add.iter().map(|(e, t)| Change::Add(e, t))))
 }
 
+// ---- the static part over netlink ----
+
+/// `NF_INET_LOCAL_OUT`.
+const HOOK_OUTPUT: u32 = 3;
+const NFPROTO_IPV4: u32 = 2;
+const NFPROTO_IPV6: u32 = 10;
+
+/// Our sets and maps (`ruleset::setup_script` declares the same in nft syntax), with the
+/// transaction-local ids the rules of the same transaction find them by.
+fn sets() -> Vec<NftSet> {
+    use NftType::*;
+    let map = |id, name: &str, key: Vec<NftType>, data: Vec<NftType>| NftSet {
+        name: name.into(),
+        key,
+        data: Some(NftSetData::Values(data)),
+        interval: false,
+        id,
+    };
+    let interval =
+        |id, name: &str, key: Vec<NftType>| NftSet { name: name.into(), key, data: None, interval: true, id };
+    vec![
+        map(1, "hp4", vec![InetProto, InetService], vec![Ipv4Addr, InetService]),
+        map(2, "hip4", vec![Ipv4Addr, InetProto, InetService], vec![Ipv4Addr, InetService]),
+        map(3, "hp6", vec![InetProto, InetService], vec![Ipv6Addr, InetService]),
+        map(4, "hip6", vec![Ipv6Addr, InetProto, InetService], vec![Ipv6Addr, InetService]),
+        map(5, "owner", vec![Ipv6Addr, InetProto, InetService], vec![Ipv6Addr]),
+        map(6, "claims", vec![Ipv6Addr, InetProto, InetService, Ipv6Addr], vec![Ipv6Addr, InetService]),
+        interval(7, "masq4", vec![Ipv4Addr, Ipv4Addr, InetProto, InetService]),
+        interval(8, "masq6", vec![Ipv6Addr, Ipv6Addr, InetProto, InetService]),
+        NftSet {
+            name: "gates".into(),
+            key: vec![NfProto],
+            data: Some(NftSetData::Verdict),
+            interval: false,
+            id: 9,
+        },
+    ]
+}
+
+fn lookup(sets: &[NftSet], name: &str, dreg: Option<u32>) -> RuleExpr {
+    let id = sets.iter().find(|s| s.name == name).map(|s| s.id).expect("one of our sets");
+    RuleExpr::Lookup { sreg: REG_1, dreg, set: name.into(), set_id: id }
+}
+
+fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> RuleExpr {
+    RuleExpr::Payload { base, offset, len, dreg }
+}
+
+/// `th dport => reg`
+fn dport(dreg: u32) -> RuleExpr {
+    payload(PAYLOAD_TRANSPORT_HEADER, 2, 2, dreg)
+}
+
+fn l4proto(dreg: u32) -> RuleExpr {
+    RuleExpr::Meta { key: META_L4PROTO, dreg }
+}
+
+/// The static rules, chain by chain, in nft's encoding of the rules of
+/// `ruleset::setup_script` (register allocation included), for empty conditions.
+fn static_rules(sets: &[NftSet]) -> Vec<(&'static str, Vec<RuleExpr>)> {
+    // fib daddr type local meta nfproto vmap @gates
+    let gate = {
+        let mut r = RuleExpr::daddr_type_local(CmpOp::Eq);
+        r.push(RuleExpr::Meta { key: META_NFPROTO, dreg: REG_1 });
+        r.push(lookup(sets, "gates", Some(REG_VERDICT)));
+        r
+    };
+    let dnat4 = RuleExpr::Dnat { family: NFPROTO_IPV4, reg_addr: REG_1, reg_proto: REG32_00 + 1 };
+    let dnat6 = RuleExpr::Dnat { family: NFPROTO_IPV6, reg_addr: REG_1, reg_proto: REG_2 };
+    let with = |mut a: Vec<RuleExpr>, b: Vec<RuleExpr>| {
+        a.extend(b);
+        a
+    };
+    // ct status dnat
+    let dnatted = vec![
+        RuleExpr::Ct { key: CT_STATUS, dreg: REG_1 },
+        RuleExpr::Bitwise {
+            sreg: REG_1,
+            dreg: REG_1,
+            mask: CT_STATUS_DST_NAT.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        },
+        RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: vec![0; 4] },
+    ];
+    let hton = |r: u32| RuleExpr::Hton { sreg: r, dreg: r, size: 2, len: 1 };
+    let net = PAYLOAD_NETWORK_HEADER;
+    vec![
+        ("prerouting", gate.clone()),
+        ("output", gate),
+        // dnat ip to ip daddr . meta l4proto . th dport map @hip4
+        (
+            "hostports4",
+            with(
+                RuleExpr::nfproto(true),
+                vec![
+                    payload(net, 16, 4, REG_1),
+                    l4proto(REG32_00 + 1),
+                    dport(REG32_00 + 2),
+                    lookup(sets, "hip4", Some(REG_1)),
+                    dnat4.clone(),
+                ],
+            ),
+        ),
+        // dnat ip to meta l4proto . th dport map @hp4
+        ("hostports4", vec![l4proto(REG_1), dport(REG32_00 + 1), lookup(sets, "hp4", Some(REG_1)), dnat4]),
+        // dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6
+        (
+            "hostports6",
+            with(
+                RuleExpr::nfproto(false),
+                vec![
+                    payload(net, 24, 16, REG_1),
+                    l4proto(REG_2),
+                    dport(REG32_00 + 5),
+                    lookup(sets, "hip6", Some(REG_1)),
+                    dnat6.clone(),
+                ],
+            ),
+        ),
+        // dnat ip6 to meta l4proto . th dport map @hp6
+        ("hostports6", vec![l4proto(REG_1), dport(REG32_00 + 1), lookup(sets, "hp6", Some(REG_1)), dnat6]),
+        // ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade
+        (
+            "masquerading",
+            with(
+                with(dnatted.clone(), RuleExpr::nfproto(true)),
+                vec![
+                    payload(net, 12, 4, REG_1),
+                    payload(net, 16, 4, REG32_00 + 1),
+                    l4proto(REG32_00 + 2),
+                    hton(REG32_00 + 2),
+                    dport(REG32_00 + 3),
+                    lookup(sets, "masq4", None),
+                    RuleExpr::Masquerade,
+                ],
+            ),
+        ),
+        // ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade
+        (
+            "masquerading",
+            with(
+                with(dnatted, RuleExpr::nfproto(false)),
+                vec![
+                    payload(net, 8, 16, REG_1),
+                    payload(net, 24, 16, REG_2),
+                    l4proto(REG_3),
+                    hton(REG_3),
+                    dport(REG32_00 + 9),
+                    lookup(sets, "masq6", None),
+                    RuleExpr::Masquerade,
+                ],
+            ),
+        ),
+        // meta nfproto ipv4 jump hostports4 (no conditions)
+        ("gate4", with(RuleExpr::nfproto(true), vec![RuleExpr::Verdict(Verdict::Jump("hostports4".into()))])),
+        (
+            "gate6",
+            with(RuleExpr::nfproto(false), vec![RuleExpr::Verdict(Verdict::Jump("hostports6".into()))]),
+        ),
+    ]
+}
+
+/// The whole static part as one netlink transaction, the same objects as
+/// `ruleset::setup_script` (sets and chains added, chains flushed and refilled, the gates
+/// map refilled, `old_gates` chains deleted). None when `conf` has conditions: they are nft
+/// syntax, so that case goes through `nft -f`.
+pub fn setup_ops(conf: &Conf, old_gates: &[String]) -> Option<Vec<NftOp>> {
+    if !conf.conditions_v4.is_empty() || !conf.conditions_v6.is_empty() {
+        return None;
+    }
+    let (g4, g6) = ruleset::gate_names(conf);
+    debug_assert_eq!((g4.as_str(), g6.as_str()), ("gate4", "gate6"));
+    let t = || TABLE.to_string();
+    let sets = sets();
+    let mut ops = vec![NftOp::AddTable { family: FAMILY, table: t(), comment: None }];
+    ops.extend(sets.iter().map(|s| NftOp::AddSet { family: FAMILY, table: t(), set: s.clone() }));
+    let base =
+        |hook, priority| Some(BaseChain { kind: "nat".into(), hook, priority, policy: Some(POLICY_ACCEPT) });
+    let chains = [
+        ("prerouting", base(HOOK_PREROUTING, -100)),
+        ("output", base(HOOK_OUTPUT, -100)),
+        ("masquerading", base(HOOK_POSTROUTING, 100)),
+        ("hostports4", None),
+        ("hostports6", None),
+        ("gate4", None),
+        ("gate6", None),
+    ];
+    for (chain, base) in &chains {
+        ops.push(NftOp::AddChain {
+            family: FAMILY,
+            table: t(),
+            chain: chain.to_string(),
+            base: base.clone(),
+            comment: None,
+        });
+    }
+    for (chain, _) in &chains {
+        ops.push(NftOp::Delete(NftDelete::Flush { family: FAMILY, table: t(), chain: chain.to_string() }));
+    }
+    for (chain, exprs) in static_rules(&sets) {
+        ops.push(NftOp::AddRule { family: FAMILY, table: t(), chain: chain.into(), exprs, comment: None });
+    }
+    ops.push(NftOp::FlushSet { family: FAMILY, table: t(), set: "gates".into() });
+    ops.push(NftOp::AddElements {
+        family: FAMILY,
+        table: t(),
+        set: "gates".into(),
+        elems: gates_elements(conf),
+    });
+    for g in old_gates.iter().filter(|g| **g != g4 && **g != g6) {
+        ops.push(NftOp::Delete(NftDelete::Chain { family: FAMILY, table: t(), chain: g.clone() }));
+    }
+    Some(ops)
+}
+
 /// The operation removing the whole table.
 pub fn delete_table_op() -> NftOp {
     NftOp::Delete(NftDelete::Table { family: FAMILY, table: TABLE.into() })
@@ -325,6 +545,8 @@ pub fn read(nf: &mut NfTables) -> Result<Option<Listing>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RawConf;
+    use cni_common::netlink::nftgolden::assert_like_nft;
 
     fn el(set: &str, key: &str, data: Option<&str>) -> Elem {
         Elem { set: set.into(), key: key.into(), data: data.map(str::to_string) }
@@ -400,5 +622,111 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The static part over netlink is, object by object, what nft sends for
+    /// `ruleset::setup_script` (testdata/capture-nft.py in cni-common, cases `pm-*`).
+    #[test]
+    fn static_part_is_what_nft_sends() {
+        let conf = Conf::from_raw(RawConf::default()).unwrap();
+        let ops = setup_ops(&conf, &["gate4_0123456789ab".into(), "gate4".into()]).unwrap();
+        // nft found the sets in its cache, numbered in the order of the capture's table
+        let nft_ids = |chain: &str, set: &str| -> u32 {
+            let full = ["hp4", "hip6", "owner", "claims", "masq4", "masq6", "hip4", "hp6", "gates"];
+            let short = ["hp4", "hip6", "owner", "claims", "masq4", "masq6", "gates"];
+            let order: &[&str] = if chain == "prerouting" || chain == "output" { &short } else { &full };
+            order.iter().position(|s| *s == set).unwrap() as u32 + 1
+        };
+        let mut seen = Vec::new();
+        let mut rules_of = std::collections::HashMap::<String, usize>::new();
+        for op in &ops {
+            let case = match op {
+                NftOp::AddTable { .. } => "pm-table".to_string(),
+                NftOp::AddSet { set, .. } => {
+                    // each set was captured as the first of its batch: id 1
+                    let mut set = set.clone();
+                    set.id = 1;
+                    assert_like_nft(
+                        &format!("pm-set-{}", set.name),
+                        &[NftOp::AddSet { family: FAMILY, table: TABLE.into(), set }],
+                    );
+                    seen.push("set".to_string());
+                    continue;
+                }
+                NftOp::AddChain { chain, base: None, .. } if chain == "hostports4" => "pm-chain".into(),
+                NftOp::AddChain { base: None, .. } => continue,
+                NftOp::AddChain { chain, .. } => format!("pm-{chain}"),
+                NftOp::AddRule { chain, exprs, .. } => {
+                    let n = rules_of.entry(chain.clone()).or_default();
+                    *n += 1;
+                    let case = match (chain.as_str(), *n) {
+                        ("prerouting", 1) => "pm-rule-gates",
+                        ("output", 1) => "pm-rule-gates",
+                        ("hostports4", 1) => "pm-rule-hip4",
+                        ("hostports4", 2) => "pm-rule-hp4",
+                        ("hostports6", 1) => "pm-rule-hip6",
+                        ("hostports6", 2) => "pm-rule-hp6",
+                        ("masquerading", 1) => "pm-rule-masq4",
+                        ("masquerading", 2) => "pm-rule-masq6",
+                        ("gate4", 1) => "pm-rule-gate4",
+                        ("gate6", 1) => "pm-rule-gate6",
+                        other => panic!("unexpected rule {other:?}"),
+                    };
+                    let exprs = exprs
+                        .iter()
+                        .map(|e| match e {
+                            RuleExpr::Lookup { sreg, dreg, set, .. } => RuleExpr::Lookup {
+                                sreg: *sreg,
+                                dreg: *dreg,
+                                set: set.clone(),
+                                set_id: nft_ids(chain, set),
+                            },
+                            e => e.clone(),
+                        })
+                        .collect();
+                    // the captured rule went into the chain nft was given
+                    let chain = if chain == "output" { "prerouting".to_string() } else { chain.clone() };
+                    assert_like_nft(
+                        case,
+                        &[NftOp::AddRule {
+                            family: FAMILY,
+                            table: TABLE.into(),
+                            chain,
+                            exprs,
+                            comment: None,
+                        }],
+                    );
+                    seen.push(case.to_string());
+                    continue;
+                }
+                NftOp::FlushSet { .. } => "pm-flush-gates".into(),
+                NftOp::AddElements { set, .. } if set == "gates" => "gates".into(),
+                NftOp::Delete(NftDelete::Flush { .. }) => continue,
+                NftOp::Delete(NftDelete::Chain { chain, .. }) => {
+                    assert_eq!(chain, "gate4_0123456789ab", "only the old gate chain goes");
+                    continue;
+                }
+                other => panic!("unexpected operation {other:?}"),
+            };
+            assert_like_nft(&case, std::slice::from_ref(op));
+            seen.push(case);
+        }
+        assert_eq!(seen.iter().filter(|c| *c == "set").count(), 9);
+        assert_eq!(seen.iter().filter(|c| c.starts_with("pm-rule")).count(), 10);
+        for c in [
+            "pm-table",
+            "pm-chain",
+            "pm-prerouting",
+            "pm-output",
+            "pm-masquerading",
+            "pm-flush-gates",
+            "gates",
+        ] {
+            assert!(seen.iter().any(|s| s == c), "{c} not covered");
+        }
+        // with conditions the static part is nft syntax: no netlink version
+        let mut with = Conf::from_raw(RawConf::default()).unwrap();
+        with.conditions_v4 = vec!["ip saddr != 10.0.0.0/8".into()];
+        assert!(setup_ops(&with, &[]).is_none());
     }
 }

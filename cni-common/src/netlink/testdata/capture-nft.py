@@ -19,6 +19,9 @@ PORTMAP = """table inet cni_portmap {
 }
 """
 T = "inet cni_portmap"
+PORTMAP_FULL = PORTMAP.replace("    map gates", """    map hip4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }
+    map hp6 { type inet_proto . inet_service : ipv6_addr . inet_service; }
+    map gates""")
 MASQ = "inet cni_plugins_masquerade"
 CASES = [
     ("gates", PORTMAP, f"add element {T} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}"),
@@ -65,6 +68,40 @@ CASES = [
     ("br-mac", "add table bridge nat\nadd chain bridge nat m\n",
      'add rule bridge nat m ether saddr 0a:58:0a:01:00:05 return comment "macspoofchk-c0ffee-eth0"'),
     ("br-drop", "add table bridge nat\nadd chain bridge nat m\n", 'add rule bridge nat m drop comment "macspoofchk-c0ffee-eth0"'),
+    # portmap's static part, object by object (plugins/portmap/src/wire.rs: setup_ops)
+    ("pm-table", "", f"add table {T}"),
+    ("pm-set-hp4", f"add table {T}\n", f"add map {T} hp4 {{ type inet_proto . inet_service : ipv4_addr . inet_service; }}"),
+    ("pm-set-hip4", f"add table {T}\n", f"add map {T} hip4 {{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }}"),
+    ("pm-set-hp6", f"add table {T}\n", f"add map {T} hp6 {{ type inet_proto . inet_service : ipv6_addr . inet_service; }}"),
+    ("pm-set-hip6", f"add table {T}\n", f"add map {T} hip6 {{ type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }}"),
+    ("pm-set-owner", f"add table {T}\n", f"add map {T} owner {{ type ipv6_addr . inet_proto . inet_service : ipv6_addr; }}"),
+    ("pm-set-claims", f"add table {T}\n", f"add map {T} claims {{ type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }}"),
+    ("pm-set-masq4", f"add table {T}\n", f"add set {T} masq4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}"),
+    ("pm-set-masq6", f"add table {T}\n", f"add set {T} masq6 {{ type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval; }}"),
+    ("pm-set-gates", f"add table {T}\n", f"add map {T} gates {{ type nf_proto : verdict; }}"),
+    ("pm-prerouting", f"add table {T}\n", f"add chain {T} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}"),
+    ("pm-output", f"add table {T}\n", f"add chain {T} output {{ type nat hook output priority -100; policy accept; }}"),
+    ("pm-masquerading", f"add table {T}\n", f"add chain {T} masquerading {{ type nat hook postrouting priority srcnat; policy accept; }}"),
+    ("pm-chain", f"add table {T}\n", f"add chain {T} hostports4"),
+    ("pm-rule-gates", PORTMAP + f"add chain {T} prerouting\n",
+     f"add rule {T} prerouting fib daddr type local meta nfproto vmap @gates"),
+    ("pm-rule-hip4", PORTMAP_FULL + f"add chain {T} hostports4\n",
+     f"add rule {T} hostports4 dnat ip to ip daddr . meta l4proto . th dport map @hip4"),
+    ("pm-rule-hp4", PORTMAP_FULL + f"add chain {T} hostports4\n",
+     f"add rule {T} hostports4 dnat ip to meta l4proto . th dport map @hp4"),
+    ("pm-rule-hip6", PORTMAP_FULL + f"add chain {T} hostports6\n",
+     f"add rule {T} hostports6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6"),
+    ("pm-rule-hp6", PORTMAP_FULL + f"add chain {T} hostports6\n",
+     f"add rule {T} hostports6 dnat ip6 to meta l4proto . th dport map @hp6"),
+    ("pm-rule-masq4", PORTMAP_FULL + f"add chain {T} masquerading\n",
+     f"add rule {T} masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade"),
+    ("pm-rule-masq6", PORTMAP_FULL + f"add chain {T} masquerading\n",
+     f"add rule {T} masquerading ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade"),
+    ("pm-rule-gate4", PORTMAP_FULL + f"add chain {T} hostports4\n",
+     f"add rule {T} gate4 meta nfproto ipv4 jump hostports4"),
+    ("pm-rule-gate6", PORTMAP_FULL + f"add chain {T} hostports6\n",
+     f"add rule {T} gate6 meta nfproto ipv6 jump hostports6"),
+    ("pm-flush-gates", PORTMAP, f"flush map {T} gates"),
 ]
 
 def nft_file(text):
@@ -89,6 +126,6 @@ for name, setup, cmd in CASES:
     off = 0
     while off + 16 <= len(data):
         ln, ty = struct.unpack_from("=IH", data, off)
-        if ty >> 8 == 10 and (ty & 0xff) in (0, 2, 3, 5, 6, 8, 12, 14):
+        if ty >> 8 == 10 and (ty & 0xff) in (0, 2, 3, 5, 6, 8, 9, 12, 14):
             print(name, data[off:off + ln].hex())
         off += (ln + 3) & ~3
