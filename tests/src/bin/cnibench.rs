@@ -84,8 +84,9 @@ fn main() {
     }
     if !rss.borrow().is_empty() {
         println!(
-            "\nPeak RSS of the ADD processes during the chain runs (wait4 of each child; it includes\n\
-             programs the plugin itself ran, e.g. `nft`):\n"
+            "\nPeak RSS of the ADD processes during the chain runs (wait4 of each child, so it would include\n\
+             any program the plugin ran; the largest includes the warm-up, e.g. portmap's first ADD building\n\
+             its table):\n"
         );
         print!("{}", bench::chain::rss_markdown(&rss));
     }
