@@ -34,7 +34,7 @@ ours, … the starting side alternating every iteration), whole process: the dri
 (\`cnibench\`, \`tests/src/bin/\`) moves itself into a scratch "host" network namespace, spawns the
 plugin with the CNI environment and stdin, and times until it exits. Upstream is Debian 12's
 \`containernetworking-plugins\` 1.1.1 (Go) in \`/usr/lib/cni\`; ours are the static release builds
-of \`scripts/build-release.sh\`. cniVersion 1.0.0 throughout (the newest upstream 1.1.1 speaks).
+of \`scripts/build-release.sh\` (target \`$(basename "$(dirname "$bin")")\`). cniVersion 1.0.0 throughout (the newest upstream 1.1.1 speaks).
 
 Machines here are shared and noisy: read the **ratios** (upstream median / ours median), not
 the absolute milliseconds; min–max show the spread. No test asserts a timing.

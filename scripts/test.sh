@@ -18,14 +18,20 @@ if [ -x scripts/build-upstream-cnitool.sh ]; then
     scripts/build-upstream-cnitool.sh
 fi
 
+# The release binaries users install (static musl, LTO, panic=abort: scripts/build-release.sh).
+rel=$(scripts/build-release.sh)
+
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
     # bridge's suite once more with its IPAM delegate exec'd (by default bridge runs our
     # host-local in-process: plugins/bridge/README.md, "IPAM in-process").
     CNI_IPAM_EXEC=1 cargo nextest run -p cni-tests --test bridge --no-fail-fast
+    # the end-to-end suites once more against the release binaries
+    CNI_TEST_BIN_DIR=$rel cargo nextest run -p cni-tests --no-fail-fast
 else
     cargo test --workspace --no-fail-fast "$@"
     CNI_IPAM_EXEC=1 cargo test -p cni-tests --test bridge --no-fail-fast
+    CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
 
 # Bounded fuzzing of the parsers (config/skeleton, results, CNI_ARGS).
