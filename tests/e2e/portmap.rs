@@ -202,8 +202,9 @@ impl Drop for Server {
     }
 }
 
-fn listening(ns: &Netns, filter: &str) -> bool {
-    let out = ns.try_run("ss", &["-Hltn", filter]);
+/// Whether `ss <kind> <filter>` lists a listening socket (`-Hltn` for TCP, `-HlnS` for SCTP).
+fn listening(ns: &Netns, kind: &str, filter: &str) -> bool {
+    let out = ns.try_run("ss", &[kind, filter]);
     !String::from_utf8_lossy(&out.stdout).trim().is_empty()
 }
 
@@ -234,6 +235,7 @@ fn server_on(ns: &Netns, addr: &str, port: u16, name: &str) -> Server {
 }
 
 fn spawn_server(ns: &Netns, listen: &str, ss_filter: &str, name: &str) -> Server {
+    let kind = if listen.starts_with("SCTP") { "-HlnS" } else { "-Hltn" };
     let child = ns
         .command("socat")
         .args([HALF_CLOSE_WAIT, listen, &format!("SYSTEM:echo {name} $SOCAT_PEERADDR")])
@@ -242,7 +244,7 @@ fn spawn_server(ns: &Netns, listen: &str, ss_filter: &str, name: &str) -> Server
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_for(&format!("{name} to listen on {listen}"), || listening(ns, ss_filter));
+    wait_for(&format!("{name} to listen on {listen}"), || listening(ns, kind, ss_filter));
     Server(child)
 }
 
@@ -577,23 +579,7 @@ fn sctp_mapping_is_installed_checked_and_removed() {
     run(&w, "CHECK", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok_silent();
     match sctp_sockets() {
         Ok(()) => {
-            let child =
-                a.ns.command("socat")
-                    .args([
-                        HALF_CLOSE_WAIT,
-                        "SCTP4-LISTEN:3869,fork,reuseaddr",
-                        "SYSTEM:echo ctrA $SOCAT_PEERADDR",
-                    ])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("spawn socat");
-            let _srv = Server(child);
-            wait_for("the SCTP server to listen", || {
-                let out = a.ns.try_run("ss", &["-HlnS", "sport = :3869"]);
-                !String::from_utf8_lossy(&out.stdout).trim().is_empty()
-            });
+            let _srv = spawn_server(&a.ns, "SCTP4-LISTEN:3869,fork,reuseaddr", "sport = :3869", "ctrA");
             let out = w
                 .outside
                 .command("socat")
