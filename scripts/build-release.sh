@@ -15,7 +15,7 @@ target=${CNI_RELEASE_TARGET:-}
 if [ -z "$target" ]; then
     musl="$arch-unknown-linux-musl"
     if rustup target list --installed 2>/dev/null | grep -qx "$musl" ||
-        timeout 300 rustup target add "$musl" >&2; then
+        timeout 120 rustup target add "$musl" >&2; then
         target=$musl
     else
         target=$(rustc -vV | sed -n 's/^host: //p')
