@@ -515,6 +515,25 @@ pub enum NftOp {
     Delete(NftDelete),
 }
 
+impl NftOp {
+    /// `add rule <family> <table> <chain> <exprs> [comment "<comment>"]`.
+    pub fn rule(
+        family: NftFamily,
+        table: &str,
+        chain: &str,
+        exprs: Vec<RuleExpr>,
+        comment: Option<&str>,
+    ) -> NftOp {
+        NftOp::AddRule {
+            family,
+            table: table.into(),
+            chain: chain.into(),
+            exprs,
+            comment: comment.map(str::to_string),
+        }
+    }
+}
+
 fn nest(out: &mut Vec<u8>, kind: u16, inner: &[u8]) {
     attr(out, kind | NLA_F_NESTED, inner);
 }

@@ -33,16 +33,6 @@ fn owner_key() -> Vec<u8> {
     concat(&[&v6("::ffff:0.0.0.0"), &[6], &port(8080)])
 }
 
-fn rule(family: NftFamily, table: &str, chain: &str, exprs: Vec<RuleExpr>, comment: Option<&str>) -> NftOp {
-    NftOp::AddRule {
-        family,
-        table: table.into(),
-        chain: chain.into(),
-        exprs,
-        comment: comment.map(str::to_string),
-    }
-}
-
 fn masq_rule(saddr: &str, daddr: &[&str], nonlocal: bool, comment: &str) -> NftOp {
     let s: IpNet = saddr.parse().unwrap();
     let mut exprs = RuleExpr::nfproto(s.addr().is_ipv4());
@@ -54,7 +44,7 @@ fn masq_rule(saddr: &str, daddr: &[&str], nonlocal: bool, comment: &str) -> NftO
         exprs.extend(RuleExpr::daddr_not_local());
     }
     exprs.push(RuleExpr::Masquerade);
-    rule(NftFamily::Inet, MASQ, "masq_checks", exprs, Some(comment))
+    NftOp::rule(NftFamily::Inet, MASQ, "masq_checks", exprs, Some(comment))
 }
 
 #[test]
@@ -161,13 +151,19 @@ fn tables_chains_and_rules_encode_like_nft() {
         let mut e = RuleExpr::nfproto(n.addr().is_ipv4());
         e.extend(RuleExpr::addr(false, n, CmpOp::Eq));
         e.push(RuleExpr::Verdict(Verdict::Return));
-        rule(inet, MASQ, "postrouting", e, None)
+        NftOp::rule(inet, MASQ, "postrouting", e, None)
     };
     assert_like_nft("mcast4", mcast("224.0.0.0/4"));
     assert_like_nft("mcast6", mcast("ff00::/8"));
     assert_like_nft(
         "goto",
-        rule(inet, MASQ, "postrouting", vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))], None),
+        NftOp::rule(
+            inet,
+            MASQ,
+            "postrouting",
+            vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))],
+            None,
+        ),
     );
     assert_like_nft("masq4", masq_rule("10.1.0.5/32", &["10.1.0.0/24"], false, "abc, net: x"));
     assert_like_nft("masq4-12", masq_rule("10.1.0.5/32", &["10.16.0.0/12"], false, "c12"));
@@ -209,11 +205,11 @@ fn tables_chains_and_rules_encode_like_nft() {
     let c = Some("macspoofchk-c0ffee-eth0");
     let mut jump = RuleExpr::iifname("veth1234abcd");
     jump.push(RuleExpr::Verdict(Verdict::Jump("cni-br-iface-c0ffee-eth0".into())));
-    assert_like_nft("br-jump", rule(br, "nat", "PREROUTING", jump, c));
+    assert_like_nft("br-jump", NftOp::rule(br, "nat", "PREROUTING", jump, c));
     let mut mac = RuleExpr::ether_saddr([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]);
     mac.push(RuleExpr::Verdict(Verdict::Return));
-    assert_like_nft("br-mac", rule(br, "nat", "m", mac, c));
-    assert_like_nft("br-drop", rule(br, "nat", "m", vec![RuleExpr::Verdict(Verdict::Drop)], c));
+    assert_like_nft("br-mac", NftOp::rule(br, "nat", "m", mac, c));
+    assert_like_nft("br-drop", NftOp::rule(br, "nat", "m", vec![RuleExpr::Verdict(Verdict::Drop)], c));
 }
 
 #[test]
@@ -468,8 +464,8 @@ fn kernel_rules_written_over_netlink_list_like_nfts() {
     let mut mcast = RuleExpr::nfproto(true);
     mcast.extend(RuleExpr::addr(false, "224.0.0.0/4".parse().unwrap(), CmpOp::Eq));
     mcast.push(RuleExpr::Verdict(Verdict::Return));
-    ops.push(rule(inet, MASQ, "postrouting", mcast, None));
-    ops.push(rule(
+    ops.push(NftOp::rule(inet, MASQ, "postrouting", mcast, None));
+    ops.push(NftOp::rule(
         inet,
         MASQ,
         "postrouting",

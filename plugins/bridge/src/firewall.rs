@@ -217,16 +217,6 @@ fn masq_exclusions(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<(Ve
     Some((nets, true))
 }
 
-fn rule(family: NftFamily, table: &str, chain: &str, exprs: Vec<RuleExpr>, comment: Option<&str>) -> NftOp {
-    NftOp::AddRule {
-        family,
-        table: table.into(),
-        chain: chain.into(),
-        exprs,
-        comment: comment.map(str::to_string),
-    }
-}
-
 /// The masquerade rules `a` should have for `addrs` (one per address, in order):
 /// `ip saddr A ip daddr != SUBNET masquerade comment …` (with `nonMasqueradeCIDRs`: one
 /// `ip daddr != …` per excluded network, then `fib daddr type != local`).
@@ -245,7 +235,7 @@ pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[I
                 exprs.extend(RuleExpr::daddr_not_local());
             }
             exprs.push(RuleExpr::Masquerade);
-            Some(rule(NftFamily::Inet, MASQ_TABLE, MASQ_CHAIN, exprs, Some(&comment)))
+            Some(NftOp::rule(NftFamily::Inet, MASQ_TABLE, MASQ_CHAIN, exprs, Some(&comment)))
         })
         .collect()
 }
@@ -296,10 +286,10 @@ pub fn masq_add_ops(
             let mut exprs = RuleExpr::nfproto(net.addr().is_ipv4());
             exprs.extend(RuleExpr::addr(false, net, CmpOp::Eq));
             exprs.push(RuleExpr::Verdict(Verdict::Return));
-            ops.push(rule(inet, &t, MASQ_HOOK_CHAIN, exprs, None));
+            ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, exprs, None));
         }
         let goto = vec![RuleExpr::Verdict(Verdict::Goto(MASQ_CHAIN.into()))];
-        ops.push(rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
+        ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
     }
     for r in &f.masq {
         ops.push(NftOp::Delete(NftDelete::Rule {
@@ -354,12 +344,12 @@ pub fn spoof_add_ops(a: Attachment<'_>, host_veth: &str, mac: [u8; 6], f: &Found
     let c = Some(comment.as_str());
     let mut jump = RuleExpr::iifname(host_veth);
     jump.push(RuleExpr::Verdict(Verdict::Jump(chain.clone())));
-    ops.push(rule(br, t, SPOOF_BASE_CHAIN, jump, c));
-    ops.push(rule(br, t, &chain, vec![RuleExpr::Verdict(Verdict::Jump(mac_chain.clone()))], c));
+    ops.push(NftOp::rule(br, t, SPOOF_BASE_CHAIN, jump, c));
+    ops.push(NftOp::rule(br, t, &chain, vec![RuleExpr::Verdict(Verdict::Jump(mac_chain.clone()))], c));
     let mut allow = RuleExpr::ether_saddr(mac);
     allow.push(RuleExpr::Verdict(Verdict::Return));
-    ops.push(rule(br, t, &mac_chain, allow, c));
-    ops.push(rule(br, t, &mac_chain, vec![RuleExpr::Verdict(Verdict::Drop)], c));
+    ops.push(NftOp::rule(br, t, &mac_chain, allow, c));
+    ops.push(NftOp::rule(br, t, &mac_chain, vec![RuleExpr::Verdict(Verdict::Drop)], c));
     ops
 }
 

@@ -490,7 +490,7 @@ pub fn setup_ops(conf: &Conf, old_gates: &[String]) -> Option<Vec<NftOp>> {
         ops.push(NftOp::Delete(NftDelete::Flush { family: FAMILY, table: t(), chain: chain.to_string() }));
     }
     for (chain, exprs) in static_rules(&sets) {
-        ops.push(NftOp::AddRule { family: FAMILY, table: t(), chain: chain.into(), exprs, comment: None });
+        ops.push(NftOp::rule(FAMILY, TABLE, chain, exprs, None));
     }
     ops.push(NftOp::FlushSet { family: FAMILY, table: t(), set: "gates".into() });
     ops.push(NftOp::AddElements {
