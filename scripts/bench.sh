@@ -92,9 +92,9 @@ echo
 echo "## portmap at scale"
 echo
 echo "$containers containers, one hostPort each, attached one after the other to one bridge per"
-echo "implementation (full chain, only portmap's ADD timed). Probes at 1, N/2 and N also time ADDs"
-echo "on a reference host holding one container at the same moment, so growth is read against"
-echo "a same-time baseline."
+echo "implementation (full chain, only portmap's ADD timed). Probes at 1, N/2 and N time one more"
+echo "portmap ADD and its DEL there and on a reference host holding one container at the same moment,"
+echo "so growth is read against a same-time baseline."
 echo
 bench portmap-scale --containers "$containers" | grep -v '^Machine'
 echo

@@ -70,9 +70,9 @@ impl Side {
         self.ctrs.push(ctr);
     }
 
-    /// Time one extra ADD with the current table: attach a probe container (untimed), time the
-    /// portmap ADD, then detach it again (untimed DELs).
-    fn probe(&mut self, j: usize) -> Duration {
+    /// Time one extra portmap ADD and its DEL with the current table: attach a probe container
+    /// (bridge, untimed), time portmap ADD and DEL, detach it again (bridge DEL, untimed).
+    fn probe(&mut self, j: usize) -> (Duration, Duration) {
         let ctr = Netns::new("bpp");
         let id = format!("probe-{j}");
         let bridge = self.cni_path.join("bridge");
@@ -96,9 +96,10 @@ impl Side {
         };
         let (out, t) = timed(|| pm("ADD"));
         assert_eq!(out.code, 0, "{} probe ADD: {} {}", self.portmap.display(), out.stdout, out.stderr);
-        assert_eq!(pm("DEL").code, 0);
+        let (out, d) = timed(|| pm("DEL"));
+        assert_eq!(out.code, 0, "{} probe DEL: {} {}", self.portmap.display(), out.stdout, out.stderr);
         assert_eq!(br("DEL").code, 0);
-        t
+        (t, d)
     }
 
     /// What the firewall holds afterwards: nft rules of our table, or iptables nat rules.
@@ -134,8 +135,9 @@ fn windows(n: usize) -> Vec<(String, usize, usize)> {
 /// Probes per checkpoint.
 const PROBES: usize = 15;
 
-/// Samples taken at one checkpoint: (ours, ours reference, upstream, upstream reference).
-type Probes = [Vec<Duration>; 4];
+/// ADD and DEL samples taken at one checkpoint: (ours, ours reference, upstream, upstream
+/// reference).
+type Probes = [Vec<(Duration, Duration)>; 4];
 
 /// At a checkpoint, time probe ADDs on the big hosts and on reference hosts that hold one
 /// container, round-robin, so the growth ratio compares measurements taken at the same time
@@ -188,13 +190,18 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
             upstream: stats(up.samples[a - 1..b].to_vec()),
         });
     }
-    for (i, p) in &probes {
-        rows.push(Row {
-            case: format!("portmap, {n} containers on one bridge"),
-            row: format!("probe ADD with {i} attached ({PROBES}×)"),
-            ours: stats(p[0].clone()),
-            upstream: stats(p[2].clone()),
-        });
+    let pick = |v: &[(Duration, Duration)], del: bool| -> Vec<Duration> {
+        v.iter().map(|(a, d)| if del { *d } else { *a }).collect()
+    };
+    for (verb, del) in [("ADD", false), ("DEL", true)] {
+        for (i, p) in &probes {
+            rows.push(Row {
+                case: format!("portmap, {n} containers on one bridge"),
+                row: format!("probe {verb} with {i} attached ({PROBES}×)"),
+                ours: stats(pick(&p[0], del)),
+                upstream: stats(pick(&p[2], del)),
+            });
+        }
     }
     let med = |s: &Side, a: usize, b: usize| stats(s.samples[a - 1..b].to_vec()).median.as_secs_f64();
     let mut notes = Vec::new();
@@ -209,13 +216,15 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
             ));
         }
     }
-    for (i, p) in &probes {
-        let m = |k: usize| stats(p[k].clone()).median.as_secs_f64();
-        notes.push(format!(
-            "probe with {i} attached vs a 1-container host probed at the same time: ours {:.2}x, upstream {:.2}x",
-            m(0) / m(1),
-            m(2) / m(3)
-        ));
+    for (verb, del) in [("ADD", false), ("DEL", true)] {
+        for (i, p) in &probes {
+            let m = |k: usize| stats(pick(&p[k], del)).median.as_secs_f64();
+            notes.push(format!(
+                "probe {verb} with {i} attached vs a 1-container host probed at the same time: ours {:.2}x, upstream {:.2}x",
+                m(0) / m(1),
+                m(2) / m(3)
+            ));
+        }
     }
     notes.push(format!(
         "firewall rules after {n} containers: ours {} nft rules in inet cni_portmap (elements hold the mappings), \
