@@ -391,8 +391,9 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<()> {
         let conf = load(req)?;
-        // Element changes and reads go over netlink...
-        nftables()?.generation().map_err(|e| {
+        // Every change and read goes over netlink...
+        let mut nf = nftables()?;
+        nf.generation().map_err(|e| {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
         })?;
         // Dry-run the whole static layout: proves nat, fib, vmap and concatenated interval
@@ -402,7 +403,7 @@ impl Plugin for Portmap {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {msg}"))
         };
         match wire::setup_ops(&conf, &[]) {
-            Some(ops) => nftables()?.validate(&ops).map_err(|e| cannot(e.to_string())),
+            Some(ops) => nf.validate(&ops).map_err(|e| cannot(e.to_string())),
             None => Nft::find()?.check(&ruleset::setup_script(&conf, &[])).map_err(|e| cannot(e.msg)),
         }
     }
