@@ -28,6 +28,7 @@ const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_DELSET: u16 = 11;
 pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 pub(super) const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFTA_TABLE_NAME: u16 = 1;
@@ -366,6 +367,9 @@ pub enum NftDelete {
     Chain { family: NftFamily, table: String, chain: String },
     /// A whole table with everything in it.
     Table { family: NftFamily, table: String },
+    /// A set or map with its elements (no rule may use it any more: delete or flush those
+    /// rules first, in the same transaction).
+    Set { family: NftFamily, table: String, set: String },
 }
 
 pub(super) fn message(
@@ -421,6 +425,10 @@ pub(super) fn delete_message(op: &NftDelete) -> Vec<u8> {
         ),
         NftDelete::Table { family, table } => {
             message(kind(NFT_MSG_DELTABLE), ACKED, family.proto(), 0, &[(NFTA_TABLE_NAME, cstr(table))])
+        }
+        NftDelete::Set { family, table, set } => {
+            // NFTA_SET_TABLE = 1, NFTA_SET_NAME = 2
+            message(kind(NFT_MSG_DELSET), ACKED, family.proto(), 0, &[(1, cstr(table)), (2, cstr(set))])
         }
     }
 }
