@@ -952,7 +952,7 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(ns_state(&w.host), before, "nothing half-built");
     no_nft("ADD", &a, "eth0", &ca).ok(); // builds the table over netlink
     let r = rules(&w.host);
-    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "masq4", "masq6"] {
+    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
         assert!(r.contains(&format!("\"@{set}\"")), "no rule uses @{set}:\n{r}");
     }
 
@@ -977,7 +977,12 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(fetch(&w.outside, &w.host_ip(), 7272), "");
     no_nft("DEL", &a, "eth0", &conf("pmnet", &Value::Null, tcp(7171), json!({}))).ok_silent();
     let els = elements(&w.host).unwrap();
-    assert!(!els.is_empty() && els.iter().all(|e| e.contains("pmnet2,")), "{els:?}");
+    // what is left is pmnet2's: its elements, and the record of its namespace (commented with
+    // the namespace's path)
+    let (records, mappings): (Vec<&String>, Vec<&String>) = els.iter().partition(|e| e.starts_with("netns "));
+    assert!(!mappings.is_empty() && mappings.iter().all(|e| e.contains("pmnet2,")), "{els:?}");
+    assert_eq!(records.len(), 1, "{els:?}");
+    assert!(records[0].contains(a.ns.path_str()), "{els:?}");
     let gc = Exec::new("portmap")
         .in_ns(&w.host)
         .env("CNI_COMMAND", "GC")
