@@ -88,12 +88,11 @@ mod tests {
     use cni_common::netlink::nftwrite::concat;
 
     /// An element as the previous layout wrote it (its codec, kept here as the reference).
-    fn old(fam: Fam, start: &str, end: &str, ctr: &str, proto: u8, port: u16) -> NftElem {
+    fn old(start: &str, end: &str, ctr: &str, proto: u8, port: u16) -> NftElem {
         let o = |s: &str| match s.parse::<IpAddr>().unwrap() {
             IpAddr::V4(a) => a.octets().to_vec(),
             IpAddr::V6(a) => a.octets().to_vec(),
         };
-        let _ = fam;
         let key = concat(&[&o(start), &o(ctr), &[proto], &port.to_be_bytes()]);
         let key_end = concat(&[&o(end), &o(ctr), &[proto], &port.to_be_bytes()]);
         NftElem::new(key).key_end(key_end)
@@ -105,24 +104,21 @@ mod tests {
             Masq::new(s.parse().unwrap(), c.parse().unwrap(), p, port)
         };
         let cases = [
+            (old("10.0.0.0", "10.0.0.255", "10.0.0.5", 6, 80), m("10.0.0.0/24", "10.0.0.5", Proto::Tcp, 80)),
             (
-                old(Fam::V4, "10.0.0.0", "10.0.0.255", "10.0.0.5", 6, 80),
-                m("10.0.0.0/24", "10.0.0.5", Proto::Tcp, 80),
-            ),
-            (
-                old(Fam::V4, "127.0.0.1", "127.0.0.1", "10.0.0.5", 17, 53),
+                old("127.0.0.1", "127.0.0.1", "10.0.0.5", 17, 53),
                 m("127.0.0.1/32", "10.0.0.5", Proto::Udp, 53),
             ),
             (
-                old(Fam::V4, "0.0.0.0", "255.255.255.255", "10.0.0.5", 6, 80),
+                old("0.0.0.0", "255.255.255.255", "10.0.0.5", 6, 80),
                 m("0.0.0.0/0", "10.0.0.5", Proto::Tcp, 80),
             ),
             (
-                old(Fam::V6, "fd00::", "fd00::ffff:ffff:ffff:ffff", "fd00::5", 132, 9),
+                old("fd00::", "fd00::ffff:ffff:ffff:ffff", "fd00::5", 132, 9),
                 m("fd00::/64", "fd00::5", Proto::Sctp, 9),
             ),
             (
-                old(Fam::V6, "::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fd00::5", 6, 80),
+                old("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fd00::5", 6, 80),
                 m("::/0", "fd00::5", Proto::Tcp, 80),
             ),
         ];
@@ -131,8 +127,8 @@ mod tests {
             assert_eq!(decode(fam, e), Some(*want), "{want:?}");
         }
         // a range that is no prefix, an unknown protocol: not ours
-        assert_eq!(decode(Fam::V4, &old(Fam::V4, "10.0.0.3", "10.0.0.9", "10.0.0.5", 6, 80)), None);
-        assert_eq!(decode(Fam::V4, &old(Fam::V4, "10.0.0.0", "10.0.0.255", "10.0.0.5", 1, 80)), None);
+        assert_eq!(decode(Fam::V4, &old("10.0.0.3", "10.0.0.9", "10.0.0.5", 6, 80)), None);
+        assert_eq!(decode(Fam::V4, &old("10.0.0.0", "10.0.0.255", "10.0.0.5", 1, 80)), None);
         assert_eq!(decode(Fam::V6, &cases[0].0), None, "wrong family");
     }
 }

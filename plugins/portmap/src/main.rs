@@ -68,9 +68,15 @@ fn nftables() -> Result<NfTables> {
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
 }
 
-/// The entries and elements of an attachment. Fails (code 7) when prevResult gives the
-/// container no address the mappings can use: the host ports would silently not work.
-fn attachment(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Result<(Vec<Entry>, Vec<Elem>)> {
+/// The entries and elements of an attachment, and notes on mappings that do not apply to the
+/// container's address family. Fails (code 7) when prevResult gives the container no address
+/// the mappings can use: the host ports would silently not work.
+fn attachment(
+    conf: &Conf,
+    prev: &CniResult,
+    ifname: &str,
+    owner: &Owner,
+) -> Result<(Vec<Entry>, Vec<Elem>, Vec<String>)> {
     let (v4, v6) = container_addrs(prev, ifname)?;
     if v4.is_none() && v6.is_none() {
         return Err(CniError::config(format!(
@@ -79,8 +85,9 @@ fn attachment(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Res
         )));
     }
     let entries = table::entries(conf, v4, v6)?;
+    let mut notes = Vec::new();
     for (i, m) in conf.mappings.iter().enumerate() {
-        if !entries.iter().any(|e| e.host.port == m.host_port && e.host.proto == m.proto) {
+        if !entries.iter().any(|e| table::covers(e, m)) {
             let fam = if v4.is_some() { "IPv4" } else { "IPv6" };
             let msg = format!(
                 "runtimeConfig.portMappings[{i}] (host port {}/{}) names a hostIP of another family \
@@ -91,11 +98,11 @@ fn attachment(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Res
             if entries.is_empty() {
                 return Err(CniError::config(format!("{msg}: nothing would be forwarded")));
             }
-            eprintln!("portmap: note: {msg}; it is not forwarded");
+            notes.push(format!("portmap: note: {msg}; it is not forwarded"));
         }
     }
     let elems = table::elements(conf, &entries, owner);
-    Ok((entries, elems))
+    Ok((entries, elems, notes))
 }
 
 /// `route_localnet=1` on the interface that routes to the container, so that connections to
@@ -140,7 +147,7 @@ fn del_ours(req: &Request, t: &Teardown) -> Result<()> {
         }
     };
     let named = t.conf().zip(req.prev.as_ref()).and_then(|(conf, prev)| {
-        let (_, elems) = attachment(&conf, prev, &req.env.ifname, &owner).ok()?;
+        let (_, elems, _) = attachment(&conf, prev, &req.env.ifname, &owner).ok()?;
         Some(elems)
     });
     if let Some(elems) = named {
@@ -230,7 +237,10 @@ impl Plugin for Portmap {
             return Ok(prev);
         }
         let owner = owner(req);
-        let (entries, elems) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
+        let (entries, elems, notes) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
+        for n in notes {
+            eprintln!("{n}");
+        }
         let want =
             Want { tag: owner.tag.clone(), hash: owner.hash, elems, netns: netns::record(req.netns())? };
         let mut nf = nftables()?;
@@ -265,7 +275,7 @@ impl Plugin for Portmap {
             return Ok(());
         }
         let owner = owner(req);
-        let (_, elems) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
+        let (_, elems, _) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
         // An attachment made by upstream (iptables or its nftables backend) is checked in its
         // own form here by the live-swap support (issue 11) instead of ours.
         check_ours(req, &conf, &elems, &owner)

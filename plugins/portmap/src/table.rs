@@ -4,7 +4,7 @@
 use crate::config::{Conf, Fam, HostIp, Proto};
 use crate::model::{Data, Elem, Hash, HostPort, Key, Masq, NsId, Set, Target};
 use crate::owner::Owner;
-use cni_common::netlink::nftables::{NftRule, Verdict};
+use cni_common::netlink::nftables::{NftExpr, NftRule, Verdict};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use std::collections::{BTreeSet, HashMap};
@@ -23,6 +23,16 @@ impl Entry {
     pub fn target(&self) -> Target {
         Target { ip: self.ctr.addr(), port: self.ctr_port }
     }
+}
+
+/// Whether entry `e` is one of mapping `m`'s.
+pub fn covers(e: &Entry, m: &crate::config::Mapping) -> bool {
+    let ip = match m.host_ip {
+        HostIp::Any => e.host.ip.is_none(),
+        HostIp::AnyOf(f) => e.host.fam == f && e.host.ip.is_none(),
+        HostIp::Addr(ip) => e.host.ip == Some(ip),
+    };
+    ip && e.host.port == m.host_port && e.host.proto == m.proto && e.ctr_port == m.container_port
 }
 
 /// Expand the mappings for the container's addresses. A hostIP of the other family is
@@ -258,7 +268,7 @@ impl Listing {
             .iter()
             .flat_map(|r| r.exprs.iter())
             .filter_map(|e| match e {
-                cni_common::netlink::nftables::NftExpr::Lookup { set } => Some(set.clone()),
+                NftExpr::Lookup { set } => Some(set.clone()),
                 _ => None,
             })
             .collect()
@@ -278,7 +288,7 @@ impl Listing {
         lens
     }
 
-    /// Whether any element would still be there after `deleted` go and `added` come.
+    /// How many elements would be left after `deleted` go and `added` come.
     pub fn remaining(&self, deleted: usize, added: usize) -> usize {
         (self.elems.len() + added).saturating_sub(deleted)
     }
