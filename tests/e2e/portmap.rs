@@ -1357,3 +1357,31 @@ fn add_needs_a_container_address() {
     assert!(msg.contains("nothing would be forwarded"), "{msg}");
     assert_eq!(ns_state(&w.host), before, "refused ADDs leave the host as it was");
 }
+
+#[test]
+fn upgrade_by_an_add_with_conditions() {
+    // With conditions the DNAT part is rebuilt by `nft -f`: the migration of the masquerade
+    // part goes into the same script.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let _sa = server(&a.ns, 80, "ctrA");
+    let _sb = server(&b.ns, 80, "ctrB");
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), tcp(7611), json!({}))).ok();
+    let before = mapping_elements(&w.host);
+    downgrade_to_previous_layout(&w.host);
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    let cb = conf("pmnet", &w.prev(&b, true, false), tcp(7612), cond);
+    run(&w, "ADD", &b, &cb).ok();
+    let r = rules(&w.host);
+    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\"") && r.contains("gate4_"), "migrated:\n{r}");
+    let b_tag = format!("pmnet,{},eth0", b.id);
+    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&b_tag)).collect();
+    assert_eq!(others, before);
+    assert_eq!(fetch(&b.ns, &hip, 7611), format!("ctrA 10.{n}.0.1"), "A still masqueraded");
+    assert_eq!(fetch(&a.ns, &hip, 7612), format!("ctrB 10.{n}.0.1"));
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7612), "", "the conditions apply");
+    run(&w, "CHECK", &b, &cb).ok_silent();
+}
