@@ -183,24 +183,24 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
     }
     let mut rows = Vec::new();
     for (label, a, b) in windows(n) {
-        rows.push(Row {
-            case: format!("portmap, {n} containers on one bridge"),
-            row: label,
-            ours: stats(ours.samples[a - 1..b].to_vec()),
-            upstream: stats(up.samples[a - 1..b].to_vec()),
-        });
+        rows.push(Row::new(
+            format!("portmap, {n} containers on one bridge"),
+            label,
+            stats(ours.samples[a - 1..b].to_vec()),
+            stats(up.samples[a - 1..b].to_vec()),
+        ));
     }
     let pick = |v: &[(Duration, Duration)], del: bool| -> Vec<Duration> {
         v.iter().map(|(a, d)| if del { *d } else { *a }).collect()
     };
     for (verb, del) in [("ADD", false), ("DEL", true)] {
         for (i, p) in &probes {
-            rows.push(Row {
-                case: format!("portmap, {n} containers on one bridge"),
-                row: format!("probe {verb} with {i} attached ({PROBES}×)"),
-                ours: stats(pick(&p[0], del)),
-                upstream: stats(pick(&p[2], del)),
-            });
+            rows.push(Row::new(
+                format!("portmap, {n} containers on one bridge"),
+                format!("probe {verb} with {i} attached ({PROBES}×)"),
+                stats(pick(&p[0], del)),
+                stats(pick(&p[2], del)),
+            ));
         }
     }
     let med = |s: &Side, a: usize, b: usize| stats(s.samples[a - 1..b].to_vec()).median.as_secs_f64();
