@@ -21,7 +21,7 @@ pub mod chain;
 pub mod floor;
 // pub mod gap;
 pub mod host_local;
-// pub mod kubeproxy;
+pub mod kubeproxy;
 pub mod loopback;
 pub mod portmap;
 
