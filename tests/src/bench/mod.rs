@@ -19,7 +19,7 @@ pub mod bridge;
 pub mod chain;
 // pub mod deferred;
 pub mod floor;
-// pub mod gap;
+pub mod gap;
 pub mod host_local;
 pub mod kubeproxy;
 pub mod loopback;

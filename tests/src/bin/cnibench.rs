@@ -58,6 +58,7 @@ fn main() {
     let rss: bench::chain::RssTable = Default::default();
     let mut keep = Vec::new();
     let mut kp_cases = Vec::new();
+    let mut gap = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -79,6 +80,7 @@ fn main() {
                 kp_cases.extend(c);
                 notes.push(note);
             }
+            "gap" => gap = Some(bench::gap::report(iterations)),
             other => panic!("unknown scenario {other}"),
         }
     }
@@ -105,6 +107,9 @@ fn main() {
     }
     for n in notes {
         println!("\n{n}");
+    }
+    if let Some(g) = gap {
+        println!("\n{g}");
     }
     if !rss.borrow().is_empty() {
         println!(
