@@ -17,7 +17,7 @@
 pub mod bandwidth;
 pub mod bridge;
 pub mod chain;
-// pub mod deferred;
+pub mod deferred;
 pub mod floor;
 pub mod gap;
 pub mod host_local;

@@ -59,6 +59,7 @@ fn main() {
     let mut keep = Vec::new();
     let mut kp_cases = Vec::new();
     let mut gap = None;
+    let mut deferred = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -81,6 +82,7 @@ fn main() {
                 notes.push(note);
             }
             "gap" => gap = Some(bench::gap::report(iterations)),
+            "deferred" => deferred = Some(bench::deferred::report(iterations)),
             other => panic!("unknown scenario {other}"),
         }
     }
@@ -110,6 +112,9 @@ fn main() {
     }
     if let Some(g) = gap {
         println!("\n{g}");
+    }
+    if let Some(d) = deferred {
+        println!("\n{d}");
     }
     if !rss.borrow().is_empty() {
         println!(
