@@ -35,6 +35,7 @@ static BASELINE: OnceLock<String> = OnceLock::new();
 /// (e.g. the git ref) in the tables.
 pub fn set_baseline(dir: &std::path::Path, name: &str) {
     assert!(dir.join("bridge").is_file(), "baseline build {} has no bridge binary", dir.display());
+    let dir = dir.canonicalize().expect("baseline directory");
     // SAFETY: called once from main before any thread is started.
     unsafe { std::env::set_var("CNI_UPSTREAM_DIR", dir) };
     BASELINE.set(name.to_string()).expect("baseline set twice");
@@ -195,13 +196,14 @@ pub fn markdown(rows: &[Row]) -> String {
     s.push_str(if floors { "|---|---|---|---|---|---|---|\n" } else { "|---|---|---|---|---|\n" });
     for r in rows {
         let shown = if baseline().is_some() { ratio(&r.ours, &r.upstream) } else { r.ratio() };
+        // a baseline comparison is about small differences: two decimals
+        let shown = if baseline().is_some() { format!("{shown:.2}") } else { format!("{shown:.1}") };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | **{:.1}x** |",
+            "| {} | {} | {} | {} | **{shown}x** |",
             r.case,
             r.row,
             range(&r.ours),
             range(&r.upstream),
-            shown
         ));
         if floors {
             match r.floor() {
