@@ -1,9 +1,12 @@
-//! A synchronous rtnetlink client: links, addresses, routes and traffic control ([`tc`]).
+//! Synchronous netlink: an rtnetlink client (links, addresses, routes, bridge ports and VLANs,
+//! traffic control ([`tc`]), link and address events), nf_tables ([`nft`]) and conntrack
+//! ([`conntrack`]), all over one blocking transport (`socket`, nfnetlink framing in `nfnl`).
 //!
 //! One [`Netlink`] owns one blocking `NETLINK_ROUTE` socket. A socket talks to the network
 //! namespace it was created in for its whole life, whatever the thread does afterwards, so a
 //! plugin opens one for the host ([`Netlink::new`]) and one for the container
-//! ([`Netlink::new_in`]) and then never has to think about which namespace a call lands in.
+//! ([`Netlink::new_in`]) and then never has to think about which namespace a call lands in —
+//! also for calls that open a second socket (the event waits): it lands beside the first.
 //!
 //! Every operation returns [`NlError`], which keeps the kernel's errno so callers can tell
 //! "already gone" ([`NlError::is_not_found`]) or "already there" ([`NlError::is_exists`]) from
@@ -14,13 +17,12 @@
 
 mod addr;
 mod bridge;
+pub mod conntrack;
 mod devconf;
 mod events;
 mod link;
-pub mod nftables;
-#[doc(hidden)]
-pub mod nftgolden;
-pub mod nftwrite;
+mod nfnl;
+pub mod nft;
 mod route;
 mod socket;
 pub mod tc;
@@ -140,22 +142,51 @@ fn af_of(family: Option<Family>) -> AddressFamily {
     family.map_or(AddressFamily::Unspec, Family::to_af)
 }
 
-/// An rtnetlink connection bound to one network namespace. Methods live in the `link`, `addr`
-/// and `route` submodules.
+/// An rtnetlink connection bound to one network namespace. Methods live in the `link`, `addr`,
+/// `route`, `bridge`, `tc` and `events` submodules.
 pub struct Netlink {
     sock: NlSocket,
+    /// The namespace of `sock`, when it was opened with [`Netlink::new_in`]; otherwise asked
+    /// of the kernel when needed (the calling thread may have moved since).
+    ns: Option<NetNs>,
 }
 
 impl Netlink {
     /// A connection to the calling thread's current network namespace.
     pub fn new() -> std::result::Result<Netlink, NlError> {
-        Ok(Netlink { sock: NlSocket::open()? })
+        Ok(Netlink { sock: NlSocket::open()?, ns: None })
     }
 
     /// A connection to `ns`: enters it on this thread, creates the socket and comes back. The
-    /// socket keeps talking to `ns`.
+    /// socket keeps talking to `ns`, and the connection remembers `ns` for the sockets it opens
+    /// later (event subscriptions).
     pub fn new_in(ns: &NetNs) -> Result<Netlink> {
-        ns.run(|| Netlink::new().map_err(CniError::from))
-            .map_err(|e| e.context(format_args!("netlink socket in {}", ns.path().display())))
+        let context = || format!("netlink socket in {}", ns.path().display());
+        let sock = ns.run(|| NlSocket::open().map_err(CniError::from)).map_err(|e| e.context(context()))?;
+        Ok(Netlink { sock, ns: Some(ns.try_clone().map_err(|e| e.context(context()))?) })
+    }
+
+    /// Run `f` (which opens another socket) in the namespace of this connection's socket,
+    /// whichever namespace the calling thread is in.
+    fn open_beside<T>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<T, NlError>,
+    ) -> std::result::Result<T, NlError> {
+        let asked;
+        let ns = match &self.ns {
+            Some(ns) => ns,
+            None => {
+                asked = NetNs::of_socket(std::os::fd::AsFd::as_fd(&self.sock))
+                    .map_err(|e| NlError::new(e.msg, libc::EINVAL))?;
+                &asked
+            }
+        };
+        let mut out = None;
+        ns.run(|| {
+            out = Some(f());
+            Ok(())
+        })
+        .map_err(|e| NlError::new(e.msg, libc::EINVAL))?;
+        out.unwrap_or_else(|| Err(NlError::new("open a netlink socket beside another", libc::EINVAL)))
     }
 }

@@ -1,6 +1,7 @@
-//! nftables through the `nft` binary: every firewall change of one verb is one atomic
-//! transaction (`nft -f -` reads the whole script and commits it or nothing), reads use
-//! `nft -j list …`.
+//! The `nft` command-line tool, run as a child process: for the one input that is nft syntax
+//! (portmap's user-written `conditionsV4/V6`), whose table portmap then builds with
+//! `nft -f -` (the whole script is one transaction: committed or nothing). Everything else
+//! goes over netlink ([`crate::netlink::nft`]).
 //!
 //! Scripts are written in nft's own syntax. Everything we interpolate is either a number,
 //! an address we formatted, or text passed through [`quote`], which only lets through a
