@@ -466,3 +466,46 @@ fn sockets_stay_in_their_netns_and_sysctls_follow_the_thread() {
         .is_ok());
     assert_eq!(sysctl::get("net.ipv4.ip_forward").unwrap(), "1");
 }
+
+/// The second socket an event wait opens lands in the namespace of the connection's socket,
+/// not in the calling thread's (the waits used to subscribe in the thread's namespace, where
+/// no notification about the connection's links ever arrives).
+#[test]
+fn event_waits_subscribe_in_the_namespace_of_the_socket() {
+    use std::time::Duration;
+    const RTNLGRP_LINK: u32 = 1;
+    private_netns();
+    let home = NetNs::current().unwrap();
+    let other = spare_netns();
+
+    // Opened for `other` from here: subscriptions land in `other`.
+    let mut ctr = Netlink::new_in(&other).unwrap();
+    let sub = ctr.subscribe(&[RTNLGRP_LINK]).unwrap();
+    assert!(
+        NetNs::of_socket(sub.sock.as_fd()).unwrap().same_as(&other),
+        "subscribed outside the socket's netns"
+    );
+    // Opened here, used while the thread is in `other`: subscriptions land here.
+    let host = Netlink::new().unwrap();
+    let sub = other.run(|| Ok(host.subscribe(&[RTNLGRP_LINK]))).unwrap().unwrap();
+    assert!(
+        NetNs::of_socket(sub.sock.as_fd()).unwrap().same_as(&home),
+        "subscribed outside the socket's netns"
+    );
+
+    // Both waits, from here, on links and addresses of `other`.
+    let spec =
+        LinkSpec { up: true, ..LinkSpec::new("ev0", LinkKind::Veth { peer: VethPeer::new("ev1", None) }) };
+    let a = ctr.link_add(&spec).unwrap();
+    let b = ctr.link_by_name("ev1").unwrap().unwrap();
+    ctr.link_set_up(b.index).unwrap();
+    let up = ctr.wait_link_oper_up(a.index, Duration::from_secs(30)).unwrap().unwrap();
+    assert!(up.oper_state_up());
+    // IPv6 duplicate address detection runs on a veth with carrier: the address starts
+    // tentative and the wait returns once it settled.
+    ctr.addr_add(a.index, net("fd00:e::1/64")).unwrap();
+    let addrs = ctr.wait_addrs_settled(a.index, Some(Family::V6), Duration::from_secs(30)).unwrap();
+    let ours = addrs.iter().find(|x| x.addr == net("fd00:e::1/64")).expect("address listed");
+    assert!(!ours.tentative() && !ours.dadfailed(), "{ours:?}");
+    assert!(NetNs::current().unwrap().same_as(&home));
+}
