@@ -31,10 +31,8 @@ const CTA_ZONE: u16 = 18;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_DST_PORT: u16 = 3;
 
-/// IP protocol numbers.
-pub const IPPROTO_TCP: u8 = 6;
+/// The IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_SCTP: u8 = 132;
 
 fn af(family: Family) -> u8 {
     match family {
@@ -135,6 +133,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    const IPPROTO_TCP: u8 = 6;
     const CTA_TUPLE_REPLY: u16 = 2;
     const CTA_TUPLE_IP: u16 = 1;
     const CTA_PROTO_SRC_PORT: u16 = 2;

@@ -38,7 +38,7 @@ use crate::netns::NetNs;
 use crate::{CniError, Result};
 
 pub use addr::Address;
-pub use bridge::{vlan_request_bytes, PortFlags, PortVlan};
+pub use bridge::{PortFlags, PortVlan};
 pub use devconf::IPV4_DEVCONF_ARP_NOTIFY;
 pub use link::{Link, LinkKind, LinkSpec, VethPeer};
 pub use route::{NextHop, Route, RouteKind, RouteSpec, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN};

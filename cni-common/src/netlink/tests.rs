@@ -178,30 +178,16 @@ fn veth_pair_in_one_netns() {
 }
 
 #[test]
-fn master_set_and_unset() {
-    let mut nl = fresh();
-    let br = nl.link_add(&LinkSpec::new("br0", LinkKind::Bridge { vlan_filtering: false })).unwrap();
-    let d = test_link(&mut nl, "port0");
-    assert_eq!(d.master, None);
-    nl.link_set_master(d.index, Some(br.index)).unwrap();
-    assert_eq!(nl.link_by_index(d.index).unwrap().unwrap().master, Some(br.index));
-    nl.link_set_master(d.index, None).unwrap();
-    assert_eq!(nl.link_by_index(d.index).unwrap().unwrap().master, None);
-}
-
-#[test]
 fn link_setters() {
     let mut nl = fresh();
     let spec =
         LinkSpec { up: true, ..LinkSpec::new("va", LinkKind::Veth { peer: VethPeer::new("vb", None) }) };
     let d = nl.link_add(&spec).unwrap();
     assert!(d.up());
-    nl.link_set_mtu(d.index, 1280).unwrap();
     nl.link_set_mac(d.index, [0x02, 1, 2, 3, 4, 5]).unwrap();
     nl.link_set_promisc(d.index, true).unwrap();
     nl.link_set_alias(d.index, "hello").unwrap();
     let l = nl.link_by_index(d.index).unwrap().unwrap();
-    assert_eq!(l.mtu, 1280);
     assert_eq!(l.mac, Some([0x02, 1, 2, 3, 4, 5]));
     assert!(l.promisc());
     assert_eq!(l.alias.as_deref(), Some("hello"));
@@ -216,9 +202,9 @@ fn link_setters() {
     assert!(!l.up());
     assert!(!l.oper_state_up());
 
-    let e = nl.link_set_mtu(d.index, 1_000_000).unwrap_err();
-    assert_eq!(e.errno(), libc::EINVAL, "{e}");
-    assert!(e.to_string().starts_with("set mtu 1000000 on link "), "{e}");
+    let e = nl.link_set_mac(d.index, [0x01, 0, 0, 0, 0, 1]).unwrap_err();
+    assert_eq!(e.errno(), libc::EADDRNOTAVAIL, "a multicast MAC is refused: {e}");
+    assert!(e.to_string().starts_with("set mac 01:00:00:00:00:01 on link "), "{e}");
 }
 
 #[test]
@@ -312,7 +298,7 @@ fn addresses_v4_and_v6() {
 }
 
 #[test]
-fn routes_add_list_delete() {
+fn routes_add_and_list() {
     let mut nl = fresh();
     let d = test_link(&mut nl, "dum0");
     sysctl::set(&sysctl::iface_key("ipv6", "dum0", "disable_ipv6"), "0").unwrap();
@@ -409,31 +395,6 @@ fn routes_add_list_delete() {
     assert_eq!(paths.len(), 2, "{v6:?}");
     assert!(paths.contains(&(Some(ip("2001:db8:1::fe")), Some(d.index))));
     assert!(v6.iter().all(|r| r.priority == Some(1024)));
-
-    // Delete one path of each; the other stays.
-    nl.route_del(&RouteSpec { gw: Some(ip("192.168.50.1")), ..RouteSpec::new(net("10.20.0.0/16")) }).unwrap();
-    nl.route_del(&RouteSpec { gw: Some(ip("2001:db8:1::1")), ..RouteSpec::new(net("2001:db8:99::/48")) })
-        .unwrap();
-    let all = nl.routes(None).unwrap();
-    let left: Vec<_> = all
-        .iter()
-        .filter(|r| r.dst == net("10.20.0.0/16") || r.dst == net("2001:db8:99::/48"))
-        .flat_map(Route::paths)
-        .map(|(gw, _)| gw)
-        .collect();
-    assert_eq!(left.len(), 2, "{left:?}");
-    assert!(left.contains(&Some(ip("192.168.50.254"))));
-    assert!(left.contains(&Some(ip("2001:db8:1::fe"))));
-
-    nl.route_del(&spec).unwrap();
-    let e = nl.route_del(&spec).unwrap_err();
-    assert!(e.is_not_found(), "{e}");
-    nl.route_del(&RouteSpec { table: Some(1000), ..RouteSpec::new(net("172.16.0.0/12")) }).unwrap();
-    assert!(!nl
-        .routes(None)
-        .unwrap()
-        .iter()
-        .any(|r| r.dst == net("10.10.0.0/16") || r.dst == net("172.16.0.0/12")));
 
     // A gateway that is not on any connected network.
     let e = nl

@@ -191,11 +191,6 @@ impl CniResult {
             Ok(r)
         }
     }
-
-    /// Index of the interface named `name` inside a sandbox (`sandbox` non-empty).
-    pub fn sandbox_interface(&self, name: &str) -> Option<usize> {
-        self.interfaces.iter().position(|i| i.name == name && !i.sandbox.is_empty())
-    }
 }
 
 /// Pretty-print like the Go library (four-space indent).
