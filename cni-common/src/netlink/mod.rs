@@ -166,6 +166,18 @@ impl Netlink {
         Ok(Netlink { sock, ns: Some(ns.try_clone().map_err(|e| e.context(context()))?) })
     }
 
+    /// Dump with `msg` and decode the replies of type `reply_type` with `parse` (those it cannot
+    /// decode are skipped). Errors are the kernel's, for the caller to describe.
+    fn dump<T>(
+        &mut self,
+        msg: netlink_packet_route::RouteNetlinkMessage,
+        reply_type: u16,
+        parse: impl Fn(&[u8]) -> Option<T>,
+    ) -> std::result::Result<Vec<T>, NlError> {
+        let replies = self.sock.request(msg, netlink_packet_core::NLM_F_DUMP)?;
+        Ok(replies.iter().filter(|r| r.msg_type == reply_type).filter_map(|r| parse(&r.payload)).collect())
+    }
+
     /// Run `f` (which opens another socket) in the namespace of this connection's socket,
     /// whichever namespace the calling thread is in.
     fn open_beside<T>(

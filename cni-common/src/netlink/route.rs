@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use netlink_packet_core::{
-    NlasIterator, ParseableParametrized, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
+    NlasIterator, ParseableParametrized, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteMessage, RouteMetric, RouteNextHop,
@@ -296,16 +296,10 @@ impl Netlink {
     pub fn routes(&mut self, family: Option<Family>) -> Result<Vec<Route>, NlError> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = af_of(family);
-        let replies = self
-            .sock
-            .request(RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP)
+        let all = self
+            .dump(RouteNetlinkMessage::GetRoute(msg), RTM_NEWROUTE, parse_route)
             .map_err(|e| e.during("list routes"))?;
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == RTM_NEWROUTE)
-            .filter_map(|r| parse_route(&r.payload))
-            .filter(|r| family.is_none_or(|f| Family::of(&r.dst.addr()) == f))
-            .collect())
+        Ok(all.into_iter().filter(|r| family.is_none_or(|f| Family::of(&r.dst.addr()) == f)).collect())
     }
 
     /// Add a route. EEXIST ([`NlError::is_exists`]) when it exists, unless `append`/`replace`.

@@ -149,76 +149,92 @@ pub enum NftExpr {
 
 // ---- encoding ----
 
-/// Append expression `e` to an `NFTA_RULE_EXPRESSIONS` list.
+/// Append expression `e` to an `NFTA_RULE_EXPRESSIONS` list. Attributes in libnftnl's order.
 pub(super) fn put_expr(out: &mut Vec<u8>, e: &RuleExpr) {
-    let be = encode_be32;
     let mut d = Vec::new();
+    let put_u32s = |d: &mut Vec<u8>, attrs: &[(u16, u32)]| {
+        for (kind, v) in attrs {
+            put_attr(d, *kind, &encode_be32(*v));
+        }
+    };
     let name = match e {
         RuleExpr::Meta { key, dreg } => {
-            put_attr(&mut d, NFTA_META_KEY, &be(*key));
-            put_attr(&mut d, NFTA_META_DREG, &be(*dreg));
+            put_u32s(&mut d, &[(NFTA_META_KEY, *key), (NFTA_META_DREG, *dreg)]);
             "meta"
         }
         RuleExpr::Payload { base, offset, len, dreg } => {
-            put_attr(&mut d, NFTA_PAYLOAD_DREG, &be(*dreg));
-            put_attr(&mut d, NFTA_PAYLOAD_BASE, &be(*base));
-            put_attr(&mut d, NFTA_PAYLOAD_OFFSET, &be(*offset));
-            put_attr(&mut d, NFTA_PAYLOAD_LEN, &be(*len));
+            put_u32s(
+                &mut d,
+                &[
+                    (NFTA_PAYLOAD_DREG, *dreg),
+                    (NFTA_PAYLOAD_BASE, *base),
+                    (NFTA_PAYLOAD_OFFSET, *offset),
+                    (NFTA_PAYLOAD_LEN, *len),
+                ],
+            );
             "payload"
         }
         RuleExpr::Cmp { sreg, op, data } => {
-            put_attr(&mut d, NFTA_CMP_SREG, &be(*sreg));
-            put_attr(&mut d, NFTA_CMP_OP, &be(*op as u32));
+            put_u32s(&mut d, &[(NFTA_CMP_SREG, *sreg), (NFTA_CMP_OP, *op as u32)]);
             put_nested(&mut d, NFTA_CMP_DATA, &value_attr(data));
             "cmp"
         }
         RuleExpr::Bitwise { sreg, dreg, mask, xor } => {
-            put_attr(&mut d, NFTA_BITWISE_SREG, &be(*sreg));
-            put_attr(&mut d, NFTA_BITWISE_DREG, &be(*dreg));
-            put_attr(&mut d, NFTA_BITWISE_LEN, &be(mask.len() as u32));
+            let len = mask.len() as u32;
+            put_u32s(
+                &mut d,
+                &[(NFTA_BITWISE_SREG, *sreg), (NFTA_BITWISE_DREG, *dreg), (NFTA_BITWISE_LEN, len)],
+            );
             put_nested(&mut d, NFTA_BITWISE_MASK, &value_attr(mask));
             put_nested(&mut d, NFTA_BITWISE_XOR, &value_attr(xor));
             "bitwise"
         }
         RuleExpr::Fib { flags, result, dreg } => {
-            put_attr(&mut d, NFTA_FIB_FLAGS, &be(*flags));
-            put_attr(&mut d, NFTA_FIB_RESULT, &be(*result));
-            put_attr(&mut d, NFTA_FIB_DREG, &be(*dreg));
+            put_u32s(&mut d, &[(NFTA_FIB_FLAGS, *flags), (NFTA_FIB_RESULT, *result), (NFTA_FIB_DREG, *dreg)]);
             "fib"
         }
         RuleExpr::Verdict(v) => {
-            put_attr(&mut d, NFTA_IMMEDIATE_DREG, &be(REG_VERDICT));
+            put_u32s(&mut d, &[(NFTA_IMMEDIATE_DREG, REG_VERDICT)]);
             put_nested(&mut d, NFTA_IMMEDIATE_DATA, &verdict_attr(v));
             "immediate"
         }
         RuleExpr::Masquerade => "masq",
         RuleExpr::Lookup { sreg, dreg, set, set_id } => {
-            put_attr(&mut d, NFTA_LOOKUP_SREG, &be(*sreg));
+            put_u32s(&mut d, &[(NFTA_LOOKUP_SREG, *sreg)]);
             if let Some(r) = dreg {
-                put_attr(&mut d, NFTA_LOOKUP_DREG, &be(*r));
+                put_u32s(&mut d, &[(NFTA_LOOKUP_DREG, *r)]);
             }
             put_attr(&mut d, NFTA_LOOKUP_SET, &cstr(set));
-            put_attr(&mut d, NFTA_LOOKUP_SET_ID, &be(*set_id));
+            put_u32s(&mut d, &[(NFTA_LOOKUP_SET_ID, *set_id)]);
             "lookup"
         }
         RuleExpr::Dnat { family, reg_addr, reg_proto } => {
-            put_attr(&mut d, NFTA_NAT_TYPE, &be(NFT_NAT_DNAT));
-            put_attr(&mut d, NFTA_NAT_FAMILY, &be(*family));
-            put_attr(&mut d, NFTA_NAT_REG_ADDR_MIN, &be(*reg_addr));
-            put_attr(&mut d, NFTA_NAT_REG_PROTO_MIN, &be(*reg_proto));
+            put_u32s(
+                &mut d,
+                &[
+                    (NFTA_NAT_TYPE, NFT_NAT_DNAT),
+                    (NFTA_NAT_FAMILY, *family),
+                    (NFTA_NAT_REG_ADDR_MIN, *reg_addr),
+                    (NFTA_NAT_REG_PROTO_MIN, *reg_proto),
+                ],
+            );
             "nat"
         }
         RuleExpr::Ct { key, dreg } => {
-            put_attr(&mut d, NFTA_CT_KEY, &be(*key));
-            put_attr(&mut d, NFTA_CT_DREG, &be(*dreg));
+            put_u32s(&mut d, &[(NFTA_CT_KEY, *key), (NFTA_CT_DREG, *dreg)]);
             "ct"
         }
         RuleExpr::Hton { sreg, dreg, size, len } => {
-            put_attr(&mut d, NFTA_BYTEORDER_SREG, &be(*sreg));
-            put_attr(&mut d, NFTA_BYTEORDER_DREG, &be(*dreg));
-            put_attr(&mut d, NFTA_BYTEORDER_OP, &be(NFT_BYTEORDER_HTON));
-            put_attr(&mut d, NFTA_BYTEORDER_LEN, &be(*len));
-            put_attr(&mut d, NFTA_BYTEORDER_SIZE, &be(*size));
+            put_u32s(
+                &mut d,
+                &[
+                    (NFTA_BYTEORDER_SREG, *sreg),
+                    (NFTA_BYTEORDER_DREG, *dreg),
+                    (NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON),
+                    (NFTA_BYTEORDER_LEN, *len),
+                    (NFTA_BYTEORDER_SIZE, *size),
+                ],
+            );
             "byteorder"
         }
     };
