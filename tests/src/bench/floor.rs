@@ -23,10 +23,9 @@
 //! The floor tables are the driver's own (`inet cnibench_*`), never the plugins'.
 
 use crate::{unique, Netns, TempDir};
-use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, Verdict};
-use cni_common::netlink::nftwrite::{
-    concat, BaseChain, CmpOp, NftData, NftElem, NftOp, NftSet, NftSetData, NftType, RuleExpr,
-    HOOK_POSTROUTING,
+use cni_common::netlink::nft::{
+    concat, BaseChain, CmpOp, NfTables, NftData, NftDelete, NftElem, NftFamily, NftOp, NftSet, NftSetData,
+    NftType, RuleExpr, Verdict, HOOK_POSTROUTING,
 };
 use cni_common::netlink::tc::{self, Psched, Tbf, INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT};
 use cni_common::netlink::{
@@ -259,17 +258,19 @@ impl BridgeFloor {
             None
         } else {
             let mut nf = must("nf_tables socket", NfTables::new());
-            let ops: Vec<NftDelete> = a
+            let ops: Vec<NftOp> = a
                 .rules
                 .iter()
-                .map(|h| NftDelete::Rule {
-                    family: FAM,
-                    table: self.table.clone(),
-                    chain: MASQ_CHAIN.into(),
-                    handle: *h,
+                .map(|h| {
+                    NftOp::Delete(NftDelete::Rule {
+                        family: FAM,
+                        table: self.table.clone(),
+                        chain: MASQ_CHAIN.into(),
+                        handle: *h,
+                    })
                 })
                 .collect();
-            must("delete rule", nf.delete(&ops));
+            must("delete rule", nf.apply(&ops));
             Some(nf)
         };
         let ns = must("open netns", NetNs::open(ctr.path()));
@@ -286,8 +287,9 @@ impl BridgeFloor {
 impl Drop for BridgeFloor {
     fn drop(&mut self) {
         if self.plan.masq {
-            let _ = NfTables::new()
-                .and_then(|mut nf| nf.delete(&[NftDelete::Table { family: FAM, table: self.table.clone() }]));
+            let _ = NfTables::new().and_then(|mut nf| {
+                nf.apply(&[NftOp::Delete(NftDelete::Table { family: FAM, table: self.table.clone() })])
+            });
         }
     }
 }
@@ -510,7 +512,8 @@ impl PortmapFloor {
 
 impl Drop for PortmapFloor {
     fn drop(&mut self) {
-        let _ = NfTables::new()
-            .and_then(|mut nf| nf.delete(&[NftDelete::Table { family: FAM, table: self.table.clone() }]));
+        let _ = NfTables::new().and_then(|mut nf| {
+            nf.apply(&[NftOp::Delete(NftDelete::Table { family: FAM, table: self.table.clone() })])
+        });
     }
 }
