@@ -73,11 +73,22 @@ fn cri_toml(sb: &Sandbox) -> String {
     )
 }
 
+/// `POST /cgi-bin/sink?SKIP-TIMED`: reads SKIP blocks of the body, then TIMED blocks between
+/// two readings of /proc/uptime; answers "<start> <end> <bytes of the timed part>".
+const SINK: &str = r#"#!/bin/sh
+skip=${QUERY_STRING%-*}
+timed=${QUERY_STRING#*-}
+dd bs=1000 count="$skip" iflag=fullblock of=/dev/null 2>/dev/null
+read t1 rest < /proc/uptime
+n=$(dd bs=1000 count="$timed" iflag=fullblock 2>/dev/null | wc -c)
+read t2 rest < /proc/uptime
+printf 'Content-Type: text/plain\r\n\r\n%s %s %s\n' "$t1" "$t2" "$n"
+"#;
+
 /// The image rootfs: the sandbox's busybox rootfs plus two CGI scripts for the timed
-/// transfers (`/cgi-bin/zeros?N` answers N bytes; `/cgi-bin/sink` reads the request body and
-/// answers with its size).
+/// transfers (`/cgi-bin/zeros?N` answers N bytes of zeros; [`SINK`]).
 fn prepare_rootfs(root: &Path) {
-    for a in ["head", "wc"] {
+    for a in ["head", "wc", "dd"] {
         let l = root.join("bin").join(a);
         if !l.exists() {
             std::os::unix::fs::symlink("busybox", l).unwrap();
@@ -87,7 +98,7 @@ fn prepare_rootfs(root: &Path) {
     std::fs::create_dir_all(&cgi).unwrap();
     let scripts = [
         ("zeros", "#!/bin/sh\nprintf 'Content-Type: application/octet-stream\\r\\n\\r\\n'\nexec head -c \"$QUERY_STRING\" /dev/zero\n"),
-        ("sink", "#!/bin/sh\nn=$(head -c \"$CONTENT_LENGTH\" | wc -c)\nprintf 'Content-Type: text/plain\\r\\n\\r\\nreceived %s\\n' \"$n\"\n"),
+        ("sink", SINK),
     ];
     for (name, text) in scripts {
         let p = cgi.join(name);
@@ -322,51 +333,58 @@ fn curl(ns: &cni_tests::Netns, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Timed download of `n` bytes from the pod through the host port; (bytes, seconds).
-fn download(sb: &Sandbox, n: u64) -> (u64, f64) {
-    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/zeros?{n}");
-    let w = curl(&sb.outside, &["-o", "/dev/null", "-w", "%{size_download} %{time_total}", &url]);
-    let mut it = w.split_whitespace();
-    (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap())
+/// Transfers count in blocks of this many bytes (`dd bs=1000 … iflag=fullblock` reads exact
+/// amounts on both sides).
+const BLOCK: u64 = 1000;
+/// Seconds of traffic at the shaped rate sent after the bucket is empty and before the timing
+/// starts, so that TCP has left slow start and its first losses behind.
+const WARMUP_SECONDS: u64 = 2;
+
+/// Steady-state rate out of the pod (through the ifb's tbf), in bit/s of payload: one download
+/// through the host port of `skip` blocks and then `timed` blocks, timed in the outside netns
+/// between the end of the first part and the end of the second.
+fn rate_out_of_pod(sb: &Sandbox, skip: u64, timed: u64) -> f64 {
+    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/zeros?{}", (skip + timed) * BLOCK);
+    let script = format!(
+        "set -o pipefail; curl -gsS --noproxy '*' --max-time 170 '{url}' | {{ \
+         dd bs={BLOCK} count={skip} iflag=fullblock of=/dev/null 2>/dev/null; date +%s%N; \
+         dd bs={BLOCK} count={timed} iflag=fullblock 2>/dev/null | wc -c; date +%s%N; cat >/dev/null; }}"
+    );
+    let out =
+        sb.outside.command("timeout").args(["-k", "2", "180", "bash", "-c", &script]).output().expect("bash");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "download: {text} {}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> = text.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "download printed {text:?}");
+    assert_eq!(v[1], timed * BLOCK, "bytes in the timed part");
+    v[1] as f64 * 8.0 / ((v[2] - v[0]) as f64 / 1e9)
 }
 
-/// Timed upload of `n` bytes to the pod through the host port; (bytes the pod got, seconds).
-fn upload(sb: &Sandbox, n: u64) -> (u64, f64) {
-    let file = sb.dir.join(format!("upload-{n}"));
-    std::fs::write(&file, vec![0u8; n as usize]).unwrap();
-    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/sink");
+/// Steady-state rate into the pod (through the host veth's tbf), in bit/s of payload: one
+/// upload through the host port that the pod's `/cgi-bin/sink` reads as `skip` blocks and then
+/// `timed` blocks, timed in the pod (/proc/uptime, 10 ms steps).
+fn rate_into_pod(sb: &Sandbox, skip: u64, timed: u64) -> f64 {
+    let file = sb.dir.join("upload");
+    std::fs::write(&file, vec![0u8; ((skip + timed) * BLOCK) as usize]).unwrap();
+    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/sink?{skip}-{timed}");
     let data = format!("@{}", file.display());
-    let w = curl(
+    let answer = curl(
         &sb.outside,
-        &[
-            "-H",
-            "Expect:",
-            "-H",
-            "Content-Type: application/octet-stream",
-            "--data-binary",
-            &data,
-            "-w",
-            " %{time_total}",
-            &url,
-        ],
+        &["-H", "Expect:", "-H", "Content-Type: application/octet-stream", "--data-binary", &data, &url],
     );
     let _ = std::fs::remove_file(&file);
-    // "received N\n <time>"
-    let got = w.split_whitespace().collect::<Vec<_>>();
-    assert!(got.len() == 3 && got[0] == "received", "sink answered {w:?}");
-    (got[1].parse().unwrap(), got[2].parse().unwrap())
+    let v: Vec<f64> = answer.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "the sink answered {answer:?}");
+    assert_eq!(v[2] as u64, timed * BLOCK, "bytes in the timed part");
+    v[2] * 8.0 / (v[1] - v[0])
 }
 
-/// Measure the shaped rate in one direction: first a transfer of `burst` bytes empties the
-/// token bucket (its size is checked separately), then the timed one carries
-/// TRANSFER_SECONDS of traffic at the nominal rate. Returns bit/s of payload.
-fn measure(sb: &Sandbox, burst: u64, transfer: fn(&Sandbox, u64) -> (u64, f64)) -> f64 {
-    let (got, _) = transfer(sb, burst.max(1));
-    assert_eq!(got, burst.max(1));
-    let n = RATE_BITS / 8 * TRANSFER_SECONDS;
-    let (got, secs) = transfer(sb, n);
-    assert_eq!(got, n, "bytes transferred");
-    got as f64 * 8.0 / secs
+/// Measure the shaped rate in one direction: the first part of the transfer empties the token
+/// bucket (`burst` bytes, whose size is checked separately) and lets TCP settle; the timed part
+/// carries TRANSFER_SECONDS of traffic at the nominal rate. Returns bit/s of payload.
+fn measure(sb: &Sandbox, burst: u64, f: fn(&Sandbox, u64, u64) -> f64) -> f64 {
+    let per_second = RATE_BITS / 8 / BLOCK;
+    f(sb, burst.div_ceil(BLOCK) + WARMUP_SECONDS * per_second, TRANSFER_SECONDS * per_second)
 }
 
 /// Nothing of the sandbox `id` (address `ip`) is left in the host netns, the firewall, IPAM,
@@ -513,8 +531,8 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         let (in_rate, in_burst) = tbf(&sb, &veth);
         let (out_rate, out_burst) = tbf(&sb, &ifbs[0]);
         assert_eq!((in_rate * 8, out_rate * 8), (RATE_BITS, RATE_BITS), "tbf rates: {}", sb.qdiscs());
-        let into_pod = measure(&sb, in_burst, upload);
-        let out_of_pod = measure(&sb, out_burst, download);
+        let into_pod = measure(&sb, in_burst, rate_into_pod);
+        let out_of_pod = measure(&sb, out_burst, rate_out_of_pod);
         eprintln!(
             "shaping {ANNOTATION}: tbf bursts {in_burst} B (into the pod), {out_burst} B (out of it); \
              measured {into_pod:.0} bit/s into the pod, {out_of_pod:.0} bit/s out of it"
