@@ -481,15 +481,19 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
             json!({"IngressRate": RATE_BITS, "IngressBurst": CRI_BURST, "EgressRate": RATE_BITS, "EgressBurst": CRI_BURST}),
             "bandwidth as containerd sends it for the {ANNOTATION} annotations"
         );
-        let args = by("bridge").env("CNI_ARGS").unwrap_or("").to_string();
-        for kv in [
+        // CNI_ARGS: the same pairs to every plugin of both networks, in varying order (a Go map)
+        let want: BTreeSet<String> = [
             format!("K8S_POD_NAME={pod}"),
             "K8S_POD_NAMESPACE=default".to_string(),
             format!("K8S_POD_UID={uid}"),
             format!("K8S_POD_INFRA_CONTAINER_ID={id}"),
             "IgnoreUnknown=1".to_string(),
-        ] {
-            assert!(args.split(';').any(|a| a == kv), "CNI_ARGS {args:?} lacks {kv}");
+        ]
+        .into();
+        for c in &adds {
+            let args: BTreeSet<String> =
+                c.env("CNI_ARGS").unwrap_or("").split(';').map(str::to_string).collect();
+            assert_eq!(args, want, "CNI_ARGS of {}", c.summary());
         }
 
         // the workload
@@ -606,9 +610,11 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         node.remove(&id2);
         assert_sandbox_gone(&sb, &before, &id2, &ip2, 0, "all attempts removed");
         assert!(node.cri.list_pod_sandbox().expect("ListPodSandbox").is_empty());
-        let failed: Vec<String> =
-            node.calls().iter().filter(|c| c.rc != Some(0)).map(|c| c.summary()).collect();
+        let all = node.calls();
+        let failed: Vec<String> = all.iter().filter(|c| c.rc != Some(0)).map(|c| c.summary()).collect();
         assert!(failed.is_empty(), "plugin calls failed: {failed:?}");
+        let verbs: BTreeSet<&str> = all.iter().map(|c| c.command()).collect();
+        assert_eq!(verbs, BTreeSet::from(["ADD", "DEL"]), "containerd 1.6 calls ADD and DEL only");
         drop(node);
         burst_problems
     };
@@ -623,4 +629,65 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
 /// Whether the DEL calls of the pod network carry a prevResult.
 fn by_net_has_prev(dels: &[&Call]) -> bool {
     dels.iter().filter(|c| c.network() == NET).all(|c| c.stdin.get("prevResult").is_some())
+}
+
+/// One of the page's two examples on its own, installed byte for byte: a pod with a hostPort
+/// and both annotations gets only what the conflist asks for (the CRI passes a capability
+/// only to the plugins that declare it), and Stop + Remove leave nothing.
+fn page_example_alone(conflist: &str, chain: &[&str]) {
+    let pod = cni_tests::unique("pex");
+    let uid = format!("{pod}-0000-4000-8000-000000000002");
+    let tokens = [pod.as_str(), uid.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+        let mut node = Node::start(&sb, conflist);
+        let config = node.pod_config(&pod, &uid, 0, true);
+        let (id, ip) = node.run_pod(&config);
+        let res = cached(&sb, &id);
+        assert_eq!(result_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
+        let calls = node.calls();
+        let adds = calls_for(&calls, 0, &id, "ADD");
+        assert_chain_calls(&adds, &id, "ADD", chain, conflist);
+        node.run_web(&id, &config, &ip);
+
+        let via = format!("http://{HOST_ADDR}:{HOST_PORT}/");
+        let from_outside = Sandbox::http_get(&sb.outside, &via);
+        let ifbs: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
+        if chain.contains(&"portmap") {
+            assert_eq!(from_outside.as_deref(), Ok(PAGE), "{conflist}: the host port from outside");
+        } else {
+            assert!(from_outside.is_err(), "{conflist} has no portmap, yet the host port answers");
+        }
+        if chain.contains(&"bandwidth") {
+            assert_eq!(ifbs.len(), 1, "{conflist}: one ifb: {ifbs:?}");
+            let (in_rate, _) = tbf(&sb, &host_veth(&res));
+            let (out_rate, _) = tbf(&sb, &ifbs[0]);
+            assert_eq!((in_rate * 8, out_rate * 8), (RATE_BITS, RATE_BITS), "{conflist}: {}", sb.qdiscs());
+        } else {
+            assert!(ifbs.is_empty(), "{conflist} has no bandwidth, yet there is an ifb: {ifbs:?}");
+            assert!(!sb.qdiscs().contains("tbf"), "{conflist}: tbf without bandwidth: {}", sb.qdiscs());
+        }
+
+        let mark = node.calls().len();
+        node.stop(&id);
+        node.remove(&id);
+        let calls = node.calls();
+        let dels = calls_for(&calls, mark, &id, "DEL");
+        assert_eq!(dels.len(), 2 * (chain.len() + 1), "{conflist}: two DELs of each network: {dels:?}");
+        assert_sandbox_gone(&sb, &before, &id, &ip, 0, conflist);
+        drop(node);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
+
+#[test]
+fn cri_page_hostport_example_alone() {
+    page_example_alone("k8s-hostport.conflist", &["bridge", "portmap"]);
+}
+
+#[test]
+fn cri_page_bandwidth_example_alone() {
+    page_example_alone("k8s-bandwidth.conflist", &["bridge", "bandwidth"]);
 }
