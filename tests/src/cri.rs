@@ -14,9 +14,9 @@
 //! **The image.** [`build_image_archive`] packs a directory (busybox-static rootfs) into a
 //! `docker save`-style archive, which `ctr -n k8s.io images import` loads; nothing is pulled.
 //!
-//! **The recorder.** [`install_recorders`] puts, for every plugin, a shell wrapper into the
+//! **The recorder.** [`install_recorders`] puts, for each plugin named, a shell wrapper into the
 //! runtime's CNI bin dir that saves the `CNI_*` environment, stdin, stdout and exit code of the
-//! call and runs the real plugin in between. [`Recorded`] reads the calls back.
+//! call and runs the real plugin in between. [`recorded`] reads the calls back.
 
 use crate::clients::must;
 use bytes::{Buf, Bytes};
