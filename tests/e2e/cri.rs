@@ -589,6 +589,7 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         // removed (its second DEL must not touch attempt 2), as a kubelet does on restarts
         let config1 = node.pod_config(&pod, &uid, 1, true);
         let (id1, ip1) = node.run_pod(&config1);
+        let veth1 = host_veth(&cached(&sb, &id1));
         assert_eq!(result_ip(&cached(&sb, &id1)), ip1);
         node.run_web(&id1, &config1, &ip1);
         assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 1 via the host port");
@@ -600,6 +601,9 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 2 via the host port");
         node.remove(&id1);
         assert_sandbox_gone(&sb, &before, &id1, &ip1, 1, "attempt 1 removed");
+        assert!(sb.host.link(&veth1).is_none(), "attempt 1's veth {veth1} is left");
+        let ifbs = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).count();
+        assert_eq!(ifbs, 1, "attempt 2's ifb only");
         assert_eq!(
             Sandbox::http_get(&sb.outside, &via).as_deref(),
             Ok(PAGE),
