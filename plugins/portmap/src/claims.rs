@@ -443,7 +443,7 @@ mod tests {
         let deleted: usize = ops
             .iter()
             .map(|op| match op {
-                cni_common::netlink::nftwrite::NftOp::DeleteElements { elems, .. } => elems.len(),
+                cni_common::netlink::nft::NftOp::DeleteElements { elems, .. } => elems.len(),
                 _ => 0,
             })
             .sum();

@@ -24,7 +24,7 @@ use crate::config::{Conf, Fam};
 use crate::model::Set;
 use crate::owner::{hex, sha};
 use crate::table::Listing;
-use cni_common::netlink::nftwrite::NftType;
+use cni_common::netlink::nft::NftType;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -226,7 +226,7 @@ pub fn dnat_problem(l: &Listing, conf: &Conf) -> Option<String> {
     }
     for (fam, g, hp) in [(2u8, &g4, "hostports4"), (10, &g6, "hostports6")] {
         let name = if fam == 2 { "ipv4" } else { "ipv6" };
-        let jump = cni_common::netlink::nftables::Verdict::Jump(g.clone());
+        let jump = cni_common::netlink::nft::Verdict::Jump(g.clone());
         if !l.gates.iter().any(|(k, v)| *k == fam && *v == jump) {
             return Some(format!("gates map does not send {name} to chain {g} (conditions changed?)"));
         }
@@ -264,7 +264,7 @@ pub fn masq_problem(l: &Listing, lens: &Lens) -> Option<String> {
 mod tests {
     use super::*;
     use crate::config::RawConf;
-    use cni_common::netlink::nftables::{NftExpr, NftRule, Verdict};
+    use cni_common::netlink::nft::{NftExpr, NftRule, Verdict};
 
     #[test]
     fn masks_and_rules() {

@@ -15,7 +15,7 @@
 use crate::config::{Fam, Proto};
 use crate::model::Masq;
 use crate::table::Listing;
-use cni_common::netlink::nftwrite::{split_concat, NftElem};
+use cni_common::netlink::nft::{split_concat, NftElem};
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -85,7 +85,7 @@ pub fn decode(fam: Fam, e: &NftElem) -> Option<Masq> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_common::netlink::nftwrite::concat;
+    use cni_common::netlink::nft::concat;
 
     /// An element as the previous layout wrote it (its codec, kept here as the reference).
     fn old(start: &str, end: &str, ctr: &str, proto: u8, port: u16) -> NftElem {

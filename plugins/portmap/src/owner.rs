@@ -93,7 +93,7 @@ pub fn describe_holder(comment: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_common::nft::quote;
+    use cni_common::nft_cli::quote;
 
     #[test]
     fn owner_tags_fit_and_escape() {

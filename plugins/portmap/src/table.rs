@@ -4,7 +4,7 @@
 use crate::config::{Conf, Fam, HostIp, Proto};
 use crate::model::{Data, Elem, Hash, HostPort, Key, Masq, NsId, Set, Target};
 use crate::owner::Owner;
-use cni_common::netlink::nftables::{NftExpr, NftRule, Verdict};
+use cni_common::netlink::nft::{NftExpr, NftRule, Verdict};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use std::collections::{BTreeSet, HashMap};

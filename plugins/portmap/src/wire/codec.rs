@@ -4,8 +4,8 @@
 
 use crate::config::{Fam, Proto};
 use crate::model::{mapped, Data, Elem, Hash, HostPort, Key, Masq, NsId, Set, Target};
-use cni_common::netlink::nftables::Verdict;
-use cni_common::netlink::nftwrite::{concat, split_concat, NftData, NftElem};
+use cni_common::netlink::nft::Verdict;
+use cni_common::netlink::nft::{concat, split_concat, NftData, NftElem};
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

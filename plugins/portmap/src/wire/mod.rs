@@ -21,9 +21,9 @@ mod tests {
     use crate::config::{Conf, Fam, Proto, RawConf};
     use crate::layout::{Lens, TABLE};
     use crate::model::{Elem, Hash, HostPort, Masq, NsId, Target};
-    use cni_common::netlink::nftables::NftDelete;
-    use cni_common::netlink::nftgolden::{hex, normalize};
-    use cni_common::netlink::nftwrite::{wire_messages, NftOp, RuleExpr};
+    use cni_common::netlink::nft::golden::{hex, messages, normalize};
+    use cni_common::netlink::nft::NftDelete;
+    use cni_common::netlink::nft::{NftOp, RuleExpr};
 
     const GOLDEN: &str = include_str!("../../testdata/nft-golden.txt");
     /// The sets of the capture's table, in the order nft's cache numbers them.
@@ -102,7 +102,7 @@ mod tests {
 
     fn assert_like_nft(name: &str, op: &NftOp) {
         let ours: Vec<String> =
-            wire_messages(std::slice::from_ref(op)).iter().map(|m| hex(&normalize(m))).collect();
+            messages(std::slice::from_ref(op)).iter().map(|m| hex(&normalize(m))).collect();
         assert_eq!(ours, golden(name), "{name}: ours (left) differs from nft's (right)");
     }
 

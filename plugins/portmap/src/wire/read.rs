@@ -7,7 +7,7 @@ use crate::layout::TABLE;
 use crate::legacy;
 use crate::model::{Elem, Set};
 use crate::table::{Listed, Listing};
-use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::nft::NfTables;
 use cni_common::{CniError, Result};
 
 /// How often a read is repeated when the ruleset changed while it was being read.

@@ -8,12 +8,12 @@
 use crate::config::{Conf, Fam};
 use crate::layout::{self, gate_names, masq_chain, Lens, TABLE};
 use crate::model::Set;
-use cni_common::netlink::nftables::{NftDelete, NftFamily, Verdict};
-use cni_common::netlink::nftwrite::{
+use cni_common::netlink::nft::{
     BaseChain, CmpOp, NftOp, NftSet, NftSetData, RuleExpr, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING,
     HOOK_PREROUTING, META_L4PROTO, META_NFPROTO, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER,
     POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3, REG_VERDICT,
 };
+use cni_common::netlink::nft::{NftDelete, NftFamily, Verdict};
 use std::net::IpAddr;
 
 pub const FAMILY: NftFamily = NftFamily::Inet;

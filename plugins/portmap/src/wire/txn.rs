@@ -8,8 +8,8 @@ use crate::layout::{self, TABLE};
 use crate::model::{Elem, Key};
 use crate::owner::Owner;
 use crate::table::{Listing, Want};
-use cni_common::netlink::nftwrite::NftOp;
-use cni_common::nft::quote;
+use cni_common::netlink::nft::NftOp;
+use cni_common::nft_cli::quote;
 use std::collections::HashSet;
 
 /// One element change, in transaction order.
