@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """Regenerate nft-golden.txt: the nf_tables messages `nft` 1.0.6 sends for each declaration of
 portmap's table (plugins/portmap/src/wire), captured with `strace -e write=<fd>` in a scratch
-network namespace. Run as root: `unshare -n python3 capture-nft.py > nft-golden.txt`.
-Batch begin/end and GET requests are left out; each line is `<name> <hex of one message>`."""
-import re, struct, subprocess, sys, tempfile
+network namespace by cni-common's capture script. Run as root:
+`unshare -n python3 capture-nft.py > nft-golden.txt`. Each line is `<name> <hex of one message>`."""
+import importlib.util, pathlib
+
+_here = pathlib.Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location(
+    "capture_nft", _here / "../../../cni-common/src/netlink/nft/testdata/capture-nft.py")
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
 
 T = "inet cni_portmap"
 # Every set of the table, in the order the unit test expects nft's cache to number them
@@ -77,29 +83,4 @@ CASES += [
     ("pm-del-netns", FULL + f"add element {T} netns {{ {H} : ::1 }}\n", f"delete element {T} netns {{ {H} }}"),
 ]
 
-def nft_file(text):
-    f = tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False)
-    f.write(text + "\n")
-    f.close()
-    return f.name
-
-for name, setup, cmd in CASES:
-    subprocess.run(["nft", "flush", "ruleset"], check=True)
-    if setup:
-        subprocess.run(["nft", "-f", nft_file(setup)], check=True)
-    p = subprocess.run(["strace", "-e", "trace=sendmsg", "-e", "write=3", "nft", "-f", nft_file(cmd)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{name}: nft failed: {p.stderr[-1000:]}")
-    data = bytearray()
-    for line in p.stderr.splitlines():
-        m = re.match(r"^ \| [0-9a-f]{5}  ((?:[0-9a-f]{2} {1,2})+)", line)
-        if m:
-            data += bytes.fromhex(m.group(1).replace(" ", ""))
-    off = 0
-    while off + 16 <= len(data):
-        ln, ty = struct.unpack_from("=IH", data, off)
-        # NEWTABLE, DELTABLE, NEWCHAIN, DELCHAIN, NEWRULE, DELRULE, NEWSET, DELSET, NEWSETELEM, DELSETELEM
-        if ty >> 8 == 10 and (ty & 0xff) in (0, 2, 3, 5, 6, 8, 9, 11, 12, 14):
-            print(name, data[off:off + ln].hex())
-        off += (ln + 3) & ~3
+_common.capture(CASES)

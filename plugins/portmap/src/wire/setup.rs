@@ -136,28 +136,22 @@ fn masq_jump(fam: Fam) -> Vec<RuleExpr> {
 /// `ip saddr & <mask> . ip daddr . meta l4proto . th dport @net4_<len> masquerade` (and ip6;
 /// without the mask for a full-length prefix, without the source for `/0`).
 fn net_rule(fam: Fam, len: u8, lens: &Lens) -> Vec<RuleExpr> {
-    let (alen, saddr, daddr, regs) = match fam {
-        Fam::V4 => (4, 12, 16, [REG32_00 + 1, REG32_00 + 2, REG32_00 + 3]),
-        Fam::V6 => (16, 8, 24, [REG_2, REG_3, REG32_00 + 9]),
+    let (alen, saddr, daddr) = match fam {
+        Fam::V4 => (4, 12, 16),
+        Fam::V6 => (16, 8, 24),
     };
     let mut v = RuleExpr::nfproto(fam == Fam::V4);
-    if len == 0 {
-        // every source: ip daddr . meta l4proto . th dport @net4_0
-        let regs = match fam {
-            Fam::V4 => [REG_1, REG32_00 + 1, REG32_00 + 2],
-            Fam::V6 => [REG_1, REG_2, REG32_00 + 5],
-        };
-        v.extend([
-            payload(PAYLOAD_NETWORK_HEADER, daddr, alen, regs[0]),
-            l4proto(regs[1]),
-            dport(regs[2]),
-            lookup(Set::Net(fam, len), lens, None),
-            RuleExpr::Masquerade,
-        ]);
-        return v;
+    // the registers of daddr, l4proto and dport, after the source (if any) in register 1
+    let regs = match (fam, len) {
+        (Fam::V4, 0) => [REG_1, REG32_00 + 1, REG32_00 + 2],
+        (Fam::V6, 0) => [REG_1, REG_2, REG32_00 + 5],
+        (Fam::V4, _) => [REG32_00 + 1, REG32_00 + 2, REG32_00 + 3],
+        (Fam::V6, _) => [REG_2, REG_3, REG32_00 + 9],
+    };
+    if len > 0 {
+        v.push(payload(PAYLOAD_NETWORK_HEADER, saddr, alen, REG_1));
     }
-    v.push(payload(PAYLOAD_NETWORK_HEADER, saddr, alen, REG_1));
-    if u32::from(len) != alen * 8 {
+    if len > 0 && u32::from(len) != alen * 8 {
         let mask = match layout::mask(fam, len) {
             IpAddr::V4(m) => m.octets().to_vec(),
             IpAddr::V6(m) => m.octets().to_vec(),
@@ -195,15 +189,8 @@ pub fn dnat_ops(conf: &Conf, old_gates: &[String], lens: &Lens) -> Option<Vec<Nf
     let (g4, g6) = gate_names(conf);
     debug_assert_eq!((g4.as_str(), g6.as_str()), ("gate4", "gate6"));
     let mut ops = vec![NftOp::AddTable { family: FAMILY, table: TABLE.into(), comment: None }];
-    let sets = [
-        Set::Hp(Fam::V4),
-        Set::Hip(Fam::V4),
-        Set::Hp(Fam::V6),
-        Set::Hip(Fam::V6),
-        Set::Owner,
-        Set::Claims,
-        Set::Gates,
-    ];
+    // the maps of the DNAT part: every fixed set but the netns records
+    let sets: Vec<Set> = Set::FIXED.into_iter().filter(|s| *s != Set::Netns).collect();
     ops.extend(sets.iter().map(|s| NftOp::AddSet {
         family: FAMILY,
         table: TABLE.into(),
