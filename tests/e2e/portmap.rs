@@ -357,8 +357,8 @@ fn elements(host: &Netns) -> Option<Vec<String>> {
     for o in v["nftables"].as_array().unwrap() {
         let s = o.get("set").or_else(|| o.get("map"));
         if let Some(s) = s {
-            if s["name"] == "gates" {
-                continue;
+            if s["name"] == "gates" || s["name"] == "conditions" {
+                continue; // table-level: which conditions the DNAT part carries
             }
             for e in s["elem"].as_array().into_iter().flatten() {
                 els.push(format!("{} {}", s["name"].as_str().unwrap(), e));
@@ -366,6 +366,25 @@ fn elements(host: &Netns) -> Option<Vec<String>> {
         }
     }
     Some(els)
+}
+
+/// The `conditions` map as `<nfproto> : <value>` lines, sorted (empty when the map is missing).
+fn conditions(host: &Netns) -> Vec<String> {
+    let out = host.try_run("nft", &["-j", "list", "map", "inet", "cni_portmap", "conditions"]);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut els: Vec<String> = v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("map"))
+        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
+        .map(|e| format!("{} : {}", e[0].as_str().unwrap(), e[1].as_str().unwrap()))
+        .collect();
+    els.sort();
+    els
 }
 
 /// Chains and rules of our table (no elements), as JSON lines.
@@ -1115,10 +1134,12 @@ fn upgrade_from_the_previous_layout_keeps_live_mappings() {
     };
     traffic(&w);
     let before = mapping_elements(&w.host);
+    let fresh = conditions(&w.host);
 
     // The host as the previous release left it, pods running.
     downgrade_to_previous_layout(&w.host);
     assert_eq!(mapping_elements(&w.host).len(), before.len(), "the previous layout holds every mapping");
+    assert!(conditions(&w.host).is_empty(), "the previous layout has no conditions map");
     traffic(&w);
     // CHECK reads the previous layout as it is, and changes nothing
     let old = ns_state(&w.host);
@@ -1134,6 +1155,7 @@ fn upgrade_from_the_previous_layout_keeps_live_mappings() {
     let c_tag = format!("pmnet,{},eth0", c.id);
     let without_c: Vec<String> = before.iter().filter(|x| !x.contains(&c_tag)).cloned().collect();
     assert_eq!(mapping_elements(&w.host), without_c);
+    assert_eq!(conditions(&w.host), fresh, "the conditions map added from the installed gates");
     assert_eq!(fetch(&w.outside, &hip, 7603), "", "C is gone");
     traffic(&w);
     run(&w, "CHECK", a, &ca).ok_silent();
@@ -1151,6 +1173,7 @@ fn upgrade_from_the_previous_layout_keeps_live_mappings() {
     let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
     run(&w, "ADD", e, &ce).ok();
     assert!(rules(&w.host).contains("\"@net4_32\""), "migrated");
+    assert_eq!(conditions(&w.host), fresh);
     let e_tag = format!("pmnet,{},eth0", e.id);
     let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&e_tag)).collect();
     assert_eq!(others, before, "nothing of B and D lost");
@@ -1174,6 +1197,94 @@ fn upgrade_from_the_previous_layout_keeps_live_mappings() {
         .run(&gc.to_string())
         .ok_silent();
     assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
+}
+
+/// A table as the layout before the `conditions` map left it (its fast ADD re-added the
+/// `gates` verdicts): this layout without that map.
+fn drop_conditions_map(host: &Netns) {
+    host.run("nft", &["delete", "map", "inet", "cni_portmap", "conditions"]);
+    assert!(conditions(host).is_empty());
+}
+
+#[test]
+fn upgrade_from_the_layout_without_a_conditions_map() {
+    // Tables of the layout released just before the `conditions` map get it from the first
+    // ADD (over netlink and alone, the rest of the table as it is: no nft needed even with
+    // conditions), or from a DEL or GC that reads the table; a fast DEL needs none of it.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
+    let [a, b, c, d] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrA", "ctrB", "ctrC", "ctrD"];
+    let _servers: Vec<Server> = ctrs.iter().zip(names).map(|(c, name)| server(&c.ns, 80, name)).collect();
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    let cfg = |x: &Ctr, port: u16| conf("pmnet", &w.prev(x, true, true), tcp(port), cond.clone());
+    let no_nft = |cmd: &str, x: &Ctr, stdin: &str| {
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment(cmd, &x.id, x.ns.path_str(), "eth0", "/nonexistent")
+            .env("CNI_NFT", "/nonexistent/nft")
+            .run(stdin)
+    };
+    run(&w, "ADD", a, &cfg(a, 7621)).ok();
+    run(&w, "ADD", b, &cfg(b, 7622)).ok();
+    let fresh = conditions(&w.host);
+    assert_eq!(fresh.len(), 2, "{fresh:?}");
+    let a_works = |w: &World| {
+        assert_eq!(fetch(&w.outside, &hip, 7621), format!("ctrA 10.250.{n}.2"));
+        assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7621), "", "the conditions apply");
+        assert_eq!(fetch(&d.ns, &hip, 7621), format!("ctrA 10.{n}.0.1"), "hairpin masqueraded");
+        assert_eq!(fetch(&d.ns, &format!("fd01:{n}::1"), 7621), format!("ctrA fd00:{n}::1"));
+    };
+    a_works(&w);
+
+    drop_conditions_map(&w.host);
+    a_works(&w);
+    let old = ns_state(&w.host);
+    run(&w, "CHECK", a, &cfg(a, 7621)).ok_silent();
+    assert_eq!(ns_state(&w.host), old, "CHECK reads the table as it is");
+    // a fast DEL does not need the map
+    no_nft("DEL", b, &cfg(b, 7622)).ok_silent();
+    assert_eq!(fetch(&w.outside, &hip, 7622), "");
+    assert!(conditions(&w.host).is_empty(), "a fast DEL reads nothing and upgrades nothing");
+
+    // The first ADD: its fast path fails (no map), its slow path writes the map alone.
+    let rules_before = rules(&w.host);
+    no_nft("ADD", c, &cfg(c, 7623)).ok();
+    assert_eq!(conditions(&w.host), fresh);
+    assert_eq!(rules(&w.host), rules_before, "nothing else rebuilt");
+    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
+    a_works(&w);
+    no_nft("CHECK", c, &cfg(c, 7623)).ok_silent();
+
+    // A map that names other gate chains (left by an older binary that rebuilt the DNAT
+    // part, or tampered with) fails the fast path; the slow path rewrites it.
+    w.host.run("nft", &["flush", "map", "inet", "cni_portmap", "conditions"]);
+    w.host.run("nft", &["add", "element", "inet", "cni_portmap", "conditions", "{ ipv4 : ::1, ipv6 : ::1 }"]);
+    no_nft("ADD", d, &cfg(d, 7624)).ok();
+    assert_eq!(conditions(&w.host), fresh);
+    assert_eq!(fetch(&w.outside, &hip, 7624), format!("ctrD 10.250.{n}.2"));
+
+    // DEL and GC that read the table add the map too, stating what `gates` says.
+    drop_conditions_map(&w.host);
+    no_nft("DEL", a, &conf("pmnet", &Value::Null, tcp(7621), cond.clone())).ok_silent();
+    assert_eq!(conditions(&w.host), fresh);
+    assert_eq!(fetch(&w.outside, &hip, 7621), "");
+    drop_conditions_map(&w.host);
+    let gc = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
+                    "cni.dev/valid-attachments": [{"containerID": c.id, "ifname": "eth0"}]});
+    Exec::new("portmap")
+        .in_ns(&w.host)
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_PATH", "/x")
+        .env("CNI_NFT", "/nonexistent/nft")
+        .run(&gc.to_string())
+        .ok_silent();
+    assert_eq!(conditions(&w.host), fresh);
+    assert_eq!(fetch(&w.outside, &hip, 7624), "", "D collected");
+    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
+    run(&w, "CHECK", c, &cfg(c, 7623)).ok_silent();
 }
 
 /// A namespace at a path whose previous namespace was deleted: removed on drop.

@@ -21,9 +21,9 @@ pub fn leaks(host: &Netns, network: &str, data_dir: &Path, keep_links: &[&str]) 
         for o in v["nftables"].as_array().into_iter().flatten() {
             // set/map elements, and rules whose comment names the network
             if let Some(set) = o.get("set").or_else(|| o.get("map")) {
-                // portmap's `gates` records which conditions its rules carry: table-level
-                // bookkeeping, not state of an attachment
-                if set["table"] == "cni_portmap" && set["name"] == "gates" {
+                // portmap's `gates` and `conditions` record which conditions its rules
+                // carry: table-level bookkeeping, not state of an attachment
+                if set["table"] == "cni_portmap" && (set["name"] == "gates" || set["name"] == "conditions") {
                     continue;
                 }
                 let n = set.get("elem").and_then(Value::as_array).map(|a| a.len()).unwrap_or(0);

@@ -6,6 +6,7 @@
 //! prerouting   (nat, dstnat)  fib daddr type local meta nfproto vmap @gates
 //! output       (nat, -100)    fib daddr type local meta nfproto vmap @gates
 //! gates        nf_proto : verdict      ipv4 : jump gate4[_<fp>], ipv6 : jump gate6[_<fp>]
+//! conditions   nf_proto : ipv6_addr    ipv4 : <hash of gate4[_<fp>]>, ipv6 : <hash of gate6[_<fp>]>
 //! gate4[_fp]   meta nfproto ipv4 [conditionsV4] jump hostports4   (the name fingerprints them)
 //! hostports4   dnat ip to ip daddr . meta l4proto . th dport map @hip4
 //!              dnat ip to meta l4proto . th dport map @hp4
@@ -19,9 +20,17 @@
 //!
 //! The DNAT part (everything but the masquerade chains and the `net*` sets) depends on the
 //! conditions; the masquerade part does not, so it is always built over netlink.
+//!
+//! `conditions` states, with plain values, what `gates` says with verdicts: which gate chain
+//! (and so which conditions) each family goes through. The fast ADD re-adds these two
+//! elements to prove that the DNAT part was built for its conditions (the kernel refuses an
+//! element whose key exists with other data), instead of re-adding the `gates` elements:
+//! a jump verdict in a transaction makes older kernels validate every table of the network
+//! namespace (per-namespace validation state, e.g. kube-proxy's tens of thousands of rules),
+//! a plain value never does. `gates` is written only when the DNAT part is (re)built.
 
 use crate::config::{Conf, Fam};
-use crate::model::Set;
+use crate::model::{Hash, Set};
 use crate::owner::{hex, sha};
 use crate::table::Listing;
 use cni_common::netlink::nft::NftType;
@@ -50,6 +59,7 @@ pub fn set_types(set: Set) -> (Vec<NftType>, Option<Option<Vec<NftType>>>) {
         Set::Net(f, 0) => (vec![addr(f), InetProto, InetService], None),
         Set::Net(f, _) => (vec![addr(f), addr(f), InetProto, InetService], None),
         Set::Gates => (vec![NfProto], Some(None)),
+        Set::Conditions => (vec![NfProto], Some(Some(vec![Ipv6Addr]))),
     }
 }
 
@@ -92,6 +102,55 @@ pub fn gate_names(conf: &Conf) -> (String, String) {
         }
     };
     (name("4", &conf.conditions_v4), name("6", &conf.conditions_v6))
+}
+
+pub const NFPROTO_IPV4: u8 = 2;
+pub const NFPROTO_IPV6: u8 = 10;
+
+/// The `conditions` elements: (nfproto, value), IPv4 first.
+pub type Conditions = Vec<(u8, Hash)>;
+
+/// The `conditions` value naming a gate chain (whose name fingerprints the conditions).
+pub fn gate_value(chain: &str) -> Hash {
+    Hash::from_digest(&sha(&["gate", chain]))
+}
+
+/// The `conditions` elements of a DNAT part built for `conf`.
+pub fn conditions(conf: &Conf) -> Conditions {
+    let (g4, g6) = gate_names(conf);
+    vec![(NFPROTO_IPV4, gate_value(&g4)), (NFPROTO_IPV6, gate_value(&g6))]
+}
+
+/// The `conditions` elements that state what the installed `gates` map says (DEL and GC,
+/// which do not know the conditions, add the map to a table made before it existed); None
+/// when `gates` does not send both families to a gate chain of the table.
+pub fn conditions_of_gates(l: &Listing) -> Option<Conditions> {
+    [NFPROTO_IPV4, NFPROTO_IPV6]
+        .into_iter()
+        .map(|fam| {
+            l.gates.iter().find_map(|(k, v)| match v {
+                cni_common::netlink::nft::Verdict::Jump(c) if *k == fam && l.chains.contains(c) => {
+                    Some((fam, gate_value(c)))
+                }
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+/// Whether the `conditions` map holds exactly `want`; the problem otherwise.
+pub fn conditions_problem(l: &Listing, want: &Conditions) -> Option<String> {
+    let mut have = l.conditions.clone();
+    have.sort();
+    let mut want = want.clone();
+    want.sort();
+    (have != want).then(|| {
+        if have.is_empty() {
+            "the conditions map is missing or empty (a table made before it existed)".to_string()
+        } else {
+            "the conditions map does not name the gate chains (conditions changed?)".to_string()
+        }
+    })
 }
 
 pub fn masq_chain(fam: Fam) -> &'static str {
@@ -171,6 +230,13 @@ pub fn setup_script(conf: &Conf, old_gates: &[String], lens: &Lens, legacy: &[St
         writeln!(s, "add rule {tn} {g6} meta nfproto ipv6 {} jump hostports6", conf.conditions_v6.join(" "));
     let _ = writeln!(s, "flush map {tn} gates");
     let _ = writeln!(s, "add element {tn} gates {{ ipv4 : jump {g4}, ipv6 : jump {g6} }}");
+    let _ = writeln!(s, "flush map {tn} conditions");
+    let _ = writeln!(
+        s,
+        "add element {tn} conditions {{ ipv4 : {}, ipv6 : {} }}",
+        gate_value(&g4),
+        gate_value(&g6)
+    );
     for g in old_gates.iter().filter(|g| **g != g4 && **g != g6) {
         let _ = writeln!(s, "delete chain {tn} {g}");
     }
@@ -327,6 +393,15 @@ mod tests {
         assert!(dnat_problem(&l, &cond).unwrap().contains("conditions changed"));
         l.rules.retain(|r| !(r.chain == "hostports4" && r.uses_set("hp4")));
         assert_eq!(dnat_problem(&l, &c).unwrap(), "chain hostports4 lacks its rule using @hp4");
+        // the conditions map: what the fast ADD checks
+        assert!(conditions_problem(&l, &conditions(&c)).unwrap().contains("missing"));
+        assert_eq!(conditions_of_gates(&l), Some(conditions(&c)), "derived from the installed gates");
+        l.conditions = conditions(&c);
+        l.conditions.reverse();
+        assert_eq!(conditions_problem(&l, &conditions(&c)), None, "order does not matter");
+        assert!(conditions_problem(&l, &conditions(&cond)).unwrap().contains("conditions changed"));
+        l.chains.retain(|x| x != "gate6");
+        assert_eq!(conditions_of_gates(&l), None, "gates naming a chain that is not there");
         // a table in the previous layout needs the masquerade part rebuilt
         l.rules.push(rule("masquerading", vec![lookup("masq4")]));
         l.legacy_sets = crate::legacy::sets_in_use(&l);
@@ -351,6 +426,12 @@ mod tests {
         assert!(s.contains("\tset net4_24 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; }\n"));
         assert!(s.contains("add rule inet cni_portmap masquerade4 ip saddr & 255.255.255.0 . ip daddr"));
         assert!(s.ends_with("delete set inet cni_portmap masq4\n"), "{s}");
+        assert!(s.contains("\tmap conditions { type nf_proto : ipv6_addr; }\n"), "{s}");
+        assert!(s.contains(&format!(
+            "add element inet cni_portmap conditions {{ ipv4 : {}, ipv6 : {} }}\n",
+            gate_value(&g4),
+            gate_value("gate6")
+        )));
         assert!(s.find("flush chain inet cni_portmap masquerading").unwrap() < s.find("delete set").unwrap());
     }
 }

@@ -166,6 +166,9 @@ pub enum Set {
     Net(Fam, u8),
     /// `gates`: nfproto → verdict (see [`crate::layout`]).
     Gates,
+    /// `conditions`: nfproto → the fingerprint of the gate chain `gates` sends it to (see
+    /// [`crate::layout`]): what the fast ADD checks instead of re-adding a verdict element.
+    Conditions,
 }
 
 impl Set {
@@ -178,6 +181,7 @@ impl Set {
             Set::Netns => "netns".into(),
             Set::Net(f, len) => format!("net{}_{len}", f.digit()),
             Set::Gates => "gates".into(),
+            Set::Conditions => "conditions".into(),
         }
     }
 
@@ -191,6 +195,7 @@ impl Set {
             "hip6" => Set::Hip(Fam::V6),
             "netns" => Set::Netns,
             "gates" => Set::Gates,
+            "conditions" => Set::Conditions,
             _ => {
                 let (fam, len) = name.strip_prefix("net")?.split_once('_')?;
                 let fam = match fam {
@@ -210,7 +215,7 @@ impl Set {
     }
 
     /// The sets that always exist (the `net*` sets come and go with the prefix lengths in use).
-    pub const FIXED: [Set; 8] = [
+    pub const FIXED: [Set; 9] = [
         Set::Hp(Fam::V4),
         Set::Hip(Fam::V4),
         Set::Hp(Fam::V6),
@@ -219,7 +224,14 @@ impl Set {
         Set::Claims,
         Set::Netns,
         Set::Gates,
+        Set::Conditions,
     ];
+
+    /// Whether the set holds the elements of attachments (not the table-level `gates` and
+    /// `conditions`).
+    pub fn per_attachment(&self) -> bool {
+        !matches!(self, Set::Gates | Set::Conditions)
+    }
 }
 
 impl fmt::Display for Set {

@@ -121,6 +121,9 @@ pub fn add(
         let mut lens = l.net_lens();
         lens.extend(want.net_lens());
         let dnat_fix = rebuild || layout::dnat_problem(&l, conf).is_some();
+        // the DNAT part is right for these conditions but the map saying so is missing (a
+        // table of an earlier layout) or stale: only the map is (re)written
+        let conditions_fix = !dnat_fix && layout::conditions_problem(&l, &layout::conditions(conf)).is_some();
         let masq_fix = rebuild || layout::masq_problem(&l, &lens).is_some();
         let applied = if dnat_fix && conditions {
             let nft = match &nft {
@@ -134,6 +137,8 @@ pub fn add(
             let mut ops = Vec::new();
             if dnat_fix {
                 ops.extend(wire::dnat_ops(conf, &l.gate_chains(), &lens).expect("no conditions"));
+            } else if conditions_fix {
+                ops.extend(wire::conditions_ops(&layout::conditions(conf)));
             }
             if masq_fix {
                 ops.extend(wire::masq_ops(&lens, &l.legacy_sets));
@@ -185,14 +190,19 @@ pub fn withdraw(
         let Some(l) = wire::read(nf)? else { return Ok(BTreeSet::new()) };
         let plan = claims::plan(&l, gone, None);
         let lens = l.net_lens();
-        let migrate = layout::masq_problem(&l, &lens).is_some();
+        // a table of an earlier layout is upgraded in this transaction: the masquerade part
+        // migrated, the `conditions` map added (stating what the installed `gates` say)
+        let masq_fix = layout::masq_problem(&l, &lens).is_some();
+        let conditions =
+            layout::conditions_of_gates(&l).filter(|c| layout::conditions_problem(&l, c).is_some());
         let ops = if drop_empty_table && l.remaining(plan.delete.len(), plan.add.len()) == 0 {
             // Nothing of any network is mapped any more: leave no table behind.
             vec![wire::delete_table_op()]
-        } else if plan.is_empty() && !migrate {
+        } else if plan.is_empty() && !masq_fix && conditions.is_none() {
             return Ok(BTreeSet::new());
         } else {
-            let mut ops = if migrate { wire::masq_ops(&lens, &l.legacy_sets) } else { Vec::new() };
+            let mut ops = if masq_fix { wire::masq_ops(&lens, &l.legacy_sets) } else { Vec::new() };
+            ops.extend(conditions.iter().flat_map(wire::conditions_ops));
             ops.extend(wire::plan_ops(&l, &plan));
             ops
         };

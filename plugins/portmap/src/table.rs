@@ -202,6 +202,9 @@ pub struct Listing {
     pub rules: Vec<NftRule>,
     /// The `gates` map: nfproto → verdict.
     pub gates: Vec<(u8, Verdict)>,
+    /// The `conditions` map: nfproto → the value naming its gate chain (empty when the
+    /// table was made before the map existed).
+    pub conditions: Vec<(u8, Hash)>,
     /// Sets of the previous layout still in the table (`masq4`, `masq6`): the next
     /// transaction that rebuilds the masquerade part deletes them.
     pub legacy_sets: Vec<String>,

@@ -3,7 +3,7 @@
 portmap's table (plugins/portmap/src/wire), captured with `strace -e write=<fd>` in a scratch
 network namespace by cni-common's capture script. Run as root:
 `unshare -n python3 capture-nft.py > nft-golden.txt`. Each line is `<name> <hex of one message>`."""
-import importlib.util, pathlib
+import hashlib, importlib.util, ipaddress, pathlib
 
 _here = pathlib.Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location(
@@ -29,6 +29,7 @@ SETS = [
     ("set", "net6_64", "ipv6_addr . ipv6_addr . inet_proto . inet_service"),
     ("set", "net6_128", "ipv6_addr . ipv6_addr . inet_proto . inet_service"),
     ("set", "net6_0", "ipv6_addr . inet_proto . inet_service"),
+    ("map", "conditions", "nf_proto : ipv6_addr"),
 ]
 CHAINS = ["prerouting", "output", "masquerading", "masquerade4", "masquerade6", "hostports4",
           "hostports6", "gate4", "gate6"]
@@ -44,6 +45,14 @@ LEGACY = f"""table {T} {{
 }}
 """
 H = "1234::1"
+
+
+def gate_value(chain):
+    """plugins/portmap/src/layout.rs gate_value: the first 16 bytes of sha256("gate\\0<chain>\\0")."""
+    return ipaddress.IPv6Address(hashlib.sha256(b"gate\0" + chain.encode() + b"\0").digest()[:16])
+
+
+
 CASES = [("pm-table", "", f"add table {T}")]
 CASES += [(f"pm-set-{n}", f"add table {T}\n", f"add {k} {T} {n} {{ type {t}; }}") for k, n, t in SETS]
 CASES += [
@@ -68,6 +77,9 @@ CASES += [
     ("pm-rule-net6_0", FULL, f"add rule {T} masquerade6 ip6 daddr . meta l4proto . th dport @net6_0 masquerade"),
     ("pm-flush-gates", FULL, f"flush map {T} gates"),
     ("pm-gates", FULL, f"add element {T} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}"),
+    ("pm-flush-conditions", FULL, f"flush map {T} conditions"),
+    ("pm-conditions", FULL,
+     f"add element {T} conditions {{ ipv4 : {gate_value('gate4')}, ipv6 : {gate_value('gate6')} }}"),
     ("pm-delete-legacy", LEGACY, f"delete set {T} masq4"),
     # elements
     ("pm-elem-net4", FULL, f'add element {T} net4_24 {{ 10.0.0.0 . 10.0.0.5 . tcp . 80 comment "n,c,eth0" }}'),

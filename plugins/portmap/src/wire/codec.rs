@@ -160,7 +160,7 @@ fn decode_key(set: Set, b: &[u8]) -> Option<Key> {
             Key::Masq(Masq { src, ctr: addr_of(f[1])?, proto: proto_of(f[2])?, port: port_of(f[3])? })
         }
         Set::Netns => Key::Netns(Hash(b.try_into().ok()?)),
-        Set::Gates => return None,
+        Set::Gates | Set::Conditions => return None,
     })
 }
 
@@ -203,6 +203,19 @@ pub fn gates_elements(g4: &str, g6: &str) -> Vec<NftElem> {
         NftElem::new(vec![2]).data(NftData::Verdict(Verdict::Jump(g4.into()))),
         NftElem::new(vec![10]).data(NftData::Verdict(Verdict::Jump(g6.into()))),
     ]
+}
+
+/// The `conditions` elements: nfproto → value.
+pub fn conditions_elements(c: &[(u8, Hash)]) -> Vec<NftElem> {
+    c.iter().map(|(fam, h)| NftElem::new(vec![*fam]).data(NftData::Value(h.0.to_vec()))).collect()
+}
+
+/// A `conditions` element: (nfproto, value).
+pub fn decode_condition(e: &NftElem) -> Option<(u8, Hash)> {
+    match (e.key.as_slice(), &e.data) {
+        ([n], Some(NftData::Value(v))) => Some((*n, Hash(v.as_slice().try_into().ok()?))),
+        _ => None,
+    }
 }
 
 /// A `gates` element: (nfproto, verdict).
@@ -271,9 +284,14 @@ mod tests {
     }
 
     #[test]
-    fn gates() {
+    fn gates_and_conditions() {
         let g = gates_elements("gate4", "gate6_0123");
         assert_eq!(decode_gate(&g[0]), Some((2, Verdict::Jump("gate4".into()))));
         assert_eq!(decode_gate(&g[1]), Some((10, Verdict::Jump("gate6_0123".into()))));
+        let c = [(2, Hash([7; 16])), (10, Hash([9; 16]))];
+        let e = conditions_elements(&c);
+        assert!(e.iter().all(|e| matches!(e.data, Some(NftData::Value(_)))), "plain values, no verdict");
+        assert_eq!(e.iter().filter_map(decode_condition).collect::<Vec<_>>(), c);
+        assert_eq!(decode_condition(&g[0]), None);
     }
 }

@@ -7,7 +7,7 @@ pub mod setup;
 pub mod txn;
 
 pub use read::read;
-pub use setup::{delete_table_op, dnat_ops, masq_ops};
+pub use setup::{conditions_ops, delete_table_op, dnat_ops, masq_ops};
 pub use txn::{fast_add_ops, guarded_delete_ops, plan_ops, plan_script};
 
 #[cfg(test)]
@@ -27,9 +27,22 @@ mod tests {
 
     const GOLDEN: &str = include_str!("../../testdata/nft-golden.txt");
     /// The sets of the capture's table, in the order nft's cache numbers them.
-    const CACHE: [&str; 14] = [
-        "hp4", "hip4", "hp6", "hip6", "owner", "claims", "netns", "gates", "net4_24", "net4_32", "net4_0",
-        "net6_64", "net6_128", "net6_0",
+    const CACHE: [&str; 15] = [
+        "hp4",
+        "hip4",
+        "hp6",
+        "hip6",
+        "owner",
+        "claims",
+        "netns",
+        "gates",
+        "net4_24",
+        "net4_32",
+        "net4_0",
+        "net6_64",
+        "net6_128",
+        "net6_0",
+        "conditions",
     ];
 
     /// Netlink attributes as (type with flags, value).
@@ -149,6 +162,8 @@ mod tests {
             [(Fam::V4, 24), (Fam::V4, 32), (Fam::V4, 0), (Fam::V6, 64), (Fam::V6, 128), (Fam::V6, 0)].into();
         let mut ops = dnat_ops(&conf, &["gate4_0123456789ab".into(), "gate4".into()], &lens).unwrap();
         ops.extend(masq_ops(&lens, &["masq4".into()]));
+        // the map alone, as a table of an earlier layout gets it
+        ops.extend(conditions_ops(&crate::layout::conditions(&conf)));
         let mut seen = std::collections::BTreeSet::new();
         let mut masq_rules = 0;
         for op in &ops {
@@ -175,8 +190,10 @@ mod tests {
                     seen.insert(case);
                     continue;
                 }
-                NftOp::FlushSet { .. } => "pm-flush-gates".into(),
-                NftOp::AddElements { set, .. } if set == "gates" => "pm-gates".into(),
+                NftOp::FlushSet { set, .. } => format!("pm-flush-{set}"),
+                NftOp::AddElements { set, .. } if set == "gates" || set == "conditions" => {
+                    format!("pm-{set}")
+                }
                 NftOp::Delete(NftDelete::Flush { .. }) => continue,
                 NftOp::Delete(NftDelete::Chain { chain, .. }) => {
                     assert_eq!(chain, "gate4_0123456789ab", "only the old gate chain goes");

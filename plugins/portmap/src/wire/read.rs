@@ -1,7 +1,7 @@
 //! Reading the table over netlink: a few dumps between two readings of the ruleset
 //! generation, repeated until both agree (one consistent state).
 
-use super::codec::{decode, decode_gate};
+use super::codec::{decode, decode_condition, decode_gate};
 use super::setup::FAMILY;
 use crate::layout::TABLE;
 use crate::legacy;
@@ -22,7 +22,7 @@ fn read_once(nf: &mut NfTables) -> Result<Option<Listing>> {
     l.rules = nf.rules(FAMILY, TABLE, None)?;
     l.legacy_sets = legacy::sets_in_use(&l);
     // the fixed sets, and the masquerade sets the rules use
-    let mut sets: Vec<Set> = Set::FIXED.iter().copied().filter(|s| *s != Set::Gates).collect();
+    let mut sets: Vec<Set> = Set::FIXED.iter().copied().filter(Set::per_attachment).collect();
     sets.extend(l.sets_in_rules().iter().filter_map(|s| Set::parse(s)).filter(|s| matches!(s, Set::Net(..))));
     for set in sets {
         for e in nf.set_elements(FAMILY, TABLE, &set.name())? {
@@ -32,6 +32,12 @@ fn read_once(nf: &mut NfTables) -> Result<Option<Listing>> {
         }
     }
     l.gates = nf.set_elements(FAMILY, TABLE, &Set::Gates.name())?.iter().filter_map(decode_gate).collect();
+    // empty when the map does not exist (a table made before it did)
+    l.conditions = nf
+        .set_elements(FAMILY, TABLE, &Set::Conditions.name())?
+        .iter()
+        .filter_map(decode_condition)
+        .collect();
     // the previous layout's elements, converted (written by the migrating transaction)
     for (set, fam) in legacy::SETS {
         if !l.legacy_sets.iter().any(|s| s == set) {

@@ -6,7 +6,7 @@
 //! masquerade part with the `netns` records, which never does.
 
 use crate::config::{Conf, Fam};
-use crate::layout::{self, gate_names, masq_chain, Lens, TABLE};
+use crate::layout::{self, gate_names, masq_chain, Conditions, Lens, TABLE};
 use crate::model::Set;
 use cni_common::netlink::nft::{
     BaseChain, CmpOp, NftOp, NftSet, NftSetData, RuleExpr, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING,
@@ -217,10 +217,37 @@ pub fn dnat_ops(conf: &Conf, old_gates: &[String], lens: &Lens) -> Option<Vec<Nf
         set: gates,
         elems: super::codec::gates_elements(&g4, &g6),
     });
+    ops.extend(fill_conditions(&layout::conditions(conf)));
     for g in old_gates.iter().filter(|g| **g != g4 && **g != g6) {
         ops.push(NftOp::Delete(NftDelete::Chain { family: FAMILY, table: TABLE.into(), chain: g.clone() }));
     }
     Some(ops)
+}
+
+/// The `conditions` map flushed and filled with `c`.
+fn fill_conditions(c: &Conditions) -> [NftOp; 2] {
+    let set = Set::Conditions.name();
+    [
+        NftOp::FlushSet { family: FAMILY, table: TABLE.into(), set: set.clone() },
+        NftOp::AddElements {
+            family: FAMILY,
+            table: TABLE.into(),
+            set,
+            elems: super::codec::conditions_elements(c),
+        },
+    ]
+}
+
+/// The `conditions` map (created when missing, as in a table made before it existed) set to
+/// `c`, leaving the rest of the DNAT part as it is.
+pub fn conditions_ops(c: &Conditions) -> Vec<NftOp> {
+    let mut ops = vec![NftOp::AddSet {
+        family: FAMILY,
+        table: TABLE.into(),
+        set: nft_set(Set::Conditions, &Lens::new()),
+    }];
+    ops.extend(fill_conditions(c));
+    ops
 }
 
 /// The masquerade part for `lens` and the `netns` map (table, sets, chains flushed and

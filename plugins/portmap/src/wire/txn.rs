@@ -1,6 +1,6 @@
 //! The element transactions: the fast paths (no read before), and the changes of a plan.
 
-use super::codec::{encode, encode_key, gates_elements};
+use super::codec::{conditions_elements, encode, encode_key};
 use super::setup::FAMILY;
 use crate::claims::Plan;
 use crate::config::Conf;
@@ -43,17 +43,18 @@ fn ops<'a>(changes: impl IntoIterator<Item = Change<'a>>) -> Vec<NftOp> {
     out
 }
 
-/// The fast ADD transaction: the gate element (fails unless the table is set up for these
-/// conditions), then this attachment's elements and netns record, all additions. It fails as
-/// a whole when a set is missing (a prefix length not in use yet, a table in the previous
-/// layout) or a key exists with other data (a host port claimed by another attachment).
+/// The fast ADD transaction: the `conditions` elements (fail unless the DNAT part was built
+/// for these conditions; plain values, no verdict: see [`crate::layout`]), then this
+/// attachment's elements and netns record, all additions. It fails as a whole when a set is
+/// missing (no table, a prefix length not in use yet, a table of an earlier layout) or a key
+/// exists with other data (other conditions installed, a host port claimed by another
+/// attachment).
 pub fn fast_add_ops(conf: &Conf, want: &Want) -> Vec<NftOp> {
-    let (g4, g6) = layout::gate_names(conf);
     let mut out = vec![NftOp::AddElements {
         family: FAMILY,
         table: TABLE.into(),
-        set: crate::model::Set::Gates.name(),
-        elems: gates_elements(&g4, &g6),
+        set: crate::model::Set::Conditions.name(),
+        elems: conditions_elements(&layout::conditions(conf)),
     }];
     let all = want.all();
     out.extend(ops(all.iter().map(|(e, c)| Change::Add(*e, c))));
@@ -124,7 +125,14 @@ mod tests {
         };
         let ops = fast_add_ops(&c, &w);
         assert!(ops.iter().all(|op| matches!(op, NftOp::AddElements { .. })), "{ops:?}");
-        assert!(matches!(&ops[0], NftOp::AddElements { set, .. } if set == "gates"));
+        assert!(matches!(&ops[0], NftOp::AddElements { set, .. } if set == "conditions"));
+        // no verdict element on the hot path (see crate::layout)
+        for op in &ops {
+            let NftOp::AddElements { elems, .. } = op else { unreachable!() };
+            assert!(elems
+                .iter()
+                .all(|e| !matches!(e.data, Some(cni_common::netlink::nft::NftData::Verdict(_)))));
+        }
         match ops.last().unwrap() {
             NftOp::AddElements { set, elems, .. } => {
                 assert_eq!(set, "netns");
