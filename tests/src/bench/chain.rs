@@ -7,7 +7,7 @@
 //! Both sides run in the same scratch host namespace on their own bridge, subnet, dataDir and
 //! host ports. cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
 
-use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
+use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor, PortmapLayout};
 use super::{timed, upstream_bin, Case, Step, FLOOR};
 use crate::chain::Chain;
 use crate::{bin, Netns, TempDir};
@@ -70,19 +70,19 @@ pub(crate) fn step<'a>(
 fn floor_step<'a>() -> Step<'a> {
     let plan = BridgePlan { default_routes: true, hairpin: true, mtu: Some(1460), ..Default::default() };
     let mut br = BridgeFloor::new(plan, 203);
-    let pm = PortmapFloor::new(false);
+    let pm = PortmapFloor::new(PortmapLayout::Current);
     let bw = BandwidthFloor::new(100_000_000, 200_000_000);
     let mut n = 0u32;
     Box::new(move || {
         n += 1;
         let ctr = Netns::new("bc");
         let (mut a, t_br) = timed(|| br.add(&ctr));
-        let ((), t_pm) = timed(|| pm.add(n, &[]));
+        let ((), t_pm) = timed(|| pm.add(n));
         let (ifb, t_bw) = timed(|| bw.add(&a.host_veth));
         br.prepare_del(&mut a);
         let veth = a.host_veth.clone();
         let ((), d_bw) = timed(|| bw.del(&veth, &ifb));
-        let ((), d_pm) = timed(|| pm.del(n, &[]));
+        let ((), d_pm) = timed(|| pm.del(n));
         let ((), d_br) = timed(|| br.del(&ctr, a));
         vec![t_br + t_pm + t_bw, d_bw + d_pm + d_br, t_br, t_pm, t_bw, d_br, d_pm, d_bw]
     })

@@ -15,10 +15,11 @@
 //!   for a grace period before it frees what the transaction deleted).
 //! - bandwidth ADD: tbf on the host veth, the ifb (created up, alias set), tbf on the ifb,
 //!   ingress qdisc, u32/mirred redirect. DEL: both qdiscs of the veth and the ifb.
-//! - portmap ADD: one transaction adding the gate and the attachment's elements (owner and
-//!   claims maps, DNAT map, two masquerade elements) in a table with portmap's set types;
-//!   DEL: one transaction re-asserting the owner claim and deleting those elements, its
-//!   socket closed.
+//! - portmap ADD: one transaction adding the `conditions` elements (plain values proving the
+//!   table's conditions) and the attachment's elements (owner and claims maps, DNAT map, one
+//!   element in each of two masquerade hash sets, the netns record) in a table with portmap's
+//!   set types (its current layout, [`PortmapLayout::Current`]); DEL: one transaction
+//!   re-asserting the owner claim and deleting those elements, its socket closed.
 //!
 //! The floor tables are the driver's own (`inet cnibench_*`), never the plugins'.
 
@@ -352,67 +353,120 @@ impl BandwidthFloor {
     }
 }
 
-/// A table with portmap's set types, on which the floor adds and deletes one attachment's
-/// elements the way portmap's fast paths do (one transaction each).
+/// Which of portmap's table layouts a floor mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortmapLayout {
+    /// The layout portmap has (plugins/portmap/README.md, "Kernel layout"): plain hash sets
+    /// and maps only. The fast ADD adds the `conditions` elements (plain values naming the
+    /// gate chains), owner, claim, DNAT, one element in each of two masquerade hash sets
+    /// (`net4_<len>`: the subnet's prefix length and /32 for 127.0.0.1) and the `netns`
+    /// record; the fast DEL re-asserts the owner claim and deletes those elements and the
+    /// record.
+    Current,
+    /// The layout before the hash masquerade sets: both masquerade elements in one
+    /// concatenated *interval* set (`masq4`, the kernel's pipapo backend, whose element
+    /// changes cost time in proportion to its size), the fast ADD re-adding the `gates`
+    /// verdicts, no `netns` record. Kept to show what the layout change bought at scale.
+    Previous,
+}
+
+/// A table with portmap's set types in one of its layouts, on which the floor adds and
+/// deletes one attachment's elements the way portmap's fast paths do (one transaction each).
 pub struct PortmapFloor {
     table: String,
-    masq_hash: bool,
+    layout: PortmapLayout,
 }
 
 fn v6(a: Ipv6Addr) -> Vec<u8> {
     a.octets().to_vec()
 }
 
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+
 impl PortmapFloor {
-    /// `masq_hash`: the masquerade sets as plain hash sets instead of concatenated interval
-    /// sets (the layout whose element removal does not scale with the set's size).
-    pub fn new(masq_hash: bool) -> PortmapFloor {
+    pub fn new(layout: PortmapLayout) -> PortmapFloor {
         use NftType::*;
         let table = unique("cnibench_p");
-        let map = |id, name: &str, key: Vec<NftType>, data: Vec<NftType>| NftSet {
+        let map = |name: &str, key: Vec<NftType>, data: Vec<NftType>| NftSet {
             name: name.into(),
             key,
             data: Some(NftSetData::Values(data)),
             interval: false,
-            id,
+            id: 0,
         };
-        let sets = vec![
-            map(1, "hp4", vec![InetProto, InetService], vec![Ipv4Addr, InetService]),
-            map(5, "owner", vec![Ipv6Addr, InetProto, InetService], vec![Ipv6Addr]),
-            map(6, "claims", vec![Ipv6Addr, InetProto, InetService, Ipv6Addr], vec![Ipv6Addr, InetService]),
-            NftSet {
-                name: "masq4".into(),
-                key: vec![Ipv4Addr, Ipv4Addr, InetProto, InetService],
-                data: None,
-                interval: !masq_hash,
-                id: 7,
-            },
-            NftSet {
-                name: "gates".into(),
-                key: vec![NfProto],
-                data: Some(NftSetData::Verdict),
-                interval: false,
-                id: 9,
-            },
+        let set = |name: &str, key: Vec<NftType>, interval: bool| NftSet {
+            name: name.into(),
+            key,
+            data: None,
+            interval,
+            id: 0,
+        };
+        let masq_key = || vec![Ipv4Addr, Ipv4Addr, InetProto, InetService];
+        let mut sets = vec![
+            map("hp4", vec![InetProto, InetService], vec![Ipv4Addr, InetService]),
+            map("owner", vec![Ipv6Addr, InetProto, InetService], vec![Ipv6Addr]),
+            map("claims", vec![Ipv6Addr, InetProto, InetService, Ipv6Addr], vec![Ipv6Addr, InetService]),
         ];
         let mut ops = vec![NftOp::AddTable { family: FAM, table: table.clone(), comment: None }];
-        for c in ["gate4", "gate6"] {
-            ops.push(NftOp::AddChain {
-                family: FAM,
-                table: table.clone(),
-                chain: c.into(),
-                base: None,
-                comment: None,
-            });
+        match layout {
+            PortmapLayout::Current => sets.extend([
+                map("conditions", vec![NfProto], vec![Ipv6Addr]),
+                map("netns", vec![Ipv6Addr], vec![Ipv6Addr]),
+                set("net4_16", masq_key(), false),
+                set("net4_32", masq_key(), false),
+            ]),
+            PortmapLayout::Previous => {
+                sets.extend([
+                    set("masq4", masq_key(), true),
+                    NftSet {
+                        name: "gates".into(),
+                        key: vec![NfProto],
+                        data: Some(NftSetData::Verdict),
+                        interval: false,
+                        id: 0,
+                    },
+                ]);
+                for c in ["gate4", "gate6"] {
+                    ops.push(NftOp::AddChain {
+                        family: FAM,
+                        table: table.clone(),
+                        chain: c.into(),
+                        base: None,
+                        comment: None,
+                    });
+                }
+            }
         }
-        for s in sets {
+        for (i, mut s) in sets.into_iter().enumerate() {
+            s.id = i as u32 + 1;
             ops.push(NftOp::AddSet { family: FAM, table: table.clone(), set: s });
         }
+        if layout == PortmapLayout::Current {
+            // what the table's build writes once: the fast ADD re-adds the same values
+            ops.push(NftOp::AddElements {
+                family: FAM,
+                table: table.clone(),
+                set: "conditions".into(),
+                elems: Self::conditions(),
+            });
+        }
         must("portmap floor table", NfTables::new().and_then(|mut nf| nf.apply(&ops)));
-        PortmapFloor { table, masq_hash }
+        PortmapFloor { table, layout }
     }
 
-    /// The elements of attachment `n` (container 10.<hi>.<lo> in a /16, host port from `n`).
+    /// The `conditions` elements (any fixed values: the floor only needs them identical).
+    fn conditions() -> Vec<NftElem> {
+        [NFPROTO_IPV4, NFPROTO_IPV6]
+            .iter()
+            .map(|f| {
+                NftElem::new(vec![*f]).data(NftData::Value(v6(Ipv6Addr::new(0xc0, 0, 0, 0, 0, 0, 0, 1))))
+            })
+            .collect()
+    }
+
+    /// The elements of attachment `n` (container 10.99.<hi>.<lo> in a /16, host port from `n`),
+    /// per set in portmap's transaction order.
     fn elements(&self, n: u32) -> Vec<(&'static str, Vec<NftElem>)> {
         let port = (10_000 + n % 50_000) as u16;
         let ctr = Ipv4Addr::new(10, 99, (n >> 8) as u8, n as u8);
@@ -430,79 +484,81 @@ impl PortmapFloor {
             .data(NftData::Value(concat(&[&ctr.octets(), &80u16.to_be_bytes()])))
             .comment(tag.clone());
         let tail = |start: Ipv4Addr| concat(&[&start.octets(), &ctr.octets(), &tcp, &80u16.to_be_bytes()]);
-        let masq = if self.masq_hash {
-            // exact-match sets: the source side is the container's subnet as one key
-            vec![
-                NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0))).comment(tag.clone()),
-                NftElem::new(tail(Ipv4Addr::LOCALHOST)).comment(tag.clone()),
-            ]
-        } else {
-            vec![
-                NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0)))
-                    .key_end(tail(Ipv4Addr::new(10, 99, 255, 255)))
-                    .comment(tag.clone()),
-                NftElem::new(tail(Ipv4Addr::LOCALHOST))
-                    .key_end(tail(Ipv4Addr::LOCALHOST))
-                    .comment(tag.clone()),
-            ]
-        };
-        vec![("owner", vec![owner]), ("claims", vec![claim]), ("hp4", vec![dnat]), ("masq4", masq)]
+        let mut out = vec![("owner", vec![owner]), ("claims", vec![claim]), ("hp4", vec![dnat])];
+        match self.layout {
+            PortmapLayout::Current => {
+                // the source prefix as one key in the set of its length
+                out.push((
+                    "net4_16",
+                    vec![NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0))).comment(tag.clone())],
+                ));
+                out.push(("net4_32", vec![NftElem::new(tail(Ipv4Addr::LOCALHOST)).comment(tag)]));
+                // the netns record: attachment hash -> nsfs inode . netns cookie, comment = path
+                let id = Ipv6Addr::new(0, 0, 0xf000, n as u16, 0, 0, 0, 0x2a);
+                out.push((
+                    "netns",
+                    vec![NftElem::new(v6(hash))
+                        .data(NftData::Value(v6(id)))
+                        .comment(format!("/run/netns/cni-bench-{n}"))],
+                ));
+            }
+            PortmapLayout::Previous => out.push((
+                "masq4",
+                vec![
+                    NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0)))
+                        .key_end(tail(Ipv4Addr::new(10, 99, 255, 255)))
+                        .comment(tag.clone()),
+                    NftElem::new(tail(Ipv4Addr::LOCALHOST)).key_end(tail(Ipv4Addr::LOCALHOST)).comment(tag),
+                ],
+            )),
+        }
+        out
     }
 
-    /// ADD of attachment `n` (the gate element and the elements of `sets`, all of portmap's
-    /// when empty): one transaction. Timed by the caller.
-    pub fn add(&self, n: u32, sets: &[&str]) {
-        let mut ops = Vec::new();
-        if sets.is_empty() {
-            let gates = vec![
-                NftElem::new(vec![2]).data(NftData::Verdict(Verdict::Jump("gate4".into()))),
-                NftElem::new(vec![10]).data(NftData::Verdict(Verdict::Jump("gate6".into()))),
-            ];
-            ops.push(NftOp::AddElements {
+    /// ADD of attachment `n`, as portmap's fast ADD: the elements proving the table's
+    /// conditions (`conditions` values; in the previous layout the `gates` verdicts), then
+    /// the attachment's, one transaction. Timed by the caller.
+    pub fn add(&self, n: u32) {
+        let guard = match self.layout {
+            PortmapLayout::Current => ("conditions", Self::conditions()),
+            PortmapLayout::Previous => (
+                "gates",
+                vec![
+                    NftElem::new(vec![NFPROTO_IPV4]).data(NftData::Verdict(Verdict::Jump("gate4".into()))),
+                    NftElem::new(vec![NFPROTO_IPV6]).data(NftData::Verdict(Verdict::Jump("gate6".into()))),
+                ],
+            ),
+        };
+        let ops: Vec<NftOp> = std::iter::once(guard)
+            .chain(self.elements(n))
+            .map(|(set, elems)| NftOp::AddElements {
                 family: FAM,
                 table: self.table.clone(),
-                set: "gates".into(),
-                elems: gates,
-            });
-        }
-        for (set, elems) in self.elements(n) {
-            if sets.is_empty() || sets.contains(&set) {
-                ops.push(NftOp::AddElements {
-                    family: FAM,
-                    table: self.table.clone(),
-                    set: set.into(),
-                    elems,
-                });
-            }
-        }
+                set: set.into(),
+                elems,
+            })
+            .collect();
         must("portmap floor ADD", NfTables::new().and_then(|mut nf| nf.apply(&ops)));
     }
 
-    /// DEL of attachment `n` (the owner claim re-asserted, then the elements of `sets`
-    /// deleted; all of portmap's when empty): one transaction, socket closed. Timed by the
-    /// caller.
-    pub fn del(&self, n: u32, sets: &[&str]) {
+    /// DEL of attachment `n`, as portmap's fast DEL: the owner claim re-asserted, then every
+    /// element of the attachment deleted, one transaction, socket closed. Timed by the caller.
+    pub fn del(&self, n: u32) {
         let els = self.elements(n);
-        let mut ops = Vec::new();
-        if sets.is_empty() || sets.contains(&"owner") {
-            let owner = els[0].1.clone();
-            ops.push(NftOp::AddElements {
+        let mut ops = vec![NftOp::AddElements {
+            family: FAM,
+            table: self.table.clone(),
+            set: "owner".into(),
+            elems: els[0].1.clone(),
+        }];
+        for (set, elems) in els {
+            let elems = elems.iter().map(NftElem::key_only).collect();
+            ops.push(NftOp::DeleteElements {
                 family: FAM,
                 table: self.table.clone(),
-                set: "owner".into(),
-                elems: owner,
+                set: set.into(),
+                elems,
             });
-        }
-        for (set, elems) in els {
-            if sets.is_empty() || sets.contains(&set) {
-                let elems = elems.iter().map(NftElem::key_only).collect();
-                ops.push(NftOp::DeleteElements {
-                    family: FAM,
-                    table: self.table.clone(),
-                    set: set.into(),
-                    elems,
-                });
-            }
         }
         let mut nf = must("nf_tables socket", NfTables::new());
         must("portmap floor DEL", nf.apply(&ops));
