@@ -8,6 +8,8 @@
 //! - the **kernel layer** ([`netns`], [`netlink`], [`sysctl`]): entering network namespaces,
 //!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
 //!   the [`netlink`] module.
+//! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
+//!   found, checked and removed so that binaries can be swapped on a node with containers.
 
 pub mod conntrack;
 pub mod error;
@@ -19,6 +21,7 @@ pub mod nft;
 pub mod skel;
 pub mod spec;
 pub mod sysctl;
+pub mod upstream;
 
 pub use error::{code, CniError, Context, Result};
 pub use skel::{Plugin, Request};

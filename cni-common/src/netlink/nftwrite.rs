@@ -42,6 +42,7 @@ use super::NlError;
 const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_NEWSETELEM: u16 = 12;
@@ -933,6 +934,18 @@ impl NfTables {
             Ok(_) => Ok(true),
             Err(e) if e.errno == libc::ENOENT => Ok(false),
             Err(e) => Err(e.during(format!("get nftables table {} {table}", family.keyword()))),
+        }
+    }
+
+    /// Whether chain `chain` of `table` exists: one GET of that chain (no dump of the table's
+    /// chains, which on a kube-proxy node are thousands).
+    pub fn has_chain(&mut self, family: NftFamily, table: &str, chain: &str) -> Result<bool, NlError> {
+        let attrs = [(NFTA_CHAIN_TABLE, cstr(table)), (NFTA_CHAIN_NAME, cstr(chain))];
+        let req = message(kind(NFT_MSG_GETCHAIN), ACK, family.proto(), 0, &attrs);
+        match self.sock.request_packet(req, false) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno == libc::ENOENT => Ok(false),
+            Err(e) => Err(e.during(format!("get nftables chain {} {table} {chain}", family.keyword()))),
         }
     }
 }
