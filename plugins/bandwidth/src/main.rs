@@ -179,6 +179,10 @@ impl Plugin for Bandwidth {
                 ),
             }
         }
+        // ifbs made by upstream's bandwidth (no owner record): removed when nothing uses them.
+        if let Err(e) = cni_common::upstream::ifb::gc(&mut host, net, &valid) {
+            errors.push(e);
+        }
         combine(errors)
     }
 

@@ -189,12 +189,13 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         }
     }
 
-    // Firewall.
-    if (conf.ip_masq && !ours.is_empty()) || conf.macspoofchk {
+    // Firewall. Masquerading made by upstream's bridge (iptables) is checked in its own form.
+    let masq = conf.ip_masq && !ours.is_empty() && !cni_common::upstream::masq::check(req)?.is_intact();
+    if masq || conf.macspoofchk {
         let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
         let mut nf = NfTables::new()?;
-        let found = firewall::find(&mut nf, att, conf.ip_masq, conf.macspoofchk)?;
-        if conf.ip_masq && !ours.is_empty() {
+        let found = firewall::find(&mut nf, att, masq, conf.macspoofchk)?;
+        if masq {
             let expected = firewall::masq_rules(att, &ours, conf.non_masquerade.as_deref()).len();
             if expected > 0 && !found.masq_hooked {
                 return Err(fail(format!(

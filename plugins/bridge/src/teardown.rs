@@ -155,6 +155,10 @@ pub fn del(req: &Request) -> Result<()> {
             None
         }
     };
+    // ipMasq made by upstream's bridge (iptables chains), if this attachment has any.
+    if let Err(e) = cni_common::upstream::masq::del(req) {
+        errors.push(e);
+    }
     let mut link = None;
     if let Some(path) = req.netns() {
         match NetNs::open_if_exists(path) {
@@ -246,6 +250,9 @@ pub fn gc(req: &Request) -> Result<()> {
     };
     if let Err(e) = firewall_gc() {
         errors.push(e.context("garbage-collect firewall rules"));
+    }
+    if let Err(e) = cni_common::upstream::masq::gc(req) {
+        errors.push(e);
     }
     if conf.l3 {
         if let Err(e) = ipam::gc(req) {

@@ -274,6 +274,8 @@ impl Plugin for Portmap {
     }
 
     fn del(&self, req: &Request) -> Result<()> {
+        // What upstream's portmap made for this attachment (iptables or its nftables backend).
+        cni_common::upstream::hostport::del(req)?;
         let conf = load(req)?;
         if conf.mappings.is_empty() {
             return Ok(()); // nothing was mapped (upstream's early exit; GC is the safety net)
@@ -309,8 +311,12 @@ impl Plugin for Portmap {
     }
 
     fn check(&self, req: &Request) -> Result<()> {
-        let conf = load(req)?;
         let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
+        // An attachment upstream's portmap made is checked in upstream's form.
+        if cni_common::upstream::hostport::check(req)?.is_intact() {
+            return Ok(());
+        }
+        let conf = load(req)?;
         if conf.mappings.is_empty() {
             return Ok(());
         }
@@ -368,6 +374,8 @@ impl Plugin for Portmap {
 
     fn gc(&self, req: &Request) -> Result<()> {
         load(req)?; // validates; GC itself needs only the network name
+                    // Upstream's iptables mappings of this network's dead attachments.
+        let upstream = cni_common::upstream::hostport::gc(req);
         let valid: HashSet<String> = req
             .valid_attachments()?
             .iter()
@@ -378,7 +386,7 @@ impl Plugin for Portmap {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("portmap: {}; nothing to collect", e.msg);
-                return Ok(());
+                return upstream;
             }
         };
         withdraw(
@@ -387,6 +395,7 @@ impl Plugin for Portmap {
             true,
             "portmap: GC could not delete stale port mappings",
         )
+        .and(upstream)
     }
 
     fn status(&self, req: &Request) -> Result<()> {
