@@ -64,7 +64,11 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 /// Where a binary's sources live, for the staleness check.
 fn source_dirs(name: &str) -> Vec<PathBuf> {
     let root = workspace_root();
-    let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
+    let own = match name {
+        "cnitool" => root.join("tools/cnitool"),
+        "cni-migrate" => root.join("tools/migrate"),
+        _ => root.join("plugins").join(name),
+    };
     let mut dirs = vec![own.join("src"), root.join("cni-common/src")];
     if name == "bridge" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process

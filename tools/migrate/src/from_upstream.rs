@@ -235,7 +235,7 @@ fn portmap_conf(
 
 pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     if iptables::default_backend()?.is_none() {
-        return Err(CniError::internal(
+        return Err(crate::refused(
             "iptables is not installed on this node: upstream's plugins 1.1.1 cannot have left iptables state \
              without it, and it cannot be read; nothing was changed",
         ));
@@ -271,7 +271,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let portmap_bin = opts.bin_dir.join("portmap");
     let needs_portmap = found.values().any(|f| !f.mappings.is_empty());
     if needs_portmap && !is_ours(&portmap_bin) {
-        return Err(CniError::internal(format!(
+        return Err(crate::refused(format!(
             "{} is not this suite's portmap (install ours first: scripts/install.sh --force, or give --cni-bin-dir); \
              nothing was changed",
             portmap_bin.display()

@@ -37,6 +37,11 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+/// A refusal before anything was changed (exit status 2).
+pub fn refused(msg: impl Into<String>) -> cni_common::CniError {
+    cni_common::CniError::new(cni_common::code::NOT_AVAILABLE, msg)
+}
+
 const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream [--dry-run] [--cache-dir DIR]... \
                      [--data-dir DIR]... [--cni-bin-dir DIR]";
 
@@ -114,8 +119,7 @@ fn main() {
                 eprintln!("{}", e.details);
             }
             // Refusals before anything changed are usage-level (2); the rest is 1.
-            let untouched = e.msg.contains("nothing was changed");
-            std::process::exit(if untouched { 2 } else { 1 });
+            std::process::exit(if e.code == cni_common::code::NOT_AVAILABLE { 2 } else { 1 });
         }
     }
 }

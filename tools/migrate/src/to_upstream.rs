@@ -269,7 +269,7 @@ fn tools_present(backend: Backend) -> Result<()> {
         for what in ["save", "restore"] {
             let name = backend.tool(fam, what);
             if iptables::find_tool(&name).is_none() {
-                return Err(CniError::internal(format!(
+                return Err(crate::refused(format!(
                     "{name} is not installed: the iptables package is incomplete; nothing was changed"
                 )));
             }
@@ -330,7 +330,7 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
 
 pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let Some(backend) = iptables::default_backend()? else {
-        return Err(CniError::internal(
+        return Err(crate::refused(
             "iptables is not installed on this node: upstream's plugins 1.1.1 need it (bridge ipMasq and portmap \
              run iptables), so their form cannot be written; install the iptables package. Nothing was changed.",
         ));
@@ -381,7 +381,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         }
     }
     if !unresolved.is_empty() {
-        return Err(CniError::internal(format!(
+        return Err(crate::refused(format!(
             "{} piece(s) of our state cannot be attributed to an attachment (give --cache-dir/--data-dir): {}; \
              nothing was changed",
             unresolved.len(),
