@@ -499,8 +499,8 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
 /// `/proc` reads.
 pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     let wanted = [names::dnat_chain(network, container_id), names::snat_chain(network, container_id)];
-    let at = locate(&wanted)?;
     let mut nf = nftables();
+    let at = locate(nf.as_mut(), &wanted)?;
     let mut errors = Vec::new();
     let mut removed = false;
     let t = teardown(network, container_id);
@@ -514,14 +514,12 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
                 }
                 None => Ok(false),
             },
-            Backend::Legacy => (|| {
-                let table = iptables::save(backend, fam)?;
-                let mut s = t.script(&table);
+            Backend::Legacy => super::legacy_change(fam, |table| {
+                let mut s = t.script(table);
                 let found = !s.is_empty();
-                plumbing_script(&table, &dropped_by(&s), &mut s);
-                iptables::restore(backend, fam, &s)?;
-                Ok(found)
-            })(),
+                plumbing_script(table, &dropped_by(&s), &mut s);
+                (s, found)
+            }),
         };
         match r {
             Ok(x) => removed |= x,
@@ -573,8 +571,8 @@ pub fn check(req: &Request) -> Result<Found> {
         return Ok(Found::Absent);
     }
     let dn = names::dnat_chain(&spec.network, &spec.container_id);
-    let at = locate(std::slice::from_ref(&dn))?;
     let mut nf = nftables();
+    let at = locate(nf.as_mut(), std::slice::from_ref(&dn))?;
     let nft_form = match nf.as_mut() {
         Some(nf) => nft_backend_rules(nf, &spec.container_id)?,
         None => Vec::new(),
@@ -688,30 +686,36 @@ pub fn gc(req: &Request) -> Result<()> {
     let mut errors = Vec::new();
     for (backend, fam) in at {
         let r = (|| -> Result<()> {
-            let t = iptables::save(backend, fam)?;
-            let dead = dead_in(&t, network, &keep);
-            let ports: Vec<u16> =
-                dead.iter().flat_map(|id| udp_ports_in(&t, &names::dnat_chain(network, id))).collect();
-            match (backend, nf.as_mut()) {
+            let (dead, ports) = match (backend, nf.as_mut()) {
                 (Backend::Nft, Some(nf)) => {
+                    let t = iptables::save(backend, fam)?;
+                    let dead = dead_in(&t, network, &keep);
                     for id in &dead {
                         teardown(network, id).apply_nft(nf, fam)?;
                     }
                     nft_plumbing(nf, fam);
+                    let ports = dead
+                        .iter()
+                        .flat_map(|id| udp_ports_in(&t, &names::dnat_chain(network, id)))
+                        .collect();
+                    (dead, ports)
                 }
-                (Backend::Nft, None) => {}
-                (Backend::Legacy, _) => {
+                (Backend::Nft, None) => (Vec::new(), Vec::new()),
+                (Backend::Legacy, _) => super::legacy_change(fam, |t| {
+                    let dead = dead_in(t, network, &keep);
                     let mut s = Script::default();
                     for id in &dead {
-                        for l in teardown(network, id).script(&t).lines() {
+                        for l in teardown(network, id).script(t).lines() {
                             s.push(l);
                         }
                     }
                     let dropped = dropped_by(&s);
-                    plumbing_script(&t, &dropped, &mut s);
-                    iptables::restore(backend, fam, &s)?;
-                }
-            }
+                    plumbing_script(t, &dropped, &mut s);
+                    let ports: Vec<u16> =
+                        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect();
+                    (s, (dead, ports))
+                })?,
+            };
             for id in &dead {
                 eprintln!(
                     "GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})",

@@ -54,11 +54,11 @@ fn teardown(network: &str, container_id: &str) -> Teardown {
 /// `/proc` reads when nothing is.
 pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     let chain = names::masq_chain(network, container_id);
-    let at = locate(std::slice::from_ref(&chain))?;
+    let mut nf = nftables();
+    let at = locate(nf.as_mut(), std::slice::from_ref(&chain))?;
     if at.is_empty() {
         return Ok(false);
     }
-    let mut nf = nftables();
     let t = teardown(network, container_id);
     let mut errors = Vec::new();
     for (backend, fam) in at {
@@ -110,7 +110,7 @@ pub fn missing_rule(t: &iptables::Table, network: &str, container_id: &str, addr
 pub fn check(req: &Request) -> Result<Found> {
     let (net, id) = (req.network(), req.env.container_id.as_str());
     let chain = names::masq_chain(net, id);
-    let at = locate(std::slice::from_ref(&chain))?;
+    let at = locate(nftables().as_mut(), std::slice::from_ref(&chain))?;
     if at.is_empty() {
         return Ok(Found::Absent);
     }
@@ -168,24 +168,26 @@ pub fn gc(req: &Request) -> Result<()> {
     let mut errors = Vec::new();
     for (backend, fam) in at {
         let r = (|| -> Result<()> {
-            let t = iptables::save(backend, fam)?;
-            let dead = dead_in(&t, network, &keep);
-            match backend {
-                Backend::Nft => {
+            let dead = match (backend, nf.as_mut()) {
+                (Backend::Nft, Some(nf)) => {
+                    let dead = dead_in(&iptables::save(backend, fam)?, network, &keep);
                     for id in &dead {
-                        teardown(network, id).apply(nf.as_mut(), backend, fam)?;
+                        teardown(network, id).apply_nft(nf, fam)?;
                     }
+                    dead
                 }
-                Backend::Legacy => {
+                (Backend::Nft, None) => Vec::new(),
+                (Backend::Legacy, _) => super::legacy_change(fam, |t| {
+                    let dead = dead_in(t, network, &keep);
                     let mut s = Script::default();
                     for id in &dead {
-                        for line in teardown(network, id).script(&t).lines() {
+                        for line in teardown(network, id).script(t).lines() {
                             s.push(line);
                         }
                     }
-                    iptables::restore(backend, fam, &s)?;
-                }
-            }
+                    (s, dead)
+                })?,
+            };
             for id in &dead {
                 eprintln!(
                     "GC: removed upstream's masquerade rules of {network}/{id} ({} {fam:?})",

@@ -67,10 +67,11 @@ fn nftables() -> Option<NfTables> {
     NfTables::new().ok()
 }
 
-/// The (backend, family) pairs whose `nat` table has at least one of `chains`.
-fn locate(chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
+/// The (backend, family) pairs whose `nat` table has at least one of `chains` (`nf`: the
+/// netlink connection, None when nf_tables is not usable).
+fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
     let mut out = Vec::new();
-    if let Some(mut nf) = nftables() {
+    if let Some(nf) = nf {
         for fam in Fam::BOTH {
             for c in chains {
                 if nf.has_chain(nft_family(fam), NAT, c)? {
@@ -208,13 +209,13 @@ impl Teardown {
         })
     }
 
-    /// Apply to the legacy table of `fam` (save, then one restore). Returns whether something
-    /// was deleted.
+    /// Apply to the legacy table of `fam`. Returns whether something was deleted.
     fn apply_legacy(&self, fam: Fam) -> Result<bool> {
-        let t = iptables::save(Backend::Legacy, fam)?;
-        let s = self.script(&t);
-        iptables::restore(Backend::Legacy, fam, &s)?;
-        Ok(!s.is_empty())
+        legacy_change(fam, |t| {
+            let s = self.script(t);
+            let found = !s.is_empty();
+            (s, found)
+        })
     }
 
     fn apply(&self, nf: Option<&mut NfTables>, backend: Backend, fam: Fam) -> Result<bool> {
@@ -224,6 +225,23 @@ impl Teardown {
             (Backend::Legacy, _) => self.apply_legacy(fam),
         }
     }
+}
+
+/// Change the legacy `nat` table of `fam`: save it, let `build` make a restore script from it,
+/// apply the script. A restore that fails (the table changed since it was saved, e.g. a rule to
+/// delete is gone) is tried again from a new save, three times in all. Returns what `build`
+/// returned with the script that was applied.
+fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> Result<T> {
+    let mut last = None;
+    for _ in 0..3 {
+        let t = iptables::save(Backend::Legacy, fam)?;
+        let (s, out) = build(&t);
+        match iptables::restore(Backend::Legacy, fam, &s) {
+            Ok(()) => return Ok(out),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("three attempts"))
 }
 
 /// Errors of a best-effort teardown, as one (the first, the others in its details).
