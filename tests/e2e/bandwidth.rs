@@ -528,9 +528,25 @@ fn gc_removes_only_this_networks_dead_attachments() {
     for (p, net) in [(&a, "neta"), (&b, "neta"), (&other, "netb")] {
         p.exec(&host, "ADD").run(&conf("1.1.0", net, both(p.prev(&host)))).ok();
     }
-    // An ifb made by upstream (no owner record) for neta: GC cannot attribute it, leaves it.
+    // ifbs made by upstream (no owner record, so no network): a live one — its pod's veth
+    // still redirects into it — is never touched; a dead one (nothing redirects into it) goes
+    // with the first GC, whichever network's.
     let upstream = ifb_name("neta", "upstream-ctr");
     host.run("ip", &["link", "add", &upstream, "type", "ifb"]);
+    host.run("ip", &["link", "add", "upveth", "type", "veth", "peer", "name", "upveth1"]);
+    host.run("tc", &["qdisc", "add", "dev", "upveth", "ingress"]);
+    host.run(
+        "tc",
+        &[
+            "filter", "add", "dev", "upveth", "parent", "ffff:", "protocol", "all", "u32", "match", "u32",
+            "0", "0",
+        ]
+        .into_iter()
+        .chain(["action", "mirred", "egress", "redirect", "dev", upstream.as_str()])
+        .collect::<Vec<_>>(),
+    );
+    let dead_upstream = ifb_name("netb", "upstream-dead");
+    host.run("ip", &["link", "add", &dead_upstream, "type", "ifb"]);
     let gc = |net: &str, valid: Value| {
         let c = json!({"cniVersion": "1.1.0", "name": net, "type": "bandwidth", "cni.dev/valid-attachments": valid});
         Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
@@ -550,6 +566,7 @@ fn gc_removes_only_this_networks_dead_attachments() {
     assert_eq!(ifbs(&host), vec![upstream.clone()]);
     gc("netb", json!([])).ok_silent();
 
+    host.run("ip", &["link", "del", "upveth"]);
     host.run("ip", &["link", "del", &upstream]);
     for p in [&a, &b, &other] {
         p.exec(&host, "DEL").run(&conf("1.1.0", "neta", json!({}))).ok_silent();
