@@ -619,4 +619,6 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
 pub mod bench;
 pub mod chain;
 pub mod clients;
+pub mod cri;
+pub mod kubeproxy;
 pub mod leaks;

@@ -26,8 +26,9 @@
 
 use super::iptables::{self, Backend, Fam, Rule, Script, Table};
 use super::{combine, locate, locate_any, names, nft_family, nftables, Found, Teardown};
-use crate::conntrack::{self, CtFamily};
-use crate::netlink::nftables::{NfTables, NftDelete, NftRule};
+use crate::netlink::conntrack;
+use crate::netlink::nft::{NfTables, NftDelete, NftRule};
+use crate::netlink::Family;
 use crate::spec::json;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
@@ -468,7 +469,7 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
             handle: r.handle,
         })
         .collect();
-    nf.delete(&ops).map_err(|e| CniError::from(e).context("remove upstream's cni_hostport rules"))?;
+    super::delete(nf, &ops).map_err(|e| CniError::from(e).context("remove upstream's cni_hostport rules"))?;
     for fam in Fam::BOTH {
         let family = nft_family(fam);
         if !found.iter().any(|(f, _)| *f == fam) {
@@ -480,7 +481,7 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
         }
         if left == 0 {
             let drop = NftDelete::Table { family, table: names::NFT_HOSTPORT_TABLE.into() };
-            if let Err(e) = nf.delete(&[drop]) {
+            if let Err(e) = super::delete(nf, &[drop]) {
                 eprintln!(
                     "note: empty table {} {} left in place: {e}",
                     family.keyword(),
@@ -538,13 +539,15 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
 /// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
 /// binding; plugins#123).
 pub fn flush_udp(ports: &[u16], families: &[Fam]) {
-    for fam in families {
-        let f = if *fam == Fam::V4 { CtFamily::V4 } else { CtFamily::V6 };
-        for p in ports {
-            if let Err(e) = conntrack::delete_by_dst_port(f, conntrack::IPPROTO_UDP, *p) {
-                eprintln!("note: could not delete UDP conntrack entries for port {p}: {}", e.msg);
-            }
-        }
+    let targets: Vec<(Family, u16)> = families
+        .iter()
+        .flat_map(|f| {
+            let fam = if *f == Fam::V4 { Family::V4 } else { Family::V6 };
+            ports.iter().map(move |p| (fam, *p))
+        })
+        .collect();
+    if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
+        eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
     }
 }
 

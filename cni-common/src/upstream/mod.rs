@@ -33,7 +33,8 @@ pub mod masq;
 pub mod names;
 mod xtables;
 
-use crate::netlink::nftables::{NfTables, NftDelete, NftFamily, Verdict};
+use crate::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp, Verdict};
+use crate::netlink::NlError;
 use crate::{CniError, Result};
 use iptables::{Backend, Fam, SavedRule, Script, Table};
 
@@ -57,6 +58,11 @@ fn nft_family(fam: Fam) -> NftFamily {
         Fam::V4 => NftFamily::Ip,
         Fam::V6 => NftFamily::Ip6,
     }
+}
+
+/// Deletions as one transaction.
+fn delete(nf: &mut NfTables, ops: &[NftDelete]) -> std::result::Result<(), NlError> {
+    nf.apply(&ops.iter().cloned().map(NftOp::Delete).collect::<Vec<_>>())
 }
 
 /// The table name iptables uses.
@@ -176,12 +182,12 @@ impl Teardown {
         if ops.is_empty() {
             return Ok(false);
         }
-        match nf.delete(&ops) {
+        match delete(nf, &ops) {
             Ok(()) => Ok(true),
             // Something vanished meanwhile (a concurrent iptables user): read again, once.
             Err(e) if e.is_not_found() => {
                 let ops = build(nf)?;
-                nf.delete(&ops).map(|()| !ops.is_empty()).map_err(CniError::from)
+                delete(nf, &ops).map(|()| !ops.is_empty()).map_err(CniError::from)
             }
             Err(e) => Err(CniError::from(e)
                 .context(format_args!("remove upstream's iptables-nft rules ({} nat)", family.keyword()))),

@@ -22,9 +22,9 @@
 //! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
 //! `ip daddr != { … }`, without a set to create).
 
-use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, NftRule, Verdict};
-use cni_common::netlink::nftwrite::{
-    BaseChain, CmpOp, NftOp, RuleExpr, HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
+use cni_common::netlink::nft::{
+    BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict, HOOK_POSTROUTING,
+    HOOK_PREROUTING, POLICY_ACCEPT,
 };
 use cni_common::{CniError, Result};
 use ipnet::IpNet;

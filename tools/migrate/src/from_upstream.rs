@@ -6,7 +6,7 @@
 use crate::inventory::{Cached, Inventory};
 use crate::{Opts, Report};
 use bridge::firewall::{self, Attachment};
-use cni_common::netlink::nftables::{NfTables, NftFamily};
+use cni_common::netlink::nft::{NfTables, NftFamily};
 use cni_common::netns::NetNs;
 use cni_common::upstream::hostport::Mapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Table};

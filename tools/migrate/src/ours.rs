@@ -16,8 +16,7 @@
 //! and the prefix comes from the host's routes.
 
 use bridge::firewall;
-use cni_common::netlink::nftables::{NfTables, NftFamily, NftRule};
-use cni_common::netlink::nftwrite::{split_concat, NftData, NftElem};
+use cni_common::netlink::nft::{split_concat, NfTables, NftData, NftElem, NftFamily, NftRule};
 use cni_common::{CniError, Result};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -247,7 +246,7 @@ pub fn resolve_masq(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_common::netlink::nftwrite::concat;
+    use cni_common::netlink::nft::concat;
 
     #[test]
     fn owner_tags_like_portmap() {

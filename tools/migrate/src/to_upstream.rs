@@ -7,8 +7,7 @@ use crate::inventory::Inventory;
 use crate::ours::{self, MasqRule};
 use crate::{Opts, Report};
 use bridge::firewall;
-use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily};
-use cni_common::netlink::nftwrite::NftOp;
+use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::upstream::hostport::{self, Mapping, Spec};
 use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
@@ -317,12 +316,12 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
     if nf.has_table(NftFamily::Inet, firewall::MASQ_TABLE)? && ours::read_masq(nf)?.is_empty() {
         let left = nf.rules(NftFamily::Inet, firewall::MASQ_TABLE, Some(firewall::MASQ_CHAIN))?;
         if left.is_empty() {
-            nf.delete(&[NftDelete::Table { family: NftFamily::Inet, table: firewall::MASQ_TABLE.into() }])?;
+            nf.apply(&[NftOp::Delete(NftDelete::Table { family: NftFamily::Inet, table: firewall::MASQ_TABLE.into() })])?;
         }
     }
     if let Some(p) = ours::read_portmap(nf)? {
         if p.elems.is_empty() {
-            nf.delete(&[NftDelete::Table { family: NftFamily::Inet, table: ours::PORTMAP_TABLE.into() }])?;
+            nf.apply(&[NftOp::Delete(NftDelete::Table { family: NftFamily::Inet, table: ours::PORTMAP_TABLE.into() })])?;
         }
     }
     Ok(())
