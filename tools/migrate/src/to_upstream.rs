@@ -316,12 +316,18 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
     if nf.has_table(NftFamily::Inet, firewall::MASQ_TABLE)? && ours::read_masq(nf)?.is_empty() {
         let left = nf.rules(NftFamily::Inet, firewall::MASQ_TABLE, Some(firewall::MASQ_CHAIN))?;
         if left.is_empty() {
-            nf.apply(&[NftOp::Delete(NftDelete::Table { family: NftFamily::Inet, table: firewall::MASQ_TABLE.into() })])?;
+            nf.apply(&[NftOp::Delete(NftDelete::Table {
+                family: NftFamily::Inet,
+                table: firewall::MASQ_TABLE.into(),
+            })])?;
         }
     }
     if let Some(p) = ours::read_portmap(nf)? {
         if p.elems.is_empty() {
-            nf.apply(&[NftOp::Delete(NftDelete::Table { family: NftFamily::Inet, table: ours::PORTMAP_TABLE.into() })])?;
+            nf.apply(&[NftOp::Delete(NftDelete::Table {
+                family: NftFamily::Inet,
+                table: ours::PORTMAP_TABLE.into(),
+            })])?;
         }
     }
     Ok(())
