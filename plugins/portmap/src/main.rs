@@ -280,9 +280,9 @@ impl Plugin for Portmap {
     }
 
     fn del(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
         // What upstream's portmap made for this attachment (iptables or its nftables backend).
         cni_common::upstream::hostport::del(req)?;
-        let conf = load(req)?;
         if conf.mappings.is_empty() {
             return Ok(()); // nothing was mapped (upstream's early exit; GC is the safety net)
         }
