@@ -161,8 +161,13 @@ mod tests {
     fn reads_chain_names_of_legacy_nat() {
         crate::netns::test_support::private_netns();
         assert_eq!(nat_chains(Fam::V4).unwrap(), None);
-        assert_eq!(nat_chains(Fam::V6).unwrap(), None);
         assert!(!has_nat(Fam::V4), "looking must not instantiate the table");
+        let probe = Command::new("iptables-legacy").args(["-t", "nat", "-L", "-n"]).output();
+        if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+            println!("NOT RUN: this kernel has no legacy iptables nat table ({probe:?})");
+            return;
+        }
+        assert_eq!(nat_chains(Fam::V6).unwrap(), None);
         run(&["iptables-legacy", "-t", "nat", "-N", "CNI-6c848780a988c4f72c3ef534"]);
         run(&["iptables-legacy", "-t", "nat", "-N", "CNI-DN-6c848780a988c4f72c3ef"]);
         run(&[
