@@ -9,10 +9,13 @@
 //!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
 //!   the [`netlink`] module.
 
+pub mod attachment;
 pub mod conntrack;
 pub mod error;
+pub mod error_list;
 pub mod ident;
 pub mod ipam;
+pub mod mac;
 pub mod netlink;
 pub mod netns;
 pub mod nft;
@@ -20,6 +23,9 @@ pub mod skel;
 pub mod spec;
 pub mod sysctl;
 
+pub use attachment::AttachmentId;
 pub use error::{code, CniError, Context, Result};
+pub use error_list::ErrorList;
+pub use mac::Mac;
 pub use skel::{Plugin, Request};
 pub use spec::{CniResult, Version};
