@@ -3,6 +3,8 @@
 //! No host-side state at all, so GC and STATUS have nothing to do. Unlike upstream, the result
 //! is shaped for the config's version (upstream prints a 1.x-shaped document labelled 0.2.0).
 
+#![warn(clippy::too_many_lines)]
+
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
