@@ -17,7 +17,7 @@ mod shape;
 
 use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
 use cni_common::error_list::ErrorList;
-use cni_common::netlink::Netlink;
+use cni_common::netlink::{Link, Netlink};
 use cni_common::netns::NetNs;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
@@ -30,9 +30,17 @@ struct Bandwidth;
 const VERSIONS: [Version; 5] =
     [Version::V0_3_0, Version::V0_3_1, Version::V0_4_0, Version::V1_0_0, Version::V1_1_0];
 
-fn open_netns(req: &Request) -> Result<NetNs> {
+/// The host veth of the attachment (checked to be listed in `prev`), a host socket, and the
+/// buckets for `limits` on it: what ADD builds and CHECK compares.
+fn shaped_veth(req: &Request, prev: &CniResult, limits: &config::Limits) -> Result<(Netlink, Link, Plan)> {
     let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
-    NetNs::open(path)
+    let ns = NetNs::open(path)?;
+    let mut host = Netlink::new()?;
+    let mut ctr = Netlink::new_in(&ns)?;
+    let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
+    shape::require_listed(&veth, prev, &req.env.ifname)?;
+    let plan = Plan::new(limits, veth.mtu)?;
+    Ok((host, veth, plan))
 }
 
 /// Remove the shaping of the host veth whose container end is `ifname` in the namespace at
@@ -70,12 +78,7 @@ impl Plugin for Bandwidth {
                 "bandwidth must be called as a chained plugin: the configuration has no prevResult",
             )
         })?;
-        let ns = open_netns(req)?;
-        let mut host = Netlink::new()?;
-        let mut ctr = Netlink::new_in(&ns)?;
-        let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
-        shape::require_listed(&veth, &result, &req.env.ifname)?;
-        let plan = Plan::new(&limits, veth.mtu)?;
+        let (mut host, veth, plan) = shaped_veth(req, &result, &limits)?;
         let att = AttachmentId::of(req);
         if let Some(ifb) = shape::add(&mut host, &veth, &plan, &att.ifb_name(), &att)? {
             result.interfaces.push(shape::ifb_interface(&ifb));
@@ -110,12 +113,7 @@ impl Plugin for Bandwidth {
         if limits.is_empty() {
             return Ok(());
         }
-        let ns = open_netns(req)?;
-        let mut host = Netlink::new()?;
-        let mut ctr = Netlink::new_in(&ns)?;
-        let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
-        shape::require_listed(&veth, &prev, &req.env.ifname)?;
-        let plan = Plan::new(&limits, veth.mtu)?;
+        let (mut host, veth, plan) = shaped_veth(req, &prev, &limits)?;
         let att = AttachmentId::of(req);
         shape::check(&mut host, &veth, &plan, &att.ifb_name(), &att)
     }

@@ -200,6 +200,13 @@ pub fn masq_add_ops(
     f: &Found,
 ) -> Vec<NftOp> {
     let (inet, t) = (NftFamily::Inet, MASQ_TABLE.to_string());
+    let chain = |name: &str, base: Option<BaseChain>, comment: Option<&str>| NftOp::AddChain {
+        family: inet,
+        table: t.clone(),
+        chain: name.into(),
+        base,
+        comment: comment.map(Into::into),
+    };
     let mut ops = Vec::new();
     if !f.masq_table {
         ops.push(NftOp::AddTable {
@@ -209,22 +216,11 @@ pub fn masq_add_ops(
         });
     }
     if !f.masq_checks {
-        ops.push(NftOp::AddChain {
-            family: inet,
-            table: t.clone(),
-            chain: MASQ_CHAIN.into(),
-            base: None,
-            comment: Some(MASQ_CHAIN_COMMENT.into()),
-        });
+        ops.push(chain(MASQ_CHAIN, None, Some(MASQ_CHAIN_COMMENT)));
     }
     if !f.masq_hooked {
-        ops.push(NftOp::AddChain {
-            family: inet,
-            table: t.clone(),
-            chain: MASQ_HOOK_CHAIN.into(),
-            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
-            comment: None,
-        });
+        let base = BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None };
+        ops.push(chain(MASQ_HOOK_CHAIN, Some(base), None));
         ops.push(NftOp::Delete(NftDelete::Flush {
             family: inet,
             table: t.clone(),
