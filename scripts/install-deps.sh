@@ -6,7 +6,8 @@
 #   containernetworking-plugins upstream Go plugins in /usr/lib/cni: interop tests, benchmarks
 #   socat, conntrack, iputils-ping, procps, curl: traffic in end-to-end tests
 #   podman, containerd, runc, busybox-static, util-linux: real-client tests
-#     (tests/e2e/clients.rs, docs/real-clients.md); podman/containerd start no service here
+#     (tests/e2e/clients.rs, and tests/e2e/cri.rs through containerd's CRI plugin;
+#     docs/real-clients.md); podman/containerd start no service here
 #   iptables                    upstream portmap (iptables backend) in the portmap benchmark
 set -euo pipefail
 

@@ -1,24 +1,24 @@
 //! Shared library of the CNI plugin suite.
 //!
 //! Two layers:
-//! - the **spec layer** ([`spec`], [`skel`], [`ipam`]): CNI 0.1.0 … 1.1.0 configuration and
-//!   result types, errors, environment validation, verb dispatch and IPAM delegation (exec'd,
-//!   or in-process for a binary proven by [`ident`] to be the same build). No root needed, no
-//!   kernel access.
-//! - the **kernel layer** ([`netns`], [`netlink`], [`sysctl`]): entering network namespaces,
-//!   a synchronous rtnetlink socket and `/proc/sys` access. Netlink message types never leave
-//!   the [`netlink`] module.
+//! - the **spec layer** ([`spec`], [`skel`], [`delegate`]): CNI 0.1.0 … 1.1.0 configuration and
+//!   result types, errors, environment validation, verb dispatch, and running other plugins
+//!   (IPAM delegation; cnitool) — exec'd, or in-process for a binary proven by [`ident`] to be
+//!   the same build. No root needed, no kernel access.
+//! - the **kernel layer** ([`netns`], [`netlink`], [`sysctl`], [`nft_cli`]): entering network
+//!   namespaces, synchronous netlink (rtnetlink, nf_tables, conntrack), `/proc/sys` access, and
+//!   the `nft` command-line tool for the one input that is nft syntax. Netlink message types
+//!   never leave the [`netlink`] module.
 
 pub mod attachment;
-pub mod conntrack;
+pub mod delegate;
 pub mod error;
 pub mod error_list;
 pub mod ident;
-pub mod ipam;
 pub mod mac;
 pub mod netlink;
 pub mod netns;
-pub mod nft;
+pub mod nft_cli;
 pub mod skel;
 pub mod spec;
 pub mod sysctl;

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -93,6 +93,38 @@ impl NetNs {
     /// The network namespace of the calling thread.
     pub fn current() -> Result<NetNs> {
         Self::open(THREAD_NETNS)
+    }
+
+    /// The network namespace a socket belongs to (the one it was created in), as the kernel
+    /// reports it (`SIOCGSKNS`, Linux 4.9; needs `CAP_NET_ADMIN` over the namespace).
+    pub fn of_socket(sock: BorrowedFd<'_>) -> Result<NetNs> {
+        let path = PathBuf::from(format!("network namespace of socket {}", sock.as_raw_fd()));
+        let fail = |why: &dyn std::fmt::Display| {
+            CniError::io(format!("failed to open the {}: {why}", path.display()))
+        };
+        // SAFETY: SIOCGSKNS takes no argument, only reads the fd (kept open by `sock`) and
+        // returns a new fd that we own from here on.
+        let fd = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGSKNS as _) };
+        if fd < 0 {
+            return Err(fail(&io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        let file = File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        match Self::probe(file, &path).map_err(|e| fail(&e))? {
+            Probe::NetNs(ns) => Ok(ns),
+            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
+        }
+    }
+
+    /// A second handle on the same namespace (the descriptor duplicated).
+    pub fn try_clone(&self) -> Result<NetNs> {
+        let file = self.file.try_clone().map_err(|e| {
+            CniError::io(format!(
+                "failed to duplicate the handle of network namespace {}: {e}",
+                self.path.display()
+            ))
+        })?;
+        Ok(NetNs { file, path: self.path.clone(), id: self.id })
     }
 
     /// Classify an open file: a network namespace, some other file, or (error) a namespace of
@@ -181,13 +213,6 @@ impl Drop for ReturnTo {
     }
 }
 
-/// Whether `path` is the calling thread's own network namespace. The skeleton uses it to refuse
-/// a `CNI_NETNS` that would make the plugin reconfigure its own (host) namespace.
-pub fn is_current_netns(path: &Path) -> Result<bool> {
-    let ns = NetNs::open(path)?;
-    Ok(ns.same_as(&NetNs::current()?))
-}
-
 /// Helpers for tests that need root: private namespaces for the test thread.
 #[cfg(test)]
 pub(crate) mod test_support {
@@ -255,22 +280,35 @@ mod tests {
     }
 
     #[test]
-    fn current_is_same_as_itself_and_is_current() {
+    fn current_is_same_as_itself() {
         let a = NetNs::current().unwrap();
         let b = NetNs::open("/proc/thread-self/ns/net").unwrap();
         assert!(a.same_as(&b));
-        assert!(is_current_netns(Path::new("/proc/thread-self/ns/net")).unwrap());
+        assert!(a.try_clone().unwrap().same_as(&b));
     }
 
     #[test]
-    fn is_current_netns_false_for_another_netns() {
+    fn another_netns_is_not_the_current_one() {
         private_netns();
         let other = spare_netns();
         // The handle's own path named the helper thread's /proc/thread-self; reach the same
         // namespace through the open fd instead.
         let fd_path = format!("/proc/self/fd/{}", other.as_fd().as_raw_fd());
-        assert!(!is_current_netns(Path::new(&fd_path)).unwrap());
-        assert!(is_current_netns(Path::new("/proc/thread-self/ns/net")).unwrap());
+        let again = NetNs::open(&fd_path).unwrap();
+        assert!(again.same_as(&other));
+        assert!(!again.same_as(&NetNs::current().unwrap()));
+        assert!(!NetNs::from_fd(other.as_fd()).unwrap().same_as(&NetNs::current().unwrap()));
+    }
+
+    #[test]
+    fn a_socket_belongs_to_the_namespace_it_was_created_in() {
+        private_netns();
+        let home = NetNs::current().unwrap();
+        let other = spare_netns();
+        let there = other.run(|| Ok(std::net::UdpSocket::bind("0.0.0.0:0").unwrap())).unwrap();
+        let here = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        assert!(NetNs::of_socket(there.as_fd()).unwrap().same_as(&other));
+        assert!(NetNs::of_socket(here.as_fd()).unwrap().same_as(&home));
     }
 
     #[test]

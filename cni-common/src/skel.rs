@@ -5,6 +5,11 @@
 //! plugin acts rather than after): environment -> VERSION -> stdin JSON -> network name ->
 //! container id -> ifname -> version negotiation and verb gating -> common config ->
 //! CNI_NETNS checks -> plugin.
+//!
+//! A plugin runs as a process ([`run`]) or, for in-process delegation
+//! ([`crate::delegate`]), on a thread of the calling plugin (`InThread`) that behaves like a
+//! child process: same skeleton, same inputs, its stdout and exit status handed to the caller,
+//! and a panic reported as the process's panic hook would report it.
 
 use crate::error::{code, CniError, Result};
 use crate::netns::NetNs;
@@ -17,9 +22,13 @@ use crate::spec::result::{pretty, CniResult};
 use crate::spec::version::{parse_semver, version_reply, Version};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::cell::RefCell;
 use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 /// What a plugin implements. Every verb of spec 1.1.0 is required: a plugin with nothing to
 /// do for a verb says so explicitly by returning `Ok`.
@@ -186,9 +195,9 @@ pub fn install_panic_hook() {
         let e = CniError::internal(format!("internal error: {msg}{loc}"));
         let json = format!("{}\n", pretty(&e.to_json(report_version())));
         let line = format!("panic: {msg}{loc}\n");
-        // A delegate running in-process (crate::ipam) reports like a child process would and
-        // never returns here; anywhere else the process reports and ends.
-        crate::ipam::delegate_panicked(json.as_bytes(), line.as_bytes());
+        // A plugin running in-process (InThread) reports like a child process would and never
+        // returns here; anywhere else the process reports and ends.
+        InThread::panicked(json.as_bytes(), line.as_bytes());
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(json.as_bytes());
         let _ = out.flush();
@@ -209,6 +218,123 @@ pub fn run(plugin: &impl Plugin) -> ! {
         &mut std::io::stderr(),
     );
     std::process::exit(code)
+}
+
+/// What a finished plugin run leaves: what a caller sees of a child process.
+pub(crate) struct Outcome {
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+}
+
+thread_local! {
+    /// On a thread running a plugin in-process: where its outcome goes, and whether the run
+    /// returned (false: it panicked and the thread is parked).
+    static OUTCOME: RefCell<Option<mpsc::Sender<(Outcome, bool)>>> = const { RefCell::new(None) };
+}
+
+/// The skeleton's interface as a sized type.
+struct Dyn(&'static (dyn Plugin + Sync));
+
+impl Plugin for Dyn {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn supported_versions(&self) -> &'static [Version] {
+        self.0.supported_versions()
+    }
+    fn add(&self, req: &Request) -> Result<CniResult> {
+        self.0.add(req)
+    }
+    fn del(&self, req: &Request) -> Result<()> {
+        self.0.del(req)
+    }
+    fn check(&self, req: &Request) -> Result<()> {
+        self.0.check(req)
+    }
+    fn gc(&self, req: &Request) -> Result<()> {
+        self.0.gc(req)
+    }
+    fn status(&self, req: &Request) -> Result<()> {
+        self.0.status(req)
+    }
+}
+
+/// Stack of an in-process run: what the main thread of a child would have.
+const IN_THREAD_STACK: usize = 8 << 20;
+
+/// A plugin running in-process on a thread of its own, as a child process would run it.
+pub(crate) struct InThread {
+    outcome: mpsc::Receiver<(Outcome, bool)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl InThread {
+    /// Start `plugin` with `command` and `stdin` on a fresh thread (started from the calling
+    /// thread, so it has the caller's namespaces and credentials, as a child would): the
+    /// environment is ours, read at run time, with `CNI_COMMAND` replaced.
+    pub(crate) fn start(
+        plugin: &'static (dyn Plugin + Sync),
+        command: Command,
+        stdin: Vec<u8>,
+    ) -> std::io::Result<InThread> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ipam-inproc".into())
+            .stack_size(IN_THREAD_STACK)
+            .spawn(move || {
+                OUTCOME.with(|o| *o.borrow_mut() = Some(tx));
+                let get = |k: &str| {
+                    if k == "CNI_COMMAND" {
+                        Some(command.as_str().to_string())
+                    } else {
+                        std::env::var(k).ok()
+                    }
+                };
+                let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+                let code = run_with(&Dyn(plugin), get, &mut stdin.as_slice(), &mut stdout, &mut stderr);
+                let status = ExitStatus::from_raw((code & 0xff) << 8);
+                if let Some(tx) = OUTCOME.with(|o| o.borrow_mut().take()) {
+                    let _ = tx.send((Outcome { status, stdout, stderr }, true));
+                }
+            })?;
+        Ok(InThread { outcome: rx, thread })
+    }
+
+    /// Wait for the run to end; `None` when it ended without a result.
+    pub(crate) fn wait(self) -> Option<Outcome> {
+        match self.outcome.recv() {
+            Ok((out, returned)) => {
+                if returned {
+                    let _ = self.thread.join();
+                }
+                Some(out)
+            }
+            Err(_) => {
+                let _ = self.thread.join();
+                None
+            }
+        }
+    }
+
+    /// Called by the panic hook with what it would print (the error object for stdout, the
+    /// line for stderr). On a thread running a plugin in-process this hands both to the
+    /// waiting caller as a child's output with a failed status, and parks the thread for good
+    /// (a panicking child ends; this process must not). Elsewhere it returns at once.
+    fn panicked(stdout: &[u8], stderr: &[u8]) {
+        let tx = OUTCOME.try_with(|o| o.try_borrow_mut().ok().and_then(|mut o| o.take())).ok().flatten();
+        let Some(tx) = tx else { return };
+        // How a child would have ended: SIGABRT with panic=abort, exit code 101 when unwinding.
+        let status = if cfg!(panic = "abort") {
+            ExitStatus::from_raw(libc::SIGABRT)
+        } else {
+            ExitStatus::from_raw(101 << 8)
+        };
+        let _ = tx.send((Outcome { status, stdout: stdout.to_vec(), stderr: stderr.to_vec() }, false));
+        loop {
+            std::thread::park();
+        }
+    }
 }
 
 /// The about banner printed on stderr when CNI_COMMAND is unset.

@@ -1,4 +1,4 @@
-//! The in-process delegate machinery of `cni_common::ipam` with a plugin made for it: the
+//! The in-process delegate machinery of `cni_common::delegate` with a plugin made for it: the
 //! caller gets exactly what it would get from a child process running the same code —
 //! stdout, error objects, and for a panic the skeleton's error object — and the process
 //! survives a panicking delegate.
@@ -8,7 +8,7 @@
 //! skeleton's process-wide panic hook, and the threads parked by the panics keep that hook in
 //! use, so the test harness could not take it back at the end.
 
-use cni_common::ipam::{Delegate, InProcess};
+use cni_common::delegate::{Delegate, InProcess};
 use cni_common::skel::{run_with, Plugin, Request};
 use cni_common::spec::env::Command;
 use cni_common::{CniError, CniResult, Result};

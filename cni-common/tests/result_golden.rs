@@ -295,3 +295,18 @@ fn same_version_roundtrip_is_identity_for_rich_versions() {
         assert_eq!(pretty(&again), pretty(&doc));
     }
 }
+
+/// Go writes 0 for an unset route mtu/advmss/priority, and an empty string for an unset
+/// gateway: both read as unset, keys match case-insensitively, `null` is unset.
+#[test]
+fn route_zero_values_read_as_unset() {
+    let v = json!({"cniVersion": "1.1.0", "routes": [
+        {"dst": "10.0.0.0/8", "gw": "", "mtu": 0, "advmss": null, "Priority": 7, "table": 0, "scope": 0}
+    ]});
+    let r = CniResult::decode(&v, Version::V1_1_0).unwrap();
+    let route = &r.routes[0];
+    assert_eq!((route.gw, route.mtu, route.advmss, route.priority), (None, None, None, Some(7)));
+    assert_eq!((route.table, route.scope), (Some(0), Some(0)), "table and scope keep their zeros");
+    let bad = json!({"cniVersion": "1.1.0", "routes": [{"dst": "10.0.0.0/8", "mtu": "x"}]});
+    assert!(CniResult::decode(&bad, Version::V1_1_0).is_err());
+}

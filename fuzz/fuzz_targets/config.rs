@@ -5,7 +5,7 @@
 #![no_main]
 
 use cni_common::skel::{run_with, Plugin, Request};
-use cni_common::spec::config::{Args, BandwidthEntry, PortMapping, RangeConf};
+use cni_common::spec::config::{Args, PortMapping, RangeConf};
 use cni_common::spec::json;
 use cni_common::{CniResult, Result};
 use libfuzzer_sys::fuzz_target;
@@ -17,8 +17,6 @@ use serde::Deserialize;
 struct Runtime {
     #[serde(default)]
     port_mappings: Vec<PortMapping>,
-    #[serde(default)]
-    bandwidth: Option<BandwidthEntry>,
     #[serde(default)]
     ip_ranges: Vec<Vec<RangeConf>>,
     #[serde(default)]

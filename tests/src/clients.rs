@@ -470,30 +470,51 @@ impl Drop for Podman<'_> {
     }
 }
 
-/// A private containerd 1.6 daemon (root, state and sockets in scratch; CRI off) and `ctr`.
+/// A private containerd 1.6 daemon (root, state and sockets in scratch; CRI off unless
+/// started with [`Containerd::start_with_cri`]) and `ctr`.
 pub struct Containerd<'a> {
     sb: &'a Sandbox,
     daemon: Option<Child>,
     pub socket: PathBuf,
+    /// The daemon's `root` directory (content store, snapshots, CRI's per-sandbox files).
+    pub root: PathBuf,
     state: PathBuf,
+    /// The daemon's log (stdout and stderr).
+    pub log: PathBuf,
 }
 
 impl<'a> Containerd<'a> {
-    /// Start the daemon in the sandbox and wait until it answers. Fails the test if it cannot.
+    /// Start the daemon (CRI plugin disabled) in the sandbox and wait until it answers. Fails
+    /// the test if it cannot.
     pub fn start(sb: &'a Sandbox) -> Containerd<'a> {
+        Containerd::launch(sb, None)
+    }
+
+    /// Start the daemon with its CRI plugin on; `cri_toml` is the body of the
+    /// `[plugins."io.containerd.grpc.v1.cri"]` table (tables below it included, with their full
+    /// names). The CRI serves on [`Containerd::socket`] too.
+    pub fn start_with_cri(sb: &'a Sandbox, cri_toml: &str) -> Containerd<'a> {
+        Containerd::launch(sb, Some(cri_toml))
+    }
+
+    fn launch(sb: &'a Sandbox, cri_toml: Option<&str>) -> Containerd<'a> {
         let d = sb.dir.join("containerd");
         std::fs::create_dir_all(&d).unwrap();
         let socket = d.join("c.sock");
         let state = d.join("state");
+        let root = d.join("root");
         let config = d.join("config.toml");
+        let (cri_disabled, cri_table) = match cri_toml {
+            None => ("\n  \"io.containerd.grpc.v1.cri\",", String::new()),
+            Some(t) => ("", format!("[plugins.\"io.containerd.grpc.v1.cri\"]\n{t}\n")),
+        };
         std::fs::write(
             &config,
             format!(
                 r#"version = 2
 root = "{root}"
 state = "{state}"
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
+disabled_plugins = [{cri_disabled}
   "io.containerd.internal.v1.opt",
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs",
@@ -510,14 +531,15 @@ disabled_plugins = [
   address = ""
 [metrics]
   address = ""
-"#,
-                root = d.join("root").display(),
+{cri_table}"#,
+                root = root.display(),
                 state = state.display(),
                 sock = socket.display(),
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let log_path = d.join("containerd.log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
         let mut c = Command::new("nsenter");
         c.args(["-t", &sb.keeper_pid.to_string(), "-m", "-n", "--", "containerd", "--config"])
             .arg(&config)
@@ -525,7 +547,7 @@ disabled_plugins = [
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         let daemon = c.spawn().expect("spawn containerd");
-        let mut me = Containerd { sb, daemon: Some(daemon), socket, state };
+        let mut me = Containerd { sb, daemon: Some(daemon), socket, root, state, log: log_path };
         let start = Instant::now();
         loop {
             if me.ctr(&["version"]).status.success() {

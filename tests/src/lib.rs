@@ -674,4 +674,5 @@ pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
 pub mod bench;
 pub mod chain;
 pub mod clients;
+pub mod cri;
 pub mod leaks;

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
-use netlink_packet_core::{NlasIterator, Parseable, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_core::{NlasIterator, Parseable, NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::address::{AddressAttribute, AddressHeader, AddressMessage, AddressScope};
 use netlink_packet_route::RouteNetlinkMessage;
 
@@ -104,14 +104,11 @@ impl Netlink {
         msg.header.family = af_of(family);
         // With strict checking the kernel filters by ifindex itself; filtered again below.
         msg.header.index = index.unwrap_or(0);
-        let replies = self
-            .sock
-            .request(RouteNetlinkMessage::GetAddress(msg), NLM_F_DUMP)
+        let all = self
+            .dump(RouteNetlinkMessage::GetAddress(msg), RTM_NEWADDR, parse_address)
             .map_err(|e| e.during("list addresses"))?;
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == RTM_NEWADDR)
-            .filter_map(|r| parse_address(&r.payload))
+        Ok(all
+            .into_iter()
             .filter(|a| index.is_none_or(|i| a.index == i))
             .filter(|a| family.is_none_or(|f| Family::of(&a.addr.addr()) == f))
             .collect())

@@ -12,7 +12,7 @@
 //! `CONFIG_BRIDGE_VLAN_FILTERING`; without it the kernel answers EOPNOTSUPP
 //! ([`NlError::is_unsupported`]).
 
-use netlink_packet_core::{NlasIterator, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{NlasIterator, NLM_F_DUMP};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridgePort, InfoPortData, InfoPortKind,
     LinkAttribute, LinkExtentMask, LinkFlags, LinkHeader, LinkInfo, LinkMessage,
@@ -20,7 +20,7 @@ use netlink_packet_route::link::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::link::parse_link;
-use super::socket::{encode, Reply};
+use super::socket::Reply;
 use super::{Link, Netlink, NlError};
 
 const RTM_NEWLINK: u16 = 16;
@@ -117,14 +117,6 @@ pub(crate) fn vlan_message(index: u32, vlans: &[PortVlan]) -> LinkMessage {
     let spec = vlan_infos(vlans).into_iter().map(AfSpecBridge::VlanInfo).collect();
     msg.attributes.push(LinkAttribute::AfSpecBridge(spec));
     msg
-}
-
-/// The serialized `RTM_SETLINK` (add) or `RTM_DELLINK` (delete) request for `vlans` on port
-/// `index`, exactly as sent (sequence number 0).
-pub fn vlan_request_bytes(index: u32, vlans: &[PortVlan], delete: bool) -> Vec<u8> {
-    let msg = vlan_message(index, vlans);
-    let msg = if delete { RouteNetlinkMessage::DelLink(msg) } else { RouteNetlinkMessage::SetLink(msg) };
-    encode(msg, NLM_F_REQUEST | NLM_F_ACK)
 }
 
 /// The `RTM_NEWLINK` (no create) that sets the bridge-port flags of `index` and, when `up`,
@@ -288,6 +280,16 @@ mod tests {
     use super::*;
     use crate::netlink::tests::emit;
     use netlink_packet_core::Parseable;
+
+    /// The serialized `RTM_SETLINK` (add) or `RTM_DELLINK` (delete) request for `vlans` on
+    /// port `index`, exactly as sent (sequence number 0).
+    fn vlan_request_bytes(index: u32, vlans: &[PortVlan], delete: bool) -> Vec<u8> {
+        use crate::netlink::socket::encode;
+        use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST};
+        let msg = vlan_message(index, vlans);
+        let msg = if delete { RouteNetlinkMessage::DelLink(msg) } else { RouteNetlinkMessage::SetLink(msg) };
+        encode(msg, NLM_F_REQUEST | NLM_F_ACK)
+    }
 
     /// nlmsghdr (16) + ifinfomsg (16) + IFLA_AF_SPEC { IFLA_BRIDGE_VLAN_INFO (8 bytes each) }.
     fn expected(msg_type: u16, index: u32, infos: &[(u16, u16)]) -> Vec<u8> {

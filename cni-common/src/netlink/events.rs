@@ -3,14 +3,13 @@
 //! state, then wait for notifications until the condition holds — so a change that happens
 //! between the query and the wait is never missed.
 
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use netlink_packet_core::{NetlinkBuffer, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN};
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use netlink_packet_core::NetlinkBuffer;
 
 use super::addr::{parse_address, Address};
 use super::link::parse_link;
+use super::socket::NlSocket;
 use super::{Family, Link, Netlink, NlError};
 
 const RTM_NEWLINK: u16 = 16;
@@ -26,54 +25,31 @@ enum Event {
     Addr,
 }
 
-struct Subscription {
-    sock: Socket,
-    buf: Vec<u8>,
+/// A socket joined to rtnetlink multicast groups, in the namespace of the [`Netlink`] that
+/// opened it.
+pub(super) struct Subscription {
+    pub(super) sock: NlSocket,
 }
 
 impl Subscription {
-    /// A socket in the calling thread's network namespace, joined to `groups`.
-    fn open(groups: &[u32]) -> Result<Subscription, NlError> {
-        let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| NlError::from_io("open netlink socket", &e))?;
-        sock.bind(&SocketAddr::new(0, 0)).map_err(|e| NlError::from_io("bind netlink socket", &e))?;
-        for g in groups {
-            sock.add_membership(*g).map_err(|e| NlError::from_io("join rtnetlink group", &e))?;
-        }
-        Ok(Subscription { sock, buf: vec![0; 64 * 1024] })
-    }
-
-    /// The next batch of notifications, or an empty batch when `deadline` has passed.
+    /// The next batch of notifications, or an empty batch when `deadline` has passed (or
+    /// notifications were dropped: the caller re-queries the state).
     fn next(&mut self, deadline: Instant) -> Result<Vec<Event>, NlError> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(Vec::new());
+        Ok(self.sock.recv_until(deadline)?.map(decode_events).unwrap_or_default())
+    }
+}
+
+impl Netlink {
+    /// A socket subscribed to `groups` in this connection's namespace (not necessarily the
+    /// calling thread's).
+    pub(super) fn subscribe(&self, groups: &[u32]) -> Result<Subscription, NlError> {
+        self.open_beside(|| {
+            let mut sock = NlSocket::open()?;
+            for g in groups {
+                sock.join(*g)?;
             }
-            let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd for the duration of the call.
-            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(NlError::from_io("poll netlink socket", &e));
-            }
-            if n == 0 {
-                continue; // re-check the deadline
-            }
-            let mut window: &mut [u8] = &mut self.buf[..];
-            let len = match self.sock.recv(&mut window, libc::MSG_DONTWAIT) {
-                Ok(len) => len,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                // ENOBUFS: notifications were dropped; the caller re-queries the state.
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(Vec::new()),
-                Err(e) => return Err(NlError::from_io("receive netlink notification", &e)),
-            };
-            return Ok(decode_events(&self.buf[..len]));
-        }
+            Ok(Subscription { sock })
+        })
     }
 }
 
@@ -84,10 +60,9 @@ fn decode_events(mut data: &[u8]) -> Vec<Event> {
         match msg.message_type() {
             RTM_NEWLINK => out.extend(parse_link(msg.payload()).map(Event::Link)),
             RTM_NEWADDR => out.extend(parse_address(msg.payload()).map(|_| Event::Addr)),
-            NLMSG_NOOP | NLMSG_DONE | NLMSG_ERROR | NLMSG_OVERRUN => {}
             _ => {}
         }
-        let step = (len + 3) & !3;
+        let step = len.next_multiple_of(4);
         if step == 0 || step >= data.len() {
             break;
         }
@@ -101,9 +76,6 @@ impl Netlink {
     /// Event-driven: subscribes to link notifications, then checks the current state, then
     /// waits for notifications. Returns the link as last seen; `Ok(None)` when it vanished.
     /// On timeout the error is ETIMEDOUT with the last seen state in its text.
-    ///
-    /// The subscription socket is created in the calling thread's namespace, which must be the
-    /// one this connection talks to.
     pub fn wait_link_oper_up(&mut self, index: u32, timeout: Duration) -> Result<Option<Link>, NlError> {
         let deadline = Instant::now() + timeout;
         // Fast path: already up (the usual case when the peer came up a moment ago).
@@ -111,7 +83,7 @@ impl Netlink {
         if link.oper_state_up() {
             return Ok(Some(link));
         }
-        let mut sub = Subscription::open(&[RTNLGRP_LINK])?;
+        let mut sub = self.subscribe(&[RTNLGRP_LINK])?;
         let mut last = self.link_by_index(index)?;
         loop {
             match &last {
@@ -164,7 +136,7 @@ impl Netlink {
         if check(&addrs)? {
             return Ok(addrs);
         }
-        let mut sub = Subscription::open(&[RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR])?;
+        let mut sub = self.subscribe(&[RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR])?;
         loop {
             let addrs = self.addrs(Some(index), family)?;
             if check(&addrs)? {

@@ -395,31 +395,11 @@ impl Netlink {
         )
     }
 
-    pub fn link_set_mtu(&mut self, index: u32, mtu: u32) -> Result<(), NlError> {
-        self.set_link(
-            || format!("set mtu {mtu} on link {index}"),
-            index,
-            |m| m.attributes.push(LinkAttribute::Mtu(mtu)),
-        )
-    }
-
     pub fn link_set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<(), NlError> {
         self.set_link(
             || format!("set mac {} on link {index}", crate::mac::Mac(mac)),
             index,
             |m| m.attributes.push(LinkAttribute::Address(mac.to_vec())),
-        )
-    }
-
-    /// Enslave to `master`, or release from any master with `None`.
-    pub fn link_set_master(&mut self, index: u32, master: Option<u32>) -> Result<(), NlError> {
-        self.set_link(
-            || match master {
-                Some(m) => format!("attach link {index} to {m}"),
-                None => format!("detach link {index} from its master"),
-            },
-            index,
-            |m| m.attributes.push(LinkAttribute::Controller(master.unwrap_or(0))),
         )
     }
 

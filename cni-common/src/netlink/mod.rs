@@ -1,9 +1,12 @@
-//! A synchronous rtnetlink client: links, addresses, routes and traffic control ([`tc`]).
+//! Synchronous netlink: an rtnetlink client (links, addresses, routes, bridge ports and VLANs,
+//! traffic control ([`tc`]), link and address events), nf_tables ([`nft`]) and conntrack
+//! ([`conntrack`]), all over one blocking transport (`socket`, nfnetlink framing in `nfnl`).
 //!
 //! One [`Netlink`] owns one blocking `NETLINK_ROUTE` socket. A socket talks to the network
 //! namespace it was created in for its whole life, whatever the thread does afterwards, so a
 //! plugin opens one for the host ([`Netlink::new`]) and one for the container
-//! ([`Netlink::new_in`]) and then never has to think about which namespace a call lands in.
+//! ([`Netlink::new_in`]) and then never has to think about which namespace a call lands in —
+//! also for calls that open a second socket (the event waits): it lands beside the first.
 //!
 //! Every operation returns [`NlError`], which keeps the kernel's errno so callers can tell
 //! "already gone" ([`NlError::is_not_found`]) or "already there" ([`NlError::is_exists`]) from
@@ -14,13 +17,12 @@
 
 mod addr;
 mod bridge;
+pub mod conntrack;
 mod devconf;
 mod events;
 mod link;
-pub mod nftables;
-#[doc(hidden)]
-pub mod nftgolden;
-pub mod nftwrite;
+mod nfnl;
+pub mod nft;
 mod route;
 mod socket;
 pub mod tc;
@@ -36,7 +38,7 @@ use crate::netns::NetNs;
 use crate::{CniError, Result};
 
 pub use addr::Address;
-pub use bridge::{vlan_request_bytes, PortFlags, PortVlan};
+pub use bridge::{PortFlags, PortVlan};
 pub use devconf::IPV4_DEVCONF_ARP_NOTIFY;
 pub use link::{Link, LinkKind, LinkSpec, VethPeer};
 pub use route::{NextHop, Route, RouteKind, RouteSpec, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN};
@@ -140,22 +142,63 @@ fn af_of(family: Option<Family>) -> AddressFamily {
     family.map_or(AddressFamily::Unspec, Family::to_af)
 }
 
-/// An rtnetlink connection bound to one network namespace. Methods live in the `link`, `addr`
-/// and `route` submodules.
+/// An rtnetlink connection bound to one network namespace. Methods live in the `link`, `addr`,
+/// `route`, `bridge`, `tc` and `events` submodules.
 pub struct Netlink {
     sock: NlSocket,
+    /// The namespace of `sock`, when it was opened with [`Netlink::new_in`]; otherwise asked
+    /// of the kernel when needed (the calling thread may have moved since).
+    ns: Option<NetNs>,
 }
 
 impl Netlink {
     /// A connection to the calling thread's current network namespace.
     pub fn new() -> std::result::Result<Netlink, NlError> {
-        Ok(Netlink { sock: NlSocket::open()? })
+        Ok(Netlink { sock: NlSocket::open()?, ns: None })
     }
 
     /// A connection to `ns`: enters it on this thread, creates the socket and comes back. The
-    /// socket keeps talking to `ns`.
+    /// socket keeps talking to `ns`, and the connection remembers `ns` for the sockets it opens
+    /// later (event subscriptions).
     pub fn new_in(ns: &NetNs) -> Result<Netlink> {
-        ns.run(|| Netlink::new().map_err(CniError::from))
-            .map_err(|e| e.context(format_args!("netlink socket in {}", ns.path().display())))
+        let context = || format!("netlink socket in {}", ns.path().display());
+        let sock = ns.run(|| NlSocket::open().map_err(CniError::from)).map_err(|e| e.context(context()))?;
+        Ok(Netlink { sock, ns: Some(ns.try_clone().map_err(|e| e.context(context()))?) })
+    }
+
+    /// Dump with `msg` and decode the replies of type `reply_type` with `parse` (those it cannot
+    /// decode are skipped). Errors are the kernel's, for the caller to describe.
+    fn dump<T>(
+        &mut self,
+        msg: netlink_packet_route::RouteNetlinkMessage,
+        reply_type: u16,
+        parse: impl Fn(&[u8]) -> Option<T>,
+    ) -> std::result::Result<Vec<T>, NlError> {
+        let replies = self.sock.request(msg, netlink_packet_core::NLM_F_DUMP)?;
+        Ok(replies.iter().filter(|r| r.msg_type == reply_type).filter_map(|r| parse(&r.payload)).collect())
+    }
+
+    /// Run `f` (which opens another socket) in the namespace of this connection's socket,
+    /// whichever namespace the calling thread is in.
+    fn open_beside<T>(
+        &self,
+        f: impl FnOnce() -> std::result::Result<T, NlError>,
+    ) -> std::result::Result<T, NlError> {
+        let asked;
+        let ns = match &self.ns {
+            Some(ns) => ns,
+            None => {
+                asked = NetNs::of_socket(std::os::fd::AsFd::as_fd(&self.sock))
+                    .map_err(|e| NlError::new(e.msg, libc::EINVAL))?;
+                &asked
+            }
+        };
+        let mut out = None;
+        ns.run(|| {
+            out = Some(f());
+            Ok(())
+        })
+        .map_err(|e| NlError::new(e.msg, libc::EINVAL))?;
+        out.unwrap_or_else(|| Err(NlError::new("open a netlink socket beside another", libc::EINVAL)))
     }
 }

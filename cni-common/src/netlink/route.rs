@@ -1,11 +1,10 @@
-//! Routes: list (all tables), add (exclusive, append for ECMP-style duplicates, or replace) and
-//! delete.
+//! Routes: list (all tables) and add (exclusive, append for ECMP-style duplicates, or replace).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use netlink_packet_core::{
-    NlasIterator, ParseableParametrized, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
+    NlasIterator, ParseableParametrized, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteMessage, RouteMetric, RouteNextHop,
@@ -23,7 +22,6 @@ pub const TABLE_MAIN: u32 = 254;
 pub const SCOPE_LINK: u8 = 253;
 /// `RT_SCOPE_UNIVERSE`.
 pub const SCOPE_UNIVERSE: u8 = 0;
-const RT_SCOPE_NOWHERE: u8 = 255;
 const RTPROT_BOOT: u8 = 3;
 
 /// The route type (`RTN_*`).
@@ -103,11 +101,11 @@ impl Route {
     }
 }
 
-/// A route to add or delete.
+/// A route to add.
 ///
 /// Defaults (from [`RouteSpec::new`]): main table, universe scope, no metric, protocol "boot"
 /// as `ip route add` and the Go plugins use; exclusive create (EEXIST when an identical route
-/// exists). For a delete, unset fields are wildcards: any scope, any protocol, main table.
+/// exists).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteSpec {
     /// Host bits are cleared before sending (`10.1.2.3/24` means `10.1.2.0/24`).
@@ -164,8 +162,8 @@ impl RouteSpec {
     }
 }
 
-/// The `RTM_NEWROUTE`/`RTM_DELROUTE` body for `spec`.
-pub(crate) fn route_message(spec: &RouteSpec, delete: bool) -> Result<RouteMessage, NlError> {
+/// The `RTM_NEWROUTE` body for `spec`.
+pub(crate) fn route_message(spec: &RouteSpec) -> Result<RouteMessage, NlError> {
     let dst = spec.dst.trunc();
     let family = Family::of(&dst.addr());
     if let Some(gw) = spec.gw {
@@ -180,20 +178,11 @@ pub(crate) fn route_message(spec: &RouteSpec, delete: bool) -> Result<RouteMessa
     let h = &mut msg.header;
     h.address_family = af_of(Some(family));
     h.destination_prefix_length = dst.prefix_len();
-    let table = spec.table.or((!delete).then_some(TABLE_MAIN));
-    h.table = match table {
-        Some(t) if t < 256 => t as u8,
-        _ => RouteHeader::RT_TABLE_UNSPEC,
-    };
-    if delete {
-        h.scope = spec.scope.unwrap_or(RT_SCOPE_NOWHERE).into();
-        h.protocol = spec.protocol.unwrap_or(0).into();
-        h.kind = 0.into();
-    } else {
-        h.scope = spec.scope.unwrap_or(SCOPE_UNIVERSE).into();
-        h.protocol = spec.protocol.unwrap_or(RTPROT_BOOT).into();
-        h.kind = 1.into(); // RTN_UNICAST
-    }
+    let table = spec.table.unwrap_or(TABLE_MAIN);
+    h.table = if table < 256 { table as u8 } else { RouteHeader::RT_TABLE_UNSPEC };
+    h.scope = spec.scope.unwrap_or(SCOPE_UNIVERSE).into();
+    h.protocol = spec.protocol.unwrap_or(RTPROT_BOOT).into();
+    h.kind = 1.into(); // RTN_UNICAST
     let attrs = &mut msg.attributes;
     if dst.prefix_len() > 0 {
         attrs.push(RouteAttribute::Destination(RouteAddress::from(dst.addr())));
@@ -207,20 +196,16 @@ pub(crate) fn route_message(spec: &RouteSpec, delete: bool) -> Result<RouteMessa
     if let Some(p) = spec.priority {
         attrs.push(RouteAttribute::Priority(p));
     }
-    if let Some(t) = table {
-        attrs.push(RouteAttribute::Table(t));
+    attrs.push(RouteAttribute::Table(table));
+    let mut metrics = Vec::new();
+    if let Some(mtu) = spec.mtu {
+        metrics.push(RouteMetric::Mtu(mtu));
     }
-    if !delete {
-        let mut metrics = Vec::new();
-        if let Some(mtu) = spec.mtu {
-            metrics.push(RouteMetric::Mtu(mtu));
-        }
-        if let Some(mss) = spec.advmss {
-            metrics.push(RouteMetric::Advmss(mss));
-        }
-        if !metrics.is_empty() {
-            attrs.push(RouteAttribute::Metrics(metrics));
-        }
+    if let Some(mss) = spec.advmss {
+        metrics.push(RouteMetric::Advmss(mss));
+    }
+    if !metrics.is_empty() {
+        attrs.push(RouteAttribute::Metrics(metrics));
     }
     Ok(msg)
 }
@@ -311,21 +296,15 @@ impl Netlink {
     pub fn routes(&mut self, family: Option<Family>) -> Result<Vec<Route>, NlError> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = af_of(family);
-        let replies = self
-            .sock
-            .request(RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP)
+        let all = self
+            .dump(RouteNetlinkMessage::GetRoute(msg), RTM_NEWROUTE, parse_route)
             .map_err(|e| e.during("list routes"))?;
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == RTM_NEWROUTE)
-            .filter_map(|r| parse_route(&r.payload))
-            .filter(|r| family.is_none_or(|f| Family::of(&r.dst.addr()) == f))
-            .collect())
+        Ok(all.into_iter().filter(|r| family.is_none_or(|f| Family::of(&r.dst.addr()) == f)).collect())
     }
 
     /// Add a route. EEXIST ([`NlError::is_exists`]) when it exists, unless `append`/`replace`.
     pub fn route_add(&mut self, spec: &RouteSpec) -> Result<(), NlError> {
-        let msg = route_message(spec, false)?;
+        let msg = route_message(spec)?;
         let mode = if spec.replace {
             NLM_F_REPLACE
         } else if spec.append {
@@ -337,15 +316,6 @@ impl Netlink {
             .request(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | mode)
             .map(drop)
             .map_err(|e| e.during(format!("add route {}", spec.describe())))
-    }
-
-    /// Delete the route matching `spec` (ESRCH, see [`NlError::is_not_found`], when none).
-    pub fn route_del(&mut self, spec: &RouteSpec) -> Result<(), NlError> {
-        let msg = route_message(spec, true)?;
-        self.sock
-            .request(RouteNetlinkMessage::DelRoute(msg), 0)
-            .map(drop)
-            .map_err(|e| e.during(format!("delete route {}", spec.describe())))
     }
 }
 
@@ -367,7 +337,7 @@ mod tests {
             table: Some(1000),
             ..RouteSpec::new("10.20.30.40/16".parse().unwrap())
         };
-        let msg = route_message(&spec, false).unwrap();
+        let msg = route_message(&spec).unwrap();
         let bytes = emit(&msg);
         assert_eq!(RouteMessage::parse(&bytes[..]).unwrap(), msg);
         // Tables above 255 only fit in RTA_TABLE.
@@ -385,16 +355,8 @@ mod tests {
     }
 
     #[test]
-    fn delete_message_uses_wildcards() {
-        let spec = RouteSpec::new("::/0".parse().unwrap());
-        let msg = route_message(&spec, true).unwrap();
-        assert_eq!(msg.header.table, 0);
-        assert_eq!(u8::from(msg.header.scope), RT_SCOPE_NOWHERE);
-        assert_eq!(u8::from(msg.header.protocol), 0);
-        assert_eq!(u8::from(msg.header.kind), 0);
-        // A default route has no RTA_DST.
-        assert!(msg.attributes.is_empty());
-        let add = route_message(&spec, false).unwrap();
+    fn default_route_message_has_no_destination() {
+        let add = route_message(&RouteSpec::new("::/0".parse().unwrap())).unwrap();
         assert_eq!(add.header.table, 254);
         assert_eq!(add.attributes, vec![RouteAttribute::Table(254)]);
     }
@@ -405,7 +367,7 @@ mod tests {
             gw: Some("fe80::1".parse().unwrap()),
             ..RouteSpec::new("10.0.0.0/8".parse().unwrap())
         };
-        assert_eq!(route_message(&spec, false).unwrap_err().errno, libc::EINVAL);
+        assert_eq!(route_message(&spec).unwrap_err().errno, libc::EINVAL);
     }
 
     #[test]

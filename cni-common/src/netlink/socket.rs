@@ -7,12 +7,20 @@
 //! skipped. A dump the kernel marks `NLM_F_DUMP_INTR` (the table changed while it was being
 //! dumped, so the result may be inconsistent) is read to its end and repeated, up to
 //! [`DUMP_ATTEMPTS`] times in all, like the Go plugins' `netlinksafe` package.
+//!
+//! This is the one transport of the crate: rtnetlink requests ([`super::Netlink`]), rtnetlink
+//! notifications ([`NlSocket::join`], [`NlSocket::recv_until`], used by `events`), and
+//! nfnetlink (nf_tables batches and dumps, conntrack) all go through it. System calls
+//! interrupted by a signal (EINTR) are retried.
 
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator, NLMSG_DONE, NLMSG_ERROR,
     NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP, NLM_F_DUMP_INTR,
     NLM_F_REQUEST,
 };
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -50,9 +58,15 @@ impl NlSocket {
 
     /// Like [`NlSocket::open`] for another netlink protocol (e.g. `NETLINK_NETFILTER`).
     pub(crate) fn open_protocol(protocol: isize) -> Result<NlSocket, NlError> {
+        Self::open_to(protocol, 0)
+    }
+
+    /// A socket of `protocol` talking to port `peer` (0: the kernel; another port only in tests).
+    fn open_to(protocol: isize, peer: u32) -> Result<NlSocket, NlError> {
         let mut sock = Socket::new(protocol).map_err(|e| NlError::from_io("open netlink socket", &e))?;
         sock.bind_auto().map_err(|e| NlError::from_io("bind netlink socket", &e))?;
-        sock.connect(&SocketAddr::new(0, 0)).map_err(|e| NlError::from_io("connect netlink socket", &e))?;
+        sock.connect(&SocketAddr::new(peer, 0))
+            .map_err(|e| NlError::from_io("connect netlink socket", &e))?;
         // Best effort, all of these only improve things on kernels that support them:
         // strict checking makes the kernel validate requests and filter dumps (e.g. addresses
         // of one link) itself; extended ACKs carry a readable reason with errors; capped ACKs
@@ -153,7 +167,6 @@ impl NlSocket {
         if len <= DEFAULT_FITS {
             return;
         }
-        use std::os::fd::AsRawFd;
         let size = libc::c_int::try_from(len.saturating_mul(2)).unwrap_or(libc::c_int::MAX);
         let fd = self.sock.as_raw_fd();
         for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
@@ -170,6 +183,43 @@ impl NlSocket {
             if rc == 0 {
                 return;
             }
+        }
+    }
+
+    /// Join multicast group `group` (e.g. `RTNLGRP_LINK`): its notifications arrive on this
+    /// socket from now on.
+    pub(crate) fn join(&mut self, group: u32) -> Result<(), NlError> {
+        self.sock.add_membership(group).map_err(|e| NlError::from_io("join netlink multicast group", &e))
+    }
+
+    /// The next datagram (notifications), waiting until `deadline` at most. `None` when the
+    /// deadline passed or the kernel dropped notifications because the socket's buffer was full
+    /// (ENOBUFS): either way the caller looks at the current state again.
+    pub(crate) fn recv_until(&mut self, deadline: Instant) -> Result<Option<&[u8]>, NlError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(NlError::from_io("poll netlink socket", &e));
+            }
+            if n == 0 {
+                continue; // re-check the deadline
+            }
+            return match self.recv() {
+                Ok(len) => Ok(Some(&self.rx[..len])),
+                Err(e) if e.errno == libc::ENOBUFS => Ok(None),
+                Err(e) => Err(e.during("receive netlink notification")),
+            };
         }
     }
 
@@ -204,6 +254,12 @@ impl NlSocket {
                 Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
             }
         }
+    }
+}
+
+impl std::os::fd::AsFd for NlSocket {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 }
 
@@ -433,6 +489,52 @@ mod tests {
         let mut c = Collector::new(5);
         let d = nlmsg(RTM_NEWLINK, 0, 5, &[0; 16]);
         assert_eq!(c.absorb(&d[..20]).unwrap_err().errno(), libc::EBADMSG);
+    }
+
+    extern "C" fn on_signal(_: libc::c_int) {}
+
+    /// A request whose answer is late: the requesting thread blocks in recv and is hit by
+    /// signals whose handler is installed without `SA_RESTART`, so each one makes recv fail with
+    /// EINTR. The kernel answers netlink requests before send returns, so its replies never
+    /// leave recv waiting; a user-space peer (`NETLINK_USERSOCK`) plays the kernel here and
+    /// answers only after the signals.
+    #[test]
+    fn requests_survive_signals_while_waiting_for_the_answer() {
+        const NETLINK_USERSOCK: isize = 2;
+        // SIGUSR1 without SA_RESTART.
+        // SAFETY: a handler that does nothing; sigaction with a zeroed, then filled, struct.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
+        let peer_port = peer.bind_auto().unwrap().port_number();
+        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        // SAFETY: pthread_self of the calling thread, which outlives the peer thread (joined).
+        let me = unsafe { libc::pthread_self() } as usize;
+        let kernel = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            let (n, from) = {
+                let mut window: &mut [u8] = &mut buf[..];
+                peer.recv_from(&mut window, 0).unwrap()
+            };
+            let req = NetlinkBuffer::new_checked(&buf[..n]).unwrap();
+            let seq = req.sequence_number();
+            for _ in 0..50 {
+                // SAFETY: the requesting thread is alive: it waits for our answer.
+                unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            let mut ack = 0i32.to_ne_bytes().to_vec();
+            ack.extend_from_slice(&buf[..NLMSG_HDRLEN]);
+            peer.send_to(&nlmsg(NLMSG_ERROR, NLM_F_CAPPED, seq, &ack), &from, 0).unwrap();
+        });
+        let packet = encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK);
+        let answer = client.request_packet(packet, false);
+        kernel.join().unwrap();
+        assert_eq!(answer.expect("the request survives the signals"), Vec::new());
     }
 
     #[test]

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use netlink_packet_core::{parse_string, DefaultNla, NlasIterator, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
+use netlink_packet_core::{parse_string, DefaultNla, NlasIterator, NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::tc::{
     TcAction, TcActionAttribute, TcActionMirrorOption, TcActionOption, TcActionType, TcAttribute,
     TcFilterU32Option, TcHeader, TcMessage, TcMirror, TcMirrorActionType, TcOption, TcU32Key, TcU32Selector,
@@ -505,16 +505,10 @@ impl Netlink {
     /// The qdiscs of link `ifindex` (all links when `None`).
     pub fn qdiscs(&mut self, ifindex: Option<u32>) -> Result<Vec<Qdisc>, NlError> {
         let msg = TcMessage::with_index(0);
-        let replies = self
-            .sock
-            .request(RouteNetlinkMessage::GetQueueDiscipline(msg), NLM_F_DUMP)
+        let all = self
+            .dump(RouteNetlinkMessage::GetQueueDiscipline(msg), RTM_NEWQDISC, parse_qdisc)
             .map_err(|e| e.during("list qdiscs"))?;
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == RTM_NEWQDISC)
-            .filter_map(|r| parse_qdisc(&r.payload))
-            .filter(|q| ifindex.is_none_or(|i| q.ifindex == i))
-            .collect())
+        Ok(all.into_iter().filter(|q| ifindex.is_none_or(|i| q.ifindex == i)).collect())
     }
 
     /// Attach a u32 filter matching every packet (protocol all) to `parent` of link `ifindex`,
@@ -544,17 +538,11 @@ impl Netlink {
     /// parent qdisc does not exist.
     pub fn filters(&mut self, ifindex: u32, parent: u32) -> Result<Vec<Filter>, NlError> {
         let msg = TcMessage::from_parts(tc_header(ifindex, 0, parent), vec![]);
-        let replies = match self.sock.request(RouteNetlinkMessage::GetTrafficFilter(msg), NLM_F_DUMP) {
-            Ok(r) => r,
-            Err(e) if e.is_not_found() || e.errno == libc::EINVAL => return Ok(Vec::new()),
-            Err(e) => return Err(e.during(format!("list filters of link {ifindex}"))),
-        };
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == RTM_NEWTFILTER)
-            .filter_map(|r| parse_filter(&r.payload))
-            .filter(|f| f.ifindex == ifindex)
-            .collect())
+        match self.dump(RouteNetlinkMessage::GetTrafficFilter(msg), RTM_NEWTFILTER, parse_filter) {
+            Ok(all) => Ok(all.into_iter().filter(|f| f.ifindex == ifindex).collect()),
+            Err(e) if e.is_not_found() || e.errno == libc::EINVAL => Ok(Vec::new()),
+            Err(e) => Err(e.during(format!("list filters of link {ifindex}"))),
+        }
     }
 }
 

@@ -113,20 +113,6 @@ pub struct PortMapping {
     pub host_ip: String,
 }
 
-/// `runtimeConfig.bandwidth` and the static keys of the bandwidth plugin.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BandwidthEntry {
-    #[serde(default)]
-    pub ingress_rate: u64,
-    #[serde(default)]
-    pub ingress_burst: u64,
-    #[serde(default)]
-    pub egress_rate: u64,
-    #[serde(default)]
-    pub egress_burst: u64,
-}
-
 /// One `runtimeConfig.ipRanges` / `ipam.ranges` range.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -259,18 +245,10 @@ mod tests {
 
     #[test]
     fn runtime_capabilities_decode_case_insensitively() {
-        let bw: BandwidthEntry = json::from_value(
-            json!({"ingressRate": 8, "IngressBurst": 16, "EGRESSRATE": 1, "egressBurst": 2}),
-        )
-        .unwrap();
-        assert_eq!(
-            bw,
-            BandwidthEntry { ingress_rate: 8, ingress_burst: 16, egress_rate: 1, egress_burst: 2 }
-        );
         let pm: PortMapping = json::from_value(
-            json!({"hostPort": 8080, "containerPort": 80, "protocol": "TCP", "hostIP": "0.0.0.0"}),
+            json!({"HOSTPORT": 8080, "containerPort": 80, "Protocol": "TCP", "hostIP": "0.0.0.0"}),
         )
         .unwrap();
-        assert_eq!(pm.host_ip, "0.0.0.0");
+        assert_eq!((pm.host_port, pm.protocol.as_str(), pm.host_ip.as_str()), (8080, "TCP", "0.0.0.0"));
     }
 }

@@ -117,11 +117,6 @@ impl Env {
             netns_override: override_text == "1" || override_text.eq_ignore_ascii_case("true"),
         }))
     }
-
-    /// The directories of CNI_PATH, in order.
-    pub fn path_dirs(&self) -> impl Iterator<Item = &str> {
-        self.path.split(':').filter(|d| !d.is_empty())
-    }
 }
 
 fn id_chars_ok(s: &str) -> bool {

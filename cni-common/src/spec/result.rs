@@ -49,16 +49,27 @@ pub struct IpConfig {
     pub gateway: Option<IpAddr>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A route, as results and host-local's `routes` config carry it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Route {
     pub dst: IpNet,
+    #[serde(default, deserialize_with = "super::config::empty_ip_is_none")]
     pub gw: Option<IpAddr>,
-    /// The fields below are 1.1.0 only.
+    /// The fields below are 1.1.0 only. 0 (what Go writes for "unset") reads as unset.
+    #[serde(default, deserialize_with = "zero_is_none")]
     pub mtu: Option<u32>,
+    #[serde(default, deserialize_with = "zero_is_none")]
     pub advmss: Option<u32>,
+    #[serde(default, deserialize_with = "zero_is_none")]
     pub priority: Option<u32>,
+    #[serde(default)]
     pub table: Option<u32>,
+    #[serde(default)]
     pub scope: Option<u8>,
+}
+
+fn zero_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<u32>::deserialize(d)?.filter(|v| *v != 0))
 }
 
 impl Route {
@@ -178,7 +189,7 @@ impl CniResult {
             Ok(CniResult {
                 interfaces: w.interfaces.unwrap_or_default().into_iter().map(Into::into).collect(),
                 ips: w.ips.unwrap_or_default().into_iter().map(Into::into).collect(),
-                routes: w.routes.unwrap_or_default().into_iter().map(Into::into).collect(),
+                routes: w.routes.unwrap_or_default(),
                 dns: w.dns.unwrap_or_default(),
             })
         } else {
@@ -186,15 +197,10 @@ impl CniResult {
             let mut r = CniResult { dns: w.dns.unwrap_or_default(), ..Default::default() };
             for fam in [w.ip4, w.ip6].into_iter().flatten() {
                 r.ips.push(IpConfig { interface: None, address: fam.ip, gateway: fam.gateway });
-                r.routes.extend(fam.routes.unwrap_or_default().into_iter().map(Route::from));
+                r.routes.extend(fam.routes.unwrap_or_default());
             }
             Ok(r)
         }
-    }
-
-    /// Index of the interface named `name` inside a sandbox (`sandbox` non-empty).
-    pub fn sandbox_interface(&self, name: &str) -> Option<usize> {
-        self.interfaces.iter().position(|i| i.name == name && !i.sandbox.is_empty())
     }
 }
 
@@ -282,7 +288,7 @@ impl Route {
 struct WireRich {
     interfaces: Option<Vec<WireInterface>>,
     ips: Option<Vec<WireIp>>,
-    routes: Option<Vec<WireRoute>>,
+    routes: Option<Vec<Route>>,
     dns: Option<Dns>,
 }
 
@@ -310,19 +316,6 @@ struct WireIp {
     gateway: Option<IpAddr>,
 }
 
-/// Route as found in results and in host-local's `routes` config.
-#[derive(Deserialize, Clone, Debug)]
-pub struct WireRoute {
-    pub dst: IpNet,
-    #[serde(default, deserialize_with = "super::config::empty_ip_is_none")]
-    pub gw: Option<IpAddr>,
-    pub mtu: Option<u32>,
-    pub advmss: Option<u32>,
-    pub priority: Option<u32>,
-    pub table: Option<u32>,
-    pub scope: Option<u8>,
-}
-
 #[derive(Deserialize)]
 struct WireLegacy {
     ip4: Option<WireLegacyIp>,
@@ -334,7 +327,7 @@ struct WireLegacy {
 struct WireLegacyIp {
     ip: IpNet,
     gateway: Option<IpAddr>,
-    routes: Option<Vec<WireRoute>>,
+    routes: Option<Vec<Route>>,
 }
 
 impl From<WireInterface> for Interface {
@@ -353,19 +346,5 @@ impl From<WireInterface> for Interface {
 impl From<WireIp> for IpConfig {
     fn from(w: WireIp) -> Self {
         IpConfig { interface: w.interface, address: w.address, gateway: w.gateway }
-    }
-}
-
-impl From<WireRoute> for Route {
-    fn from(w: WireRoute) -> Self {
-        Route {
-            dst: w.dst,
-            gw: w.gw,
-            mtu: w.mtu.filter(|v| *v != 0),
-            advmss: w.advmss.filter(|v| *v != 0),
-            priority: w.priority.filter(|v| *v != 0),
-            table: w.table,
-            scope: w.scope,
-        }
     }
 }

@@ -10,10 +10,10 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use cni_common::attachment::AttachmentId;
+use cni_common::delegate::{ipam, Pending};
 use cni_common::error::{code, CniError, Context, Result};
-use cni_common::ipam;
 use cni_common::mac::Mac;
-use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{
     Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, RouteSpec, VethPeer,
     IPV4_DEVCONF_ARP_NOTIFY,
@@ -85,17 +85,16 @@ impl Undo {
 }
 
 /// The IPAM ADD while it runs alongside the kernel setup: in-process on a thread of its own
-/// (see `cni_common::ipam`), or exec'd from a helper thread — spawning a process blocks the
+/// (see `cni_common::delegate`), or exec'd from a helper thread — spawning a process blocks the
 /// spawning thread until the child has exec'd, which this keeps off the main path as well.
 enum IpamAdd {
     Exec(std::thread::JoinHandle<Result<Vec<u8>>>),
-    InProcess(ipam::Pending),
+    InProcess(Pending),
 }
 
 impl IpamAdd {
     fn start(req: &Request) -> Result<IpamAdd> {
-        let delegate =
-            ipam::Delegate::locate(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
+        let delegate = ipam::locate(req)?.ok_or_else(|| CniError::config("no IPAM plugin configured"))?;
         if delegate.in_process() {
             return Ok(IpamAdd::InProcess(delegate.start(Command::Add, &req.stdin)?));
         }
@@ -207,7 +206,7 @@ impl<'r> Add<'r> {
         let conf = Conf::from_request(req)?;
         conf.check_version(req.version)?;
         if conf.l3 {
-            ipam::delegate_path(req)?;
+            ipam::path(req)?;
         }
         let nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
         if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {

@@ -6,10 +6,10 @@
 use std::net::IpAddr;
 
 use cni_common::attachment::AttachmentId;
+use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
-use cni_common::ipam;
 use cni_common::mac::Mac;
-use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
 use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface};

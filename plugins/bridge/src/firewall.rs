@@ -25,9 +25,9 @@
 
 use cni_common::attachment::{masq_network_hash, AttachmentId};
 use cni_common::mac::Mac;
-use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, NftRule, Verdict};
-use cni_common::netlink::nftwrite::{
-    BaseChain, CmpOp, NftOp, RuleExpr, HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
+use cni_common::netlink::nft::{
+    BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict, HOOK_POSTROUTING,
+    HOOK_PREROUTING, POLICY_ACCEPT,
 };
 use cni_common::{CniError, Result};
 use ipnet::IpNet;

@@ -16,10 +16,10 @@
 use std::collections::HashSet;
 
 use cni_common::attachment::AttachmentId;
+use cni_common::delegate::ipam;
 use cni_common::error::{code, CniError, Result};
 use cni_common::error_list::ErrorList;
-use cni_common::ipam;
-use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::nft::{NfTables, NftDelete, NftOp};
 use cni_common::netlink::{Netlink, NlError};
 use cni_common::netns::NetNs;
 use cni_common::spec::Command;
@@ -33,20 +33,21 @@ use crate::firewall;
 /// something was deleted.
 fn delete_with_retry(
     nf: &mut NfTables,
-    mut build: impl FnMut(&mut NfTables) -> Result<Vec<cni_common::netlink::nftables::NftDelete>>,
+    mut build: impl FnMut(&mut NfTables) -> Result<Vec<NftDelete>>,
 ) -> Result<bool> {
-    let ops = build(nf)?;
+    let deletions = |d: Vec<NftDelete>| -> Vec<NftOp> { d.into_iter().map(NftOp::Delete).collect() };
+    let ops = deletions(build(nf)?);
     if ops.is_empty() {
         return Ok(false);
     }
-    match nf.delete(&ops) {
+    match nf.apply(&ops) {
         Ok(()) => Ok(true),
         Err(e) if e.is_not_found() => {
-            let ops = build(nf)?;
+            let ops = deletions(build(nf)?);
             if ops.is_empty() {
                 return Ok(true);
             }
-            nf.delete(&ops).map(|_| true).map_err(CniError::from)
+            nf.apply(&ops).map(|_| true).map_err(CniError::from)
         }
         Err(e) => Err(e.into()),
     }

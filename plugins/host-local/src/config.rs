@@ -5,7 +5,7 @@
 use crate::range::RangeSet;
 use cni_common::error::{code, CniError, Result};
 use cni_common::spec::config::{empty_ip_is_none, Args, RangeConf};
-use cni_common::spec::result::{Dns, Route, WireRoute};
+use cni_common::spec::result::{Dns, Route};
 use cni_common::{Request, Version};
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -39,7 +39,7 @@ struct WireIpam {
     #[serde(default, deserialize_with = "empty_ip_is_none")]
     gateway: Option<IpAddr>,
     #[serde(default)]
-    routes: Vec<WireRoute>,
+    routes: Vec<Route>,
     #[serde(default)]
     data_dir: Option<String>,
     #[serde(default)]
@@ -198,7 +198,7 @@ impl Config {
             name: req.network().to_string(),
             data_dir,
             sets,
-            routes: ipam.routes.into_iter().map(Route::from).collect(),
+            routes: ipam.routes,
             resolv_conf,
             requested,
         })

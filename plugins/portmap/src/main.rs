@@ -18,10 +18,10 @@ mod config;
 mod ruleset;
 mod wire;
 
-use cni_common::conntrack::{self, CtFamily};
-use cni_common::netlink::nftables::NfTables;
+use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
+use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
-use cni_common::nft::Nft;
+use cni_common::nft_cli::Nft;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, sysctl, CniError, Plugin, Request, Result};
 use config::{container_addrs, Conf, Fam, Proto, RawConf};
@@ -224,12 +224,18 @@ fn enable_route_localnet(ctr: IpAddr) -> Result<()> {
 }
 
 /// Forget UDP flows to the host ports: they would keep their old NAT binding (plugins#123).
+/// One conntrack dump for all of them.
 fn flush_udp(ports: impl IntoIterator<Item = (Fam, u16)>) {
-    for (fam, port) in ports {
-        let f = if fam == Fam::V4 { CtFamily::V4 } else { CtFamily::V6 };
-        if let Err(e) = conntrack::delete_by_dst_port(f, conntrack::IPPROTO_UDP, port) {
-            eprintln!("portmap: failed to delete stale UDP conntrack entries for port {port}: {}", e.msg);
-        }
+    let targets: Vec<(Family, u16)> = ports
+        .into_iter()
+        .map(|(fam, port)| (if fam == Fam::V4 { Family::V4 } else { Family::V6 }, port))
+        .collect();
+    if let Err(e) = conntrack::delete_by_dst_ports(IPPROTO_UDP, &targets) {
+        let ports: Vec<String> = targets.iter().map(|(_, p)| p.to_string()).collect();
+        eprintln!(
+            "portmap: failed to delete stale UDP conntrack entries for ports {}: {e}",
+            ports.join(", ")
+        );
     }
 }
 

@@ -36,8 +36,8 @@
 //! the static part.
 
 use crate::config::{Conf, Fam, HostIp, Proto};
-use cni_common::netlink::nftables::{NftRule, Verdict};
-use cni_common::nft::quote;
+use cni_common::netlink::nft::{NftRule, Verdict};
+use cni_common::nft_cli::quote;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
@@ -773,8 +773,7 @@ pub fn plan(l: &Listing, gone: &dyn Fn(&str, &str) -> bool, want: &[Elem], tag: 
 mod tests {
     use super::*;
     use crate::config::{Mapping, RawConf};
-    use cni_common::netlink::nftables::NftExpr;
-    use cni_common::netlink::nftwrite::NftOp;
+    use cni_common::netlink::nft::{NftExpr, NftOp};
 
     fn conf(mappings: Vec<Mapping>) -> Conf {
         let mut c = Conf::from_raw(RawConf::default()).unwrap();

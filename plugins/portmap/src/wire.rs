@@ -9,12 +9,11 @@
 
 use crate::config::Conf;
 use crate::ruleset::{self, Elem, Listed, Listing, Owner, ELEMENT_SETS, TABLE};
-use cni_common::netlink::nftables::{NfTables, NftDelete, NftFamily, Verdict};
-use cni_common::netlink::nftwrite::{
-    concat, split_concat, BaseChain, CmpOp, NftData, NftElem, NftOp, NftSet, NftSetData, NftType, RuleExpr,
-    CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING, META_L4PROTO, META_NFPROTO,
-    PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3,
-    REG_VERDICT,
+use cni_common::netlink::nft::{
+    concat, split_concat, BaseChain, CmpOp, NfTables, NftData, NftDelete, NftElem, NftFamily, NftOp, NftSet,
+    NftSetData, NftType, RuleExpr, Verdict, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING,
+    META_L4PROTO, META_NFPROTO, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00,
+    REG_1, REG_2, REG_3, REG_VERDICT,
 };
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
@@ -546,7 +545,7 @@ pub fn read(nf: &mut NfTables) -> Result<Option<Listing>> {
 mod tests {
     use super::*;
     use crate::config::RawConf;
-    use cni_common::netlink::nftgolden::assert_like_nft;
+    use cni_common::netlink::nft::golden::assert_like_nft;
 
     fn el(set: &str, key: &str, data: Option<&str>) -> Elem {
         Elem { set: set.into(), key: key.into(), data: data.map(str::to_string) }

@@ -43,22 +43,18 @@ pub trait Exec {
     fn run(&mut self, plugin: &Path, env: &PluginEnv, stdin: &[u8]) -> Result<Vec<u8>>;
 }
 
-/// Real plugins on disk, through `cni_common::ipam`.
+/// Real plugins on disk, through `cni_common::delegate`.
 pub struct SystemExec;
 
 impl Exec for SystemExec {
     fn find(&self, plugin_type: &str, cni_path: &str) -> Result<PathBuf> {
         validate_plugin_type("type", plugin_type)?;
-        cni_common::ipam::find_in_path(plugin_type, cni_path)
+        cni_common::delegate::find_in_path(plugin_type, cni_path)
     }
 
     fn run(&mut self, plugin: &Path, env: &PluginEnv, stdin: &[u8]) -> Result<Vec<u8>> {
-        // exec_plugin passes our environment on and sets CNI_COMMAND; the rest of libcni's
-        // variables are set here. cnitool is single-threaded, so this is race-free.
-        for (k, v) in env.vars() {
-            std::env::set_var(k, v);
-        }
-        cni_common::ipam::exec_plugin(plugin, env.command, stdin)
+        // Our environment with CNI_COMMAND and the rest of libcni's variables set on top.
+        cni_common::delegate::spawn_plugin(plugin, env.command, &env.vars(), stdin)?.wait()
     }
 }
 

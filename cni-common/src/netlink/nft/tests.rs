@@ -1,12 +1,16 @@
+use super::read::{dump_request, parse_rule};
+use super::set::parse_setelem_message;
 use super::*;
-use crate::nft::Nft;
+use crate::netlink::nfnl::{put_attr, put_nested};
+use crate::nft_cli::Nft;
+use ipnet::IpNet;
 use serde_json::Value;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 // ---- byte-for-byte against nft ----
 
 fn assert_like_nft(name: &str, op: NftOp) {
-    crate::netlink::nftgolden::assert_like_nft(name, &[op]);
+    super::golden::assert_like_nft(name, &[op]);
 }
 
 const PM: &str = "cni_portmap";
@@ -232,7 +236,7 @@ fn long_element_lists_are_split_and_numbered() {
     assert_eq!(split_concat(&[0; 8], &[1]), None);
     // comments are cut at nft's limit, on a character boundary
     let long = "é".repeat(100);
-    let u = udata_comment(&long);
+    let u = comment_udata(&long);
     assert_eq!(u[1] as usize, COMMENT_MAX + 1);
     assert_eq!(u.len(), COMMENT_MAX + 3);
 }
@@ -548,4 +552,164 @@ fn kernel_validate_processes_everything_and_commits_nothing() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("type inet_proto . inet_service : ipv4_addr . inet_service"), "{text}");
     assert!(text.contains("meta l4proto . th dport @m"), "{text}");
+}
+
+// ---- reading ----
+
+#[test]
+fn dump_request_layout() {
+    let p = dump_request(
+        NFT_MSG_GETRULE,
+        NftFamily::Bridge,
+        &[(NFTA_RULE_TABLE, "nat"), (NFTA_RULE_CHAIN, "PREROUTING")],
+    );
+    // header: len, type 0x0a07, flags REQUEST|DUMP (0x301)
+    assert_eq!(u32::from_ne_bytes(p[0..4].try_into().unwrap()) as usize, p.len());
+    assert_eq!(u16::from_ne_bytes(p[4..6].try_into().unwrap()), 0x0a07);
+    assert_eq!(u16::from_ne_bytes(p[6..8].try_into().unwrap()), 0x301);
+    assert_eq!(&p[16..20], &[7, 0, 0, 0]);
+    // "nat\0" padded to 4 + 4 header bytes
+    assert_eq!(u16::from_ne_bytes(p[20..22].try_into().unwrap()), 8);
+    assert_eq!(&p[24..28], b"nat\0");
+    assert_eq!(u16::from_ne_bytes(p[28..30].try_into().unwrap()), 15);
+    assert_eq!(&p[32..43], b"PREROUTING\0");
+    assert_eq!(p.len() % 4, 0);
+}
+
+fn nested(kind: u16, inner: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    put_nested(&mut v, kind, inner);
+    v
+}
+
+#[test]
+fn rule_with_comment_cmp_meta_and_verdict() {
+    let mut payload = vec![7, 0, 0, 0];
+    put_attr(&mut payload, NFTA_RULE_TABLE, b"nat\0");
+    put_attr(&mut payload, NFTA_RULE_CHAIN, b"PREROUTING\0");
+    put_attr(&mut payload, NFTA_RULE_HANDLE, &42u64.to_be_bytes());
+    let mut exprs = Vec::new();
+    // meta iifname
+    let mut meta = Vec::new();
+    put_attr(&mut meta, NFTA_EXPR_NAME, b"meta\0");
+    let mut md = Vec::new();
+    put_attr(&mut md, 1, &1u32.to_be_bytes());
+    put_attr(&mut md, NFTA_META_KEY, &6u32.to_be_bytes());
+    meta.extend(nested(NFTA_EXPR_DATA, &md));
+    exprs.extend(nested(NFTA_LIST_ELEM, &meta));
+    // cmp eq "veth1234"
+    let mut cmp = Vec::new();
+    put_attr(&mut cmp, NFTA_EXPR_NAME, b"cmp\0");
+    let mut cd = Vec::new();
+    put_attr(&mut cd, 1, &1u32.to_be_bytes());
+    put_attr(&mut cd, NFTA_CMP_OP, &0u32.to_be_bytes());
+    let mut value = Vec::new();
+    put_attr(&mut value, NFTA_DATA_VALUE, b"veth1234\0\0\0\0\0\0\0\0");
+    cd.extend(nested(NFTA_CMP_DATA, &value));
+    cmp.extend(nested(NFTA_EXPR_DATA, &cd));
+    exprs.extend(nested(NFTA_LIST_ELEM, &cmp));
+    // immediate jump "chainx"
+    let mut imm = Vec::new();
+    put_attr(&mut imm, NFTA_EXPR_NAME, b"immediate\0");
+    let mut verdict = Vec::new();
+    put_attr(&mut verdict, NFTA_VERDICT_CODE, &(-3i32).to_be_bytes());
+    put_attr(&mut verdict, NFTA_VERDICT_CHAIN, b"chainx\0");
+    let data = nested(NFTA_DATA_VERDICT, &verdict);
+    let mut id = Vec::new();
+    put_attr(&mut id, 1, &0u32.to_be_bytes());
+    id.extend(nested(NFTA_IMMEDIATE_DATA, &data));
+    imm.extend(nested(NFTA_EXPR_DATA, &id));
+    exprs.extend(nested(NFTA_LIST_ELEM, &imm));
+    payload.extend(nested(NFTA_RULE_EXPRESSIONS, &exprs));
+    // userdata: comment TLV
+    let mut udata = vec![UDATA_COMMENT, 8];
+    udata.extend_from_slice(b"hello-x\0");
+    put_attr(&mut payload, NFTA_RULE_USERDATA, &udata);
+
+    let r = parse_rule(&payload).unwrap();
+    assert_eq!((r.table.as_str(), r.chain.as_str(), r.handle), ("nat", "PREROUTING", 42));
+    assert_eq!(r.comment.as_deref(), Some("hello-x"));
+    assert_eq!(r.iifname().as_deref(), Some("veth1234"));
+    assert_eq!(r.verdicts().collect::<Vec<_>>(), vec![&Verdict::Jump("chainx".into())]);
+    assert!(!r.has_expr("masq"));
+}
+
+/// Kernel test: rules written with `nft` in a private namespace are read back over netlink.
+#[test]
+fn reads_back_rules_written_by_nft() {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    let mut nf = NfTables::new().unwrap();
+    assert!(nf.rules(NftFamily::Inet, "t", None).unwrap().is_empty(), "no table yet");
+    assert!(nf.chains(NftFamily::Inet, "t").unwrap().is_empty());
+    nft.apply(
+        "add table inet t\n\
+         add chain inet t c\n\
+         add chain inet t pr { type nat hook postrouting priority srcnat ; }\n\
+         add rule inet t pr goto c\n\
+         add rule inet t c ip saddr 10.1.2.3 ip daddr != 10.1.2.0/24 masquerade comment \"abc, net: x\"\n\
+         add table bridge nat\n\
+         add chain bridge nat PREROUTING { type filter hook prerouting priority -300 ; }\n\
+         add chain bridge nat cni-br-iface-x-eth0\n\
+         add rule bridge nat PREROUTING iifname \"veth0\" jump cni-br-iface-x-eth0 comment \"macspoofchk-x-eth0\"\n",
+    )
+    .unwrap();
+    let all = nf.rules(NftFamily::Inet, "t", None).unwrap();
+    assert_eq!(all.len(), 2);
+    let c = nf.rules(NftFamily::Inet, "t", Some("c")).unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].comment.as_deref(), Some("abc, net: x"));
+    assert!(c[0].has_expr("masq"));
+    assert!(c[0].cmp_data().any(|d| d == [10, 1, 2, 3]), "{:?}", c[0]);
+    let pr = nf.rules(NftFamily::Inet, "t", Some("pr")).unwrap();
+    assert_eq!(pr[0].verdicts().collect::<Vec<_>>(), vec![&Verdict::Goto("c".into())]);
+    let mut chains = nf.chains(NftFamily::Inet, "t").unwrap();
+    chains.sort();
+    assert_eq!(chains, vec!["c", "pr"]);
+    let info = nf.chain_info(NftFamily::Inet, "t").unwrap();
+    let pr = info.iter().find(|c| c.name == "pr").unwrap();
+    assert_eq!((pr.hook, pr.chain_type.as_deref(), pr.policy), (Some((4, 100)), Some("nat"), Some(1)));
+    assert_eq!(info.iter().find(|c| c.name == "c").unwrap().hook, None);
+    let br = nf.chain_info(NftFamily::Bridge, "nat").unwrap();
+    assert_eq!(br.iter().find(|c| c.name == "PREROUTING").unwrap().hook, Some((0, -300)));
+    let b = nf.rules(NftFamily::Bridge, "nat", Some("PREROUTING")).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].iifname().as_deref(), Some("veth0"));
+    assert_eq!(b[0].comment.as_deref(), Some("macspoofchk-x-eth0"));
+    // Delete by the handle we read, over netlink, in one transaction with the chain.
+    let gone = NftDelete::Rule {
+        family: NftFamily::Bridge,
+        table: "nat".into(),
+        chain: "PREROUTING".into(),
+        handle: b[0].handle,
+    };
+    nf.apply(&[
+        NftOp::Delete(gone.clone()),
+        NftOp::Delete(NftDelete::Flush { family: NftFamily::Inet, table: "t".into(), chain: "c".into() }),
+    ])
+    .unwrap();
+    assert!(nf.rules(NftFamily::Bridge, "nat", Some("PREROUTING")).unwrap().is_empty());
+    assert!(nf.rules(NftFamily::Inet, "t", Some("c")).unwrap().is_empty());
+    // All or nothing: the rule is gone already, so nothing of this batch happens.
+    let e = nf
+        .apply(&[
+            NftOp::Delete(NftDelete::Chain {
+                family: NftFamily::Bridge,
+                table: "nat".into(),
+                chain: "cni-br-iface-x-eth0".into(),
+            }),
+            NftOp::Delete(gone),
+        ])
+        .unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert!(nf.chains(NftFamily::Bridge, "nat").unwrap().contains(&"cni-br-iface-x-eth0".to_string()));
+    nf.apply(&[NftOp::Delete(NftDelete::Chain {
+        family: NftFamily::Bridge,
+        table: "nat".into(),
+        chain: "cni-br-iface-x-eth0".into(),
+    })])
+    .unwrap();
+    assert_eq!(nf.chains(NftFamily::Bridge, "nat").unwrap(), vec!["PREROUTING"]);
+    nf.apply(&[]).unwrap();
+    assert!(nf.rules(NftFamily::Bridge, "nat", Some("no-such-chain")).unwrap().is_empty());
 }

@@ -1,12 +1,14 @@
-//! nftables through the `nft` binary: every firewall change of one verb is one atomic
-//! transaction (`nft -f -` reads the whole script and commits it or nothing), reads use
-//! `nft -j list …`.
+//! The `nft` command-line tool, run as a child process: for the one input that is nft syntax
+//! (portmap's user-written `conditionsV4/V6`), whose table portmap then builds with
+//! `nft -f -` (the whole script is one transaction: committed or nothing). Everything else
+//! goes over netlink ([`crate::netlink::nft`]).
 //!
 //! Scripts are written in nft's own syntax. Everything we interpolate is either a number,
 //! an address we formatted, or text passed through [`quote`], which only lets through a
 //! conservative character set, so a hostile ifname or network name cannot inject syntax.
 
 use crate::error::{code, CniError, Result};
+#[cfg(test)]
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -53,7 +55,8 @@ impl Nft {
         ))
     }
 
-    pub fn program(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn program(&self) -> &Path {
         &self.program
     }
 
@@ -94,7 +97,8 @@ impl Nft {
 
     /// `nft -j list table <family> <name>`: the list of objects, or None when the table does
     /// not exist.
-    pub fn list_table(&self, family: &str, table: &str) -> Result<Option<Vec<Value>>> {
+    #[cfg(test)]
+    pub(crate) fn list_table(&self, family: &str, table: &str) -> Result<Option<Vec<Value>>> {
         let out = self.run(&["-j", "list", "table", family, table], None)?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
@@ -105,47 +109,17 @@ impl Nft {
         }
         parse_list(&out.stdout).map(Some)
     }
-
-    /// Whether nf_tables works here: listing tables succeeds.
-    pub fn probe(&self) -> Result<()> {
-        let out = self.run(&["list", "tables"], None)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(CniError::new(
-                code::NOT_AVAILABLE,
-                format!("nf_tables is not usable: {}", String::from_utf8_lossy(&out.stderr).trim()),
-            ))
-        }
-    }
 }
 
 /// The `nftables` array of a `nft -j` document.
-pub fn parse_list(bytes: &[u8]) -> Result<Vec<Value>> {
+#[cfg(test)]
+fn parse_list(bytes: &[u8]) -> Result<Vec<Value>> {
     let v: Value =
         serde_json::from_slice(bytes).map_err(|e| CniError::internal(format!("nft -j output: {e}")))?;
     match v.get("nftables") {
         Some(Value::Array(a)) => Ok(a.clone()),
         _ => Err(CniError::internal("nft -j output has no \"nftables\" array")),
     }
-}
-
-/// The rules of `chain` in a listing, as JSON objects (`{"family", "table", "chain",
-/// "handle", "expr", "comment"?}`).
-pub fn rules_of<'a>(list: &'a [Value], chain: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
-    list.iter()
-        .filter_map(|o| o.get("rule"))
-        .filter(move |r| r.get("chain").and_then(Value::as_str) == Some(chain))
-}
-
-/// The comment of a rule, if any.
-pub fn comment(rule: &Value) -> Option<&str> {
-    rule.get("comment").and_then(Value::as_str)
-}
-
-/// Whether `chain` exists in a listing.
-pub fn has_chain(list: &[Value], chain: &str) -> bool {
-    list.iter().filter_map(|o| o.get("chain")).any(|c| c.get("name").and_then(Value::as_str) == Some(chain))
 }
 
 /// A double-quoted nft string. Characters outside `[A-Za-z0-9_.:/@,=+-]` and space are
@@ -183,11 +157,8 @@ mod tests {
             {"rule":{"family":"inet","table":"t","chain":"c","handle":2,"comment":"x","expr":[]}},
             {"rule":{"family":"inet","table":"t","chain":"d","handle":3,"expr":[]}}]}"#;
         let list = parse_list(doc).unwrap();
-        assert!(has_chain(&list, "c"));
-        assert!(!has_chain(&list, "d"));
-        let rules: Vec<_> = rules_of(&list, "c").collect();
-        assert_eq!(rules.len(), 1);
-        assert_eq!(comment(rules[0]), Some("x"));
+        assert_eq!(list.len(), 5);
+        assert_eq!(list[2]["chain"]["name"], "c");
         assert!(parse_list(b"{}").is_err());
     }
 }

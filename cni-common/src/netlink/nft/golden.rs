@@ -1,13 +1,13 @@
 //! What `nft` 1.0.6 sends for a set of commands (testdata/nft-golden.txt, captured by
 //! testdata/capture-nft.py), and a comparison of our messages with them. For the unit tests of
-//! this crate and of plugins that build nf_tables objects; nothing here runs in a plugin.
+//! this crate and of plugins that build nf_tables objects: compiled for this crate's tests and
+//! with the `nftgolden` feature (plugins enable it for their tests only), never into a plugin.
 
-use super::nftwrite::{wire_messages, NftOp};
+use super::consts::{NFTA_SET_ELEM_LIST_SET_ID, NFT_MSG_NEWSETELEM};
+use super::{wire_messages, NftOp};
 use netlink_packet_core::NLM_F_ACK;
 
 const GOLDEN: &str = include_str!("testdata/nft-golden.txt");
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
 
 /// The messages `nft` sent for case `name` (panics when there is no such case).
 pub fn golden(name: &str) -> Vec<Vec<u8>> {

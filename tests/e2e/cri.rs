@@ -1,0 +1,697 @@
+//! The Kubernetes path, kubelet → CRI → CNI: containerd 1.6's CRI plugin drives our plugins
+//! with the Kubernetes "Network Plugins" page's conflists (conf-examples/k8s-*.conflist,
+//! installed byte for byte), and this test plays the kubelet over CRI `runtime.v1`
+//! (`cni_tests::cri`). Everything runs in a [`Sandbox`] (scratch host + outside netns, private
+//! mount namespace) with a private containerd whose CNI bin dir holds our plugins behind
+//! recorders, so the test also pins down what the CRI hands to each plugin.
+//! docs/real-clients.md describes what is verified and what is not.
+
+use cni_tests::clients::{wait_for, Containerd, HostSnapshot, PluginSet, Sandbox, HOST_ADDR};
+use cni_tests::cri::{self, pb, Call, CriClient};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The image the sandboxes ("pause") and the containers run: busybox-static, built here.
+const IMAGE: &str = "localhost/cni-tests/busybox:1";
+/// The network name in the page's conflists.
+const NET: &str = "k8s-pod-network";
+/// The bridge and pod subnet of conf-examples/k8s-*.conflist.
+const BRIDGE: &str = "cni0";
+const POD_SUBNET_PREFIX: &str = "10.244.3.";
+/// containerd's own loopback network (go-cni's `WithLoNetwork`).
+const LO_NET: &str = "cni-loopback";
+const HOST_PORT: u16 = 30080;
+const CONTAINER_PORT: u16 = 8080;
+const PAGE: &str = "hello from the container\n";
+/// The annotations' value, and what it means in bit/s.
+const ANNOTATION: &str = "1M";
+const RATE_BITS: u64 = 1_000_000;
+/// What the CRI sends as the burst of an annotation-made limit (Go's math.MaxUint32).
+const CRI_BURST: u64 = 4_294_967_295;
+/// Seconds of traffic at the shaped rate in each timed transfer.
+const TRANSFER_SECONDS: u64 = 6;
+
+/// A node: the sandbox, a private containerd with its CRI on, a CRI client, the recorder log.
+struct Node<'a> {
+    sb: &'a Sandbox,
+    ctrd: Containerd<'a>,
+    cri: CriClient,
+    calls: PathBuf,
+    /// Sandboxes still to remove if the test fails half-way.
+    live: Vec<String>,
+}
+
+/// The CRI plugin's configuration: our conflist dir and recorder bin dir, the local image as
+/// sandbox image, runc with cgroupfs, no AppArmor/SELinux, streaming server on loopback.
+fn cri_toml(sb: &Sandbox) -> String {
+    format!(
+        r#"  sandbox_image = "{IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  enable_unprivileged_ports = false
+  enable_unprivileged_icmp = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+    max_conf_num = 1
+    conf_template = ""
+"#,
+        bin = sb.dir.join("cribin").display(),
+        conf = sb.dir.join("criconf").display(),
+    )
+}
+
+/// `POST /cgi-bin/sink?SKIP-TIMED`: reads SKIP blocks of the body, then TIMED blocks between
+/// two readings of /proc/uptime; answers "<start> <end> <bytes of the timed part>".
+const SINK: &str = r#"#!/bin/sh
+skip=${QUERY_STRING%-*}
+timed=${QUERY_STRING#*-}
+dd bs=1000 count="$skip" iflag=fullblock of=/dev/null 2>/dev/null
+read t1 rest < /proc/uptime
+n=$(dd bs=1000 count="$timed" iflag=fullblock 2>/dev/null | wc -c)
+read t2 rest < /proc/uptime
+printf 'Content-Type: text/plain\r\n\r\n%s %s %s\n' "$t1" "$t2" "$n"
+"#;
+
+/// The image rootfs: the sandbox's busybox rootfs plus two CGI scripts for the timed
+/// transfers (`/cgi-bin/zeros?N` answers N bytes of zeros; [`SINK`]).
+fn prepare_rootfs(root: &Path) {
+    for a in ["head", "wc", "dd"] {
+        let l = root.join("bin").join(a);
+        if !l.exists() {
+            std::os::unix::fs::symlink("busybox", l).unwrap();
+        }
+    }
+    let cgi = root.join("www/cgi-bin");
+    std::fs::create_dir_all(&cgi).unwrap();
+    let scripts = [
+        ("zeros", "#!/bin/sh\nprintf 'Content-Type: application/octet-stream\\r\\n\\r\\n'\nexec head -c \"$QUERY_STRING\" /dev/zero\n"),
+        ("sink", SINK),
+    ];
+    for (name, text) in scripts {
+        let p = cgi.join(name);
+        std::fs::write(&p, text).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+impl<'a> Node<'a> {
+    /// Install `conflist` (a file of conf-examples/, copied byte for byte), start containerd
+    /// with its CRI, import the image and wait until the CRI reports the network ready.
+    fn start(sb: &'a Sandbox, conflist: &str) -> Node<'a> {
+        let conf_dir = sb.dir.join("criconf");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let src = cni_tests::workspace_root().join("conf-examples").join(conflist);
+        std::fs::copy(&src, conf_dir.join(conflist)).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+        let calls = sb.dir.join("calls");
+        // The runtime calls these; bridge calls host-local, which stays the plain binary so
+        // that bridge runs it in-process as on a real node (plugins/bridge/README.md).
+        let bin = sb.dir.join("cribin");
+        cri::install_recorders(
+            &bin,
+            &sb.dir.join("bin"),
+            &calls,
+            &["loopback", "bridge", "portmap", "bandwidth"],
+        );
+        std::os::unix::fs::symlink(sb.dir.join("bin/host-local"), bin.join("host-local")).unwrap();
+
+        let rootfs = sb.dir.join("rootfs");
+        prepare_rootfs(&rootfs);
+        let archive = sb.dir.join("image.tar");
+        cri::build_image_archive(&rootfs, &archive, IMAGE, &["/bin/sleep", "2147483647"]);
+
+        let ctrd = Containerd::start_with_cri(sb, &cri_toml(sb));
+        ctrd.must(&["-n", "k8s.io", "images", "import", archive.to_str().unwrap()]);
+        let mut cri = CriClient::connect(&ctrd.socket).expect("connect to the CRI");
+        let v = cri.version().expect("CRI Version");
+        assert_eq!(v.runtime_name, "containerd", "{v:?}");
+        assert_eq!(v.runtime_api_version, "v1", "containerd serves CRI runtime.v1: {v:?}");
+        let mut last = Vec::new();
+        let ready = cni_tests::clients::poll(Duration::from_secs(30), || {
+            last = cri.conditions().expect("CRI Status");
+            last.iter().all(|(_, ok, _)| *ok).then_some(())
+        });
+        assert!(ready.is_some(), "the CRI is not ready (network config not loaded?): {last:?}");
+        assert!(cri.image_status(IMAGE).expect("ImageStatus").is_some(), "the CRI does not see {IMAGE}");
+        Node { sb, ctrd, cri, calls, live: Vec::new() }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.ctrd.log).unwrap_or_default()
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        cri::recorded(&self.calls)
+    }
+
+    /// The pod's sandbox configuration as a kubelet would send it for attempt `attempt`.
+    fn pod_config(&self, name: &str, uid: &str, attempt: u32, annotations: bool) -> pb::PodSandboxConfig {
+        let logs = self.sb.dir.join("pods").join(format!("{uid}-{attempt}"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut ann = HashMap::new();
+        if annotations {
+            ann.insert("kubernetes.io/ingress-bandwidth".to_string(), ANNOTATION.to_string());
+            ann.insert("kubernetes.io/egress-bandwidth".to_string(), ANNOTATION.to_string());
+        }
+        pb::PodSandboxConfig {
+            metadata: Some(pb::PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: "default".into(),
+                attempt,
+            }),
+            hostname: name.into(),
+            log_directory: logs.to_string_lossy().into_owned(),
+            port_mappings: vec![pb::PortMapping {
+                protocol: pb::PROTOCOL_TCP,
+                container_port: CONTAINER_PORT.into(),
+                host_port: HOST_PORT.into(),
+                host_ip: String::new(),
+            }],
+            labels: HashMap::from([("app".to_string(), name.to_string())]),
+            annotations: ann,
+            linux: Some(pb::LinuxPodSandboxConfig {
+                cgroup_parent: format!("{}/pod{uid}", self.sb.cgroup_parent),
+            }),
+        }
+    }
+
+    /// RunPodSandbox; returns (sandbox id, pod IP from PodSandboxStatus).
+    fn run_pod(&mut self, config: &pb::PodSandboxConfig) -> (String, String) {
+        let id = self
+            .cri
+            .run_pod_sandbox(config)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\ncontainerd log:\n{}", self.log()));
+        self.live.push(id.clone());
+        let st = self.cri.pod_sandbox_status(&id).expect("PodSandboxStatus");
+        let status = st.status.expect("a status");
+        assert_eq!(status.state, pb::SANDBOX_READY, "{status:?}");
+        let ip = status.network.expect("network status").ip;
+        (id, ip)
+    }
+
+    /// A busybox httpd container in the sandbox, serving /www on CONTAINER_PORT; waits until
+    /// it answers on `ip`.
+    fn run_web(&mut self, sandbox: &str, config: &pb::PodSandboxConfig, ip: &str) -> String {
+        let c = pb::ContainerConfig {
+            // container names must be unique while the older sandbox is around: a kubelet
+            // counts restarts in the container's attempt
+            metadata: Some(pb::ContainerMetadata {
+                name: "web".into(),
+                attempt: config.metadata.as_ref().map_or(0, |m| m.attempt),
+            }),
+            image: Some(pb::ImageSpec { image: IMAGE.into() }),
+            command: ["/bin/httpd", "-f", "-p", &CONTAINER_PORT.to_string(), "-h", "/www"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            args: vec![],
+            log_path: "web.log".into(),
+        };
+        let id = self.cri.create_container(sandbox, &c, config).expect("CreateContainer");
+        self.cri.start_container(&id).expect("StartContainer");
+        let st = self.cri.container_status(&id).expect("ContainerStatus");
+        assert_eq!(st.state, pb::CONTAINER_RUNNING, "{st:?}");
+        let url = format!("http://{ip}:{CONTAINER_PORT}/");
+        wait_for("httpd in the pod", Duration::from_secs(20), || Sandbox::http_get(&self.sb.host, &url).ok());
+        id
+    }
+
+    fn exec(&mut self, container: &str, cmd: &[&str]) -> String {
+        let (rc, out, err) = self.cri.exec_sync(container, cmd, 30).expect("ExecSync");
+        assert_eq!(rc, 0, "{cmd:?} in the pod: exit {rc}, stdout {out:?}, stderr {err:?}");
+        out
+    }
+
+    fn stop(&mut self, id: &str) {
+        self.cri.stop_pod_sandbox(id).unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", self.log()));
+    }
+
+    fn remove(&mut self, id: &str) {
+        self.cri.remove_pod_sandbox(id).unwrap_or_else(|e| panic!("RemovePodSandbox: {e}\n{}", self.log()));
+        self.live.retain(|x| x != id);
+    }
+}
+
+impl Drop for Node<'_> {
+    fn drop(&mut self) {
+        // A failed test: take down what it left, through the CRI, before the daemon stops.
+        for id in std::mem::take(&mut self.live) {
+            let _ = self.cri.stop_pod_sandbox(&id);
+            let _ = self.cri.remove_pod_sandbox(&id);
+        }
+        if std::thread::panicking() {
+            eprintln!("--- containerd log ---\n{}", self.log());
+            for c in self.calls() {
+                eprintln!("call {}: {}", c.key, c.summary());
+            }
+        }
+    }
+}
+
+/// host-local's reservations (files named after an address) in its default dataDir, which the
+/// sandbox maps to scratch.
+fn reservations(sb: &Sandbox) -> Vec<String> {
+    let dir = sb.dir.join("cache/networks").join(NET);
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.retain(|n| n.parse::<std::net::IpAddr>().is_ok());
+    v.sort();
+    v
+}
+
+/// The result libcni cached for the pod's eth0 attachment (what containerd got from the chain).
+fn cached(sb: &Sandbox, id: &str) -> Value {
+    sb.cached(NET, id, "eth0")
+        .unwrap_or_else(|| panic!("no libcni cache entry for {id}: {:?}", sb.cache_entries()))
+}
+
+fn result_ip(cached: &Value) -> String {
+    let a = cached["result"]["ips"][0]["address"].as_str().expect("cached result has an IP");
+    a.split('/').next().unwrap().to_string()
+}
+
+fn host_veth(cached: &Value) -> String {
+    cached["result"]["interfaces"]
+        .as_array()
+        .expect("interfaces")
+        .iter()
+        .find(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")) && i["name"] != BRIDGE)
+        .and_then(|i| i["name"].as_str())
+        .unwrap_or_else(|| panic!("no host veth in {cached}"))
+        .to_string()
+}
+
+/// The tbf on `dev` in the host netns: (rate in bytes/s, burst in bytes).
+fn tbf(sb: &Sandbox, dev: &str) -> (u64, u64) {
+    let out = sb.host.run("tc", &["-j", "qdisc", "show", "dev", dev]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("tc -j prints JSON");
+    let q = v
+        .as_array()
+        .and_then(|a| a.iter().find(|q| q["kind"] == "tbf"))
+        .unwrap_or_else(|| panic!("no tbf on {dev}: {v}"));
+    (q["options"]["rate"].as_u64().expect("rate"), q["options"]["burst"].as_u64().expect("burst"))
+}
+
+/// Whether `text` mentions the address `ip` as a whole (not inside a longer address).
+fn mentions_ip(text: &str, ip: &str) -> bool {
+    text.match_indices(ip).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + ip.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_digit() || c == '.') && !after.is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+/// `curl` from `ns`, printing its `-w` format; panics on failure.
+fn curl(ns: &cni_tests::Netns, args: &[&str]) -> String {
+    let out = ns
+        .command("timeout")
+        .args(["-k", "2", "120", "curl", "-gsS", "--noproxy", "*", "--max-time", "110"])
+        .args(args)
+        .output()
+        .expect("run curl");
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Transfers count in blocks of this many bytes (`dd bs=1000 … iflag=fullblock` reads exact
+/// amounts on both sides).
+const BLOCK: u64 = 1000;
+/// Seconds of traffic at the shaped rate sent after the bucket is empty and before the timing
+/// starts, so that TCP has left slow start and its first losses behind.
+const WARMUP_SECONDS: u64 = 2;
+
+/// Steady-state rate out of the pod (through the ifb's tbf), in bit/s of payload: one download
+/// through the host port of `skip` blocks and then `timed` blocks, timed in the outside netns
+/// between the end of the first part and the end of the second.
+fn rate_out_of_pod(sb: &Sandbox, skip: u64, timed: u64) -> f64 {
+    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/zeros?{}", (skip + timed) * BLOCK);
+    let script = format!(
+        "set -o pipefail; curl -gsS --noproxy '*' --max-time 170 '{url}' | {{ \
+         dd bs={BLOCK} count={skip} iflag=fullblock of=/dev/null 2>/dev/null; date +%s%N; \
+         dd bs={BLOCK} count={timed} iflag=fullblock 2>/dev/null | wc -c; date +%s%N; cat >/dev/null; }}"
+    );
+    let out =
+        sb.outside.command("timeout").args(["-k", "2", "180", "bash", "-c", &script]).output().expect("bash");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "download: {text} {}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> = text.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "download printed {text:?}");
+    assert_eq!(v[1], timed * BLOCK, "bytes in the timed part");
+    v[1] as f64 * 8.0 / ((v[2] - v[0]) as f64 / 1e9)
+}
+
+/// Steady-state rate into the pod (through the host veth's tbf), in bit/s of payload: one
+/// upload through the host port that the pod's `/cgi-bin/sink` reads as `skip` blocks and then
+/// `timed` blocks, timed in the pod (/proc/uptime, 10 ms steps).
+fn rate_into_pod(sb: &Sandbox, skip: u64, timed: u64) -> f64 {
+    let file = sb.dir.join("upload");
+    std::fs::write(&file, vec![0u8; ((skip + timed) * BLOCK) as usize]).unwrap();
+    let url = format!("http://{HOST_ADDR}:{HOST_PORT}/cgi-bin/sink?{skip}-{timed}");
+    let data = format!("@{}", file.display());
+    let answer = curl(
+        &sb.outside,
+        &["-H", "Expect:", "-H", "Content-Type: application/octet-stream", "--data-binary", &data, &url],
+    );
+    let _ = std::fs::remove_file(&file);
+    let v: Vec<f64> = answer.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "the sink answered {answer:?}");
+    assert_eq!(v[2] as u64, timed * BLOCK, "bytes in the timed part");
+    v[2] * 8.0 / (v[1] - v[0])
+}
+
+/// Measure the shaped rate in one direction: the first part of the transfer empties the token
+/// bucket (`burst` bytes, whose size is checked separately) and lets TCP settle; the timed part
+/// carries TRANSFER_SECONDS of traffic at the nominal rate. Returns bit/s of payload.
+fn measure(sb: &Sandbox, burst: u64, f: fn(&Sandbox, u64, u64) -> f64) -> f64 {
+    let per_second = RATE_BITS / 8 / BLOCK;
+    f(sb, burst.div_ceil(BLOCK) + WARMUP_SECONDS * per_second, TRANSFER_SECONDS * per_second)
+}
+
+/// Nothing of the sandbox `id` (address `ip`) is left in the host netns, the firewall, IPAM,
+/// libcni's cache or /run/netns. `others` are sandboxes still running.
+fn assert_sandbox_gone(
+    sb: &Sandbox,
+    before: &BTreeSet<String>,
+    id: &str,
+    ip: &str,
+    others: usize,
+    what: &str,
+) {
+    let links: BTreeSet<String> = sb.host_links().into_iter().collect();
+    let mut expected = before.clone();
+    expected.insert(BRIDGE.to_string()); // the bridge stays, as with upstream
+    if others == 0 {
+        assert_eq!(links, expected, "{what}: links left in the host netns");
+        let q = sb.qdiscs();
+        assert!(!q.contains("tbf") && !q.contains("ingress"), "{what}: qdiscs left: {q}");
+        assert_eq!(reservations(sb), Vec::<String>::new(), "{what}: host-local reservations left");
+        assert_eq!(sb.must("ls", &["-A", "/run/netns"]).trim(), "", "{what}: network namespaces left");
+        let fw = sb.firewall_text();
+        assert!(
+            !fw.contains(&HOST_PORT.to_string()),
+            "{what}: the host port is still in the firewall:\n{fw}"
+        );
+    }
+    assert!(!reservations(sb).contains(&ip.to_string()), "{what}: {ip} still reserved");
+    let fw = sb.firewall_text();
+    assert!(!mentions_ip(&fw, ip), "{what}: the firewall still mentions {ip}:\n{fw}");
+    assert!(!fw.contains(id) && !fw.contains(&id[..12]), "{what}: the firewall still mentions {id}:\n{fw}");
+    let left: Vec<String> = sb.cache_entries().into_iter().filter(|e| e.contains(id)).collect();
+    assert!(left.is_empty(), "{what}: libcni cache entries left: {left:?}");
+}
+
+/// The calls for sandbox `id` with CNI_COMMAND `cmd`, recorded after index `from`.
+fn calls_for<'c>(calls: &'c [Call], from: usize, id: &str, cmd: &str) -> Vec<&'c Call> {
+    calls[from.min(calls.len())..].iter().filter(|c| c.container_id() == id && c.command() == cmd).collect()
+}
+
+/// The CRI ran the page's chain (bridge, portmap, bandwidth when `bandwidth`) for `id` and,
+/// as a network of its own, loopback on `lo`; each call succeeded.
+fn assert_chain_calls(calls: &[&Call], id: &str, cmd: &str, chain: &[&str], what: &str) {
+    let list = || calls.iter().map(|c| c.summary()).collect::<Vec<_>>();
+    let on_eth0: Vec<&str> = calls.iter().filter(|c| c.network() == NET).map(|c| c.plugin.as_str()).collect();
+    let expect: Vec<&str> = if cmd == "DEL" { chain.iter().rev().copied().collect() } else { chain.to_vec() };
+    assert_eq!(on_eth0, expect, "{what}: the chain's {cmd} calls for {id}: {:?}", list());
+    let lo: Vec<&&Call> = calls.iter().filter(|c| c.network() == LO_NET).collect();
+    assert_eq!(lo.len(), 1, "{what}: one loopback {cmd} for {id}: {:?}", list());
+    assert_eq!(lo[0].plugin, "loopback");
+    assert_eq!(lo[0].env("CNI_IFNAME"), Some("lo"), "{what}: loopback on lo");
+    assert_eq!(lo[0].stdin["cniVersion"], "0.3.1", "{what}: containerd's loopback network is 0.3.1");
+    for c in calls {
+        assert_eq!(c.rc, Some(0), "{what}: {} failed: {}", c.summary(), c.stdout);
+        if c.network() == NET {
+            assert_eq!(c.env("CNI_IFNAME"), Some("eth0"), "{what}: {}", c.summary());
+            assert_eq!(c.stdin["cniVersion"], "0.4.0", "{what}: the page's cniVersion");
+        }
+    }
+}
+
+#[test]
+fn cri_pod_with_host_port_and_bandwidth_annotations() {
+    let pod = cni_tests::unique("web");
+    let uid = format!("{pod}-0000-4000-8000-000000000001");
+    let tokens = [pod.as_str(), uid.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    let burst_problems = {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+        let mut node = Node::start(&sb, "k8s-hostport-bandwidth.conflist");
+        let chain = ["bridge", "portmap", "bandwidth"];
+
+        // ---- first sandbox of the pod
+        let config = node.pod_config(&pod, &uid, 0, true);
+        let (id, ip) = node.run_pod(&config);
+        let res = cached(&sb, &id);
+        assert_eq!(result_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
+        assert!(ip.starts_with(POD_SUBNET_PREFIX), "{ip}");
+        assert_eq!(reservations(&sb), vec![ip.clone()]);
+
+        // what the CRI handed to the plugins
+        let calls = node.calls();
+        let adds = calls_for(&calls, 0, &id, "ADD");
+        assert_chain_calls(&adds, &id, "ADD", &chain, "RunPodSandbox");
+        let by = |p: &str| *adds.iter().find(|c| c.plugin == p).unwrap();
+        assert_eq!(
+            by("portmap").stdin["runtimeConfig"]["portMappings"],
+            json!([{"HostPort": HOST_PORT, "ContainerPort": CONTAINER_PORT, "Protocol": "tcp", "HostIP": ""}]),
+            "portMappings as containerd sends them (capitalised keys)"
+        );
+        assert_eq!(
+            by("bandwidth").stdin["runtimeConfig"]["bandwidth"],
+            json!({"IngressRate": RATE_BITS, "IngressBurst": CRI_BURST, "EgressRate": RATE_BITS, "EgressBurst": CRI_BURST}),
+            "bandwidth as containerd sends it for the {ANNOTATION} annotations"
+        );
+        // CNI_ARGS: the same pairs to every plugin of both networks, in varying order (a Go map)
+        let want: BTreeSet<String> = [
+            format!("K8S_POD_NAME={pod}"),
+            "K8S_POD_NAMESPACE=default".to_string(),
+            format!("K8S_POD_UID={uid}"),
+            format!("K8S_POD_INFRA_CONTAINER_ID={id}"),
+            "IgnoreUnknown=1".to_string(),
+        ]
+        .into();
+        for c in &adds {
+            let args: BTreeSet<String> =
+                c.env("CNI_ARGS").unwrap_or("").split(';').map(str::to_string).collect();
+            assert_eq!(args, want, "CNI_ARGS of {}", c.summary());
+        }
+
+        // the workload
+        let web = node.run_web(&id, &config, &ip);
+        let lo = node.exec(&web, &["/bin/ip", "-o", "link", "show", "lo"]);
+        assert!(lo.contains(",UP") || lo.contains("<UP"), "lo is up in the pod: {lo}");
+        let lo4 = node.exec(&web, &["/bin/ip", "-o", "-4", "addr", "show", "lo"]);
+        assert!(lo4.contains("127.0.0.1/8"), "{lo4}");
+        let eth0 = node.exec(&web, &["/bin/ip", "-o", "-4", "addr", "show", "eth0"]);
+        assert!(eth0.contains(&format!("{ip}/24")), "{eth0}");
+
+        // the host port: from outside, from the host (its address and 127.0.0.1), hairpin
+        let via = format!("http://{HOST_ADDR}:{HOST_PORT}/");
+        assert_eq!(
+            Sandbox::http_get(&sb.outside, &via).as_deref(),
+            Ok(PAGE),
+            "from outside via the host port"
+        );
+        assert_eq!(Sandbox::http_get(&sb.host, &via).as_deref(), Ok(PAGE), "from the host via its address");
+        let local = format!("http://127.0.0.1:{HOST_PORT}/");
+        assert_eq!(Sandbox::http_get(&sb.host, &local).as_deref(), Ok(PAGE), "from the host via 127.0.0.1");
+        let hairpin = node.exec(
+            &web,
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {HOST_ADDR} {HOST_PORT}"),
+            ],
+        );
+        assert!(
+            hairpin.contains(PAGE.trim()),
+            "hairpin: the pod reaches itself through the host port: {hairpin:?}"
+        );
+
+        // shaping: tbf on the host veth (traffic into the pod) and on the ifb (out of it)
+        let veth = host_veth(&res);
+        let ifbs: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
+        assert_eq!(ifbs.len(), 1, "one ifb for the pod's egress: {ifbs:?}");
+        let (in_rate, in_burst) = tbf(&sb, &veth);
+        let (out_rate, out_burst) = tbf(&sb, &ifbs[0]);
+        assert_eq!((in_rate * 8, out_rate * 8), (RATE_BITS, RATE_BITS), "tbf rates: {}", sb.qdiscs());
+        let into_pod = measure(&sb, in_burst, rate_into_pod);
+        let out_of_pod = measure(&sb, out_burst, rate_out_of_pod);
+        eprintln!(
+            "shaping {ANNOTATION}: tbf bursts {in_burst} B (into the pod), {out_burst} B (out of it); \
+             measured {into_pod:.0} bit/s into the pod, {out_of_pod:.0} bit/s out of it"
+        );
+        for (what, r) in [("into the pod", into_pod), ("out of the pod", out_of_pod)] {
+            let ratio = r / RATE_BITS as f64;
+            assert!(
+                (0.8..=1.2).contains(&ratio),
+                "rate {what}: {r:.0} bit/s is not within 20% of {RATE_BITS}"
+            );
+        }
+        // Checked at the end, so that a wrong burst does not hide the rest of the test.
+        let burst_problems: Vec<String> = [("into the pod", in_burst), ("out of the pod", out_burst)]
+            .into_iter()
+            .filter(|(_, b)| *b > 1 << 20)
+            .map(|(what, b)| format!("the tbf burst {what} is {b} bytes"))
+            .collect();
+
+        // ---- StopPodSandbox: DEL with the netns; RemovePodSandbox: DEL again, netns ""
+        let mark = node.calls().len();
+        node.stop(&id);
+        let calls = node.calls();
+        let dels = calls_for(&calls, mark, &id, "DEL");
+        assert_chain_calls(&dels, &id, "DEL", &chain, "StopPodSandbox");
+        for c in &dels {
+            assert_ne!(
+                c.env("CNI_NETNS").unwrap_or(""),
+                "",
+                "StopPodSandbox's DEL has the netns: {}",
+                c.summary()
+            );
+        }
+        assert!(by_net_has_prev(&dels), "StopPodSandbox's DEL carries prevResult");
+        assert!(
+            Sandbox::http_get(&sb.outside, &via).is_err(),
+            "the host port is closed after StopPodSandbox"
+        );
+        let mark = calls.len();
+        node.remove(&id);
+        let calls = node.calls();
+        let dels = calls_for(&calls, mark, &id, "DEL");
+        assert_chain_calls(&dels, &id, "DEL", &chain, "RemovePodSandbox");
+        for c in &dels {
+            assert_eq!(c.env("CNI_NETNS"), Some(""), "RemovePodSandbox's DEL: {}", c.summary());
+            assert!(c.stdin.get("prevResult").is_none(), "no prevResult in the second DEL: {}", c.stdin);
+        }
+        assert_sandbox_gone(&sb, &before, &id, &ip, 0, "StopPodSandbox + RemovePodSandbox");
+
+        // ---- the same pod again (attempt 1), stopped; attempt 2 runs; then attempt 1 is
+        // removed (its second DEL must not touch attempt 2), as a kubelet does on restarts
+        let config1 = node.pod_config(&pod, &uid, 1, true);
+        let (id1, ip1) = node.run_pod(&config1);
+        let veth1 = host_veth(&cached(&sb, &id1));
+        assert_eq!(result_ip(&cached(&sb, &id1)), ip1);
+        node.run_web(&id1, &config1, &ip1);
+        assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 1 via the host port");
+        node.stop(&id1);
+        let config2 = node.pod_config(&pod, &uid, 2, true);
+        let (id2, ip2) = node.run_pod(&config2);
+        assert_eq!(result_ip(&cached(&sb, &id2)), ip2);
+        node.run_web(&id2, &config2, &ip2);
+        assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 2 via the host port");
+        node.remove(&id1);
+        assert_sandbox_gone(&sb, &before, &id1, &ip1, 1, "attempt 1 removed");
+        assert!(sb.host.link(&veth1).is_none(), "attempt 1's veth {veth1} is left");
+        let ifbs = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).count();
+        assert_eq!(ifbs, 1, "attempt 2's ifb only");
+        assert_eq!(
+            Sandbox::http_get(&sb.outside, &via).as_deref(),
+            Ok(PAGE),
+            "attempt 2 still reached after attempt 1's RemovePodSandbox"
+        );
+        assert_eq!(reservations(&sb), vec![ip2.clone()]);
+        node.stop(&id2);
+        node.remove(&id2);
+        assert_sandbox_gone(&sb, &before, &id2, &ip2, 0, "all attempts removed");
+        assert!(node.cri.list_pod_sandbox().expect("ListPodSandbox").is_empty());
+        let all = node.calls();
+        let failed: Vec<String> = all.iter().filter(|c| c.rc != Some(0)).map(|c| c.summary()).collect();
+        assert!(failed.is_empty(), "plugin calls failed: {failed:?}");
+        let verbs: BTreeSet<&str> = all.iter().map(|c| c.command()).collect();
+        assert_eq!(verbs, BTreeSet::from(["ADD", "DEL"]), "containerd 1.6 calls ADD and DEL only");
+        drop(node);
+        burst_problems
+    };
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+    assert!(
+        burst_problems.is_empty(),
+        "{burst_problems:?}: with the {ANNOTATION} annotations the CRI sends bursts of {CRI_BURST} bits \
+         (MaxUint32, i.e. \"not set\"), which must give a default burst derived from the rate, at most 1 MiB"
+    );
+}
+
+/// Whether the DEL calls of the pod network carry a prevResult.
+fn by_net_has_prev(dels: &[&Call]) -> bool {
+    dels.iter().filter(|c| c.network() == NET).all(|c| c.stdin.get("prevResult").is_some())
+}
+
+/// One of the page's two examples on its own, installed byte for byte: a pod with a hostPort
+/// and both annotations gets only what the conflist asks for (the CRI passes a capability
+/// only to the plugins that declare it), and Stop + Remove leave nothing.
+fn page_example_alone(conflist: &str, chain: &[&str]) {
+    let pod = cni_tests::unique("pex");
+    let uid = format!("{pod}-0000-4000-8000-000000000002");
+    let tokens = [pod.as_str(), uid.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+        let mut node = Node::start(&sb, conflist);
+        let config = node.pod_config(&pod, &uid, 0, true);
+        let (id, ip) = node.run_pod(&config);
+        let res = cached(&sb, &id);
+        assert_eq!(result_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
+        let calls = node.calls();
+        let adds = calls_for(&calls, 0, &id, "ADD");
+        assert_chain_calls(&adds, &id, "ADD", chain, conflist);
+        node.run_web(&id, &config, &ip);
+
+        let via = format!("http://{HOST_ADDR}:{HOST_PORT}/");
+        let from_outside = Sandbox::http_get(&sb.outside, &via);
+        let ifbs: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
+        if chain.contains(&"portmap") {
+            assert_eq!(from_outside.as_deref(), Ok(PAGE), "{conflist}: the host port from outside");
+        } else {
+            assert!(from_outside.is_err(), "{conflist} has no portmap, yet the host port answers");
+        }
+        if chain.contains(&"bandwidth") {
+            assert_eq!(ifbs.len(), 1, "{conflist}: one ifb: {ifbs:?}");
+            let (in_rate, _) = tbf(&sb, &host_veth(&res));
+            let (out_rate, _) = tbf(&sb, &ifbs[0]);
+            assert_eq!((in_rate * 8, out_rate * 8), (RATE_BITS, RATE_BITS), "{conflist}: {}", sb.qdiscs());
+        } else {
+            assert!(ifbs.is_empty(), "{conflist} has no bandwidth, yet there is an ifb: {ifbs:?}");
+            assert!(!sb.qdiscs().contains("tbf"), "{conflist}: tbf without bandwidth: {}", sb.qdiscs());
+        }
+
+        let mark = node.calls().len();
+        node.stop(&id);
+        node.remove(&id);
+        let calls = node.calls();
+        let dels = calls_for(&calls, mark, &id, "DEL");
+        assert_eq!(dels.len(), 2 * (chain.len() + 1), "{conflist}: two DELs of each network: {dels:?}");
+        assert_sandbox_gone(&sb, &before, &id, &ip, 0, conflist);
+        drop(node);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
+
+#[test]
+fn cri_page_hostport_example_alone() {
+    page_example_alone("k8s-hostport.conflist", &["bridge", "portmap"]);
+}
+
+#[test]
+fn cri_page_bandwidth_example_alone() {
+    page_example_alone("k8s-bandwidth.conflist", &["bridge", "bandwidth"]);
+}
