@@ -236,14 +236,7 @@ pub fn masq_add_ops(
         let goto = vec![RuleExpr::Verdict(Verdict::Goto(MASQ_CHAIN.into()))];
         ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
     }
-    for r in &f.masq {
-        ops.push(NftOp::Delete(NftDelete::Rule {
-            family: inet,
-            table: t.clone(),
-            chain: r.chain.clone(),
-            handle: r.handle,
-        }));
-    }
+    ops.extend(masq_del_ops(&f.masq).into_iter().map(NftOp::Delete));
     ops.extend(masq_rules(a, addrs, non_masquerade));
     ops
 }
@@ -336,10 +329,9 @@ pub fn apply_add(
     }
 }
 
-/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
-pub fn del_ops(a: &AttachmentId, f: &Found) -> Vec<NftDelete> {
-    let mut ops: Vec<NftDelete> = f
-        .masq
+/// Deletions of masquerade rules.
+fn masq_del_ops(rules: &[NftRule]) -> Vec<NftDelete> {
+    rules
         .iter()
         .map(|r| NftDelete::Rule {
             family: NftFamily::Inet,
@@ -347,7 +339,12 @@ pub fn del_ops(a: &AttachmentId, f: &Found) -> Vec<NftDelete> {
             chain: r.chain.clone(),
             handle: r.handle,
         })
-        .collect();
+        .collect()
+}
+
+/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
+pub fn del_ops(a: &AttachmentId, f: &Found) -> Vec<NftDelete> {
+    let mut ops = masq_del_ops(&f.masq);
     spoof_del_ops(&mut ops, &a.spoof_ref(), f);
     ops
 }
@@ -443,15 +440,7 @@ pub fn spoof_garbage(
 
 /// The transaction removing GC garbage.
 pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
-    let mut ops: Vec<NftDelete> = masq
-        .iter()
-        .map(|r| NftDelete::Rule {
-            family: NftFamily::Inet,
-            table: MASQ_TABLE.into(),
-            chain: r.chain.clone(),
-            handle: r.handle,
-        })
-        .collect();
+    let mut ops = masq_del_ops(masq);
     for (refid, f) in spoof {
         spoof_del_ops(&mut ops, refid, f);
     }
