@@ -8,11 +8,14 @@
 #   podman, containerd, runc, busybox-static, util-linux: real-client tests
 #     (tests/e2e/clients.rs, and tests/e2e/cri.rs through containerd's CRI plugin;
 #     docs/real-clients.md); podman/containerd start no service here
-#   iptables                    upstream portmap (iptables backend) in the portmap benchmark
+#   iptables                    upstream portmap (iptables backend) in the portmap benchmark;
+#                               iptables-nft-restore/-save for kube-proxy's rules (tests/e2e/kubeproxy.rs,
+#                               the kube-proxy-loaded benchmark)
+#   strace                      scripts/bench.sh: where the time beyond the kernel floor goes
 set -euo pipefail
 
 packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod curl
-    podman containerd runc busybox-static util-linux iptables)
+    podman containerd runc busybox-static util-linux iptables strace)
 missing=()
 for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -675,4 +675,5 @@ pub mod bench;
 pub mod chain;
 pub mod clients;
 pub mod cri;
+pub mod kubeproxy;
 pub mod leaks;

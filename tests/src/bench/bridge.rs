@@ -3,7 +3,8 @@
 //! fresh container netns each iteration. Ours and upstream's each get their own CNI_PATH
 //! (bridge + host-local of the same implementation), bridge, subnet and dataDir.
 
-use super::{timed, upstream_bin, Case, Step};
+use super::floor::{BridgeFloor, BridgePlan};
+use super::{baseline, timed, upstream_bin, Case, Step, FLOOR};
 use crate::{bin, Exec, Netns, TempDir};
 use std::path::Path;
 use std::time::Duration;
@@ -69,6 +70,26 @@ fn step<'a>(label: &'static str, s: Side, net: u8, profile: Profile) -> Step<'a>
     })
 }
 
+/// The floor of a profile: the same kernel requests from inside the driver, on a bridge of its
+/// own (see [`super::floor`]).
+fn floor_step<'a>(net: u8, profile: Profile) -> Step<'a> {
+    let plan = match profile {
+        Profile::Gateway | Profile::Deferred => BridgePlan::default(),
+        Profile::Masq => BridgePlan { masq: true, ..Default::default() },
+        Profile::Kubenet => {
+            BridgePlan { v6: true, default_routes: true, hairpin: true, ..Default::default() }
+        }
+    };
+    let mut f = BridgeFloor::new(plan, net);
+    Box::new(move || -> Vec<Duration> {
+        let ctr = Netns::new("bb");
+        let (mut a, t_add) = timed(|| f.add(&ctr));
+        f.prepare_del(&mut a);
+        let ((), t_del) = timed(|| f.del(&ctr, a));
+        vec![t_add, t_del]
+    })
+}
+
 /// The driver runs inside the fake host netns already.
 pub fn cases<'a>() -> Vec<Case<'a>> {
     let ours = || side(&bin("bridge"), &bin("host-local"));
@@ -79,24 +100,32 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
             rows: vec!["ADD".into(), "DEL".into()],
             ours: step("o", ours(), 61, Profile::Gateway),
             upstream: step("u", up(), 62, Profile::Gateway),
+            extra: vec![(FLOOR.into(), floor_step(71, Profile::Gateway))],
         },
         Case {
             label: "kubenet profile (dual stack, default routes, hairpin)".into(),
             rows: vec!["ADD".into(), "DEL".into()],
             ours: step("o", ours(), 65, Profile::Kubenet),
             upstream: step("u", up(), 66, Profile::Kubenet),
+            extra: vec![(FLOOR.into(), floor_step(75, Profile::Kubenet))],
         },
         Case {
-            label: "isGateway + ipMasq (ours: nftables; upstream 1.1.1: iptables)".into(),
+            label: if baseline().is_some() {
+                "isGateway + ipMasq".into()
+            } else {
+                "isGateway + ipMasq (ours: nftables; upstream 1.1.1: iptables)".into()
+            },
             rows: vec!["ADD".into(), "DEL".into()],
             ours: step("o", ours(), 63, Profile::Masq),
             upstream: step("u", up(), 64, Profile::Masq),
+            extra: vec![(FLOOR.into(), floor_step(73, Profile::Masq))],
         },
         Case {
             label: "isGateway, ours with deferredDelete (opt-in)".into(),
             rows: vec!["ADD".into(), "DEL".into()],
             ours: step("o", ours(), 67, Profile::Deferred),
             upstream: step("u", up(), 68, Profile::Deferred),
+            extra: vec![(FLOOR.into(), floor_step(77, Profile::Deferred))],
         },
     ]
 }

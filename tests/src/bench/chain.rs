@@ -7,7 +7,8 @@
 //! Both sides run in the same scratch host namespace on their own bridge, subnet, dataDir and
 //! host ports. cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
 
-use super::{upstream_bin, Case, Step};
+use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
+use super::{timed, upstream_bin, Case, Step, FLOOR};
 use crate::chain::Chain;
 use crate::{bin, Netns, TempDir};
 use serde_json::{json, Value};
@@ -30,15 +31,24 @@ fn caps(port_base: u16, n: u32) -> Value {
     })
 }
 
-fn step<'a>(label: &'static str, chain: Chain, port_base: u16, rss: RssTable) -> Step<'a> {
+/// One chain run (ADD, DEL) per call; the plugins run in `host` (through a pre-exec setns)
+/// or, when None, in the driver's own namespace.
+pub(crate) fn step<'a>(
+    label: &'static str,
+    chain: Chain,
+    port_base: u16,
+    rss: RssTable,
+    host: Option<Rc<Netns>>,
+) -> Step<'a> {
     let mut n = 0u32;
     Box::new(move || {
         n += 1;
         let ctr = Netns::new("bc");
         let id = format!("bench-{label}-{n}");
         let caps = caps(port_base, n);
+        let host = host.as_deref();
         let (result, adds) = chain
-            .add(&id, ctr.path_str(), "eth0", &caps, None)
+            .add(&id, ctr.path_str(), "eth0", &caps, host)
             .unwrap_or_else(|s| panic!("{label} ADD failed: {:?}", s.last().map(|x| &x.out)));
         {
             let mut r = rss.borrow_mut();
@@ -46,7 +56,7 @@ fn step<'a>(label: &'static str, chain: Chain, port_base: u16, rss: RssTable) ->
                 r.entry((label.to_string(), s.plugin.clone())).or_default().push(s.out.max_rss_kib);
             }
         }
-        let mut dels = chain.del(&id, ctr.path_str(), "eth0", &caps, Some(&result), None);
+        let mut dels = chain.del(&id, ctr.path_str(), "eth0", &caps, Some(&result), host);
         dels.reverse();
         let mut v = vec![adds.iter().map(|s| s.elapsed).sum(), dels.iter().map(|s| s.elapsed).sum()];
         v.extend(adds.iter().map(|s| s.elapsed));
@@ -55,13 +65,45 @@ fn step<'a>(label: &'static str, chain: Chain, port_base: u16, rss: RssTable) ->
     })
 }
 
+/// The chain's floor: bridge's (kubenet profile: gateway, hairpin, MTU 1460, default
+/// route), portmap's and bandwidth's kernel requests from inside the driver, same rows.
+fn floor_step<'a>() -> Step<'a> {
+    let plan = BridgePlan { default_routes: true, hairpin: true, mtu: Some(1460), ..Default::default() };
+    let mut br = BridgeFloor::new(plan, 203);
+    let pm = PortmapFloor::new(false);
+    let bw = BandwidthFloor::new(100_000_000, 200_000_000);
+    let mut n = 0u32;
+    Box::new(move || {
+        n += 1;
+        let ctr = Netns::new("bc");
+        let (mut a, t_br) = timed(|| br.add(&ctr));
+        let ((), t_pm) = timed(|| pm.add(n, &[]));
+        let (ifb, t_bw) = timed(|| bw.add(&a.host_veth));
+        br.prepare_del(&mut a);
+        let veth = a.host_veth.clone();
+        let ((), d_bw) = timed(|| bw.del(&veth, &ifb));
+        let ((), d_pm) = timed(|| pm.del(n, &[]));
+        let ((), d_br) = timed(|| br.del(&ctr, a));
+        vec![t_br + t_pm + t_bw, d_bw + d_pm + d_br, t_br, t_pm, t_bw, d_br, d_pm, d_bw]
+    })
+}
+
 /// A CNI_PATH with our binaries (bridge finds host-local next to itself).
-fn our_dir() -> TempDir {
+pub(crate) fn our_dir() -> TempDir {
     let d = TempDir::new("bench-bin");
     for p in ["bridge", "host-local", "portmap", "bandwidth"] {
         std::os::unix::fs::symlink(bin(p), d.join(p)).expect("symlink");
     }
     d
+}
+
+/// The rows a chain step returns.
+pub(crate) fn rows() -> Vec<String> {
+    let suffix = |p: &str| if p == "bridge" { " (+host-local)" } else { "" };
+    let mut rows = vec!["ADD (whole chain)".to_string(), "DEL (whole chain)".to_string()];
+    rows.extend(PLUGINS.iter().map(|p| format!("ADD {p}{}", suffix(p))));
+    rows.extend(PLUGINS.iter().map(|p| format!("DEL {p}{}", suffix(p))));
+    rows
 }
 
 pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
@@ -74,15 +116,12 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
     let upstream =
         Chain::kubenet("bench-up", "1.0.0", "cbru", "10.202.0.0/16", upstream_data.str(), &upstream_dir);
     keep.extend([ours_dir, ours_data, upstream_data]);
-    let suffix = |p: &str| if p == "bridge" { " (+host-local)" } else { "" };
-    let mut rows = vec!["ADD (whole chain)".to_string(), "DEL (whole chain)".to_string()];
-    rows.extend(PLUGINS.iter().map(|p| format!("ADD {p}{}", suffix(p))));
-    rows.extend(PLUGINS.iter().map(|p| format!("DEL {p}{}", suffix(p))));
     vec![Case {
         label: "bridge+host-local+portmap+bandwidth".into(),
-        rows,
-        ours: step("ours", ours, 20000, rss.clone()),
-        upstream: step("upstream", upstream, 40000, rss),
+        rows: rows(),
+        ours: step("ours", ours, 20000, rss.clone(), None),
+        upstream: step("upstream", upstream, 40000, rss, None),
+        extra: vec![(FLOOR.into(), floor_step())],
     }]
 }
 

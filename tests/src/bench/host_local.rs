@@ -59,6 +59,7 @@ pub fn cases<'a>(sizes: &[usize], ns: &'a Netns) -> Vec<Case<'a>> {
                 rows: vec!["ADD".into(), "DEL".into()],
                 ours: step(ours.clone(), d_ours, ns),
                 upstream: step(up.clone(), d_up, ns),
+                extra: vec![],
             }
         })
         .collect()

@@ -1,6 +1,6 @@
 //! loopback ADD and DEL, whole process, in a fresh container netns each iteration.
 
-use super::{timed, upstream_bin, Case, Step};
+use super::{timed, upstream_bin, Case, Step, FLOOR};
 use crate::{bin, Exec, Netns};
 use std::time::Duration;
 
@@ -26,11 +26,12 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
         rows: vec!["ADD".into(), "DEL".into()],
         ours: step(bin("loopback").to_string_lossy().into_owned()),
         upstream: step(upstream_bin("loopback").to_string_lossy().into_owned()),
+        extra: vec![],
     }]
 }
 
 /// Process start-up alone: each binary with CNI_COMMAND unset prints its about banner and
-/// exits. The floor under every other figure.
+/// exits. The floor is the exec of `cnibench-nop`, a static program that does nothing.
 pub fn startup<'a>() -> Vec<Case<'a>> {
     let one = |p: String| -> Step<'a> {
         Box::new(move || {
@@ -46,6 +47,7 @@ pub fn startup<'a>() -> Vec<Case<'a>> {
             rows: vec!["exec + about banner".into()],
             ours: one(bin(p).to_string_lossy().into_owned()),
             upstream: one(upstream_bin(p).to_string_lossy().into_owned()),
+            extra: vec![(FLOOR.to_string(), one(bin("cnibench-nop").to_string_lossy().into_owned()))],
         })
         .collect()
 }

@@ -5,15 +5,46 @@
 //! implementations every iteration (ours, upstream, ours, …, starting side flipped each round)
 //! so that noise from a shared machine hits both alike, then reports medians, min–max and the
 //! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
+//!
+//! A case may carry more sides than ours and upstream's ([`Case::extra`]): the **floor** (the
+//! same kernel requests issued bare from this process, see [`floor`]) or, for the kube-proxy
+//! scenario, ours on an empty host. They take their turn in the same rotation, so every
+//! side of a row is measured in the same minutes.
+//!
+//! In **baseline mode** (`cnibench --baseline DIR`) the "upstream" side is a previous build of
+//! ours in DIR and the tables say so and report current / baseline.
 
 pub mod bandwidth;
 pub mod bridge;
 pub mod chain;
+pub mod deferred;
+pub mod floor;
+pub mod gap;
 pub mod host_local;
+pub mod kubeproxy;
 pub mod loopback;
 pub mod portmap;
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// Name of the side opposite ours: set once by `cnibench --baseline`.
+static BASELINE: OnceLock<String> = OnceLock::new();
+
+/// Switch to baseline mode: the "upstream" side is our previous build in `dir`, named `name`
+/// (e.g. the git ref) in the tables.
+pub fn set_baseline(dir: &std::path::Path, name: &str) {
+    assert!(dir.join("bridge").is_file(), "baseline build {} has no bridge binary", dir.display());
+    let dir = dir.canonicalize().expect("baseline directory");
+    // SAFETY: called once from main before any thread is started.
+    unsafe { std::env::set_var("CNI_UPSTREAM_DIR", dir) };
+    BASELINE.set(name.to_string()).expect("baseline set twice");
+}
+
+/// The baseline's name when in baseline mode.
+pub fn baseline() -> Option<&'static str> {
+    BASELINE.get().map(String::as_str)
+}
 
 /// One implementation's timed operation: returns the measured durations for one iteration
 /// (a case may time several steps, e.g. ADD and DEL, as separate rows).
@@ -25,7 +56,12 @@ pub struct Case<'a> {
     pub rows: Vec<String>,
     pub ours: Step<'a>,
     pub upstream: Step<'a>,
+    /// Further sides, by name ([`FLOOR`], …), each returning samples for the same rows.
+    pub extra: Vec<(String, Step<'a>)>,
 }
+
+/// Name of the floor side: the same kernel requests, bare, from inside the driver.
+pub const FLOOR: &str = "floor";
 
 /// Statistics of one series.
 #[derive(Debug, Clone)]
@@ -50,48 +86,79 @@ pub struct Row {
     pub row: String,
     pub ours: Stats,
     pub upstream: Stats,
+    /// The extra sides' statistics, by name.
+    pub extra: Vec<(String, Stats)>,
 }
 
 impl Row {
+    pub fn new(case: String, row: String, ours: Stats, upstream: Stats) -> Row {
+        Row { case, row, ours, upstream, extra: Vec::new() }
+    }
+
+    /// upstream / ours (in baseline mode the table shows the inverse, ours / baseline).
     pub fn ratio(&self) -> f64 {
         self.upstream.median.as_secs_f64() / self.ours.median.as_secs_f64()
     }
+
+    pub fn side(&self, name: &str) -> Option<&Stats> {
+        self.extra.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    pub fn floor(&self) -> Option<&Stats> {
+        self.side(FLOOR)
+    }
 }
 
-/// Run every case `iterations` times, interleaving ours and upstream.
+/// Run every case `iterations` times, rotating through its sides (ours, upstream, extras): the
+/// side that goes first changes every iteration, so slow drifts of a shared machine hit all
+/// alike. With two sides this is ours, upstream, upstream, ours, …
 pub fn run(cases: Vec<Case<'_>>, iterations: usize, warmup: usize) -> Vec<Row> {
     let mut out = Vec::new();
-    for mut case in cases {
+    for case in cases {
         let nrows = case.rows.len();
-        let mut ours: Vec<Vec<Duration>> = vec![Vec::new(); nrows];
-        let mut up: Vec<Vec<Duration>> = vec![Vec::new(); nrows];
+        let mut names = vec!["ours".to_string(), "upstream".to_string()];
+        let mut steps = vec![case.ours, case.upstream];
+        for (n, s) in case.extra {
+            names.push(n);
+            steps.push(s);
+        }
+        let k = steps.len();
+        let mut samples: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); nrows]; k];
         for i in 0..warmup + iterations {
-            let order_ours_first = i % 2 == 0;
-            for side in 0..2 {
-                let is_ours = (side == 0) == order_ours_first;
-                let d = if is_ours { (case.ours)() } else { (case.upstream)() };
+            let order: Vec<usize> = if k == 2 {
+                if i % 2 == 0 {
+                    vec![0, 1]
+                } else {
+                    vec![1, 0]
+                }
+            } else {
+                (0..k).map(|j| (i + j) % k).collect()
+            };
+            for side in order {
+                let d = (steps[side])();
                 assert_eq!(
                     d.len(),
                     nrows,
-                    "case {} returned {} samples, declared {nrows} rows",
+                    "case {} ({}) returned {} samples, declared {nrows} rows",
                     case.label,
+                    names[side],
                     d.len()
                 );
                 if i >= warmup {
-                    let dst = if is_ours { &mut ours } else { &mut up };
-                    for (k, x) in d.into_iter().enumerate() {
-                        dst[k].push(x);
+                    for (r, x) in d.into_iter().enumerate() {
+                        samples[side][r].push(x);
                     }
                 }
             }
         }
-        for (k, row) in case.rows.iter().enumerate() {
-            out.push(Row {
-                case: case.label.clone(),
-                row: row.clone(),
-                ours: stats(std::mem::take(&mut ours[k])),
-                upstream: stats(std::mem::take(&mut up[k])),
-            });
+        for (r, row) in case.rows.iter().enumerate() {
+            let mut take = |side: usize| stats(std::mem::take(&mut samples[side][r]));
+            let mut row = Row::new(case.label.clone(), row.clone(), take(0), take(1));
+            for (side, name) in names.iter().enumerate().skip(2) {
+                let s = take(side);
+                row.extra.push((name.clone(), s));
+            }
+            out.push(row);
         }
     }
     out
@@ -101,24 +168,50 @@ fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
 }
 
-/// Markdown table of the rows.
+fn range(s: &Stats) -> String {
+    format!("{} ({}–{})", ms(s.median), ms(s.min), ms(s.max))
+}
+
+fn ratio(a: &Stats, b: &Stats) -> f64 {
+    a.median.as_secs_f64() / b.median.as_secs_f64()
+}
+
+/// Markdown table of the rows. Floor columns (floor median, ours / floor) appear when any row
+/// has a floor; rows without one show "–" there. In baseline mode the other side is the
+/// baseline and the ratio is current / baseline (above 1: the current build is slower).
 pub fn markdown(rows: &[Row]) -> String {
-    let mut s = String::from(
-        "| case | operation | ours median ms (min–max) | upstream median ms (min–max) | upstream / ours |\n|---|---|---|---|---|\n",
-    );
+    let floors = rows.iter().any(|r| r.floor().is_some());
+    let mut s = match baseline() {
+        Some(b) => format!(
+            "| case | operation | current median ms (min–max) | baseline `{b}` median ms (min–max) | current / baseline |"
+        ),
+        None => {
+            "| case | operation | ours median ms (min–max) | upstream median ms (min–max) | upstream / ours |".to_string()
+        }
+    };
+    if floors {
+        s.push_str(" floor median ms (min–max) | ours / floor |");
+    }
+    s.push('\n');
+    s.push_str(if floors { "|---|---|---|---|---|---|---|\n" } else { "|---|---|---|---|---|\n" });
     for r in rows {
+        let shown = if baseline().is_some() { ratio(&r.ours, &r.upstream) } else { r.ratio() };
+        // a baseline comparison is about small differences: two decimals
+        let shown = if baseline().is_some() { format!("{shown:.2}") } else { format!("{shown:.1}") };
         s.push_str(&format!(
-            "| {} | {} | {} ({}–{}) | {} ({}–{}) | **{:.1}x** |\n",
+            "| {} | {} | {} | {} | **{shown}x** |",
             r.case,
             r.row,
-            ms(r.ours.median),
-            ms(r.ours.min),
-            ms(r.ours.max),
-            ms(r.upstream.median),
-            ms(r.upstream.min),
-            ms(r.upstream.max),
-            r.ratio()
+            range(&r.ours),
+            range(&r.upstream),
         ));
+        if floors {
+            match r.floor() {
+                Some(f) => s.push_str(&format!(" {} | {:.2}x |", range(f), ratio(&r.ours, f))),
+                None => s.push_str(" – | – |"),
+            }
+        }
+        s.push('\n');
     }
     s
 }

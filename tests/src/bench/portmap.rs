@@ -6,7 +6,8 @@
 //!
 //! Each side runs its own implementation's bridge and host-local (untimed) before portmap.
 
-use super::{stats, timed, upstream_bin, Row};
+use super::floor::PortmapFloor;
+use super::{stats, timed, upstream_bin, Row, FLOOR};
 use crate::{bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -156,6 +157,51 @@ fn checkpoint(sides: [&mut Side; 4]) -> Probes {
     out
 }
 
+/// Floors at scale: tables with portmap's set types holding as many attachments as the big
+/// hosts, and one-attachment references, for the current layout (masquerade sets are
+/// concatenated interval sets) and with hash masquerade sets. Probed at the checkpoints like
+/// the plugins, so the kernel's own growth is read against the same moment.
+struct Floors {
+    /// (big, reference) per layout: [interval, hash]
+    tables: [(PortmapFloor, PortmapFloor); 2],
+}
+
+/// ADD and DEL probe samples per layout: [interval big, interval ref, hash big, hash ref].
+type FloorProbes = [Vec<(Duration, Duration)>; 4];
+
+impl Floors {
+    fn new() -> Floors {
+        let pair = |hash| {
+            let (big, r) = (PortmapFloor::new(hash), PortmapFloor::new(hash));
+            r.add(1, &[]);
+            (big, r)
+        };
+        Floors { tables: [pair(false), pair(true)] }
+    }
+
+    fn step(&self, i: usize) {
+        for (big, _) in &self.tables {
+            big.add(i as u32, &[]);
+        }
+    }
+
+    fn checkpoint(&self) -> FloorProbes {
+        let mut out: FloorProbes = Default::default();
+        for j in 0..PROBES {
+            let n = 40_000 + j as u32; // host ports above the filled ones
+            for k in 0..4 {
+                let idx = (k + j) % 4;
+                let (big, r) = &self.tables[idx / 2];
+                let t = if idx % 2 == 0 { big } else { r };
+                let ((), a) = timed(|| t.add(n, &[]));
+                let ((), d) = timed(|| t.del(n, &[]));
+                out[idx].push((a, d));
+            }
+        }
+        out
+    }
+}
+
 /// Run the scenario with `n` containers per side. Returns the table rows and a few notes.
 pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
     let mut ours = Side::new(true);
@@ -164,6 +210,8 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
     let mut up_ref = Side::new(false);
     ours_ref.step(1);
     up_ref.step(1);
+    let floors = Floors::new();
+    let mut floor_probes: Vec<FloorProbes> = Vec::new();
     let checkpoints: Vec<usize> = if n >= 20 { vec![1, n / 2, n] } else { vec![n] };
     let mut probes: Vec<(usize, Probes)> = Vec::new();
     for i in 1..=n {
@@ -174,33 +222,37 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
             up.step(i);
             ours.step(i);
         }
+        floors.step(i);
         if i % 100 == 0 {
             eprintln!("portmap-scale: {i}/{n} containers per side");
         }
         if checkpoints.contains(&i) {
             probes.push((i, checkpoint([&mut ours, &mut ours_ref, &mut up, &mut up_ref])));
+            floor_probes.push(floors.checkpoint());
         }
     }
     let mut rows = Vec::new();
     for (label, a, b) in windows(n) {
-        rows.push(Row {
-            case: format!("portmap, {n} containers on one bridge"),
-            row: label,
-            ours: stats(ours.samples[a - 1..b].to_vec()),
-            upstream: stats(up.samples[a - 1..b].to_vec()),
-        });
+        rows.push(Row::new(
+            format!("portmap, {n} containers on one bridge"),
+            label,
+            stats(ours.samples[a - 1..b].to_vec()),
+            stats(up.samples[a - 1..b].to_vec()),
+        ));
     }
     let pick = |v: &[(Duration, Duration)], del: bool| -> Vec<Duration> {
         v.iter().map(|(a, d)| if del { *d } else { *a }).collect()
     };
     for (verb, del) in [("ADD", false), ("DEL", true)] {
-        for (i, p) in &probes {
-            rows.push(Row {
-                case: format!("portmap, {n} containers on one bridge"),
-                row: format!("probe {verb} with {i} attached ({PROBES}×)"),
-                ours: stats(pick(&p[0], del)),
-                upstream: stats(pick(&p[2], del)),
-            });
+        for ((i, p), f) in probes.iter().zip(&floor_probes) {
+            let mut row = Row::new(
+                format!("portmap, {n} containers on one bridge"),
+                format!("probe {verb} with {i} attached ({PROBES}×)"),
+                stats(pick(&p[0], del)),
+                stats(pick(&p[2], del)),
+            );
+            row.extra.push((FLOOR.into(), stats(pick(&f[0], del))));
+            rows.push(row);
         }
     }
     let med = |s: &Side, a: usize, b: usize| stats(s.samples[a - 1..b].to_vec()).median.as_secs_f64();
@@ -221,6 +273,17 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
             let m = |k: usize| stats(pick(&p[k], del)).median.as_secs_f64();
             notes.push(format!(
                 "probe {verb} with {i} attached vs a 1-container host probed at the same time: ours {:.2}x, upstream {:.2}x",
+                m(0) / m(1),
+                m(2) / m(3)
+            ));
+        }
+    }
+    for (verb, del) in [("ADD", false), ("DEL", true)] {
+        for ((i, _), f) in probes.iter().zip(&floor_probes) {
+            let m = |k: usize| stats(pick(&f[k], del)).median.as_secs_f64();
+            notes.push(format!(
+                "floor {verb} with {i} attached vs a 1-attachment floor table probed at the same time: \
+                 current layout (concatenated interval masquerade sets) {:.2}x, hash masquerade sets {:.2}x",
                 m(0) / m(1),
                 m(2) / m(3)
             ));

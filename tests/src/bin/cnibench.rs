@@ -1,6 +1,8 @@
-//! `cnibench <scenario>… [--iterations N] [--warmup N]`: ours vs upstream, interleaved.
-//! Prints a markdown table. Binaries come from CNI_TEST_BIN_DIR (scripts set it to
-//! target/release), upstream ones from CNI_UPSTREAM_DIR (default /usr/lib/cni).
+//! `cnibench <scenario>… [--iterations N] [--warmup N] [--containers N] [--services N]
+//! [--baseline DIR --baseline-name NAME]`: ours vs upstream (or vs a previous build of ours in
+//! baseline mode), interleaved, with floors. Prints markdown. Binaries come from
+//! CNI_TEST_BIN_DIR (scripts set it to the release build), upstream ones from
+//! CNI_UPSTREAM_DIR (default /usr/lib/cni).
 
 use cni_tests::bench;
 use cni_tests::Netns;
@@ -11,14 +13,21 @@ fn main() {
     let mut iterations = 100;
     let mut warmup = 5;
     let mut containers = 1000;
+    let mut services = 5000;
+    let mut baseline: Option<String> = None;
+    let mut baseline_name = String::from("baseline");
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iterations" => iterations = args.next().and_then(|v| v.parse().ok()).expect("--iterations N"),
             "--warmup" => warmup = args.next().and_then(|v| v.parse().ok()).expect("--warmup N"),
             "--containers" => containers = args.next().and_then(|v| v.parse().ok()).expect("--containers N"),
+            "--services" => services = args.next().and_then(|v| v.parse().ok()).expect("--services N"),
+            "--baseline" => baseline = Some(args.next().expect("--baseline DIR")),
+            "--baseline-name" => baseline_name = args.next().expect("--baseline-name NAME"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale>… [--iterations N] [--warmup N] [--containers N]"
+                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|kube-proxy|gap|deferred>… \
+                     [--iterations N] [--warmup N] [--containers N] [--services N] [--baseline DIR --baseline-name NAME]"
                 );
                 return;
             }
@@ -27,6 +36,9 @@ fn main() {
     }
     if scenarios.is_empty() {
         scenarios.push("loopback".into());
+    }
+    if let Some(dir) = &baseline {
+        bench::set_baseline(std::path::Path::new(dir), &baseline_name);
     }
     // The driver moves itself into a scratch "host" namespace: plugins run there (never in the
     // machine's real one) and are spawned without a pre-exec hook, so the harness adds as
@@ -45,6 +57,9 @@ fn main() {
     let mut notes = Vec::new();
     let rss: bench::chain::RssTable = Default::default();
     let mut keep = Vec::new();
+    let mut kp_cases = Vec::new();
+    let mut gap = None;
+    let mut deferred = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -61,12 +76,20 @@ fn main() {
                 scale_rows.extend(rows);
                 notes.extend(n);
             }
+            "kube-proxy" => {
+                let (c, note) = bench::kubeproxy::cases(services, &mut keep);
+                kp_cases.extend(c);
+                notes.push(note);
+            }
+            "gap" => gap = Some(bench::gap::report(iterations)),
+            "deferred" => deferred = Some(bench::deferred::report(iterations)),
             other => panic!("unknown scenario {other}"),
         }
     }
     let mut rows = bench::run(cases, iterations, warmup);
+    let kp_rows = bench::run(kp_cases, iterations, warmup);
     println!("Machine: {}.", bench::machine());
-    if !rows.is_empty() {
+    if !rows.is_empty() || !kp_rows.is_empty() {
         println!("{iterations} interleaved iterations per case after {warmup} warm-up.");
     }
     if !scale_rows.is_empty() {
@@ -74,13 +97,24 @@ fn main() {
     }
     println!();
     rows.extend(scale_rows);
-    print!("{}", bench::markdown(&rows));
+    if !rows.is_empty() {
+        print!("{}", bench::markdown(&rows));
+    }
+    if !kp_rows.is_empty() {
+        print!("{}", bench::kubeproxy::markdown(&kp_rows));
+    }
     if growth {
         println!("\nGrowth with the store size (median at N / median on an empty store):\n");
         print!("{}", bench::host_local::growth_markdown(&rows));
     }
     for n in notes {
         println!("\n{n}");
+    }
+    if let Some(g) = gap {
+        println!("\n{g}");
+    }
+    if let Some(d) = deferred {
+        println!("\n{d}");
     }
     if !rss.borrow().is_empty() {
         println!(
