@@ -252,9 +252,8 @@ fn runtime_config_and_static_precedence() {
     let host = Netns::new("bwh");
     let p = pod(&host);
     let before = ns_state(&host);
-    // Kubernetes annotations arrive as runtimeConfig.bandwidth (here with containerd's
-    // "unlimited" burst of 2^32-1 bits: 537 s at the rate, more than the 274.9 s that 32-bit
-    // ticks can hold).
+    // Kubernetes annotations arrive as runtimeConfig.bandwidth, here with containerd's
+    // "no burst" of 2^32-1 bits for ingress: the default burst (100 ms at the rate) applies.
     let rt = json!({"bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 4_294_967_295u64,
                                   "egressRate": 4_000_000, "egressBurst": 400_000}});
     let c = conf(
@@ -263,7 +262,7 @@ fn runtime_config_and_static_precedence() {
         json!({"capabilities": {"bandwidth": true}, "runtimeConfig": rt, "prevResult": p.prev(&host)}),
     );
     let r = p.exec(&host, "ADD").run(&c).ok();
-    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 274_877_906, 25_000 + 536_870_911));
+    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 100_000, 25_000 + 100_000));
     assert_eq!(tbf_values(&host, &ifb_name(NET, &p.id)), (500_000, 50_000, 62_500));
     p.exec(&host, "CHECK")
         .run(&conf("1.0.0", NET, json!({"runtimeConfig": rt, "prevResult": r})))
@@ -282,6 +281,58 @@ fn runtime_config_and_static_precedence() {
     assert!(ifbs(&host).is_empty(), "runtimeConfig's egress limit is ignored");
     assert_eq!(r["interfaces"].as_array().unwrap().len(), 3);
     p.exec(&host, "DEL").run(&c).ok_silent();
+    assert_eq!(ns_state(&host), before);
+
+    // A static burst keeps its meaning however large: 2^32-1 bits is 537 s at 8 Mbit/s, more
+    // than the 274.9 s that 32-bit ticks can hold, so the largest bucket that fits is used.
+    let c = conf(
+        "1.0.0",
+        NET,
+        json!({"ingressRate": 8_000_000, "ingressBurst": 4_294_967_295u64, "prevResult": p.prev(&host)}),
+    );
+    let r = p.exec(&host, "ADD").run(&c).ok();
+    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 274_877_906, 25_000 + 536_870_911));
+    let mut chk: Value = serde_json::from_str(&c).unwrap();
+    chk["prevResult"] = r;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    assert_eq!(ns_state(&host), before);
+}
+
+/// Issue 12: containerd's CRI sends the `1M` annotations as a rate of 1 000 000 bit/s with a
+/// burst of MaxUint32 bits, which means "not set". The installed buckets get the default burst
+/// (100 ms at the rate, at least one full-size frame): 12 500 bytes, far below 1 MiB, so the
+/// limit holds from the first kilobytes.
+#[test]
+fn the_cri_sentinel_burst_gets_a_default_derived_from_the_rate() {
+    let host = Netns::new("bwh");
+    let p = pod(&host);
+    let before = ns_state(&host);
+    let rt = json!({"bandwidth": {"IngressRate": 1_000_000, "IngressBurst": 4_294_967_295u64,
+                                  "EgressRate": 1_000_000, "EgressBurst": 4_294_967_295u64}});
+    let c = conf("0.4.0", NET, json!({"runtimeConfig": rt, "prevResult": p.prev(&host)}));
+    let r = p.exec(&host, "ADD").run(&c).ok();
+    let ifb = ifb_name(NET, &p.id);
+    for dev in [p.veth.as_str(), ifb.as_str()] {
+        let (rate, burst, limit) = tbf_values(&host, dev);
+        assert_eq!((rate, burst, limit), (125_000, 12_500, 3_125 + 12_500), "{dev}");
+        assert!(burst <= 1 << 20, "{dev}: burst {burst} B is more than 1 MiB");
+    }
+    let mut chk: Value = serde_json::from_str(&c).unwrap();
+    chk["prevResult"] = r;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    // A jumbo MTU: the bucket still holds one full-size frame.
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    host.run("ip", &["link", "set", &p.veth, "mtu", "9000"]);
+    let slow = json!({"bandwidth": {"ingressRate": 80_000, "ingressBurst": 4_294_967_295u64}});
+    let c2 = conf("1.0.0", NET, json!({"runtimeConfig": slow, "prevResult": p.prev(&host)}));
+    let r2 = p.exec(&host, "ADD").run(&c2).ok();
+    assert_eq!(tbf_values(&host, &p.veth).1, 9_014);
+    let mut chk: Value = serde_json::from_str(&c2).unwrap();
+    chk["prevResult"] = r2;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    p.exec(&host, "DEL").run(&c2).ok_silent();
+    host.run("ip", &["link", "set", &p.veth, "mtu", "1500"]);
     assert_eq!(ns_state(&host), before);
 }
 
@@ -485,6 +536,27 @@ fn del_without_netns_and_after_the_container_is_gone() {
     // DEL of something never added, without prevResult or limits.
     let e = Exec::new("bandwidth").in_ns(&host).attachment("DEL", "never", "", "eth0", "/x");
     e.run(&conf("1.0.0", NET, json!({}))).ok_silent();
+}
+
+/// Regression: when CNI_NETNS could not be opened (the skeleton lets such a DEL through: the
+/// container may be gone), DEL returned at once and never removed the ifb. It now collects the
+/// error and goes on.
+#[test]
+fn del_removes_the_ifb_even_when_the_netns_cannot_be_opened() {
+    let host = Netns::new("bwh");
+    let p = pod(&host);
+    let c = conf("1.0.0", NET, both(p.prev(&host)));
+    p.exec(&host, "ADD").run(&c).ok();
+    let ifb = ifb_name(NET, &p.id);
+    assert!(host.link(&ifb).is_some());
+    // A namespace file of another kind: not something DEL can enter.
+    let e = Exec::new("bandwidth").in_ns(&host).attachment("DEL", &p.id, "/proc/self/ns/uts", "eth0", "/x");
+    let msg = e.run(&c).err(5);
+    assert!(msg.contains("/proc/self/ns/uts"), "{msg}");
+    assert!(host.link(&ifb).is_none(), "the ifb was left behind");
+    // With the real netns the host veth's qdiscs go too.
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    assert!(tbf(&host, &p.veth).is_none() && !has_ingress_qdisc(&host, &p.veth));
 }
 
 #[test]

@@ -952,7 +952,7 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(ns_state(&w.host), before, "nothing half-built");
     no_nft("ADD", &a, "eth0", &ca).ok(); // builds the table over netlink
     let r = rules(&w.host);
-    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "masq4", "masq6"] {
+    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
         assert!(r.contains(&format!("\"@{set}\"")), "no rule uses @{set}:\n{r}");
     }
 
@@ -977,7 +977,12 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(fetch(&w.outside, &w.host_ip(), 7272), "");
     no_nft("DEL", &a, "eth0", &conf("pmnet", &Value::Null, tcp(7171), json!({}))).ok_silent();
     let els = elements(&w.host).unwrap();
-    assert!(!els.is_empty() && els.iter().all(|e| e.contains("pmnet2,")), "{els:?}");
+    // what is left is pmnet2's: its elements, and the record of its namespace (commented with
+    // the namespace's path)
+    let (records, mappings): (Vec<&String>, Vec<&String>) = els.iter().partition(|e| e.starts_with("netns "));
+    assert!(!mappings.is_empty() && mappings.iter().all(|e| e.contains("pmnet2,")), "{els:?}");
+    assert_eq!(records.len(), 1, "{els:?}");
+    assert!(records[0].contains(a.ns.path_str()), "{els:?}");
     let gc = Exec::new("portmap")
         .in_ns(&w.host)
         .env("CNI_COMMAND", "GC")
@@ -986,4 +991,397 @@ fn steady_state_verbs_exec_no_nft() {
         .run(&json!({"cniVersion": "1.1.0", "name": "pmnet2", "type": "portmap", "cni.dev/valid-attachments": []}).to_string());
     gc.ok_silent();
     assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
+}
+
+/// The static part as the previous release wrote it (plugins/portmap/src/ruleset.rs at commit
+/// 80fb070: masquerade elements in the concatenated interval sets masq4/masq6, no netns
+/// records), for tables made before the hash-set layout.
+const PREVIOUS_LAYOUT: &str = "table inet cni_portmap {
+\tmap hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }
+\tmap hip4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }
+\tmap hp6 { type inet_proto . inet_service : ipv6_addr . inet_service; }
+\tmap hip6 { type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }
+\tmap owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }
+\tmap claims { type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }
+\tset masq4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }
+\tset masq6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval; }
+\tmap gates { type nf_proto : verdict; }
+\tchain prerouting { type nat hook prerouting priority dstnat; policy accept; }
+\tchain output { type nat hook output priority -100; policy accept; }
+\tchain masquerading { type nat hook postrouting priority srcnat; policy accept; }
+\tchain hostports4 { }
+\tchain hostports6 { }
+\tchain gate4 { }
+\tchain gate6 { }
+}
+add rule inet cni_portmap prerouting fib daddr type local meta nfproto vmap @gates
+add rule inet cni_portmap output fib daddr type local meta nfproto vmap @gates
+add rule inet cni_portmap hostports4 dnat ip to ip daddr . meta l4proto . th dport map @hip4
+add rule inet cni_portmap hostports4 dnat ip to meta l4proto . th dport map @hp4
+add rule inet cni_portmap hostports6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6
+add rule inet cni_portmap hostports6 dnat ip6 to meta l4proto . th dport map @hp6
+add rule inet cni_portmap masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade
+add rule inet cni_portmap masquerading ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade
+add rule inet cni_portmap gate4 meta nfproto ipv4 jump hostports4
+add rule inet cni_portmap gate6 meta nfproto ipv6 jump hostports6
+add element inet cni_portmap gates { ipv4 : jump gate4, ipv6 : jump gate6 }
+";
+
+/// Rewrite our table into the previous layout, keeping every mapping: what a host upgraded
+/// with pods running has. The DNAT, owner and claims maps are copied as nft lists them; each
+/// masquerade element `net4_<len> { <source> . <container> . <proto> . <port> }` becomes
+/// `masq4 { <source>/<len> . <container> . <proto> . <port> }` with its comment.
+fn downgrade_to_previous_layout(host: &Netns) {
+    let mut script = PREVIOUS_LAYOUT.to_string();
+    for map in ["hp4", "hip4", "hp6", "hip6", "owner", "claims"] {
+        let out = host.run("nft", &["list", "map", "inet", "cni_portmap", map]);
+        script.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let out = host.run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for o in v["nftables"].as_array().unwrap() {
+        let Some(set) = o.get("set") else { continue };
+        let name = set["name"].as_str().unwrap();
+        let Some((fam, len)) = name.strip_prefix("net").and_then(|r| r.split_once('_')) else { continue };
+        let len: u8 = len.parse().unwrap();
+        for e in set["elem"].as_array().into_iter().flatten() {
+            let parts: Vec<String> = e["elem"]["val"]["concat"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().map(str::to_string).unwrap_or_else(|| p.to_string()))
+                .collect();
+            let comment = e["elem"]["comment"].as_str().unwrap();
+            let key = match (len, parts.as_slice()) {
+                (0, [ctr, proto, port]) => {
+                    let any = if fam == "4" { "0.0.0.0/0" } else { "::/0" };
+                    format!("{any} . {ctr} . {proto} . {port}")
+                }
+                (32 | 128, [src, ctr, proto, port]) => format!("{src} . {ctr} . {proto} . {port}"),
+                (_, [src, ctr, proto, port]) => format!("{src}/{len} . {ctr} . {proto} . {port}"),
+                other => panic!("unexpected element {other:?}"),
+            };
+            script.push_str(&format!(
+                "add element inet cni_portmap masq{fam} {{ {key} comment \"{comment}\" }}\n"
+            ));
+        }
+    }
+    let dir = cni_tests::TempDir::new("pmdown");
+    std::fs::write(dir.join("previous.nft"), &script).unwrap();
+    host.run("nft", &["delete", "table", "inet", "cni_portmap"]);
+    host.run("nft", &["-f", dir.join("previous.nft").to_str().unwrap()]);
+    let r = rules(host);
+    assert!(r.contains("\"@masq4\"") && !r.contains("masquerade4"), "the previous layout:\n{r}");
+}
+
+/// Our elements but the netns records, sorted (the previous layout had no records).
+fn mapping_elements(host: &Netns) -> Vec<String> {
+    let mut v: Vec<String> =
+        elements(host).unwrap().into_iter().filter(|e| !e.starts_with("netns ")).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn upgrade_from_the_previous_layout_keeps_live_mappings() {
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..5).map(|_| w.container()).collect();
+    let [a, b, c, d, e] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE"];
+    let _servers: Vec<Server> = ctrs.iter().zip(names).map(|(c, name)| server(&c.ns, 80, name)).collect();
+    // A: both families, snat; B: masqAll; C: IPv4 only
+    let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
+    let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
+    let cc = conf("pmnet", &w.prev(c, true, false), tcp(7603), json!({}));
+    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc)] {
+        run(&w, "ADD", x, cfg).ok();
+    }
+    let traffic = |w: &World| {
+        assert_eq!(
+            fetch(&w.outside, &hip, 7601),
+            format!("ctrA 10.250.{n}.2"),
+            "outside -> A keeps its source"
+        );
+        assert_eq!(
+            fetch(&e.ns, &hip, 7601),
+            format!("ctrA 10.{n}.0.1"),
+            "a container of the subnet is masqueraded"
+        );
+        assert_eq!(fetch(&e.ns, &format!("fd01:{n}::1"), 7601), format!("ctrA fd00:{n}::1"), "IPv6 too");
+        assert_eq!(fetch(&w.host, "127.0.0.1", 7601), format!("ctrA 10.{n}.0.1"), "localhost");
+        assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"), "masqAll masquerades everyone");
+    };
+    traffic(&w);
+    let before = mapping_elements(&w.host);
+
+    // The host as the previous release left it, pods running.
+    downgrade_to_previous_layout(&w.host);
+    assert_eq!(mapping_elements(&w.host).len(), before.len(), "the previous layout holds every mapping");
+    traffic(&w);
+    // CHECK reads the previous layout as it is, and changes nothing
+    let old = ns_state(&w.host);
+    run(&w, "CHECK", a, &ca).ok_silent();
+    run(&w, "CHECK", b, &cb).ok_silent();
+    assert_eq!(ns_state(&w.host), old);
+
+    // The first DEL migrates, in the transaction that deletes C: every other mapping is
+    // converted to exactly what this layout writes.
+    run(&w, "DEL", c, &cc).ok_silent();
+    let r = rules(&w.host);
+    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\""), "migrated:\n{r}");
+    let c_tag = format!("pmnet,{},eth0", c.id);
+    let without_c: Vec<String> = before.iter().filter(|x| !x.contains(&c_tag)).cloned().collect();
+    assert_eq!(mapping_elements(&w.host), without_c);
+    assert_eq!(fetch(&w.outside, &hip, 7603), "", "C is gone");
+    traffic(&w);
+    run(&w, "CHECK", a, &ca).ok_silent();
+    run(&w, "CHECK", b, &cb).ok_silent();
+    // attachments of the previous layout have no netns record: DEL removes them all the same
+    run(&w, "DEL", a, &ca).ok_silent();
+    assert!(mapping_elements(&w.host).iter().all(|x| !x.contains(&a.id)));
+    assert_eq!(fetch(&w.outside, &hip, 7601), "");
+
+    // The first ADD migrates too, adding its own mapping in the same transaction.
+    let cd = conf("pmnet", &w.prev(d, true, false), tcp(7604), json!({}));
+    run(&w, "ADD", d, &cd).ok();
+    let before = mapping_elements(&w.host);
+    downgrade_to_previous_layout(&w.host);
+    let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
+    run(&w, "ADD", e, &ce).ok();
+    assert!(rules(&w.host).contains("\"@net4_32\""), "migrated");
+    let e_tag = format!("pmnet,{},eth0", e.id);
+    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&e_tag)).collect();
+    assert_eq!(others, before, "nothing of B and D lost");
+    assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"));
+    assert_eq!(fetch(&w.outside, &hip, 7604), format!("ctrD 10.250.{n}.2"));
+    assert_eq!(fetch(&d.ns, &hip, 7605), format!("ctrE 10.{n}.0.1"));
+    for (x, cfg) in [(b, &cb), (d, &cd), (e, &ce)] {
+        run(&w, "CHECK", x, cfg).ok_silent();
+    }
+    // A holder from before the records existed counts as live: refused, naming it
+    let msg = run(&w, "ADD", e, &conf("pmnet", &w.prev(e, true, true), tcp(7602), json!({}))).err(7);
+    assert!(msg.contains(&b.id), "{msg}");
+    // GC migrates as well (here with nothing left to migrate) and removes the last mappings
+    let gc =
+        json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
+    downgrade_to_previous_layout(&w.host);
+    Exec::new("portmap")
+        .in_ns(&w.host)
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_PATH", "/x")
+        .run(&gc.to_string())
+        .ok_silent();
+    assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
+}
+
+/// A namespace at a path whose previous namespace was deleted: removed on drop.
+struct Recreated(String);
+
+impl Drop for Recreated {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+#[test]
+fn stale_holders_are_replaced_and_live_ones_refused() {
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let c = w.container();
+    let d = w.container();
+    let _sb = server(&b.ns, 80, "ctrB");
+    let _sd = server(&d.ns, 80, "ctrD");
+    let two = json!([{"hostPort": 7401, "containerPort": 80, "protocol": "tcp"},
+                     {"hostPort": 7402, "containerPort": 80, "protocol": "udp"}]);
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), two, json!({}))).ok();
+    let cb = conf("pmnet", &w.prev(&b, true, false), tcp(7401), json!({}));
+    // a live holder still blocks, naming it
+    let before = ns_state(&w.host);
+    let msg = run(&w, "ADD", &b, &cb).err(7);
+    assert!(msg.contains(&format!("container \"{}\"", a.id)) && msg.contains("tcp/7401"), "{msg}");
+    assert_eq!(ns_state(&w.host), before, "a refused ADD changes nothing");
+
+    // A's pod goes without a DEL (a runtime that lost its state): its namespace is deleted
+    let Ctr { ns, id: a_id, .. } = a;
+    drop(ns);
+    let out = run(&w, "ADD", &b, &cb);
+    out.ok();
+    assert!(
+        out.stderr.contains(&format!("container \"{a_id}\"")) && out.stderr.contains("no longer exists"),
+        "the replacement is noted on stderr: {}",
+        out.stderr
+    );
+    assert_eq!(fetch(&w.outside, &hip, 7401), format!("ctrB 10.250.{n}.2"), "the new pod gets the traffic");
+    let els = elements(&w.host).unwrap();
+    assert!(els.iter().all(|e| !e.contains(&a_id)), "all of A's mappings went: {els:?}");
+    assert_eq!(els.iter().filter(|e| e.starts_with("netns ")).count(), 1, "B's record only: {els:?}");
+    run(&w, "CHECK", &b, &cb).ok_silent();
+
+    // A path that now holds another namespace (deleted and made again under the same name)
+    let cc = conf("pmnet", &w.prev(&c, true, false), tcp(7403), json!({}));
+    run(&w, "ADD", &c, &cc).ok();
+    let Ctr { ns, id: c_id, .. } = c;
+    let name = ns.name().to_string();
+    drop(ns);
+    cni_tests::sh("ip", &["netns", "add", &name]);
+    let _again = Recreated(name);
+    let cd = conf("pmnet", &w.prev(&d, true, false), tcp(7403), json!({}));
+    let out = run(&w, "ADD", &d, &cd);
+    out.ok();
+    assert!(
+        out.stderr.contains(&format!("container \"{c_id}\""))
+            && out.stderr.contains("another network namespace"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(fetch(&w.outside, &hip, 7403), format!("ctrD 10.250.{n}.2"));
+    // and B, alive, still blocks D
+    let msg = run(&w, "ADD", &d, &conf("pmnet", &w.prev(&d, true, false), tcp(7401), json!({}))).err(7);
+    assert!(msg.contains(&b.id), "{msg}");
+}
+
+#[test]
+fn del_and_gc_accept_what_add_would_refuse() {
+    // Runtimes DEL with the configuration they cached at ADD, which upstream accepted: values
+    // ADD refuses but that are harmless never make DEL or GC fail, and DEL still cleans up.
+    let mut w = World::new();
+    let a = w.container();
+    let p = w.prev(&a, true, true);
+    let valid = tcp(7701);
+    let with_bad_mapping = |m: Value| json!([{"hostPort": 7701, "containerPort": 80, "protocol": "tcp"}, m]);
+    let cases: Vec<(&str, Value, Value)> = vec![
+        ("backend iptables", valid.clone(), json!({"backend": "iptables"})),
+        ("unknown backend", valid.clone(), json!({"backend": "bpf"})),
+        (
+            "iptables conditions",
+            valid.clone(),
+            json!({"conditionsV4": ["-d", "192.0.2.1"], "conditionsV6": ["!", "-s", "::1"]}),
+        ),
+        ("markMasqBit out of range", valid.clone(), json!({"markMasqBit": 99})),
+        (
+            "unknown protocol",
+            with_bad_mapping(json!({"hostPort": 7702, "containerPort": 80, "protocol": "icmp"})),
+            json!({}),
+        ),
+        ("host port 0", with_bad_mapping(json!({"hostPort": 0, "containerPort": 80})), json!({})),
+        (
+            "container port too big",
+            with_bad_mapping(json!({"hostPort": 7703, "containerPort": 70000})),
+            json!({}),
+        ),
+        (
+            "hostIP not an address",
+            with_bad_mapping(json!({"hostPort": 7704, "containerPort": 80, "hostIP": "x"})),
+            json!({}),
+        ),
+        (
+            "host port mapped twice",
+            with_bad_mapping(json!({"hostPort": 7701, "containerPort": 81})),
+            json!({}),
+        ),
+    ];
+    let gc = |extra: &Value| {
+        let mut c = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
+    };
+    for (what, mappings, extra) in &cases {
+        let bad = conf("pmnet", &p, mappings.clone(), extra.clone());
+        assert_ne!(run(&w, "ADD", &a, &bad).code, 0, "{what}: ADD refuses it");
+        run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
+        let out = run(&w, "DEL", &a, &bad);
+        out.ok_silent();
+        assert!(out.stderr.contains("DEL ignores"), "{what}: noted: {}", out.stderr);
+        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "{what}: DEL cleaned up");
+        run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
+        let out = gc(extra);
+        out.ok_silent();
+        assert_eq!(elements(&w.host), None, "{what}: GC removed the mapping and the table");
+    }
+    // hostile values are refused on every verb, before anything is touched
+    run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
+    let before = ns_state(&w.host);
+    let hostile = json!({"conditionsV4": ["ip daddr 192.0.2.1; flush ruleset"]});
+    run(&w, "DEL", &a, &conf("pmnet", &p, valid.clone(), hostile.clone())).err(7);
+    gc(&hostile).err(7);
+    assert_eq!(ns_state(&w.host), before);
+}
+
+#[test]
+fn add_needs_a_container_address() {
+    let mut w = World::new();
+    let a = w.container();
+    let n = w.n;
+    // the new bridge port reaches "forwarding" (br0 goes from UNKNOWN to UP) on its own time
+    wait_for("br0 to be up", || {
+        String::from_utf8_lossy(&w.host.run("ip", &["link", "show", "br0"]).stdout).contains("state UP")
+    });
+    let before = ns_state(&w.host);
+    let intf = |ips: Value| {
+        json!({"cniVersion": "1.0.0",
+               "interfaces": [{"name": "br0"}, {"name": a.hostveth}, {"name": "eth0", "sandbox": a.ns.path_str()}],
+               "ips": ips})
+    };
+    let cases = [
+        ("no address", intf(json!([])), "no address for interface"),
+        (
+            "only a host-side address",
+            intf(json!([{"address": format!("10.{n}.0.1/24"), "interface": 0}])),
+            "no address for interface",
+        ),
+        (
+            "interface index out of range",
+            intf(json!([{"address": format!("10.{n}.0.{}/24", a.idx), "interface": 3}])),
+            "prevResult.ips[0].interface is 3",
+        ),
+    ];
+    for (what, prev, text) in cases {
+        let c = conf("pmnet", &prev, tcp(7801), json!({}));
+        let msg = run(&w, "ADD", &a, &c).err(7);
+        assert!(msg.contains(text), "{what}: {msg}");
+        run(&w, "CHECK", &a, &c).err(7);
+        // DEL with the same prevResult is fine (nothing to do)
+        run(&w, "DEL", &a, &c).ok_silent();
+    }
+    // a mapping whose hostIP is of the other family than the container's only address
+    let v6_only =
+        json!([{"hostPort": 7802, "containerPort": 80, "protocol": "tcp", "hostIP": format!("fd01:{n}::1")}]);
+    let msg = run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), v6_only, json!({}))).err(7);
+    assert!(msg.contains("nothing would be forwarded"), "{msg}");
+    assert_eq!(ns_state(&w.host), before, "refused ADDs leave the host as it was");
+}
+
+#[test]
+fn upgrade_by_an_add_with_conditions() {
+    // With conditions the DNAT part is rebuilt by `nft -f`: the migration of the masquerade
+    // part goes into the same script.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let _sa = server(&a.ns, 80, "ctrA");
+    let _sb = server(&b.ns, 80, "ctrB");
+    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), tcp(7611), json!({}))).ok();
+    let before = mapping_elements(&w.host);
+    downgrade_to_previous_layout(&w.host);
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    let cb = conf("pmnet", &w.prev(&b, true, false), tcp(7612), cond);
+    run(&w, "ADD", &b, &cb).ok();
+    let r = rules(&w.host);
+    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\"") && r.contains("gate4_"), "migrated:\n{r}");
+    let b_tag = format!("pmnet,{},eth0", b.id);
+    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&b_tag)).collect();
+    assert_eq!(others, before);
+    assert_eq!(fetch(&b.ns, &hip, 7611), format!("ctrA 10.{n}.0.1"), "A still masqueraded");
+    assert_eq!(fetch(&a.ns, &hip, 7612), format!("ctrB 10.{n}.0.1"));
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7612), "", "the conditions apply");
+    run(&w, "CHECK", &b, &cb).ok_silent();
 }

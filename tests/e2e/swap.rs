@@ -3,10 +3,12 @@
 //! pointed at `iptables-legacy` through a PATH directory of symlinks).
 //!
 //! World per test: a fake **host** netns in which every plugin runs (the bridge `cbr0` is made
-//! by the bridge plugin: isGateway, ipMasq, hairpin; host-local 10.66.0.0/24 and, for IPv6
-//! cases, fd66::/64), an **outside** netns on the host's uplink (host 10.250.0.1 / fd01::1,
-//! outside .2 / ::2), and one netns per pod. The chain is the kubenet-style list: bridge +
-//! host-local, portmap (hostPort 18080/tcp -> 80, 18081/udp -> 81), bandwidth.
+//! by the bridge plugin: isGateway, ipMasq, hairpin; host-local 10.<k>.0.0/24 and, for IPv6
+//! cases, fd66:<k>::/64, `k` from the process id so that parallel tests' pods never share an
+//! address: from-upstream finds a pod's namespace by its address), an **outside** netns on the
+//! host's uplink (host 10.250.0.1 / fd01::1, outside .2 / ::2), and one netns per pod. The
+//! chain is the kubenet-style list: bridge + host-local, portmap (hostPort 18080/tcp -> 80,
+//! 18081/udp -> 81), bandwidth.
 //!
 //! Upstream 1.1.1's own portmap CHECK fails on every dual-family node: it checks the IPv4
 //! container address against `ip6tables` too (and vice versa; fixed upstream after 1.1.1). The
@@ -66,6 +68,11 @@ fn shim(ipt: Ipt, fams: &[&str]) -> TempDir {
         }
     }
     d
+}
+
+/// The second octet of this process's pod subnets (nextest runs each test in a process).
+fn subnet_key() -> u32 {
+    60 + std::process::id() % 150
 }
 
 fn path_with(d: &TempDir) -> String {
@@ -173,10 +180,11 @@ impl World {
     }
 
     fn plugins(&self, snat: Option<bool>) -> Vec<Value> {
-        let mut ranges = vec![json!([{"subnet": "10.66.0.0/24"}])];
+        let k = subnet_key();
+        let mut ranges = vec![json!([{"subnet": format!("10.{k}.0.0/24")}])];
         let mut routes = vec![json!({"dst": "0.0.0.0/0"})];
         if self.v6 {
-            ranges.push(json!([{"subnet": "fd66::/64"}]));
+            ranges.push(json!([{"subnet": format!("fd66:{k}::/64")}]));
             routes.push(json!({"dst": "::/0"}));
         }
         let mut pm = json!({"type": "portmap", "capabilities": {"portMappings": true}});
@@ -656,7 +664,7 @@ fn gc_leftovers(ipt: Ipt) {
     let mut other = w.chain(true, None);
     other.name = "othernet".into();
     other.plugins[0]["bridge"] = json!("cbr1");
-    other.plugins[0]["ipam"]["ranges"] = json!([[{"subnet": "10.67.0.0/24"}]]);
+    other.plugins[0]["ipam"]["ranges"] = json!([[{"subnet": format!("10.{}.1.0/24", subnet_key())}]]);
     other.plugins[0]["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0"}]);
     other.plugins.truncate(2);
     w.add(&other, &foreign);
@@ -970,7 +978,7 @@ fn upstream_nftables_backend_form() {
     let script = format!(
         "{}{}",
         nft_backend_script(&a.id, &ip, HP_TCP),
-        nft_backend_script(&other.id, "10.66.0.200", 19090)
+        nft_backend_script(&other.id, &format!("10.{}.0.200", subnet_key()), 19090)
     );
     let mut nft = w.host.command("nft").args(["-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();
     nft.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();

@@ -1,5 +1,6 @@
 //! bandwidth's ifb as upstream makes it (plugins/meta/bandwidth/main.go, `getIfbDeviceName`
-//! and `CreateIfb`): `bwp` + 12 hex digits of sha512(network + container id), device group 0,
+//! and `CreateIfb`; [`AttachmentId::ifb_name`]): `bwp` + 12 hex digits of sha512(network +
+//! container id), device group 0,
 //! no alias, a root tbf, and a u32 filter on the host veth's ingress redirecting into it.
 //!
 //! Our own ifbs have the same name (so our DEL, which deletes by name, removes upstream's too)
@@ -11,9 +12,9 @@
 //! nothing from anybody. A live one is never touched, whatever network it belongs to.
 
 use super::names;
+use crate::attachment::AttachmentId;
 use crate::netlink::tc::{FilterAction, INGRESS_HANDLE};
 use crate::netlink::{Link, Netlink};
-use crate::spec::config::Attachment;
 use crate::{CniError, Result};
 use std::collections::HashSet;
 
@@ -40,8 +41,9 @@ fn redirect_targets(host: &mut Netlink) -> Result<HashSet<u32>> {
 /// GC for bandwidth: delete upstream-made ifbs that nothing redirects into any more (see the
 /// module documentation), except the one a valid attachment of `network` would use. Returns
 /// the names deleted.
-pub fn gc(host: &mut Netlink, network: &str, valid: &[Attachment]) -> Result<Vec<String>> {
-    let keep: HashSet<String> = valid.iter().map(|a| names::ifb_name(network, &a.container_id)).collect();
+pub fn gc(host: &mut Netlink, network: &str, valid: &[AttachmentId]) -> Result<Vec<String>> {
+    let keep: HashSet<String> =
+        valid.iter().map(|a| AttachmentId::new(network, &a.container_id, &a.ifname).ifb_name()).collect();
     let candidates: Vec<Link> =
         host.links()?.into_iter().filter(|l| is_upstream_ifb(l) && !keep.contains(&l.name)).collect();
     if candidates.is_empty() {

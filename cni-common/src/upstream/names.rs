@@ -1,8 +1,7 @@
 //! Upstream's names and comments, computed exactly as the Go plugins compute them
 //! (docs/switching.md, "Upstream's state, exactly", lists each with its source file).
 
-use sha2::{Digest, Sha512};
-use std::fmt::Write as _;
+use crate::attachment::sha512_hex;
 
 /// iptables chain names upstream derives from (network, container id) are this long.
 const CHAIN_LEN: usize = 28;
@@ -10,16 +9,9 @@ const CHAIN_LEN: usize = 28;
 /// `utils.MustFormatChainNameWithPrefix(name, id, prefix)` (pkg/utils/utils.go): `CNI-` +
 /// `prefix` + the lowercase hex of sha512(`network` + `container_id`), cut to 28 characters.
 pub fn chain_name(prefix: &str, network: &str, container_id: &str) -> String {
-    let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
-    let mut s = format!("CNI-{prefix}");
-    for b in digest.iter() {
-        let _ = write!(s, "{b:02x}");
-        if s.len() >= CHAIN_LEN {
-            break;
-        }
-    }
-    s.truncate(CHAIN_LEN);
-    s
+    let head = format!("CNI-{prefix}");
+    let hex = sha512_hex(&format!("{network}{container_id}"), CHAIN_LEN - head.len());
+    format!("{head}{hex}")
 }
 
 /// bridge's per-attachment masquerade chain (`utils.FormatChainName`).
@@ -116,17 +108,6 @@ pub const DEFAULT_MARK_BIT: u32 = 13;
 pub const NFT_HOSTPORT_TABLE: &str = "cni_hostport";
 pub const NFT_HOSTPORT_RULE_CHAINS: [&str; 3] = ["hostports", "hostip_hostports", "masquerading"];
 
-/// bandwidth's ifb name (`getIfbDeviceName`, plugins/meta/bandwidth/main.go): `bwp` + the
-/// first 12 hex digits of sha512(network + container id).
-pub fn ifb_name(network: &str, container_id: &str) -> String {
-    let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
-    let mut s = String::from("bwp");
-    for b in digest.iter().take(6) {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// Whether `name` has the shape of a bandwidth ifb (`bwp` + 12 hex digits).
 pub fn is_ifb_name(name: &str) -> bool {
     name.len() == 15
@@ -145,7 +126,10 @@ mod tests {
         assert_eq!(masq_chain("swnet", "ctrA"), "CNI-6c848780a988c4f72c3ef534");
         assert_eq!(dnat_chain("swnet", "ctrA"), "CNI-DN-6c848780a988c4f72c3ef");
         assert_eq!(snat_chain("swnet", "ctrA"), "CNI-SN-6c848780a988c4f72c3ef");
-        assert_eq!(ifb_name("swnet", "ctrA"), "bwp6c848780a988");
+        assert_eq!(
+            crate::attachment::AttachmentId::new("swnet", "ctrA", "eth0").ifb_name(),
+            "bwp6c848780a988"
+        );
         assert!(is_masq_chain("CNI-6c848780a988c4f72c3ef534"));
         assert!(!is_masq_chain("CNI-DN-6c848780a988c4f72c3ef"));
         assert!(!is_masq_chain("CNI-HOSTPORT-SETMARK"));

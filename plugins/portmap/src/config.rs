@@ -50,6 +50,19 @@ impl Proto {
             Proto::Sctp => "sctp",
         }
     }
+
+    /// The IP protocol number (`meta l4proto`).
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Sctp => 132,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Proto> {
+        [Proto::Tcp, Proto::Udp, Proto::Sctp].into_iter().find(|p| p.number() == n)
+    }
 }
 
 /// Address family.
@@ -65,6 +78,21 @@ impl Fam {
             Fam::V4
         } else {
             Fam::V6
+        }
+    }
+
+    /// "4" or "6", as in set and chain names.
+    pub fn digit(self) -> char {
+        match self {
+            Fam::V4 => '4',
+            Fam::V6 => '6',
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fam::V4 => "IPv4",
+            Fam::V6 => "IPv6",
         }
     }
 }
@@ -143,48 +171,92 @@ fn host_ip(i: usize, s: &str) -> Result<HostIp> {
     Ok(HostIp::Addr(ip))
 }
 
-/// Conditions are nft tokens inserted verbatim into one rule: reject what could end that rule
-/// or start another statement, and iptables syntax.
-fn conditions(field: &str, list: Option<Vec<String>>) -> Result<Vec<String>> {
-    let list = list.unwrap_or_default();
-    if let Some(first) = list.first() {
-        if first.starts_with('-') || first.starts_with('!') {
-            return Err(CniError::unsupported_field(
-                field,
-                format!("{list:?}"),
-                "these are iptables match options; this portmap uses nftables, so write them in nft syntax \
-                 (e.g. [\"ip\", \"daddr\", \"!=\", \"192.0.2.10\"])",
-            ));
-        }
-    }
-    for tok in &list {
+fn mapping(i: usize, m: &PortMapping) -> Result<Mapping> {
+    Ok(Mapping {
+        host_port: port("hostPort", i, m.host_port)?,
+        container_port: port("containerPort", i, m.container_port)?,
+        proto: proto(i, &m.protocol)?,
+        host_ip: host_ip(i, &m.host_ip)?,
+    })
+}
+
+/// Conditions are nft tokens inserted verbatim into one rule: what could end that rule or
+/// start another statement is hostile, on every verb (even those that never use them).
+fn hostile_conditions(field: &str, list: &[String]) -> Result<()> {
+    for tok in list {
         if tok.chars().any(|c| matches!(c, ';' | '\n' | '\r' | '#' | '\0')) || tok.trim().is_empty() {
             return Err(CniError::config(format!(
                 "{field} token {tok:?} is not allowed: tokens must be non-empty and must not contain ';', '#' or line breaks"
             )));
         }
     }
+    Ok(())
+}
+
+/// iptables-style conditions (the upstream iptables backend's), which ADD cannot use.
+fn iptables_conditions(list: &[String]) -> bool {
+    list.first().is_some_and(|first| first.starts_with('-') || first.starts_with('!'))
+}
+
+fn conditions(field: &str, list: Option<Vec<String>>) -> Result<Vec<String>> {
+    let list = list.unwrap_or_default();
+    if iptables_conditions(&list) {
+        return Err(CniError::unsupported_field(
+            field,
+            format!("{list:?}"),
+            "these are iptables match options; this portmap uses nftables, so write them in nft syntax \
+             (e.g. [\"ip\", \"daddr\", \"!=\", \"192.0.2.10\"])",
+        ));
+    }
+    hostile_conditions(field, &list)?;
     Ok(list)
 }
 
+fn backend(raw: Option<&str>) -> Result<()> {
+    match raw {
+        None | Some("") | Some("nftables") => Ok(()),
+        Some("iptables") => Err(CniError::unsupported_field(
+            "backend",
+            "\"iptables\"",
+            "this portmap implements only the nftables backend; remove the key or set it to \"nftables\"",
+        )),
+        Some(other) => Err(CniError::unsupported_field(
+            "backend",
+            format!("{other:?}"),
+            "the only supported backend is \"nftables\"",
+        )),
+    }
+}
+
+/// The mappings of `list`, refusing a host port mapped to two container ports.
+fn mappings(list: &[PortMapping]) -> Result<Vec<Mapping>> {
+    let mut out: Vec<Mapping> = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let mapping = mapping(i, m)?;
+        if out.contains(&mapping) {
+            continue; // an exact repeat changes nothing
+        }
+        if let Some(o) = out.iter().find(|o| {
+            o.host_port == mapping.host_port && o.proto == mapping.proto && o.host_ip == mapping.host_ip
+        }) {
+            return Err(CniError::config(format!(
+                "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {}): \
+                 a host port can go to one container port only",
+                mapping.proto.as_str(),
+                mapping.host_port,
+                o.container_port
+            )));
+        }
+        out.push(mapping);
+    }
+    Ok(out)
+}
+
 impl Conf {
+    /// The configuration as ADD, CHECK and STATUS need it: everything checked.
     pub fn from_raw(raw: RawConf) -> Result<Conf> {
         let mut notes = Vec::new();
-        match raw.backend.as_deref() {
-            None | Some("") | Some("nftables") => {}
-            Some("iptables") => return Err(CniError::unsupported_field(
-                "backend",
-                "\"iptables\"",
-                "this portmap implements only the nftables backend; remove the key or set it to \"nftables\"",
-            )),
-            Some(other) => {
-                return Err(CniError::unsupported_field(
-                    "backend",
-                    format!("{other:?}"),
-                    "the only supported backend is \"nftables\"",
-                ))
-            }
-        }
+        backend(raw.backend.as_deref())?;
         if let Some(chain) = &raw.external_set_mark_chain {
             notes.push(format!(
                 "portmap: note: externalSetMarkChain {chain:?} is an iptables-backend option and is ignored: \
@@ -203,53 +275,104 @@ impl Conf {
         let conditions_v4 = conditions("conditionsV4", raw.conditions_v4)?;
         let conditions_v6 = conditions("conditionsV6", raw.conditions_v6)?;
         let list = raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default();
-        let mut mappings: Vec<Mapping> = Vec::with_capacity(list.len());
-        for (i, m) in list.iter().enumerate() {
-            let mapping = Mapping {
-                host_port: port("hostPort", i, m.host_port)?,
-                container_port: port("containerPort", i, m.container_port)?,
-                proto: proto(i, &m.protocol)?,
-                host_ip: host_ip(i, &m.host_ip)?,
-            };
-            if mappings.contains(&mapping) {
-                continue; // an exact repeat changes nothing
-            }
-            if let Some(j) = mappings.iter().position(|o| {
-                o.host_port == mapping.host_port && o.proto == mapping.proto && o.host_ip == mapping.host_ip
-            }) {
-                return Err(CniError::config(format!(
-                    "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {}): \
-                     a host port can go to one container port only",
-                    mapping.proto.as_str(),
-                    mapping.host_port,
-                    mappings[j].container_port
-                )));
-            }
-            mappings.push(mapping);
-        }
         Ok(Conf {
             snat: raw.snat.unwrap_or(true),
             masq_all: raw.masq_all,
             conditions_v4,
             conditions_v6,
-            mappings,
+            mappings: mappings(&list)?,
             notes,
         })
     }
 }
 
+/// What DEL and GC need from the configuration. Runtimes DEL with the configuration they
+/// cached at ADD time, which upstream accepted: values ADD refuses but that are harmless here
+/// (`backend: "iptables"`, iptables-syntax conditions, iptables-only keys out of range,
+/// mappings with an unknown protocol or an invalid port or host IP) are ignored with a note,
+/// never a failure. Hostile values (condition tokens that would end an nft statement) are
+/// refused on every verb, before anything is touched.
+#[derive(Debug, Clone, Default)]
+pub struct Teardown {
+    /// Whether the configuration lists any mapping at all (DEL returns at once otherwise).
+    pub listed: bool,
+    /// The mappings, when every listed one is valid (then DEL can name each element);
+    /// None when some are not (DEL then removes whatever carries the attachment's tag).
+    pub mappings: Option<Vec<Mapping>>,
+    /// `snat` and `masqAll`, for naming the masquerade elements.
+    pub snat: bool,
+    pub masq_all: bool,
+    pub notes: Vec<String>,
+}
+
+impl Teardown {
+    pub fn from_raw(raw: RawConf, verb: &str) -> Result<Teardown> {
+        let mut notes = Vec::new();
+        let benign = |what: String, e: CniError| {
+            format!("portmap: note: {verb} ignores {what}, which ADD would refuse ({})", e.msg)
+        };
+        if let Err(e) = backend(raw.backend.as_deref()) {
+            notes.push(benign(format!("backend {:?}", raw.backend.as_deref().unwrap_or_default()), e));
+        }
+        for (field, list) in [("conditionsV4", &raw.conditions_v4), ("conditionsV6", &raw.conditions_v6)] {
+            let list = list.as_deref().unwrap_or_default();
+            hostile_conditions(field, list)?;
+            if iptables_conditions(list) {
+                notes.push(format!(
+                    "portmap: note: {verb} ignores the iptables-syntax {field} {list:?}, which ADD would refuse"
+                ));
+            }
+        }
+        if let Some(bit) = raw.mark_masq_bit.filter(|b| !(0..=31).contains(b)) {
+            notes.push(format!("portmap: note: {verb} ignores markMasqBit {bit}, which ADD would refuse"));
+        }
+        let list = raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default();
+        let mappings = match mappings(&list) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                notes.push(benign("the port mappings".into(), e));
+                None
+            }
+        };
+        Ok(Teardown {
+            listed: !list.is_empty(),
+            mappings,
+            snat: raw.snat.unwrap_or(true),
+            masq_all: raw.masq_all,
+            notes,
+        })
+    }
+
+    /// The configuration of the elements DEL names (no conditions: DEL never touches them).
+    pub fn conf(&self) -> Option<Conf> {
+        Some(Conf {
+            snat: self.snat,
+            masq_all: self.masq_all,
+            conditions_v4: Vec::new(),
+            conditions_v6: Vec::new(),
+            mappings: self.mappings.clone()?,
+            notes: Vec::new(),
+        })
+    }
+}
+
 /// The container's addresses as upstream picks them: the first IPv4 and the first IPv6
-/// address of prevResult whose `interface` is absent, out of range, or names an interface
-/// called CNI_IFNAME that has a sandbox.
-pub fn container_addrs(prev: &CniResult, ifname: &str) -> (Option<IpNet>, Option<IpNet>) {
+/// address of prevResult whose `interface` is absent or names an interface called CNI_IFNAME
+/// that has a sandbox. Unlike upstream, an `interface` index past the end of the list is
+/// refused (code 7): prevResult is then not a result any plugin made.
+pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>, Option<IpNet>)> {
     let mut v4 = None;
     let mut v6 = None;
-    for ip in &prev.ips {
+    for (k, ip) in prev.ips.iter().enumerate() {
         if let Some(i) = ip.interface {
-            if let Some(intf) = prev.interfaces.get(i) {
-                if intf.name != ifname || intf.sandbox.is_empty() {
-                    continue;
-                }
+            let intf = prev.interfaces.get(i).ok_or_else(|| {
+                CniError::config(format!(
+                    "prevResult.ips[{k}].interface is {i}, but prevResult lists {} interface(s)",
+                    prev.interfaces.len()
+                ))
+            })?;
+            if intf.name != ifname || intf.sandbox.is_empty() {
+                continue;
             }
         }
         let slot = if ip.address.addr().is_ipv4() { &mut v4 } else { &mut v6 };
@@ -257,7 +380,7 @@ pub fn container_addrs(prev: &CniResult, ifname: &str) -> (Option<IpNet>, Option
             *slot = Some(ip.address);
         }
     }
-    (v4, v6)
+    Ok((v4, v6))
 }
 
 #[cfg(test)]
@@ -356,12 +479,12 @@ mod tests {
             ],
             ..Default::default()
         };
-        let (v4, v6) = container_addrs(&prev, "eth0");
+        let (v4, v6) = container_addrs(&prev, "eth0").unwrap();
         assert_eq!(v4, Some("10.0.0.5/24".parse().unwrap()));
         assert_eq!(v6, Some("fd00::5/64".parse().unwrap()));
-        let (v4, _) = container_addrs(&prev, "eth1");
+        let (v4, _) = container_addrs(&prev, "eth1").unwrap();
         assert_eq!(v4, Some("10.1.0.5/24".parse().unwrap()));
-        // an index past the end is accepted (upstream does the same)
+        // an index past the end is refused (upstream would use the address)
         let prev = CniResult {
             ips: vec![IpConfig {
                 interface: Some(9),
@@ -370,6 +493,53 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(container_addrs(&prev, "eth0").0, Some("10.0.0.9/24".parse().unwrap()));
+        let e = container_addrs(&prev, "eth0").unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(e.msg.contains("prevResult.ips[0].interface is 9"), "{}", e.msg);
+    }
+
+    fn teardown(v: serde_json::Value) -> Result<Teardown> {
+        let raw: RawConf = json::from_value(v).map_err(CniError::decode)?;
+        Teardown::from_raw(raw, "DEL")
+    }
+
+    #[test]
+    fn teardown_ignores_benign_values_and_refuses_hostile_ones() {
+        let ok = json!({"hostPort": 80, "containerPort": 8080, "protocol": "tcp"});
+        // each of these makes ADD fail, but not DEL or GC
+        let benign = [
+            json!({"backend": "iptables"}),
+            json!({"backend": "ebpf"}),
+            json!({"conditionsV4": ["-d", "10.0.0.1"], "conditionsV6": ["!", "-s", "::1"]}),
+            json!({"markMasqBit": 40}),
+            json!({"runtimeConfig": {"portMappings": [ok, {"hostPort": 81, "containerPort": 80, "protocol": "icmp"}]}}),
+            json!({"runtimeConfig": {"portMappings": [{"hostPort": 0, "containerPort": 80}]}}),
+            json!({"runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 70000}]}}),
+            json!({"runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 80, "hostIP": "x"}]}}),
+            json!({"runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 80, "hostIP": "ff02::1"}]}}),
+            json!({"runtimeConfig": {"portMappings": [ok, {"hostPort": 80, "containerPort": 81}]}}),
+        ];
+        for v in benign {
+            assert!(conf(v.clone()).is_err(), "ADD refuses {v}");
+            let t = teardown(v.clone()).unwrap_or_else(|e| panic!("{v}: {}", e.msg));
+            assert!(!t.notes.is_empty(), "{v}: a note says what was ignored");
+            assert!(t.notes.iter().all(|n| n.starts_with("portmap: note: DEL ignores")), "{:?}", t.notes);
+        }
+        // an invalid mapping: DEL cannot name the elements, and withdraws by tag instead
+        let t =
+            teardown(json!({"runtimeConfig": {"portMappings": [ok, {"hostPort": 0, "containerPort": 80}]}}))
+                .unwrap();
+        assert!(t.listed && t.conf().is_none());
+        let t = teardown(json!({"backend": "iptables", "runtimeConfig": {"portMappings": [ok]}})).unwrap();
+        assert_eq!(t.conf().unwrap().mappings.len(), 1);
+        assert!(!teardown(json!({})).unwrap().listed);
+        // hostile: refused on every verb
+        for v in
+            [json!({"conditionsV4": ["ip daddr 1.1.1.1; flush ruleset"]}), json!({"conditionsV6": ["#"]})]
+        {
+            assert_eq!(teardown(v).unwrap_err().code, 7);
+        }
+        // a document of the wrong shape is still a decode error
+        assert_eq!(teardown(json!({"snat": "yes"})).unwrap_err().code, 6);
     }
 }

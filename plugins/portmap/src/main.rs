@@ -1,21 +1,29 @@
 //! `portmap`: host port forwarding for a chained attachment, with nftables sets and maps.
 //!
-//! The rules never grow with the number of mappings (see [`ruleset`] for the layout); every
-//! verb changes the kernel in one atomic nf_tables transaction. Element changes and all reads
-//! go over netlink ([`wire`]), and so does (re)building the static part (table, sets, chains,
-//! rules) on the first ADD on a host or after tampering; only a static part with
-//! `conditionsV4/V6`, which are nft syntax, is built with `nft -f`.
+//! The rules never grow with the number of mappings (see [`layout`]); every verb changes the
+//! kernel in one atomic nf_tables transaction. Element changes and all reads go over netlink
+//! ([`wire`]), and so does (re)building the static part on the first ADD on a host or after
+//! tampering; only a DNAT part with `conditionsV4/V6`, which are nft syntax, is built with
+//! `nft -f`.
 //!
 //! ADD first tries a netlink transaction that only adds elements (well under a millisecond
-//! whatever the number of attached containers); when that fails — table missing, other
-//! conditions installed, a host port claimed by another attachment, or this attachment's old
-//! elements differing — the slow path reads the table, explains conflicts with other
-//! containers by naming the holder, shares host ports between attachments of one container,
-//! and applies what is needed in one transaction (netlink, rebuilding the static part when
-//! needed; one `nft -f` instead when that part has conditions).
+//! whatever the number of attached containers); when that fails — table missing or in the
+//! previous layout, other conditions installed, a host port claimed by another attachment, or
+//! this attachment's old elements differing — the slow path ([`slow`]) reads the table,
+//! replaces holders whose pods are gone ([`netns`]), explains conflicts with live containers
+//! by naming the holder, shares host ports between attachments of one container
+//! ([`claims`]), and applies what is needed in one transaction.
+#![warn(clippy::too_many_lines)]
 
+mod claims;
 mod config;
-mod ruleset;
+mod layout;
+mod legacy;
+mod model;
+mod netns;
+mod owner;
+mod slow;
+mod table;
 mod wire;
 
 use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
@@ -24,45 +32,35 @@ use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::nft_cli::Nft;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, sysctl, CniError, Plugin, Request, Result};
-use config::{container_addrs, Conf, Fam, Proto, RawConf};
-use ruleset::{Elem, Entry, Listed, Owner, FAMILY, TABLE};
+use config::{container_addrs, Conf, Fam, RawConf, Teardown};
+use model::{Elem, Hash, Key};
+use owner::Owner;
 use std::collections::HashSet;
-use std::fs::File;
 use std::net::IpAddr;
-
-/// Serialises the slow paths and GC of concurrent invocations (the fast paths need no lock:
-/// the kernel checks the claims). Machine-wide, like the xtables lock, but only held while
-/// reading the table and committing one transaction.
-const LOCK_PATH: &str = "/run/cni/portmap.lock";
-/// How often a slow path is retried when the table changed between reading and committing.
-const SLOW_ATTEMPTS: usize = 3;
+use table::{Entry, Want};
 
 struct Portmap;
 
 fn load(req: &Request) -> Result<Conf> {
-    let raw: RawConf = req.plugin_config()?;
-    let conf = Conf::from_raw(raw)?;
+    let conf = Conf::from_raw(req.plugin_config()?)?;
     for n in &conf.notes {
         eprintln!("{n}");
     }
     Ok(conf)
 }
 
-fn owner(req: &Request) -> Owner {
-    Owner::new(req.network(), &req.env.container_id, &req.env.ifname)
+/// The configuration as DEL and GC read it (see [`Teardown`]).
+fn load_teardown(req: &Request, verb: &str) -> Result<Teardown> {
+    let raw: RawConf = req.plugin_config()?;
+    let t = Teardown::from_raw(raw, verb)?;
+    for n in &t.notes {
+        eprintln!("{n}");
+    }
+    Ok(t)
 }
 
-fn lock() -> Result<nix::fcntl::Flock<File>> {
-    let dir = std::path::Path::new(LOCK_PATH).parent().expect("has a parent");
-    std::fs::create_dir_all(dir).map_err(|e| CniError::io(format!("create {}: {e}", dir.display())))?;
-    let f = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LOCK_PATH)
-        .map_err(|e| CniError::io(format!("open {LOCK_PATH}: {e}")))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| CniError::io(format!("lock {LOCK_PATH}: {e}")))
+fn owner(req: &Request) -> Owner {
+    Owner::new(req.network(), &req.env.container_id, &req.env.ifname)
 }
 
 fn nftables() -> Result<NfTables> {
@@ -70,139 +68,41 @@ fn nftables() -> Result<NfTables> {
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
 }
 
-/// The elements this attachment needs, from the config and prevResult.
-fn plan(conf: &Conf, prev: &CniResult, ifname: &str, owner: &Owner) -> Result<(Vec<Entry>, Vec<Elem>)> {
-    let (v4, v6) = container_addrs(prev, ifname);
-    let entries = ruleset::entries(conf, v4, v6)?;
-    let elems = ruleset::elements(conf, &entries, owner);
-    Ok((entries, elems))
-}
-
-/// The slow ADD path: read the table, refuse claims of other containers, and apply this
-/// attachment's changes (sharing host ports with other attachments of the same container) in
-/// one transaction: over netlink when the static part is as `conf` needs it, else with one
-/// `nft -f` that also (re)builds the static part. Returns the UDP ports whose target changed.
-fn slow_add(
-    nf: &mut NfTables,
+/// The entries and elements of an attachment, and notes on mappings that do not apply to the
+/// container's address family. Fails (code 7) when prevResult gives the container no address
+/// the mappings can use: the host ports would silently not work.
+fn attachment(
     conf: &Conf,
-    elems: &[Elem],
+    prev: &CniResult,
+    ifname: &str,
     owner: &Owner,
-    fast_err: CniError,
-) -> Result<HashSet<(Fam, u16)>> {
-    let _lock = lock()?;
-    let mut last = fast_err;
-    let mut rebuild = false;
-    let mut nft = None;
-    for _ in 0..SLOW_ATTEMPTS {
-        let l = wire::read(nf)?;
-        rebuild |= l.as_ref().is_none_or(|l| l.static_problem(conf).is_some());
-        let l = l.unwrap_or_default();
-        // Claims held by another container: refuse, naming the holder.
-        if let Some((e, holder, x)) = ruleset::foreign_claim(&l, elems, owner) {
-            let what = describe_key(e);
-            return Err(CniError::config(format!(
-                "host port {what} is already mapped by {}: refusing to shadow it",
-                ruleset::describe_holder(holder.as_deref())
-            ))
-            .with_details(format!("conflicting element: {} {{ {} }}", x.set, x.key)));
-        }
-        let hash = owner.hash.to_string();
-        let gone = |tag: &str, h: &str| tag == owner.tag || h == hash;
-        let plan = ruleset::plan(&l, &gone, elems, &owner.tag);
-        let applied = if rebuild {
-            match wire::setup_ops(conf, &l.gate_chains()) {
-                // No conditions: the static part goes over netlink too, in the same transaction.
-                Some(mut ops) => {
-                    ops.extend(wire::plan_ops(&plan)?);
-                    nf.apply(&ops).map_err(CniError::from)
-                }
-                None => {
-                    let nft = match &nft {
-                        Some(n) => n,
-                        None => nft.insert(Nft::find()?),
-                    };
-                    let mut script = ruleset::setup_script(conf, &l.gate_chains());
-                    script.push_str(&plan.script());
-                    nft.apply(&script)
-                }
+) -> Result<(Vec<Entry>, Vec<Elem>, Vec<String>)> {
+    let (v4, v6) = container_addrs(prev, ifname)?;
+    if v4.is_none() && v6.is_none() {
+        return Err(CniError::config(format!(
+            "prevResult has no address for interface {ifname:?} (an IP whose \"interface\" is that \
+             container interface, or has none): the host ports cannot be forwarded"
+        )));
+    }
+    let entries = table::entries(conf, v4, v6)?;
+    let mut notes = Vec::new();
+    for (i, m) in conf.mappings.iter().enumerate() {
+        if !entries.iter().any(|e| table::covers(e, m)) {
+            let fam = if v4.is_some() { "IPv4" } else { "IPv6" };
+            let msg = format!(
+                "runtimeConfig.portMappings[{i}] (host port {}/{}) names a hostIP of another family \
+                 than the container's {fam} address",
+                m.proto.as_str(),
+                m.host_port
+            );
+            if entries.is_empty() {
+                return Err(CniError::config(format!("{msg}: nothing would be forwarded")));
             }
-        } else {
-            // A failure here (a concurrent change, or a set that went missing) is retried from
-            // a new read with the static part rebuilt.
-            rebuild = true;
-            nf.apply(&wire::plan_ops(&plan)?).map_err(CniError::from)
-        };
-        match applied {
-            Ok(()) => return Ok(plan.udp_ports()),
-            Err(e) => last = e,
+            notes.push(format!("portmap: note: {msg}; it is not forwarded"));
         }
     }
-    if !conf.conditions_v4.is_empty() || !conf.conditions_v6.is_empty() {
-        if let Some(nft) = &nft {
-            if let Err(e) = nft.check(&ruleset::conditions_probe_script(conf)) {
-                return Err(CniError::config(format!(
-                    "conditionsV4/conditionsV6 are not valid nft syntax: {}",
-                    e.msg.trim_start_matches("nft check failed: ")
-                )));
-            }
-        }
-    }
-    Err(last.context("portmap: could not install the port mappings"))
-}
-
-/// Under the lock: withdraw the claims of the attachments `gone` selects (the remaining
-/// claimants of a shared host port keep it), delete their other elements, and flush their UDP
-/// flows, in one netlink transaction. With `drop_empty_table`, a table left without any
-/// element is deleted.
-fn withdraw(
-    nf: &mut NfTables,
-    gone: &dyn Fn(&str, &str) -> bool,
-    drop_empty_table: bool,
-    what: &str,
-) -> Result<()> {
-    let _lock = lock()?;
-    let mut last = None;
-    for _ in 0..SLOW_ATTEMPTS {
-        let Some(l) = wire::read(nf)? else { return Ok(()) };
-        let plan = ruleset::plan(&l, gone, &[], "");
-        let remaining = l.all_elements().count() + plan.add.len() - plan.delete.len();
-        let ops = if drop_empty_table && remaining == 0 {
-            // Nothing of any network is mapped any more: leave no table behind.
-            vec![wire::delete_table_op()]
-        } else if plan.is_empty() {
-            return Ok(());
-        } else {
-            wire::plan_ops(&plan)?
-        };
-        match nf.apply(&ops) {
-            Ok(()) => {
-                flush_udp(plan.udp_ports());
-                return Ok(());
-            }
-            Err(e) => last = Some(CniError::from(e)),
-        }
-    }
-    Err(last.expect("an attempt failed").context(what))
-}
-
-/// "tcp/8080 on 192.0.2.1" style text for an element key.
-fn describe_key(e: &Elem) -> String {
-    let parts: Vec<&str> = e.key.split(" . ").collect();
-    let text = match parts.as_slice() {
-        [addr, proto, port] => {
-            let any = *addr == "::ffff:0.0.0.0" || *addr == "::";
-            let fam = if addr.starts_with("::ffff:") || addr.contains('.') { "IPv4" } else { "IPv6" };
-            let addr = addr.trim_start_matches("::ffff:");
-            if any {
-                format!("{proto}/{port} (all {fam} addresses)")
-            } else {
-                format!("{proto}/{port} on {addr}")
-            }
-        }
-        [proto, port] => format!("{proto}/{port}"),
-        _ => e.key.clone(),
-    };
-    text
+    let elems = table::elements(conf, &entries, owner);
+    Ok((entries, elems, notes))
 }
 
 /// `route_localnet=1` on the interface that routes to the container, so that connections to
@@ -239,8 +139,94 @@ fn flush_udp(ports: impl IntoIterator<Item = (Fam, u16)>) {
     }
 }
 
-fn udp_ports(entries: &[Entry]) -> HashSet<(Fam, u16)> {
-    entries.iter().filter(|e| e.proto == Proto::Udp).map(|e| (e.fam, e.host_port)).collect()
+/// DEL of our own elements: with prevResult and valid mappings, one transaction that names
+/// every element (guarded by our claims); otherwise (no prevResult, mappings ADD would refuse,
+/// partial state, a port shared with another attachment of the container) the slow path
+/// withdraws whatever carries the attachment's tag. Needs neither the netns nor prevResult.
+fn del_ours(req: &Request, t: &Teardown) -> Result<()> {
+    let owner = owner(req);
+    let mut nf = match nftables() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("portmap: {}; nothing to delete", e.msg);
+            return Ok(());
+        }
+    };
+    let named = t.conf().zip(req.prev.as_ref()).and_then(|(conf, prev)| {
+        let (_, elems, _) = attachment(&conf, prev, &req.env.ifname, &owner).ok()?;
+        Some(elems)
+    });
+    if let Some(elems) = named {
+        if nf.apply(&wire::guarded_delete_ops(&elems, &owner)).is_ok() {
+            flush_udp(table::udp_ports(elems.iter().map(|e| &e.key)));
+            return Ok(());
+        }
+    }
+    let gone = |tag: &str, h: Option<Hash>| tag == owner.tag || h == Some(owner.hash);
+    let ports = slow::withdraw(&mut nf, &gone, false, "portmap: could not delete the port mappings")?;
+    flush_udp(ports);
+    Ok(())
+}
+
+/// CHECK of our elements for this attachment: its claims and masquerade elements are there,
+/// and the owner and DNAT elements of each of its ports are what its claimants need.
+fn check_ours(req: &Request, conf: &Conf, elems: &[Elem], owner: &Owner) -> Result<()> {
+    let l = wire::read(&mut nftables()?)?.ok_or_else(|| {
+        CniError::internal(format!("portmap: table {} {} does not exist", layout::FAMILY, layout::TABLE))
+    })?;
+    let masq = if l.legacy_sets.is_empty() {
+        layout::masq_problem(&l, &table::net_lens(elems))
+    } else {
+        legacy::problem(&l)
+    };
+    if let Some(p) = layout::dnat_problem(&l, conf).or(masq) {
+        return Err(CniError::internal(format!("portmap: table {} {}: {p}", layout::FAMILY, layout::TABLE)));
+    }
+    let missing = |e: &Elem| CniError::internal(format!("portmap: element {e} is missing"));
+    let differs = |e: &Elem, x: &Elem| {
+        CniError::internal(format!(
+            "portmap: element {e} maps to {} instead of {}",
+            x.data_text(),
+            e.data_text()
+        ))
+    };
+    // our own claims and masquerade elements (the latter may be shared: any owner will do)
+    for e in elems.iter().filter(|e| matches!(e.key, Key::Claim(..) | Key::Masq(_))) {
+        let x = l.find(&e.key).ok_or_else(|| missing(e))?;
+        if x.elem != *e {
+            return Err(differs(e, &x.elem));
+        }
+    }
+    // the owner and DNAT elements of each host port: what its claimants need
+    let claims = l.claims();
+    for e in elems {
+        let Key::Owner(port) = e.key else { continue };
+        let claimants: Vec<&table::Claim> = claims.iter().filter(|c| c.port == port).collect();
+        let dnat = l.find(&Key::Dnat(port));
+        let Some(desired) = claims::desired_slots(port, &claimants, dnat) else { continue };
+        for (want, tag) in &desired {
+            let x = l.find(&want.key).ok_or_else(|| missing(want))?;
+            if x.comment.as_deref() != Some(tag.as_str()) {
+                return Err(CniError::internal(format!(
+                    "portmap: element {want} belongs to {}",
+                    owner::describe_holder(x.comment.as_deref())
+                )));
+            }
+            if x.elem != *want {
+                return Err(differs(want, &x.elem));
+            }
+        }
+    }
+    // the recorded namespace, when there is a record (attachments made before records existed
+    // have none), is CNI_NETNS
+    if let (Some((id, path)), Some((now, _))) = (l.netns_record(owner.hash), netns::record(req.netns())?) {
+        if id.differs(&now) {
+            return Err(CniError::internal(format!(
+                "portmap: the attachment was made for network namespace {path:?}, not for CNI_NETNS"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Plugin for Portmap {
@@ -257,21 +243,19 @@ impl Plugin for Portmap {
             return Ok(prev);
         }
         let owner = owner(req);
-        let (entries, elems) = plan(&conf, &prev, &req.env.ifname, &owner)?;
-        if entries.is_empty() {
-            eprintln!(
-                "portmap: note: prevResult has no address on interface {:?} of a family the mappings use; nothing to forward",
-                req.env.ifname
-            );
-            return Ok(prev);
+        let (entries, elems, notes) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
+        for n in notes {
+            eprintln!("{n}");
         }
+        let want =
+            Want { tag: owner.tag.clone(), hash: owner.hash, elems, netns: netns::record(req.netns())? };
         let mut nf = nftables()?;
-        let changed_udp = match nf.apply(&wire::fast_add_ops(&conf, &elems, &owner)?) {
-            Ok(()) => udp_ports(&entries),
-            Err(e) => slow_add(&mut nf, &conf, &elems, &owner, e.into())?,
+        let changed_udp = match nf.apply(&wire::fast_add_ops(&conf, &want)) {
+            Ok(()) => table::udp_ports(want.elems.iter().map(|e| &e.key)),
+            Err(e) => slow::add(&mut nf, &conf, &want, &owner, e.into())?,
         };
         if conf.snat && !conf.masq_all {
-            if let Some(e) = entries.iter().find(|e| e.fam == Fam::V4) {
+            if let Some(e) = entries.iter().find(|e| e.host.fam == Fam::V4) {
                 enable_route_localnet(e.ctr.addr())?;
             }
         }
@@ -280,45 +264,20 @@ impl Plugin for Portmap {
     }
 
     fn del(&self, req: &Request) -> Result<()> {
-        let conf = load(req)?;
-        // What upstream's portmap made for this attachment (iptables or its nftables backend).
-        cni_common::upstream::hostport::del(req)?;
-        if conf.mappings.is_empty() {
+        let t = load_teardown(req, "DEL")?;
+        if !t.listed {
             return Ok(()); // nothing was mapped (upstream's early exit; GC is the safety net)
         }
-        let owner = owner(req);
-        let mut nf = match nftables() {
-            Ok(n) => n,
-            Err(e) => {
-                eprintln!("portmap: {}; nothing to delete", e.msg);
-                return Ok(());
-            }
-        };
-        // Fast path: with prevResult we know every element; delete them guarded by our claims.
-        if let Some(prev) = req.prev_result().ok().flatten() {
-            if let Ok((entries, elems)) = plan(&conf, &prev, &req.env.ifname, &owner) {
-                if let Ok(ops) = wire::guarded_delete_ops(&elems, &owner) {
-                    if !elems.is_empty() && nf.apply(&ops).is_ok() {
-                        flush_udp(udp_ports(&entries));
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        // Slow path (no prevResult, partial state, or a host port shared with other
-        // attachments of this container): withdraw whatever carries our tag or hash.
-        let hash = owner.hash.to_string();
-        withdraw(
-            &mut nf,
-            &|tag: &str, h: &str| tag == owner.tag || h == hash,
-            false,
-            "portmap: could not delete the port mappings",
-        )
+        let ours = del_ours(req, &t);
+        // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
+        // nftables `cni_hostport` rules): cni_common::upstream, docs/switching.md.
+        ours.and(cni_common::upstream::hostport::del(req))
     }
 
     fn check(&self, req: &Request) -> Result<()> {
         let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
-        // An attachment upstream's portmap made is checked in upstream's form.
+        // An attachment made by upstream (iptables or its nftables backend) is checked in its
+        // own form instead of ours (before our validation: its configuration is upstream's).
         if cni_common::upstream::hostport::check(req)?.is_intact() {
             return Ok(());
         }
@@ -327,67 +286,20 @@ impl Plugin for Portmap {
             return Ok(());
         }
         let owner = owner(req);
-        let (_, elems) = plan(&conf, &prev, &req.env.ifname, &owner)?;
-        if elems.is_empty() {
-            return Ok(());
-        }
-        let l = wire::read(&mut nftables()?)?
-            .ok_or_else(|| CniError::internal(format!("portmap: table {FAMILY} {TABLE} does not exist")))?;
-        if let Some(p) = l.static_problem(&conf) {
-            return Err(CniError::internal(format!("portmap: table {FAMILY} {TABLE}: {p}")));
-        }
-        let claims = l.claims();
-        let missing =
-            |e: &Elem| CniError::internal(format!("portmap: element {} {{ {} }} is missing", e.set, e.key));
-        let differs = |e: &Elem, x: &Listed| {
-            CniError::internal(format!(
-                "portmap: element {} {{ {} }} maps to {} instead of {}",
-                e.set,
-                e.key,
-                x.data.as_deref().unwrap_or("-"),
-                e.data.as_deref().unwrap_or("-")
-            ))
-        };
-        // our own claims and masquerade elements (the latter may be shared: any owner will do)
-        for e in elems.iter().filter(|e| e.set == "claims" || e.set.starts_with("masq")) {
-            let x = l.find(&e.set, &e.key).ok_or_else(|| missing(e))?;
-            if x.data != e.data {
-                return Err(differs(e, x));
-            }
-        }
-        // the owner and DNAT elements of each host port: what its claimants need
-        for e in elems.iter().filter(|e| e.set == "owner") {
-            let claimants: Vec<&ruleset::Claim> = claims.iter().filter(|c| c.key == e.key).collect();
-            let dnat = ruleset::dnat_slot(&e.key).and_then(|(set, k)| l.find(set, &k));
-            let Some(desired) = ruleset::desired_slots(&e.key, &claimants, dnat) else { continue };
-            for (want, tag) in &desired {
-                let x = l.find(&want.set, &want.key).ok_or_else(|| missing(want))?;
-                if x.comment.as_deref() != Some(tag.as_str()) {
-                    return Err(CniError::internal(format!(
-                        "portmap: element {} {{ {} }} belongs to {}",
-                        want.set,
-                        want.key,
-                        ruleset::describe_holder(x.comment.as_deref())
-                    )));
-                }
-                if x.data != want.data {
-                    return Err(differs(want, x));
-                }
-            }
-        }
-        Ok(())
+        let (_, elems, _) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
+        check_ours(req, &conf, &elems, &owner)
     }
 
     fn gc(&self, req: &Request) -> Result<()> {
-        load(req)?; // validates; GC itself needs only the network name
-                    // Upstream's iptables mappings of this network's dead attachments.
+        load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
+                                   // Upstream-made leftovers of this network's attachments not in the valid list.
         let upstream = cni_common::upstream::hostport::gc(req);
         let valid: HashSet<String> = req
             .valid_attachments()?
             .iter()
             .map(|a| Owner::new(req.network(), &a.container_id, &a.ifname).tag)
             .collect();
-        let prefix = ruleset::net_prefix(req.network());
+        let prefix = owner::net_prefix(req.network());
         let mut nf = match nftables() {
             Ok(n) => n,
             Err(e) => {
@@ -395,13 +307,10 @@ impl Plugin for Portmap {
                 return upstream;
             }
         };
-        withdraw(
-            &mut nf,
-            &|tag: &str, _: &str| tag.starts_with(&prefix) && !valid.contains(tag),
-            true,
-            "portmap: GC could not delete stale port mappings",
-        )
-        .and(upstream)
+        let gone = |tag: &str, _: Option<Hash>| tag.starts_with(&prefix) && !valid.contains(tag);
+        let ports = slow::withdraw(&mut nf, &gone, true, "portmap: GC could not delete stale port mappings")?;
+        flush_udp(ports);
+        upstream
     }
 
     fn status(&self, req: &Request) -> Result<()> {
@@ -411,15 +320,22 @@ impl Plugin for Portmap {
         nf.generation().map_err(|e| {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
         })?;
-        // Dry-run the whole static layout: proves nat, fib, vmap and concatenated interval
-        // sets are usable in this kernel, without committing anything. Over netlink too,
-        // unless conditions need nft (and then a missing nft is reported).
+        // Dry-run the whole static layout (with a masquerade set of each family): proves nat,
+        // fib, vmap, masquerade and concatenated hash sets are usable in this kernel, without
+        // committing anything. Over netlink too, unless conditions need nft (and then a
+        // missing nft is reported).
         let cannot = |msg: String| {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {msg}"))
         };
-        match wire::setup_ops(&conf, &[]) {
-            Some(ops) => nf.validate(&ops).map_err(|e| cannot(e.to_string())),
-            None => Nft::find()?.check(&ruleset::setup_script(&conf, &[])).map_err(|e| cannot(e.msg)),
+        let lens: layout::Lens = [(Fam::V4, 24), (Fam::V6, 64)].into();
+        match wire::dnat_ops(&conf, &[], &lens) {
+            Some(mut ops) => {
+                ops.extend(wire::masq_ops(&lens, &[]));
+                nf.validate(&ops).map_err(|e| cannot(e.to_string()))
+            }
+            None => {
+                Nft::find()?.check(&layout::setup_script(&conf, &[], &lens, &[])).map_err(|e| cannot(e.msg))
+            }
         }
     }
 }

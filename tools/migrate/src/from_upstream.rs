@@ -5,8 +5,10 @@
 
 use crate::inventory::{Cached, Inventory};
 use crate::{Opts, Report};
-use bridge::firewall::{self, Attachment};
+use bridge::firewall;
+use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftFamily};
+use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::upstream::hostport::Mapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Table};
@@ -17,6 +19,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -113,32 +116,55 @@ fn collect(t: &Table, out: &mut BTreeMap<(String, String), Found>) {
     }
 }
 
-/// A scratch network namespace (for running our portmap's ADD when the pod's own netns path
-/// is not known): a parked thread's namespace, kept while the handle lives.
-struct ScratchNs {
-    path: PathBuf,
-    _stop: std::sync::mpsc::Sender<()>,
+/// Whether interface `ifname` of the namespace at `path` holds `ip` and is the peer of a veth
+/// of this (the host's) namespace: the pod's end of the bridge plugin's veth pair, not another
+/// namespace's interface that happens to have the same address.
+fn holds(host: &mut Netlink, path: &Path, ifname: &str, ip: IpAddr) -> bool {
+    let Ok(ns) = NetNs::open(path) else { return false };
+    let Ok(mut nl) = Netlink::new_in(&ns) else { return false };
+    let Ok(Some(link)) = nl.link_by_name(ifname) else { return false };
+    if !nl.addrs(Some(link.index), None).is_ok_and(|a| a.iter().any(|x| x.addr.addr() == ip)) {
+        return false;
+    }
+    let Some(peer) = link.link else { return false };
+    matches!(host.link_by_index(peer), Ok(Some(h)) if h.kind.as_deref() == Some("veth") && h.link == Some(link.index))
 }
 
-fn scratch_ns() -> Result<ScratchNs> {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let (ptx, prx) = std::sync::mpsc::channel::<std::result::Result<PathBuf, String>>();
-    std::thread::spawn(move || {
-        let r = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-            .map(|_| {
-                // SAFETY: gettid has no preconditions.
-                let tid = unsafe { libc::gettid() };
-                PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id()))
-            })
-            .map_err(|e| e.to_string());
-        let _ = ptx.send(r);
-        let _ = rx.recv();
-    });
-    let path = prx
-        .recv()
-        .map_err(|e| CniError::internal(e.to_string()))?
-        .map_err(|e| CniError::internal(format!("cannot create a scratch network namespace: {e}")))?;
-    Ok(ScratchNs { path, _stop: tx })
+/// The pod's network namespace, as a path our portmap can record (it tells a live holder of a
+/// host port from a stale one by it): the sandbox libcni cached, else a bind mount under
+/// `/var/run/netns` or `/run/netns`, else a process's `/proc/<pid>/ns/net` — whichever has
+/// interface `ifname` with the container's address. None when the pod is gone.
+fn find_netns(cached: Option<String>, ifname: &str, ip: IpAddr) -> Option<String> {
+    let mut host = Netlink::new().ok()?;
+    let mut candidates: Vec<PathBuf> = cached.into_iter().map(PathBuf::from).collect();
+    for dir in ["/var/run/netns", "/run/netns"] {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            let mut names: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+            names.sort();
+            candidates.extend(names);
+        }
+    }
+    if let Some(p) = candidates.iter().find(|p| holds(&mut host, p, ifname, ip)) {
+        return Some(p.to_string_lossy().into_owned());
+    }
+    // a process in the pod (its pause process), one per namespace
+    let mut seen = std::collections::HashSet::new();
+    let own = std::fs::metadata("/proc/self/ns/net").ok().map(|m| (m.dev(), m.ino()));
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        if !e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let p = e.path().join("ns/net");
+        let Ok(m) = std::fs::metadata(&p) else { continue };
+        let key = (m.dev(), m.ino());
+        if Some(key) == own || !seen.insert(key) {
+            continue;
+        }
+        if holds(&mut host, &p, ifname, ip) {
+            return Some(p.to_string_lossy().into_owned());
+        }
+    }
+    None
 }
 
 /// Whether `bin` is this suite's portmap (its banner names our version; upstream's says
@@ -277,7 +303,6 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
             portmap_bin.display()
         )));
     }
-    let scratch = if needs_portmap && !opts.dry_run { Some(scratch_ns()?) } else { None };
     let mut failures = Vec::new();
     for ((net, id), f) in &found {
         let first_ip = f.masq.first().or(f.ctr.first()).map(|n| n.addr());
@@ -302,18 +327,21 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
             ));
             continue;
         }
+        let cached = inv.cached(net, id, &ifname);
+        let Some(sandbox) = first_ip.and_then(|ip| find_netns(cached.and_then(Cached::sandbox), &ifname, ip))
+        else {
+            report.notes.push(format!(
+                "{who}: no network namespace has {ifname} with its address any more (the pod is gone): left in \
+                 upstream's form, which our DEL and GC remove"
+            ));
+            continue;
+        };
         let r = (|| -> Result<()> {
-            let att = Attachment { network: net, container_id: id, ifname: &ifname };
+            let att = AttachmentId::new(net, id, &ifname);
             // ours first ...
             if !f.masq.is_empty() {
-                firewall::apply_add(&mut nf, att, Some((&f.masq, None)), None)?;
+                firewall::apply_add(&mut nf, &att, Some((&f.masq, None)), None)?;
             }
-            let cached = inv.cached(net, id, &ifname);
-            let sandbox = cached
-                .and_then(Cached::sandbox)
-                .filter(|p| NetNs::open(p).is_ok())
-                .or_else(|| scratch.as_ref().map(|s| s.path.to_string_lossy().into_owned()))
-                .unwrap_or_default();
             let conf = if f.mappings.is_empty() {
                 None
             } else {
@@ -326,7 +354,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
             hostport::remove(net, id)?;
             // ours is complete
             if !f.masq.is_empty() {
-                let have = firewall::find(&mut nf, att, true, false)?;
+                let have = firewall::find(&mut nf, &att, true, false)?;
                 if have.masq.len() < f.masq.len() || !have.masq_hooked {
                     return Err(CniError::internal("our masquerade rules are incomplete after writing them"));
                 }

@@ -1,14 +1,17 @@
 //! Reading this suite's own nftables state, for `to-upstream`.
 //!
-//! **Layout dependency.** Everything this tool knows about our tables' layout is in this file:
+//! **Layout dependency.** Everything this tool knows about our tables' layout is in this file
+//! (the owner encodings themselves are `cni_common::attachment::AttachmentId`'s):
 //! - bridge `ipMasq`: table `inet cni_plugins_masquerade`, chain `masq_checks`, one rule per
 //!   container address (`ip saddr A ip daddr != SUBNET … masquerade`) commented
-//!   `<hash16(net)>-<hash16(if:id)>, net: N, if: I, id: C` (plugins/bridge/src/firewall.rs);
-//! - portmap: table `inet cni_portmap`, per-attachment elements in the sets and maps
-//!   [`PORTMAP_SETS`], each commented with the owner tag `<net>,<id>,<ifname>`
-//!   (plugins/portmap/src/ruleset.rs, `Owner`); the DNAT maps `hp4`/`hip4`/`hp6`/`hip6`
-//!   (`[host address .] proto . host port : container address . container port`) and the
-//!   masquerade sets `masq4`/`masq6` (`source range . container address . proto . port`).
+//!   `<masq_tag>, net: N, if: I, id: C` (plugins/bridge/src/firewall.rs);
+//! - portmap (plugins/portmap/src/model.rs, layout.rs, wire/codec.rs): table `inet cni_portmap`;
+//!   per-attachment elements commented with the owner tag `<net>,<id>,<ifname>` in `owner`,
+//!   `claims`, the DNAT maps `hp4`/`hip4`/`hp6`/`hip6` (`[host address .] proto . host port :
+//!   container address . container port`) and the masquerade sets `net4_<len>`/`net6_<len>`
+//!   (`source prefix . container address . proto . port`, no source for `_0`; the previous
+//!   layout's interval sets `masq4`/`masq6` too); the `netns` record keyed by the attachment's
+//!   hash (`AttachmentId::portmap_hash`).
 //!
 //! When portmap's layout changes, this file is the one to update. The masquerade sets only
 //! refine what is written for an attachment without a libcni cache entry (`snat`/`masqAll`,
@@ -16,14 +19,24 @@
 //! and the prefix comes from the host's routes.
 
 use bridge::firewall;
-use cni_common::netlink::nft::{split_concat, NfTables, NftData, NftElem, NftFamily, NftRule};
+use cni_common::attachment::AttachmentId;
+use cni_common::netlink::nft::{split_concat, NfTables, NftData, NftElem, NftExpr, NftFamily, NftRule};
 use cni_common::{CniError, Result};
-use std::fmt::Write as _;
+use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub const PORTMAP_TABLE: &str = "cni_portmap";
-/// The sets and maps of `inet cni_portmap` holding per-attachment elements.
-pub const PORTMAP_SETS: [&str; 8] = ["owner", "claims", "hp4", "hip4", "hp6", "hip6", "masq4", "masq6"];
+/// The sets and maps of `inet cni_portmap` that always hold per-attachment elements (the
+/// masquerade sets are found through the rules that use them).
+pub const PORTMAP_SETS: [&str; 7] = ["owner", "claims", "hp4", "hip4", "hp6", "hip6", "netns"];
+/// The record of an attachment's network namespace: keyed by its hash, commented with a path.
+pub const NETNS_SET: &str = "netns";
+
+/// Whether `set` is a masquerade set: `net4_<len>`/`net6_<len>`, or the previous layout's
+/// `masq4`/`masq6`.
+fn is_masq_set(set: &str) -> bool {
+    set == "masq4" || set == "masq6" || set.starts_with("net4_") || set.starts_with("net6_")
+}
 
 /// One of our masquerade rules.
 #[derive(Debug, Clone)]
@@ -95,8 +108,8 @@ pub struct Dnat {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Masq {
     pub tag: String,
-    /// The source range: the container's subnet, `127.0.0.1`, or everything (`masqAll`).
-    pub src: (IpAddr, IpAddr),
+    /// The source: the container's subnet, `127.0.0.1/32`, or everything (`/0`, `masqAll`).
+    pub src: IpNet,
     pub ctr: IpAddr,
 }
 
@@ -141,13 +154,41 @@ fn decode_dnat(set: &str, e: &NftElem, tag: &str) -> Option<Dnat> {
 }
 
 fn decode_masq(set: &str, e: &NftElem, tag: &str) -> Option<Masq> {
-    let alen = if set.ends_with('4') { 4 } else { 16 };
+    let alen = if set.starts_with("net4") || set == "masq4" { 4 } else { 16 };
+    if let Some(len) = set.strip_prefix("net4_").or(set.strip_prefix("net6_")) {
+        let len: u8 = len.parse().ok()?;
+        if len == 0 {
+            let key = split_concat(&e.key, &[alen, 1, 2])?;
+            let ctr = addr_of(key[0])?;
+            let any = if ctr.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            };
+            return Some(Masq { tag: tag.to_string(), src: IpNet::new(any, 0).ok()?, ctr });
+        }
+        let key = split_concat(&e.key, &[alen, alen, 1, 2])?;
+        return Some(Masq {
+            tag: tag.to_string(),
+            src: IpNet::new(addr_of(key[0])?, len).ok()?,
+            ctr: addr_of(key[1])?,
+        });
+    }
+    // the previous layout: a concatenated interval set, the source a range
     let key = split_concat(&e.key, &[alen, alen, 1, 2])?;
     let end = match &e.key_end {
         Some(k) => split_concat(k, &[alen, alen, 1, 2])?,
         None => key.clone(),
     };
-    Some(Masq { tag: tag.to_string(), src: (addr_of(key[0])?, addr_of(end[0])?), ctr: addr_of(key[1])? })
+    let (start, stop) = (addr_of(key[0])?, addr_of(end[0])?);
+    let span = match (start, stop) {
+        (IpAddr::V4(s), IpAddr::V4(e)) => u128::from(u32::from(e) ^ u32::from(s)),
+        (IpAddr::V6(s), IpAddr::V6(e)) => u128::from(e) ^ u128::from(s),
+        _ => return None,
+    };
+    let bits = if alen == 4 { 32 } else { 128 };
+    let len = bits - (128 - span.leading_zeros()) as u8;
+    Some(Masq { tag: tag.to_string(), src: IpNet::new(start, len).ok()?, ctr: addr_of(key[1])? })
 }
 
 /// Our portmap table (None when it does not exist).
@@ -155,64 +196,55 @@ pub fn read_portmap(nf: &mut NfTables) -> Result<Option<Portmap>> {
     if !nf.has_table(NftFamily::Inet, PORTMAP_TABLE)? {
         return Ok(None);
     }
+    let mut sets: Vec<String> = PORTMAP_SETS.iter().map(|s| s.to_string()).collect();
+    for r in nf.rules(NftFamily::Inet, PORTMAP_TABLE, None)? {
+        for e in &r.exprs {
+            if let NftExpr::Lookup { set } = e {
+                if is_masq_set(set) && !sets.contains(set) {
+                    sets.push(set.clone());
+                }
+            }
+        }
+    }
     let mut p = Portmap::default();
-    for set in PORTMAP_SETS {
+    for set in &sets {
         for e in nf.set_elements(NftFamily::Inet, PORTMAP_TABLE, set)? {
             let tag = e.comment.clone();
-            if let Some(t) = &tag {
+            if let (Some(t), true) = (&tag, set != NETNS_SET) {
                 if set.starts_with("hp") || set.starts_with("hip") {
                     match decode_dnat(set, &e, t) {
                         Some(d) => p.dnat.push(d),
                         None => {
                             return Err(CniError::internal(format!(
-                                "cannot decode element of inet {PORTMAP_TABLE} {set}: the portmap layout changed? \
+                                "cannot decode an element of inet {PORTMAP_TABLE} {set}: the portmap layout changed? \
                                  (tools/migrate/src/ours.rs)"
                             )))
                         }
                     }
-                } else if set.starts_with("masq") {
+                } else if is_masq_set(set) {
                     if let Some(m) = decode_masq(set, &e, t) {
                         p.masq.push(m);
                     }
                 }
             }
-            p.elems.push(Elem { set: set.to_string(), elem: e, tag });
+            p.elems.push(Elem { set: set.clone(), elem: e, tag });
         }
     }
     Ok(Some(p))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn short(kind: &str, s: &str, max: usize) -> String {
-    use sha2::{Digest, Sha256};
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut h = Sha256::new();
-    for p in [kind, s] {
-        h.update(p.as_bytes());
-        h.update([0u8]);
-    }
-    format!("={}", &hex(&h.finalize())[..24])
-}
-
-/// portmap's owner tag of an attachment (`Owner::new(net, id, ifname).tag`).
+/// portmap's owner tag of an attachment.
 pub fn owner_tag(network: &str, id: &str, ifname: &str) -> String {
-    let mut ifn = String::new();
-    for b in ifname.bytes() {
-        if b.is_ascii_alphanumeric() || b"_.-".contains(&b) {
-            ifn.push(b as char);
-        } else {
-            let _ = write!(ifn, "+{b:02X}");
-        }
+    AttachmentId::new(network, id, ifname).portmap_tag()
+}
+
+/// Whether a per-attachment element belongs to `id`: by its owner tag, or (the `netns`
+/// record, commented with a path) by its key, the attachment's hash.
+pub fn belongs(e: &Elem, id: &AttachmentId) -> bool {
+    if e.set == NETNS_SET {
+        return e.elem.key == id.portmap_hash().octets();
     }
-    format!("{},{},{}", short("net", network, 40), short("id", id, 64), short("if", &ifn, 15))
+    e.tag.as_deref() == Some(id.portmap_tag().as_str())
 }
 
 /// The attachment an owner tag names: directly when the tag spells it out, else the candidate
@@ -234,7 +266,7 @@ pub fn resolve_masq(
     r: &MasqRule,
     candidates: &[(String, String, String)],
 ) -> Option<(String, String, String)> {
-    let fits = |net: &str, id: &str, ifname: &str| firewall::instance_hash(net, ifname, id) == r.hash;
+    let fits = |net: &str, id: &str, ifname: &str| AttachmentId::new(net, id, ifname).masq_tag() == r.hash;
     if let Some((net, ifname, id)) = &r.named {
         if fits(net, id, ifname) {
             return Some((net.clone(), id.clone(), ifname.clone()));
@@ -275,15 +307,20 @@ mod tests {
         let mk = |a: [u8; 4]| concat(&[&a, &[10, 1, 0, 5], &[6], &80u16.to_be_bytes()]);
         let e = NftElem::new(mk([10, 1, 0, 0])).key_end(mk([10, 1, 0, 255]));
         let m = decode_masq("masq4", &e, "t").unwrap();
-        assert_eq!(m.src, ("10.1.0.0".parse().unwrap(), "10.1.0.255".parse().unwrap()));
+        assert_eq!(m.src, "10.1.0.0/24".parse::<IpNet>().unwrap());
         assert!(decode_masq("masq4", &NftElem::new(vec![1, 2, 3]), "t").is_none());
+        let m = decode_masq("net4_24", &NftElem::new(mk([10, 1, 0, 0])), "t").unwrap();
+        assert_eq!((m.src, m.ctr), ("10.1.0.0/24".parse().unwrap(), "10.1.0.5".parse().unwrap()));
+        let all = concat(&[&[10, 1, 0, 5], &[6], &80u16.to_be_bytes()]);
+        let m = decode_masq("net4_0", &NftElem::new(all), "t").unwrap();
+        assert_eq!(m.src.prefix_len(), 0);
     }
 
     #[test]
     fn masq_comment() {
-        let c = firewall::masq_comment("net", "eth0", "ctr");
-        let (hash, named) = parse_masq_comment(&c).unwrap();
-        assert_eq!(hash, firewall::instance_hash("net", "eth0", "ctr"));
+        let a = AttachmentId::new("net", "ctr", "eth0");
+        let (hash, named) = parse_masq_comment(&a.masq_comment()).unwrap();
+        assert_eq!(hash, a.masq_tag());
         assert_eq!(named, ("net".into(), "eth0".into(), "ctr".into()));
     }
 }

@@ -7,6 +7,7 @@ use crate::inventory::Inventory;
 use crate::ours::{self, MasqRule};
 use crate::{Opts, Report};
 use bridge::firewall;
+use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::upstream::hostport::{self, Mapping, Spec};
@@ -81,29 +82,15 @@ fn reconstruct(id: &Ident, a: &Att, masq_decodable: bool, nl: &mut Netlink) -> S
     let pick = |v4: bool| a.dnat.iter().map(|d| d.ctr).find(|ip| ip.is_ipv4() == v4);
     let with_prefix = |ip: IpAddr, nl: &mut Netlink| {
         // the container subnet of a hairpin masquerade element, else the routes
-        for m in &a.masq_elems {
-            if m.ctr == ip && m.src.0 != m.src.1 {
-                let bits = if ip.is_ipv4() { 32 } else { 128 };
-                let span = match (m.src.0, m.src.1) {
-                    (IpAddr::V4(s), IpAddr::V4(e)) => u128::from(u32::from(e) ^ u32::from(s)),
-                    (IpAddr::V6(s), IpAddr::V6(e)) => u128::from(e) ^ u128::from(s),
-                    _ => continue,
-                };
-                let plen = bits - (128 - span.leading_zeros()) as u8;
-                if plen > 0 {
-                    if let Ok(n) = IpNet::new(ip, plen) {
-                        return n;
-                    }
-                }
-            }
-        }
-        prefix_from_routes(nl, ip).unwrap_or_else(|| IpNet::from(ip))
+        a.masq_elems
+            .iter()
+            .filter(|m| m.ctr == ip && m.src.prefix_len() > 0 && m.src.prefix_len() < m.src.max_prefix_len())
+            .find(|m| m.src.contains(&ip))
+            .and_then(|m| IpNet::new(ip, m.src.prefix_len()).ok())
+            .or_else(|| prefix_from_routes(nl, ip))
+            .unwrap_or_else(|| IpNet::from(ip))
     };
-    let everything = |m: &ours::Masq| match (m.src.0, m.src.1) {
-        (IpAddr::V4(s), IpAddr::V4(e)) => u32::from(s) == 0 && u32::from(e) == u32::MAX,
-        (IpAddr::V6(s), IpAddr::V6(e)) => u128::from(s) == 0 && u128::from(e) == u128::MAX,
-        _ => false,
-    };
+    let everything = |m: &ours::Masq| m.src.prefix_len() == 0;
     let masq_all = a.masq_elems.iter().any(everything);
     // No masquerade element at all (and the sets could be read): snat was off.
     let snat = !masq_decodable || !a.masq_elems.is_empty();
@@ -294,9 +281,10 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
             }
         }
         if let Some(p) = ours::read_portmap(nf)? {
+            let ids: Vec<AttachmentId> =
+                converted.iter().map(|(n, i, f)| AttachmentId::new(n, i, f)).collect();
             for e in p.elems {
-                let Some(tag) = &e.tag else { continue };
-                if ours::resolve_tag(tag, candidates).is_some_and(|id| converted.contains(&id)) {
+                if ids.iter().any(|id| ours::belongs(&e, id)) {
                     ops.push(NftOp::DeleteElements {
                         family: NftFamily::Inet,
                         table: ours::PORTMAP_TABLE.into(),

@@ -19,6 +19,7 @@ pub(crate) const NFT_MSG_DELRULE: u16 = 8;
 pub(crate) const NFT_MSG_NEWSET: u16 = 9;
 pub(crate) const NFT_MSG_NEWSETELEM: u16 = 12;
 pub(crate) const NFT_MSG_GETSETELEM: u16 = 13;
+pub(crate) const NFT_MSG_DELSET: u16 = 11;
 pub(crate) const NFT_MSG_DELSETELEM: u16 = 14;
 pub(crate) const NFT_MSG_NEWGEN: u16 = 15;
 pub(crate) const NFT_MSG_GETGEN: u16 = 16;

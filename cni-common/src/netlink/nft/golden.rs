@@ -49,6 +49,12 @@ pub fn normalize(msg: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The messages [`super::NfTables::apply`] sends for `ops` (for plugins that compare them with
+/// captures of their own).
+pub fn messages(ops: &[NftOp]) -> Vec<Vec<u8>> {
+    wire_messages(ops)
+}
+
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -135,6 +135,9 @@ pub enum NftDelete {
     Chain { family: NftFamily, table: String, chain: String },
     /// A whole table with everything in it.
     Table { family: NftFamily, table: String },
+    /// A set or map with its elements (no rule may use it any more: delete or flush those
+    /// rules first, in the same transaction).
+    Set { family: NftFamily, table: String, set: String },
 }
 
 impl NftOp {
@@ -211,6 +214,9 @@ fn delete_message(op: &NftDelete) -> Vec<u8> {
         }
         NftDelete::Table { family, table } => {
             (NFT_MSG_DELTABLE, family, vec![(NFTA_TABLE_NAME, cstr(table))])
+        }
+        NftDelete::Set { family, table, set } => {
+            (NFT_MSG_DELSET, family, vec![(NFTA_SET_TABLE, cstr(table)), (NFTA_SET_NAME, cstr(set))])
         }
     };
     message(nft_msg(msg), ACK, family.proto(), 0, &attrs)

@@ -19,9 +19,6 @@ PORTMAP = """table inet cni_portmap {
 }
 """
 T = "inet cni_portmap"
-PORTMAP_FULL = PORTMAP.replace("    map gates", """    map hip4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }
-    map hp6 { type inet_proto . inet_service : ipv6_addr . inet_service; }
-    map gates""")
 MASQ = "inet cni_plugins_masquerade"
 CASES = [
     ("gates", PORTMAP, f"add element {T} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}"),
@@ -68,39 +65,6 @@ CASES = [
     ("br-mac", "add table bridge nat\nadd chain bridge nat m\n",
      'add rule bridge nat m ether saddr 0a:58:0a:01:00:05 return comment "macspoofchk-c0ffee-eth0"'),
     ("br-drop", "add table bridge nat\nadd chain bridge nat m\n", 'add rule bridge nat m drop comment "macspoofchk-c0ffee-eth0"'),
-    # portmap's static part, object by object (plugins/portmap/src/wire.rs: setup_ops)
-    ("pm-table", "", f"add table {T}"),
-    *[(f"pm-set-{name}", f"add table {T}\n", f"add {kind} {T} {name} {{ {body} }}") for kind, name, body in [
-        ("map", "hp4", "type inet_proto . inet_service : ipv4_addr . inet_service;"),
-        ("map", "hip4", "type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service;"),
-        ("map", "hp6", "type inet_proto . inet_service : ipv6_addr . inet_service;"),
-        ("map", "hip6", "type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service;"),
-        ("map", "owner", "type ipv6_addr . inet_proto . inet_service : ipv6_addr;"),
-        ("map", "claims", "type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service;"),
-        ("set", "masq4", "type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval;"),
-        ("set", "masq6", "type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval;"),
-        ("map", "gates", "type nf_proto : verdict;"),
-    ]],
-    ("pm-prerouting", f"add table {T}\n", f"add chain {T} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}"),
-    ("pm-output", f"add table {T}\n", f"add chain {T} output {{ type nat hook output priority -100; policy accept; }}"),
-    ("pm-masquerading", f"add table {T}\n", f"add chain {T} masquerading {{ type nat hook postrouting priority srcnat; policy accept; }}"),
-    ("pm-chain", f"add table {T}\n", f"add chain {T} hostports4"),
-    ("pm-rule-gates", PORTMAP + f"add chain {T} prerouting\n",
-     f"add rule {T} prerouting fib daddr type local meta nfproto vmap @gates"),
-    # rules of the full portmap table: (name, chain created first, rule)
-    *[(f"pm-rule-{name}", PORTMAP_FULL + f"add chain {T} {chain}\n", f"add rule {T} {rule}") for name, chain, rule in [
-        ("hip4", "hostports4", "hostports4 dnat ip to ip daddr . meta l4proto . th dport map @hip4"),
-        ("hp4", "hostports4", "hostports4 dnat ip to meta l4proto . th dport map @hp4"),
-        ("hip6", "hostports6", "hostports6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6"),
-        ("hp6", "hostports6", "hostports6 dnat ip6 to meta l4proto . th dport map @hp6"),
-        ("masq4", "masquerading",
-         "masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade"),
-        ("masq6", "masquerading",
-         "masquerading ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade"),
-        ("gate4", "hostports4", "gate4 meta nfproto ipv4 jump hostports4"),
-        ("gate6", "hostports6", "gate6 meta nfproto ipv6 jump hostports6"),
-    ]],
-    ("pm-flush-gates", PORTMAP, f"flush map {T} gates"),
 ]
 
 def nft_file(text):
@@ -109,22 +73,29 @@ def nft_file(text):
     f.close()
     return f.name
 
-for name, setup, cmd in CASES:
-    subprocess.run(["nft", "flush", "ruleset"], check=True)
-    if setup:
-        subprocess.run(["nft", "-f", nft_file(setup)], check=True)
-    p = subprocess.run(["strace", "-e", "trace=sendmsg", "-e", "write=3", "nft", "-f", nft_file(cmd)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{name}: nft failed: {p.stderr[-1000:]}")
-    data = bytearray()
-    for line in p.stderr.splitlines():
-        m = re.match(r"^ \| [0-9a-f]{5}  ((?:[0-9a-f]{2} {1,2})+)", line)
-        if m:
-            data += bytes.fromhex(m.group(1).replace(" ", ""))
-    off = 0
-    while off + 16 <= len(data):
-        ln, ty = struct.unpack_from("=IH", data, off)
-        if ty >> 8 == 10 and (ty & 0xff) in (0, 2, 3, 5, 6, 8, 9, 12, 14):
-            print(name, data[off:off + ln].hex())
-        off += (ln + 3) & ~3
+def capture(cases):
+    """Print `<name> <hex>` for every message nft sends for each (name, setup, command): new and
+    deleted tables, chains, rules, sets and elements (plugins/portmap/testdata reuses this)."""
+    for name, setup, cmd in cases:
+        subprocess.run(["nft", "flush", "ruleset"], check=True)
+        if setup:
+            subprocess.run(["nft", "-f", nft_file(setup)], check=True)
+        p = subprocess.run(["strace", "-e", "trace=sendmsg", "-e", "write=3", "nft", "-f", nft_file(cmd)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"{name}: nft failed: {p.stderr[-1000:]}")
+        data = bytearray()
+        for line in p.stderr.splitlines():
+            m = re.match(r"^ \| [0-9a-f]{5}  ((?:[0-9a-f]{2} {1,2})+)", line)
+            if m:
+                data += bytes.fromhex(m.group(1).replace(" ", ""))
+        off = 0
+        while off + 16 <= len(data):
+            ln, ty = struct.unpack_from("=IH", data, off)
+            # NEWTABLE, DELTABLE, NEWCHAIN, DELCHAIN, NEWRULE, DELRULE, NEWSET, DELSET, NEWSETELEM, DELSETELEM
+            if ty >> 8 == 10 and (ty & 0xff) in (0, 2, 3, 5, 6, 8, 9, 11, 12, 14):
+                print(name, data[off:off + ln].hex())
+            off += (ln + 3) & ~3
+
+if __name__ == "__main__":
+    capture(CASES)
