@@ -569,6 +569,29 @@ mod tests {
         AttachmentId::new("net", id, ifname)
     }
 
+    /// A store directory `net` (not created yet) inside a temporary directory, and the guard
+    /// that removes it.
+    fn net_dir() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let net = d.path().join("net");
+        (d, net)
+    }
+
+    /// A store directory that another program (or an older writer) left with `files` in it.
+    fn seeded(files: &[(&str, &[u8])]) -> (tempfile::TempDir, PathBuf) {
+        let (d, net) = net_dir();
+        std::fs::create_dir_all(&net).unwrap();
+        for (name, content) in files {
+            std::fs::write(net.join(name), content).unwrap();
+        }
+        (d, net)
+    }
+
+    /// Reserve `addr` for container `id` on eth0 with freshly prepared content.
+    fn reserve(s: &mut Store, addr: &str, id: &str) -> bool {
+        s.reserve(&mut None, ip(addr), &att(id, "eth0")).unwrap()
+    }
+
     #[test]
     fn owner_parsing_matches_upstream_comparisons() {
         assert_eq!(
@@ -597,8 +620,7 @@ mod tests {
 
     #[test]
     fn reserve_is_exclusive_writes_upstream_format_and_mode() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
+        let (_d, net) = net_dir();
         let mut s = open(&net);
         let mut p = None;
         assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
@@ -620,12 +642,10 @@ mod tests {
 
     #[test]
     fn index_is_trusted_only_while_the_directory_is_unchanged() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
+        let (_d, net) = net_dir();
         {
             let mut s = open(&net);
-            let mut p = None;
-            s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap();
+            assert!(reserve(&mut s, "10.0.0.2", "c1"));
             assert_eq!(s.rebuilds, 1, "first use builds the index");
             s.finish().unwrap();
         }
@@ -660,12 +680,7 @@ mod tests {
 
     #[test]
     fn legacy_files_and_whitespace() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join("10.0.0.4"), b"old\n").unwrap();
-        std::fs::write(net.join("10.0.0.5"), b" new\r\neth1\n").unwrap();
-        std::fs::write(net.join("10.0.0.6"), b"").unwrap();
+        let (_d, net) = seeded(&[("10.0.0.4", b"old\n"), ("10.0.0.5", b" new\r\neth1\n"), ("10.0.0.6", b"")]);
         let mut s = open(&net);
         assert_eq!(s.held_legacy("old").unwrap().len(), 1);
         assert!(s.held_exact(&att("old", "eth0")).unwrap().is_empty());
@@ -676,10 +691,7 @@ mod tests {
 
     #[test]
     fn stale_named_temp_files_are_cleaned_by_a_scan() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join(".host-local-tmp-123"), b"c\r\neth0").unwrap();
+        let (_d, net) = seeded(&[(".host-local-tmp-123", b"c\r\neth0")]);
         let s = open(&net);
         assert!(s.scan().unwrap().is_empty());
         assert!(!net.join(".host-local-tmp-123").exists());
@@ -718,16 +730,11 @@ mod tests {
 
     #[test]
     fn an_aborted_call_leaves_every_file_as_it_was() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
         // A store as upstream leaves it: a reservation and the lock, no index.
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join("10.0.0.9"), b"up\r\neth0").unwrap();
-        std::fs::write(net.join(LOCK_NAME), b"").unwrap();
+        let (_d, net) = seeded(&[("10.0.0.9", b"up\r\neth0"), (LOCK_NAME, b"")]);
         let before = files(&net);
         let mut s = open(&net);
-        let mut p = None;
-        assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
         assert_eq!(s.held_exact(&att("c1", "eth0")).unwrap(), [(None, ip("10.0.0.2"))], "seen before finish");
         s.release_ip(&att("c1", "eth0"), ip("10.0.0.2")).unwrap();
         s.abort();
@@ -735,12 +742,12 @@ mod tests {
 
         // With a trusted index: its bytes and its trust survive an aborted call.
         let mut s = open(&net);
-        s.reserve(&mut p, ip("10.0.0.3"), &att("c3", "eth0")).unwrap();
+        assert!(reserve(&mut s, "10.0.0.3", "c3"));
         s.finish().unwrap();
         drop(s);
         let before = files(&net);
         let mut s = open(&net);
-        s.reserve(&mut p, ip("10.0.0.4"), &att("c4", "eth0")).unwrap();
+        assert!(reserve(&mut s, "10.0.0.4", "c4"));
         s.release_ip(&att("c4", "eth0"), ip("10.0.0.4")).unwrap();
         s.abort();
         assert_eq!(files(&net), before);
