@@ -9,17 +9,26 @@
 //!   namespaces, synchronous netlink (rtnetlink, nf_tables, conntrack), `/proc/sys` access, and
 //!   the `nft` command-line tool for the one input that is nft syntax. Netlink message types
 //!   never leave the [`netlink`] module.
+//! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
+//!   found, checked and removed so that binaries can be swapped on a node with containers.
 
+pub mod attachment;
 pub mod delegate;
 pub mod error;
+pub mod error_list;
 pub mod ident;
+pub mod mac;
 pub mod netlink;
 pub mod netns;
 pub mod nft_cli;
 pub mod skel;
 pub mod spec;
 pub mod sysctl;
+pub mod upstream;
 
+pub use attachment::AttachmentId;
 pub use error::{code, CniError, Context, Result};
+pub use error_list::ErrorList;
+pub use mac::Mac;
 pub use skel::{Plugin, Request};
 pub use spec::{CniResult, Version};

@@ -252,9 +252,8 @@ fn runtime_config_and_static_precedence() {
     let host = Netns::new("bwh");
     let p = pod(&host);
     let before = ns_state(&host);
-    // Kubernetes annotations arrive as runtimeConfig.bandwidth (here with containerd's
-    // "unlimited" burst of 2^32-1 bits: 537 s at the rate, more than the 274.9 s that 32-bit
-    // ticks can hold).
+    // Kubernetes annotations arrive as runtimeConfig.bandwidth, here with containerd's
+    // "no burst" of 2^32-1 bits for ingress: the default burst (100 ms at the rate) applies.
     let rt = json!({"bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 4_294_967_295u64,
                                   "egressRate": 4_000_000, "egressBurst": 400_000}});
     let c = conf(
@@ -263,7 +262,7 @@ fn runtime_config_and_static_precedence() {
         json!({"capabilities": {"bandwidth": true}, "runtimeConfig": rt, "prevResult": p.prev(&host)}),
     );
     let r = p.exec(&host, "ADD").run(&c).ok();
-    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 274_877_906, 25_000 + 536_870_911));
+    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 100_000, 25_000 + 100_000));
     assert_eq!(tbf_values(&host, &ifb_name(NET, &p.id)), (500_000, 50_000, 62_500));
     p.exec(&host, "CHECK")
         .run(&conf("1.0.0", NET, json!({"runtimeConfig": rt, "prevResult": r})))
@@ -282,6 +281,58 @@ fn runtime_config_and_static_precedence() {
     assert!(ifbs(&host).is_empty(), "runtimeConfig's egress limit is ignored");
     assert_eq!(r["interfaces"].as_array().unwrap().len(), 3);
     p.exec(&host, "DEL").run(&c).ok_silent();
+    assert_eq!(ns_state(&host), before);
+
+    // A static burst keeps its meaning however large: 2^32-1 bits is 537 s at 8 Mbit/s, more
+    // than the 274.9 s that 32-bit ticks can hold, so the largest bucket that fits is used.
+    let c = conf(
+        "1.0.0",
+        NET,
+        json!({"ingressRate": 8_000_000, "ingressBurst": 4_294_967_295u64, "prevResult": p.prev(&host)}),
+    );
+    let r = p.exec(&host, "ADD").run(&c).ok();
+    assert_eq!(tbf_values(&host, &p.veth), (1_000_000, 274_877_906, 25_000 + 536_870_911));
+    let mut chk: Value = serde_json::from_str(&c).unwrap();
+    chk["prevResult"] = r;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    assert_eq!(ns_state(&host), before);
+}
+
+/// Issue 12: containerd's CRI sends the `1M` annotations as a rate of 1 000 000 bit/s with a
+/// burst of MaxUint32 bits, which means "not set". The installed buckets get the default burst
+/// (100 ms at the rate, at least one full-size frame): 12 500 bytes, far below 1 MiB, so the
+/// limit holds from the first kilobytes.
+#[test]
+fn the_cri_sentinel_burst_gets_a_default_derived_from_the_rate() {
+    let host = Netns::new("bwh");
+    let p = pod(&host);
+    let before = ns_state(&host);
+    let rt = json!({"bandwidth": {"IngressRate": 1_000_000, "IngressBurst": 4_294_967_295u64,
+                                  "EgressRate": 1_000_000, "EgressBurst": 4_294_967_295u64}});
+    let c = conf("0.4.0", NET, json!({"runtimeConfig": rt, "prevResult": p.prev(&host)}));
+    let r = p.exec(&host, "ADD").run(&c).ok();
+    let ifb = ifb_name(NET, &p.id);
+    for dev in [p.veth.as_str(), ifb.as_str()] {
+        let (rate, burst, limit) = tbf_values(&host, dev);
+        assert_eq!((rate, burst, limit), (125_000, 12_500, 3_125 + 12_500), "{dev}");
+        assert!(burst <= 1 << 20, "{dev}: burst {burst} B is more than 1 MiB");
+    }
+    let mut chk: Value = serde_json::from_str(&c).unwrap();
+    chk["prevResult"] = r;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    // A jumbo MTU: the bucket still holds one full-size frame.
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    host.run("ip", &["link", "set", &p.veth, "mtu", "9000"]);
+    let slow = json!({"bandwidth": {"ingressRate": 80_000, "ingressBurst": 4_294_967_295u64}});
+    let c2 = conf("1.0.0", NET, json!({"runtimeConfig": slow, "prevResult": p.prev(&host)}));
+    let r2 = p.exec(&host, "ADD").run(&c2).ok();
+    assert_eq!(tbf_values(&host, &p.veth).1, 9_014);
+    let mut chk: Value = serde_json::from_str(&c2).unwrap();
+    chk["prevResult"] = r2;
+    p.exec(&host, "CHECK").run(&chk.to_string()).ok_silent();
+    p.exec(&host, "DEL").run(&c2).ok_silent();
+    host.run("ip", &["link", "set", &p.veth, "mtu", "1500"]);
     assert_eq!(ns_state(&host), before);
 }
 
@@ -487,6 +538,27 @@ fn del_without_netns_and_after_the_container_is_gone() {
     e.run(&conf("1.0.0", NET, json!({}))).ok_silent();
 }
 
+/// Regression: when CNI_NETNS could not be opened (the skeleton lets such a DEL through: the
+/// container may be gone), DEL returned at once and never removed the ifb. It now collects the
+/// error and goes on.
+#[test]
+fn del_removes_the_ifb_even_when_the_netns_cannot_be_opened() {
+    let host = Netns::new("bwh");
+    let p = pod(&host);
+    let c = conf("1.0.0", NET, both(p.prev(&host)));
+    p.exec(&host, "ADD").run(&c).ok();
+    let ifb = ifb_name(NET, &p.id);
+    assert!(host.link(&ifb).is_some());
+    // A namespace file of another kind: not something DEL can enter.
+    let e = Exec::new("bandwidth").in_ns(&host).attachment("DEL", &p.id, "/proc/self/ns/uts", "eth0", "/x");
+    let msg = e.run(&c).err(5);
+    assert!(msg.contains("/proc/self/ns/uts"), "{msg}");
+    assert!(host.link(&ifb).is_none(), "the ifb was left behind");
+    // With the real netns the host veth's qdiscs go too.
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    assert!(tbf(&host, &p.veth).is_none() && !has_ingress_qdisc(&host, &p.veth));
+}
+
 #[test]
 fn add_replaces_its_own_leftovers_but_not_foreign_state() {
     let host = Netns::new("bwh");
@@ -528,9 +600,25 @@ fn gc_removes_only_this_networks_dead_attachments() {
     for (p, net) in [(&a, "neta"), (&b, "neta"), (&other, "netb")] {
         p.exec(&host, "ADD").run(&conf("1.1.0", net, both(p.prev(&host)))).ok();
     }
-    // An ifb made by upstream (no owner record) for neta: GC cannot attribute it, leaves it.
+    // ifbs made by upstream (no owner record, so no network): a live one — its pod's veth
+    // still redirects into it — is never touched; a dead one (nothing redirects into it) goes
+    // with the first GC, whichever network's.
     let upstream = ifb_name("neta", "upstream-ctr");
     host.run("ip", &["link", "add", &upstream, "type", "ifb"]);
+    host.run("ip", &["link", "add", "upveth", "type", "veth", "peer", "name", "upveth1"]);
+    host.run("tc", &["qdisc", "add", "dev", "upveth", "ingress"]);
+    host.run(
+        "tc",
+        &[
+            "filter", "add", "dev", "upveth", "parent", "ffff:", "protocol", "all", "u32", "match", "u32",
+            "0", "0",
+        ]
+        .into_iter()
+        .chain(["action", "mirred", "egress", "redirect", "dev", upstream.as_str()])
+        .collect::<Vec<_>>(),
+    );
+    let dead_upstream = ifb_name("netb", "upstream-dead");
+    host.run("ip", &["link", "add", &dead_upstream, "type", "ifb"]);
     let gc = |net: &str, valid: Value| {
         let c = json!({"cniVersion": "1.1.0", "name": net, "type": "bandwidth", "cni.dev/valid-attachments": valid});
         Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
@@ -550,6 +638,7 @@ fn gc_removes_only_this_networks_dead_attachments() {
     assert_eq!(ifbs(&host), vec![upstream.clone()]);
     gc("netb", json!([])).ok_silent();
 
+    host.run("ip", &["link", "del", "upveth"]);
     host.run("ip", &["link", "del", &upstream]);
     for p in [&a, &b, &other] {
         p.exec(&host, "DEL").run(&conf("1.1.0", "neta", json!({}))).ok_silent();

@@ -962,3 +962,99 @@ fn bad_input_is_refused_before_anything_changes() {
     assert_eq!(w.reservations("brtest").len(), 1, "the failed ADD released its address");
     w.exec("CHECK", "dup", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
 }
+
+/// Regression: DEL and GC with an IPAM `type` holding a path used to remove the firewall rules
+/// and the container interface first and refuse only when starting the delegate. Hostile input
+/// is refused before anything is touched, DEL and GC included.
+#[test]
+fn del_and_gc_refuse_a_hostile_ipam_type_before_touching_anything() {
+    let w = World::new();
+    let conf = w.conf("1.1.0", json!({"isGateway": true, "ipMasq": true, "macspoofchk": true}));
+    let ctr = Netns::new("brc");
+    w.exec("ADD", "hv", &ctr, "eth0").run(&conf.to_string()).ok();
+    let (host0, ctr0, store0) = (bridge_ns_state(&w.host), bridge_ns_state(&ctr), dir_state(w.data.path()));
+    for t in ["../host-local", "/usr/lib/cni/host-local", ".."] {
+        let mut bad = conf.clone();
+        bad["ipam"]["type"] = json!(t);
+        let msg = w.exec("DEL", "hv", &ctr, "eth0").run(&bad.to_string()).err(7);
+        assert!(msg.contains("ipam.type"), "{t}: {msg}");
+        bad["cni.dev/valid-attachments"] = json!([]);
+        let msg = w.global("GC").run(&bad.to_string()).err(7);
+        assert!(msg.contains("ipam.type"), "{t}: {msg}");
+        assert_eq!(bridge_ns_state(&w.host), host0, "{t}: the host changed");
+        assert_eq!(bridge_ns_state(&ctr), ctr0, "{t}: the container changed");
+        assert_eq!(dir_state(w.data.path()), store0, "{t}: the store changed");
+    }
+    w.exec("DEL", "hv", &ctr, "eth0").run(&conf.to_string()).ok_silent();
+    assert!(host_veths(&w.host).is_empty() && w.reservations("brtest").is_empty());
+}
+
+/// Regression (issue 11): a runtime DELs with the configuration it cached at ADD time, which
+/// upstream accepted. Values this ADD refuses as unsupported (`ipMasqBackend: "iptables"`) or
+/// only ADD uses must not make DEL or GC fail: they succeed and clean up.
+#[test]
+fn del_and_gc_succeed_with_values_only_add_refuses() {
+    let w = World::new();
+    let conf = w.conf("1.1.0", json!({"isGateway": true, "ipMasq": true, "macspoofchk": true}));
+    let cached = |extra: Value| {
+        let mut c = conf.clone();
+        merge(&mut c, extra);
+        c
+    };
+    // (the cached values, the code ADD refuses them with)
+    let benign = [
+        (json!({"ipMasqBackend": "iptables"}), 2),
+        (json!({"ipMasqBackend": "iptables", "mtu": 20, "vlan": 5000}), 2),
+        (json!({"hairpinMode": true, "promiscMode": true, "runtimeConfig": {"mac": "01:00:5e:00:00:01"}}), 7),
+    ];
+    for (i, (extra, add_code)) in benign.iter().enumerate() {
+        let ctr = Netns::new("brc");
+        let id = format!("bn{i}");
+        w.exec("ADD", &id, &ctr, "eth0").run(&conf.to_string()).ok();
+        let c = cached(extra.clone());
+        w.exec("ADD", "refused", &ctr, "eth1").run(&c.to_string()).err(*add_code);
+        w.exec("DEL", &id, &ctr, "eth0").run(&c.to_string()).ok_silent();
+        let rules = nft_ruleset(&w.host);
+        assert!(!rules.contains(&format!("id: {id}")), "{extra}: masquerade rule left: {rules}");
+        assert!(!rules.contains(&format!("macspoofchk-{id}-eth0")), "{extra}: spoof check left: {rules}");
+        assert_eq!(ctr.link_names(), vec!["lo"], "{extra}");
+        assert!(host_veths(&w.host).is_empty(), "{extra}");
+        assert!(w.reservations("brtest").is_empty(), "{extra}: reservation left");
+    }
+    // GC with the cached configuration removes the dead attachment's state and keeps the live.
+    let (live, dead) = (Netns::new("brc"), Netns::new("brc"));
+    w.exec("ADD", "live", &live, "eth0").run(&conf.to_string()).ok();
+    w.exec("ADD", "dead", &dead, "eth0").run(&conf.to_string()).ok();
+    let mut gc = cached(json!({"ipMasqBackend": "iptables"}));
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "live", "ifname": "eth0"}]);
+    w.global("GC").run(&gc.to_string()).ok_silent();
+    let rules = nft_ruleset(&w.host);
+    assert!(!rules.contains("id: dead") && rules.contains("id: live"), "{rules}");
+    assert_eq!(w.reservations("brtest").len(), 1, "IPAM GC ran");
+}
+
+/// Regression: when the container's IPv6 helper thread could not be started, ADD returned
+/// without its undo although the IPAM ADD had already started, and a reservation could leak.
+/// The helper now starts before anything is reserved. `RUST_MIN_STACK` makes every thread
+/// started without an explicit stack size (the helper; the in-process IPAM run sets its own)
+/// ask for more address space than exists.
+#[test]
+fn an_add_whose_helper_thread_cannot_start_leaves_nothing() {
+    let w = World::new();
+    let conf = w.conf("1.1.0", json!({"isGateway": true, "ipMasq": true})).to_string();
+    let ctr = Netns::new("brc");
+    let (host0, ctr0) = (bridge_ns_state(&w.host), bridge_ns_state(&ctr));
+    for i in 0..20 {
+        let out = w
+            .exec("ADD", &format!("nothread{i}"), &ctr, "eth0")
+            .env("RUST_MIN_STACK", &(1u64 << 46).to_string())
+            .run(&conf);
+        let msg = out.err(999);
+        assert!(msg.contains("thread"), "{msg}");
+        assert!(w.reservations("brtest").is_empty(), "attempt {i}: a reservation leaked");
+        assert_eq!(bridge_ns_state(&w.host), host0, "attempt {i}: the host changed");
+        assert_eq!(bridge_ns_state(&ctr), ctr0, "attempt {i}: the container changed");
+    }
+    // Without the limit the same ADD works.
+    w.exec("ADD", "nothread", &ctr, "eth0").run(&conf).ok();
+}

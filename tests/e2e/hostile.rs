@@ -32,6 +32,8 @@ impl World {
         w.host.run("ip", &["addr", "add", "10.66.0.1/24", "dev", "hbr0"]);
         std::fs::create_dir_all(w.data.join("hostile")).unwrap();
         std::fs::write(w.data.join("hostile/10.77.0.9"), "someone\r\neth0").unwrap();
+        // A store as any earlier call (ours or upstream's) leaves it: the lock exists.
+        std::fs::write(w.data.join("hostile/lock"), "").unwrap();
         w
     }
 
@@ -262,6 +264,13 @@ fn host_local_rejects_hostile_input_without_side_effects() {
             7,
         ),
         case("requested IP is the gateway", set(&base, "args", json!({"cni": {"ips": ["10.77.0.1"]}})), 7),
+        // Fails under the store lock, after the store was read: still nothing may change (no
+        // index of ours appears).
+        case(
+            "requested IP held by another container",
+            set(&base, "args", json!({"cni": {"ips": ["10.77.0.9"]}})),
+            999,
+        ),
         case("requested IP not an IP", set(&base, "args", json!({"cni": {"ips": ["ten"]}})), 6),
         with_env(case("CNI_ARGS malformed", base.to_string(), 4), "CNI_ARGS", Some("IP")),
         with_env(case("CNI_ARGS unknown key", base.to_string(), 4), "CNI_ARGS", Some("FOO=bar")),

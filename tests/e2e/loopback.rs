@@ -7,6 +7,11 @@ fn conf(version: &str) -> String {
     json!({"cniVersion": version, "name": "lo-test", "type": "loopback"}).to_string()
 }
 
+/// The config of `version` with `prev` as prevResult (what a runtime sends on CHECK).
+fn with_prev(version: &str, prev: &serde_json::Value) -> String {
+    json!({"cniVersion": version, "name": "lo-test", "type": "loopback", "prevResult": prev}).to_string()
+}
+
 const ALL: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 fn exec<'a>(host: &'a Netns, cmd: &str, ctr: &Netns) -> Exec<'a> {
@@ -41,7 +46,7 @@ fn add_check_del_for_every_version() {
             }
         }
         if v >= "0.4.0" {
-            exec(&host, "CHECK", &ctr).run(&conf(v)).ok_silent();
+            exec(&host, "CHECK", &ctr).run(&with_prev(v, &result)).ok_silent();
         } else {
             let msg = exec(&host, "CHECK", &ctr).run(&conf(v)).err(1);
             assert_eq!(msg, "config version does not allow CHECK");
@@ -57,10 +62,23 @@ fn add_check_del_for_every_version() {
 fn check_fails_when_lo_is_down() {
     let host = Netns::new("lohost");
     let ctr = Netns::new("lo");
-    exec(&host, "ADD", &ctr).run(&conf("1.1.0")).ok();
+    let r = exec(&host, "ADD", &ctr).run(&conf("1.1.0")).ok();
     ctr.run("ip", &["link", "set", "lo", "down"]);
-    let msg = exec(&host, "CHECK", &ctr).run(&conf("1.1.0")).err(999);
+    let msg = exec(&host, "CHECK", &ctr).run(&with_prev("1.1.0", &r)).err(999);
     assert_eq!(msg, "loopback interface is down");
+}
+
+/// Regression: CHECK without prevResult succeeded; like every plugin's CHECK it is the spec's
+/// error (code 7), whatever the state of `lo`.
+#[test]
+fn check_requires_prev_result() {
+    let host = Netns::new("lohost");
+    let ctr = Netns::new("lo");
+    exec(&host, "ADD", &ctr).run(&conf("1.1.0")).ok();
+    for v in ["0.4.0", "1.0.0", "1.1.0"] {
+        let msg = exec(&host, "CHECK", &ctr).run(&conf(v)).err(7);
+        assert_eq!(msg, "Required prevResult missing", "{v}");
+    }
 }
 
 #[test]

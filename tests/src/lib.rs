@@ -64,7 +64,11 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 /// Where a binary's sources live, for the staleness check.
 fn source_dirs(name: &str) -> Vec<PathBuf> {
     let root = workspace_root();
-    let own = if name == "cnitool" { root.join("tools/cnitool") } else { root.join("plugins").join(name) };
+    let own = match name {
+        "cnitool" => root.join("tools/cnitool"),
+        "cni-migrate" => root.join("tools/migrate"),
+        _ => root.join("plugins").join(name),
+    };
     let mut dirs = vec![own.join("src"), root.join("cni-common/src")];
     if name == "bridge" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
@@ -356,6 +360,60 @@ impl PluginOutput {
         assert_eq!(v["code"], code, "wrong error code: {} (stderr {})", self.stdout, self.stderr);
         v["msg"].as_str().unwrap_or_default().to_string()
     }
+
+    /// Assert failure with a CNI error of `code` whose message contains `part`; returns the
+    /// output for further checks.
+    pub fn err_with(self, code: u64, part: &str) -> PluginOutput {
+        let msg = self.err(code);
+        assert!(msg.contains(part), "message {msg:?} lacks {part:?}");
+        self
+    }
+
+    /// Assert success; returns the output for further checks.
+    pub fn success(self) -> PluginOutput {
+        assert_eq!(self.code, 0, "plugin failed: stdout {} stderr {}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// The addresses (without prefix) of an ADD result of any version (`ips`, or 0.1/0.2 `ip4`/`ip6`).
+pub fn result_ips(v: &Value) -> Vec<String> {
+    let strip = |s: &str| s.split('/').next().unwrap_or_default().to_string();
+    if let Some(ips) = v["ips"].as_array() {
+        return ips.iter().filter_map(|i| i["address"].as_str()).map(strip).collect();
+    }
+    ["ip4", "ip6"].iter().filter_map(|k| v[*k]["ip"].as_str()).map(strip).collect()
+}
+
+/// host-local reservation files (named by an IP) of a network directory with their content,
+/// sorted by name.
+pub fn reservations(netdir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(netdir)
+        .map(|rd| {
+            rd.filter_map(|e| {
+                let e = e.ok()?;
+                let name = e.file_name().into_string().ok()?;
+                name.parse::<std::net::IpAddr>().ok()?;
+                Some((name, std::fs::read_to_string(e.path()).ok()?))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Path of one of Debian's upstream plugins (`CNI_UPSTREAM_DIR`, default `/usr/lib/cni`);
+/// fails the test when it is missing (scripts/install-deps.sh installs it).
+pub fn upstream_bin(name: &str) -> PathBuf {
+    let dir = std::env::var("CNI_UPSTREAM_DIR").unwrap_or_else(|_| "/usr/lib/cni".into());
+    let p = Path::new(&dir).join(name);
+    assert!(
+        p.is_file(),
+        "upstream plugin {} missing: apt-get install containernetworking-plugins",
+        p.display()
+    );
+    p
 }
 
 /// The one CNI_* variable of the test runner's environment that plugins get: it forces bridge
@@ -431,6 +489,11 @@ impl<'a> Exec<'a> {
             let _ = input.write_all(stdin.as_bytes());
         }
         child
+    }
+
+    /// [`Exec::run`] with a JSON document on stdin.
+    pub fn run_json(&self, stdin: &Value) -> PluginOutput {
+        self.run(&stdin.to_string())
     }
 
     pub fn run(&self, stdin: &str) -> PluginOutput {

@@ -397,7 +397,7 @@ impl Netlink {
 
     pub fn link_set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<(), NlError> {
         self.set_link(
-            || format!("set mac {} on link {index}", format_mac(&mac)),
+            || format!("set mac {} on link {index}", crate::mac::Mac(mac)),
             index,
             |m| m.attributes.push(LinkAttribute::Address(mac.to_vec())),
         )
@@ -453,10 +453,6 @@ impl Netlink {
             Err(e) => Err(e.during(format!("delete link {name}"))),
         }
     }
-}
-
-pub(crate) fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 #[cfg(test)]

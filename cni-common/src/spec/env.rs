@@ -119,35 +119,34 @@ impl Env {
     }
 }
 
-fn id_chars_ok(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    match bytes.next() {
-        Some(b) if b.is_ascii_alphanumeric() => {}
-        _ => return false,
+/// The rule container ids and network names share, `[A-Za-z0-9][A-Za-z0-9_.-]*`, with the error
+/// each kind of name gets when it is empty (`missing`) or has other characters (`invalid`, with
+/// the name as details).
+fn validate_id_chars(s: &str, missing: fn() -> CniError, invalid: fn() -> CniError) -> Result<()> {
+    let id_char = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
+    match s.as_bytes() {
+        [] => Err(missing()),
+        [first, rest @ ..] if first.is_ascii_alphanumeric() && rest.iter().all(id_char) => Ok(()),
+        _ => Err(invalid().with_details(s)),
     }
-    bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
 }
 
 /// Container id: `[A-Za-z0-9][A-Za-z0-9_.-]*`. Empty is code 3, bad characters code 4.
 pub fn validate_container_id(id: &str) -> Result<()> {
-    if id.is_empty() {
-        return Err(CniError::new(code::UNKNOWN_CONTAINER, "missing containerID"));
-    }
-    if !id_chars_ok(id) {
-        return Err(CniError::env("invalid characters in containerID").with_details(id));
-    }
-    Ok(())
+    validate_id_chars(
+        id,
+        || CniError::new(code::UNKNOWN_CONTAINER, "missing containerID"),
+        || CniError::env("invalid characters in containerID"),
+    )
 }
 
 /// Network name: same character set as container ids; problems are code 7.
 pub fn validate_network_name(name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Err(CniError::config("missing network name"));
-    }
-    if !id_chars_ok(name) {
-        return Err(CniError::config("invalid characters found in network name").with_details(name));
-    }
-    Ok(())
+    validate_id_chars(
+        name,
+        || CniError::config("missing network name"),
+        || CniError::config("invalid characters found in network name"),
+    )
 }
 
 /// Interface name rules of the kernel and the spec: non-empty, at most 15 bytes, not `.` or

@@ -71,12 +71,18 @@ fn fold_keys(map: Map<String, Value>, fields: &[&str]) -> Map<String, Value> {
     out
 }
 
-macro_rules! forward_leaf {
-    ($($method:ident)*) => {
+/// Methods that hand the value to `serde_json::Value`'s own method of the same name (with the
+/// arguments listed after the name, if any), adding the path to its errors.
+macro_rules! forward_to_value {
+    ($($method:ident $(($($arg:ident: $ty:ty),*))?)*) => {
         $(
-            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+            fn $method<V: Visitor<'de>>(
+                self,
+                $($($arg: $ty,)*)?
+                visitor: V,
+            ) -> Result<V::Value, Self::Error> {
                 let path = self.path;
-                self.value.$method(visitor).map_err(|e| at(&path, e))
+                self.value.$method($($($arg,)*)? visitor).map_err(|e| at(&path, e))
             }
         )*
     };
@@ -155,35 +161,18 @@ impl<'de> Deserializer<'de> for Ci {
         visitor.visit_newtype_struct(self)
     }
 
-    fn deserialize_enum<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        variants: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        let path = self.path;
-        self.value.deserialize_enum(name, variants, visitor).map_err(|e| at(&path, e))
-    }
-
-    fn deserialize_unit_struct<V: Visitor<'de>>(
-        self,
-        name: &'static str,
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        let path = self.path;
-        self.value.deserialize_unit_struct(name, visitor).map_err(|e| at(&path, e))
-    }
-
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         visitor.visit_unit()
     }
 
-    forward_leaf! {
+    forward_to_value! {
         deserialize_bool deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64
         deserialize_i128 deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64
         deserialize_u128 deserialize_f32 deserialize_f64 deserialize_char deserialize_str
         deserialize_string deserialize_bytes deserialize_byte_buf deserialize_unit
         deserialize_identifier
+        deserialize_unit_struct(name: &'static str)
+        deserialize_enum(name: &'static str, variants: &'static [&'static str])
     }
 }
 

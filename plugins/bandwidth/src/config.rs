@@ -12,13 +12,31 @@ const KEYS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBur
 /// Largest burst in bits: upstream rejects `burst / 8 >= 2^32 - 1` ("more than 4GB").
 pub const MAX_BURST_BITS: u64 = (u32::MAX as u64 - 1) * 8 + 7;
 
+/// A burst from `runtimeConfig.bandwidth` at or above this many bits means "not set": the CRI
+/// has no burst annotation, so containerd sends 2^32 − 1 (MaxUint32) and CRI-O just under 4 GiB
+/// with every rate.
+pub const CRI_UNSET_BURST_BITS: u64 = u32::MAX as u64;
+
+/// A default burst holds this long at the rate: 1/10 s.
+pub const DEFAULT_BURST_DIVISOR: u64 = 10;
+
+/// Bytes an Ethernet header adds to an MTU-sized packet as tbf counts it.
+const ETH_HLEN: u64 = 14;
+
+/// The burst used when none is set: 100 ms of traffic at the rate, and at least one full-size
+/// packet (MTU + Ethernet header) so that no packet is larger than the bucket. For `1M`
+/// (125 000 B/s) that is 12 500 B: the limit holds from the first kilobytes.
+pub fn default_burst_bytes(rate_bytes: u64, mtu: u32) -> u64 {
+    (rate_bytes / DEFAULT_BURST_DIVISOR).max(u64::from(mtu) + ETH_HLEN)
+}
+
 /// One direction's limit, in the units of the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     /// bits per second
     pub rate: u64,
-    /// bits
-    pub burst: u64,
+    /// bits; `None`: not set (the CRI's sentinel), see [`default_burst_bytes`]
+    pub burst: Option<u64>,
 }
 
 impl Shape {
@@ -27,9 +45,12 @@ impl Shape {
         self.rate / 8
     }
 
-    /// Burst in bytes.
-    pub fn burst_bytes(&self) -> u64 {
-        self.burst / 8
+    /// Burst in bytes, for a device of `mtu`.
+    pub fn burst_bytes(&self, mtu: u32) -> u64 {
+        match self.burst {
+            Some(b) => b / 8,
+            None => default_burst_bytes(self.rate_bytes(), mtu),
+        }
     }
 }
 
@@ -140,6 +161,21 @@ fn reject_subnets(e: &Entry, source: Source) -> Result<()> {
 fn shape(source: Source, dir: &str, rate: u64, burst: u64) -> Result<Option<Shape>> {
     let p = source.prefix();
     let bad = |msg: String| Err(CniError::config(msg));
+    let rate_too_small = || {
+        bad(format!(
+            "{p}{dir}Rate is {rate} bit/s: the kernel shapes whole bytes per second, so the rate must be \
+             at least 8 bit/s"
+        ))
+    };
+    if source == Source::Runtime && burst >= CRI_UNSET_BURST_BITS {
+        // The CRI's "no burst": a default derived from the rate. Explicit bursts of a conflist
+        // (static keys) keep their meaning whatever their size.
+        return match rate {
+            0 => Ok(None),
+            r if r < 8 => rate_too_small(),
+            rate => Ok(Some(Shape { rate, burst: None })),
+        };
+    }
     match (rate, burst) {
         (0, 0) => Ok(None),
         (r, 0) => bad(format!(
@@ -151,14 +187,11 @@ fn shape(source: Source, dir: &str, rate: u64, burst: u64) -> Result<Option<Shap
         (_, b) if b > MAX_BURST_BITS => bad(format!(
             "{p}{dir}Burst is {b} bits: burst cannot be more than 4GB (at most {MAX_BURST_BITS} bits)"
         )),
-        (r, _) if r < 8 => bad(format!(
-            "{p}{dir}Rate is {r} bit/s: the kernel shapes whole bytes per second, so the rate must be \
-             at least 8 bit/s"
-        )),
+        (r, _) if r < 8 => rate_too_small(),
         (_, b) if b < 8 => {
             bad(format!("{p}{dir}Burst is {b} bits: the burst must be at least 8 bits (one byte)"))
         }
-        (rate, burst) => Ok(Some(Shape { rate, burst })),
+        (rate, burst) => Ok(Some(Shape { rate, burst: Some(burst) })),
     }
 }
 
@@ -180,9 +213,9 @@ mod tests {
             json!({"ingressRate": 8000, "ingressBurst": 800, "egressRate": 16000, "egressBurst": 1600}),
         ))
         .unwrap();
-        assert_eq!(l.ingress, Some(Shape { rate: 8000, burst: 800 }));
-        assert_eq!(l.egress, Some(Shape { rate: 16000, burst: 1600 }));
-        assert_eq!((l.egress.unwrap().rate_bytes(), l.egress.unwrap().burst_bytes()), (2000, 200));
+        assert_eq!(l.ingress, Some(Shape { rate: 8000, burst: Some(800) }));
+        assert_eq!(l.egress, Some(Shape { rate: 16000, burst: Some(1600) }));
+        assert_eq!((l.egress.unwrap().rate_bytes(), l.egress.unwrap().burst_bytes(1500)), (2000, 200));
     }
 
     #[test]
@@ -192,7 +225,7 @@ mod tests {
             "runtimeConfig": {"bandwidth": {"ingressRate": 1000000, "ingressBurst": 4294967295u64}}
         })))
         .unwrap();
-        assert_eq!(l.ingress, Some(Shape { rate: 1_000_000, burst: 4_294_967_295 }));
+        assert_eq!(l.ingress, Some(Shape { rate: 1_000_000, burst: None }), "the CRI's unset burst");
         assert_eq!(l.egress, None);
     }
 
@@ -201,7 +234,7 @@ mod tests {
         let rt = json!({"bandwidth": {"egressRate": 1000000, "egressBurst": 10000}});
         let l =
             limits(&base(json!({"ingressRate": 8000, "ingressBurst": 800, "runtimeConfig": rt}))).unwrap();
-        assert_eq!(l, Limits { ingress: Some(Shape { rate: 8000, burst: 800 }), egress: None });
+        assert_eq!(l, Limits { ingress: Some(Shape { rate: 8000, burst: Some(800) }), egress: None });
         // one static key, even 0 (or null), hides runtimeConfig like Go's embedded pointer
         let l = limits(&base(json!({"egressRate": 0, "runtimeConfig": rt}))).unwrap();
         assert!(l.is_empty());
@@ -212,10 +245,10 @@ mod tests {
     #[test]
     fn keys_match_case_insensitively() {
         let l = limits(&base(json!({"IngressRate": 8000, "INGRESSBURST": 80}))).unwrap();
-        assert_eq!(l.ingress, Some(Shape { rate: 8000, burst: 80 }));
+        assert_eq!(l.ingress, Some(Shape { rate: 8000, burst: Some(80) }));
         let l = limits(&base(json!({"RuntimeConfig": {"Bandwidth": {"egressrate": 80, "egressburst": 80}}})))
             .unwrap();
-        assert_eq!(l.egress, Some(Shape { rate: 80, burst: 80 }));
+        assert_eq!(l.egress, Some(Shape { rate: 80, burst: Some(80) }));
     }
 
     #[test]
@@ -245,7 +278,7 @@ mod tests {
     #[test]
     fn burst_limit_is_4gb() {
         let ok = limits(&base(json!({"egressRate": 8, "egressBurst": MAX_BURST_BITS}))).unwrap();
-        assert_eq!(ok.egress.unwrap().burst_bytes(), u64::from(u32::MAX) - 1);
+        assert_eq!(ok.egress.unwrap().burst_bytes(1500), u64::from(u32::MAX) - 1);
         let e = limits(&base(json!({"egressRate": 8, "egressBurst": MAX_BURST_BITS + 1}))).unwrap_err();
         assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("burst cannot be more than 4GB"), "{}", e.msg);
@@ -283,5 +316,44 @@ mod tests {
         let l =
             limits(&base(json!({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": []}))).unwrap();
         assert!(l.ingress.is_some());
+    }
+
+    #[test]
+    fn cri_sentinel_burst_means_not_set_at_or_above_max_uint32() {
+        let rt = |rate: u64, burst: u64| {
+            limits(&base(
+                json!({"runtimeConfig": {"bandwidth": {"ingressRate": rate, "ingressBurst": burst}}}),
+            ))
+        };
+        // containerd (MaxUint32) and CRI-O (just under 4 GiB) send these with every annotation.
+        for sentinel in [u64::from(u32::MAX), MAX_BURST_BITS, MAX_BURST_BITS + 8, u64::MAX] {
+            let l = rt(1_000_000, sentinel).unwrap();
+            assert_eq!(l.ingress, Some(Shape { rate: 1_000_000, burst: None }), "{sentinel}");
+        }
+        // Just below the sentinel a runtime burst is a burst.
+        let l = rt(1_000_000, u64::from(u32::MAX) - 1).unwrap();
+        assert_eq!(l.ingress.unwrap().burst, Some(u64::from(u32::MAX) - 1));
+        // A sentinel without a rate: nothing set at all.
+        assert!(rt(0, u64::from(u32::MAX)).unwrap().is_empty());
+        assert_eq!(rt(7, u64::from(u32::MAX)).unwrap_err().code, code::INVALID_CONFIG);
+        // Static keys of a conflist keep their meaning, however large.
+        let l = limits(&base(json!({"egressRate": 1_000_000, "egressBurst": 4_294_967_295u64}))).unwrap();
+        assert_eq!(l.egress, Some(Shape { rate: 1_000_000, burst: Some(4_294_967_295) }));
+    }
+
+    #[test]
+    fn default_burst_is_a_tenth_of_a_second_and_at_least_one_full_packet() {
+        // The `1M` annotation: 125 000 B/s, so 12 500 B — far below 1 MiB.
+        assert_eq!(default_burst_bytes(125_000, 1500), 12_500);
+        assert!(default_burst_bytes(125_000, 1500) <= 1 << 20);
+        // Slow rates: one MTU-sized frame with its Ethernet header.
+        assert_eq!(default_burst_bytes(1, 1500), 1514);
+        assert_eq!(default_burst_bytes(12_500, 1500), 1514);
+        assert_eq!(default_burst_bytes(12_500, 9000), 9014, "jumbo frames");
+        // Fast rates: 100 ms of traffic.
+        assert_eq!(default_burst_bytes(125_000_000, 1500), 12_500_000);
+        let s = Shape { rate: 1_000_000, burst: None };
+        assert_eq!(s.burst_bytes(1500), 12_500);
+        assert_eq!(Shape { rate: 1_000_000, burst: Some(80_000) }.burst_bytes(1500), 10_000);
     }
 }

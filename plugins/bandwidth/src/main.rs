@@ -10,15 +10,19 @@
 //! the ifb's alias), CHECK compares the real rate, burst and limit of both buckets and the
 //! filter, and STATUS checks that the packet scheduler clock is readable.
 
+#![warn(clippy::too_many_lines)]
+
 mod config;
 mod shape;
 
-use cni_common::netlink::Netlink;
+use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
+use cni_common::error_list::ErrorList;
+use cni_common::netlink::{Link, Netlink};
 use cni_common::netns::NetNs;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
 
-use shape::{Owner, Plan};
+use shape::Plan;
 
 struct Bandwidth;
 
@@ -26,30 +30,32 @@ struct Bandwidth;
 const VERSIONS: [Version; 5] =
     [Version::V0_3_0, Version::V0_3_1, Version::V0_4_0, Version::V1_0_0, Version::V1_1_0];
 
-fn owner(req: &Request) -> Owner {
-    Owner::new(req.network(), &req.env.container_id, &req.env.ifname)
-}
-
-fn ifb_name(req: &Request) -> String {
-    shape::ifb_name(req.network(), &req.env.container_id)
-}
-
-fn open_netns(req: &Request) -> Result<NetNs> {
+/// The host veth of the attachment (checked to be listed in `prev`), a host socket, and the
+/// buckets for `limits` on it: what ADD builds and CHECK compares.
+fn shaped_veth(req: &Request, prev: &CniResult, limits: &config::Limits) -> Result<(Netlink, Link, Plan)> {
     let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
-    NetNs::open(path)
+    let ns = NetNs::open(path)?;
+    let mut host = Netlink::new()?;
+    let mut ctr = Netlink::new_in(&ns)?;
+    let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
+    shape::require_listed(&veth, prev, &req.env.ifname)?;
+    let plan = Plan::new(limits, veth.mtu)?;
+    Ok((host, veth, plan))
 }
 
-/// Several errors of a best-effort verb as one: the first, with the others in `details`.
-fn combine(mut errors: Vec<CniError>) -> Result<()> {
-    if errors.is_empty() {
-        return Ok(());
+/// Remove the shaping of the host veth whose container end is `ifname` in the namespace at
+/// `path`, if the namespace still exists.
+fn clear_host_veth(host: &mut Netlink, path: &std::path::Path, ifname: &str, ifb: Option<u32>) -> Result<()> {
+    let Some(ns) = NetNs::open_if_exists(path)? else { return Ok(()) };
+    let mut ctr = Netlink::new_in(&ns)?;
+    match shape::host_veth(host, &mut ctr, ifname) {
+        Ok(veth) => shape::clear_veth(host, &veth, ifb),
+        // The container end or its peer is gone: so are the host veth's qdiscs.
+        Err(e) => {
+            eprintln!("bandwidth: DEL: no host veth to clear: {}", e.msg);
+            Ok(())
+        }
     }
-    let first = errors.remove(0);
-    if errors.is_empty() {
-        return Err(first);
-    }
-    let rest: Vec<String> = errors.into_iter().map(|e| e.msg).collect();
-    Err(first.with_details(format!("also: {}", rest.join("; "))))
 }
 
 impl Plugin for Bandwidth {
@@ -72,13 +78,9 @@ impl Plugin for Bandwidth {
                 "bandwidth must be called as a chained plugin: the configuration has no prevResult",
             )
         })?;
-        let plan = Plan::new(&limits)?;
-        let ns = open_netns(req)?;
-        let mut host = Netlink::new()?;
-        let mut ctr = Netlink::new_in(&ns)?;
-        let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
-        shape::require_listed(&veth, &result, &req.env.ifname)?;
-        if let Some(ifb) = shape::add(&mut host, &veth, &plan, &ifb_name(req), &owner(req))? {
+        let (mut host, veth, plan) = shaped_veth(req, &result, &limits)?;
+        let att = AttachmentId::of(req);
+        if let Some(ifb) = shape::add(&mut host, &veth, &plan, &att.ifb_name(), &att)? {
             result.interfaces.push(shape::ifb_interface(&ifb));
         }
         Ok(result)
@@ -86,34 +88,21 @@ impl Plugin for Bandwidth {
 
     /// Remove the ifb (by name, so also upstream's) and, while the container's netns still
     /// exists, the qdiscs on the host veth. The configuration's limits are not needed (and not
-    /// validated): cleanup must not depend on them.
+    /// validated): cleanup must not depend on them. Every step is tried; errors are collected.
     fn del(&self, req: &Request) -> Result<()> {
-        let name = ifb_name(req);
-        let owner = owner(req);
+        let att = AttachmentId::of(req);
+        let name = att.ifb_name();
         let mut host = Netlink::new()?;
-        let mut errors = Vec::new();
-        let ifb = match shape::existing_ifb(&mut host, &name, &owner)? {
-            shape::Existing::Stale(l) => Some(l.index),
+        let mut errors = ErrorList::new();
+        let ifb = match errors.take(shape::existing_ifb(&mut host, &name, &att)) {
+            Some(shape::Existing::Stale(l)) => Some(l.index),
             _ => None,
         };
         if let Some(path) = req.netns() {
-            if let Some(ns) = NetNs::open_if_exists(path)? {
-                let mut ctr = Netlink::new_in(&ns)?;
-                match shape::host_veth(&mut host, &mut ctr, &req.env.ifname) {
-                    Ok(veth) => {
-                        if let Err(e) = shape::clear_veth(&mut host, &veth, ifb) {
-                            errors.push(e);
-                        }
-                    }
-                    // The container end or its peer is gone: so are the host veth's qdiscs.
-                    Err(e) => eprintln!("bandwidth: DEL: no host veth to clear: {}", e.msg),
-                }
-            }
+            errors.take(clear_host_veth(&mut host, path, &req.env.ifname, ifb));
         }
-        if let Err(e) = shape::del_ifb(&mut host, &name, &owner) {
-            errors.push(e);
-        }
-        combine(errors)
+        errors.take(shape::del_ifb(&mut host, &name, &att));
+        errors.finish()
     }
 
     fn check(&self, req: &Request) -> Result<()> {
@@ -124,13 +113,9 @@ impl Plugin for Bandwidth {
         if limits.is_empty() {
             return Ok(());
         }
-        let plan = Plan::new(&limits)?;
-        let ns = open_netns(req)?;
-        let mut host = Netlink::new()?;
-        let mut ctr = Netlink::new_in(&ns)?;
-        let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
-        shape::require_listed(&veth, &prev, &req.env.ifname)?;
-        shape::check(&mut host, &veth, &plan, &ifb_name(req), &owner(req))
+        let (mut host, veth, plan) = shaped_veth(req, &prev, &limits)?;
+        let att = AttachmentId::of(req);
+        shape::check(&mut host, &veth, &plan, &att.ifb_name(), &att)
     }
 
     /// Delete this network's ifbs whose attachment is not in the valid list. Only ifbs whose
@@ -139,30 +124,25 @@ impl Plugin for Bandwidth {
     /// ifbs and upstream's (no record, group 0) are never touched. The host veth qdiscs went
     /// with the containers' namespaces.
     fn gc(&self, req: &Request) -> Result<()> {
-        let valid = req.valid_attachments()?;
+        let valid = AttachmentId::valid_list(req)?;
         let net = req.network();
         let mut host = Netlink::new()?;
-        let mut errors = Vec::new();
+        let mut errors = ErrorList::new();
         for link in host.links()? {
             if link.kind.as_deref() != Some("ifb") || !link.name.starts_with("bwp") {
                 continue;
             }
             let alive = match link.alias.as_deref() {
                 Some(alias) => {
-                    let Some(o) = Owner::parse(alias) else { continue };
+                    let Some(o) = IfbOwner::parse(alias) else { continue };
                     if o.network != net {
                         continue;
                     }
-                    valid.iter().any(|a| {
-                        o.is(net, &a.container_id, &a.ifname)
-                            && shape::ifb_name(net, &a.container_id) == link.name
-                    })
+                    valid.iter().any(|a| o.is(a) && a.ifb_name() == link.name)
                 }
                 // No alias: ours only if created in this network's group. Then it is alive
                 // only if a valid attachment's ifb has this name (its ADD is being retried).
-                None if link.group == shape::owner_group(net) => {
-                    valid.iter().any(|a| shape::ifb_name(net, &a.container_id) == link.name)
-                }
+                None if link.group == ifb_group(net) => valid.iter().any(|a| a.ifb_name() == link.name),
                 None => continue,
             };
             if alive {
@@ -179,7 +159,11 @@ impl Plugin for Bandwidth {
                 ),
             }
         }
-        combine(errors)
+        // ifbs made by upstream's bandwidth (no owner record): removed when nothing uses them.
+        if let Err(e) = cni_common::upstream::ifb::gc(&mut host, net, &valid) {
+            errors.push(e);
+        }
+        errors.finish()
     }
 
     /// Ready when the packet scheduler clock can be read (ADD needs it to size the buckets).

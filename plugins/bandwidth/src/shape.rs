@@ -11,11 +11,12 @@
 
 use std::time::Duration;
 
+use cni_common::attachment::{AttachmentId, IfbOwner};
+use cni_common::mac::Mac;
 use cni_common::netlink::tc::{self, Filter, Psched, Qdisc, Tbf, INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT};
 use cni_common::netlink::{Link, LinkKind, LinkSpec, Netlink, NlError};
 use cni_common::spec::result::{CniResult, Interface};
 use cni_common::{CniError, Context, Result};
-use sha2::{Digest, Sha512};
 
 use crate::config::{Limits, Shape};
 
@@ -25,90 +26,6 @@ pub const LATENCY: Duration = Duration::from_millis(25);
 pub const TBF_HANDLE: u32 = tc::handle(1, 0);
 /// Priority of the redirect filter.
 pub const FILTER_PRIO: u16 = 1;
-const IFB_PREFIX: &str = "bwp";
-const IFNAMSIZ: usize = 15;
-/// `IFALIASZ - 1`.
-const MAX_ALIAS: usize = 255;
-const ALIAS_TAG: &str = "cni-bandwidth";
-
-/// The ifb's name, as upstream derives it: `bwp` + the first 12 hex digits of
-/// sha512(network name + container id). Kept so that our DEL removes ifbs upstream created.
-pub fn ifb_name(network: &str, container_id: &str) -> String {
-    let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{IFB_PREFIX}{}", &hex[..IFNAMSIZ - IFB_PREFIX.len()])
-}
-
-/// The device group our ifbs are created in: a marker byte (`0xB7`) and 24 bits of a hash of
-/// the network name. The kernel applies `IFLA_GROUP` in the create request itself (not so the
-/// alias), so an ifb is attributable to its network from the instant it exists: GC can remove
-/// one left by an ADD killed between creating it and writing its alias. Upstream's ifbs are in
-/// group 0.
-pub fn owner_group(network: &str) -> u32 {
-    let digest = Sha512::digest(network.as_bytes());
-    0xB700_0000 | (u32::from(digest[0]) << 16) | (u32::from(digest[1]) << 8) | u32::from(digest[2])
-}
-
-/// Who an ifb belongs to, recorded in its alias (`ip link` shows it) as
-/// `cni-bandwidth net=<network> ctr=<container id> if=<ifname>`. Network names, container ids
-/// and interface names cannot contain spaces, so the fields split unambiguously. When the whole
-/// text would not fit in an alias, trailing fields are left out; GC then falls back on the
-/// ifb name, which encodes network and container id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
-    pub network: String,
-    pub container_id: Option<String>,
-    pub ifname: Option<String>,
-}
-
-impl Owner {
-    pub fn new(network: &str, container_id: &str, ifname: &str) -> Owner {
-        Owner {
-            network: network.into(),
-            container_id: Some(container_id.into()),
-            ifname: Some(ifname.into()),
-        }
-    }
-
-    pub fn alias(&self) -> String {
-        let mut s = format!("{ALIAS_TAG} net={}", self.network);
-        for (key, val) in [("ctr", &self.container_id), ("if", &self.ifname)] {
-            match val {
-                Some(v) if s.len() + key.len() + v.len() + 2 <= MAX_ALIAS => {
-                    s.push_str(&format!(" {key}={v}"))
-                }
-                _ => break,
-            }
-        }
-        s
-    }
-
-    pub fn parse(alias: &str) -> Option<Owner> {
-        let mut words = alias.split(' ');
-        if words.next()? != ALIAS_TAG {
-            return None;
-        }
-        let mut owner = Owner { network: String::new(), container_id: None, ifname: None };
-        for w in words {
-            match w.split_once('=')? {
-                ("net", v) => owner.network = v.into(),
-                ("ctr", v) => owner.container_id = Some(v.into()),
-                ("if", v) => owner.ifname = Some(v.into()),
-                _ => {}
-            }
-        }
-        (!owner.network.is_empty()).then_some(owner)
-    }
-
-    /// Whether this record names the attachment `(network, container_id, ifname)`; a field
-    /// left out of the alias matches anything.
-    pub fn is(&self, network: &str, container_id: &str, ifname: &str) -> bool {
-        self.network == network
-            && self.container_id.as_deref().is_none_or(|c| c == container_id)
-            && self.ifname.as_deref().is_none_or(|i| i == ifname)
-    }
-}
-
 /// The two token buckets to build, in kernel units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Plan {
@@ -117,13 +34,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn new(limits: &Limits) -> Result<Plan> {
+    /// The buckets for `limits` on devices of `mtu` (the host veth's; the ifb gets the same),
+    /// which sizes a default burst.
+    pub fn new(limits: &Limits, mtu: u32) -> Result<Plan> {
         if limits.is_empty() {
             return Ok(Plan::default());
         }
         let psched =
             Psched::read().map_err(|e| CniError::io(format!("read the packet scheduler clock: {e}")))?;
-        let tbf = |s: &Shape| Tbf::with_latency(s.rate_bytes(), s.burst_bytes(), LATENCY, &psched);
+        let tbf = |s: &Shape| Tbf::with_latency(s.rate_bytes(), s.burst_bytes(mtu), LATENCY, &psched);
         Ok(Plan { ingress: limits.ingress.as_ref().map(tbf), egress: limits.egress.as_ref().map(tbf) })
     }
 }
@@ -176,10 +95,6 @@ pub fn require_listed(veth: &Link, prev: &CniResult, ifname: &str) -> Result<()>
     )))
 }
 
-pub fn format_mac(mac: Option<[u8; 6]>) -> String {
-    mac.map(|m| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")).unwrap_or_default()
-}
-
 fn root_tbf(qdiscs: &[Qdisc]) -> Option<&Qdisc> {
     qdiscs.iter().find(|q| q.is_root() && q.kind == "tbf" && q.handle == TBF_HANDLE)
 }
@@ -230,23 +145,18 @@ pub enum Existing {
     Foreign(String),
 }
 
-pub fn existing_ifb(host: &mut Netlink, name: &str, owner: &Owner) -> Result<Existing> {
+pub fn existing_ifb(host: &mut Netlink, name: &str, att: &AttachmentId) -> Result<Existing> {
     let Some(l) = host.link_by_name(name)? else { return Ok(Existing::None) };
-    let (net, ctr, ifname) = (
-        owner.network.as_str(),
-        owner.container_id.as_deref().unwrap_or(""),
-        owner.ifname.as_deref().unwrap_or(""),
-    );
     if l.kind.as_deref() != Some("ifb") {
         let why =
             format!("{name} exists and is a {} device, not an ifb", l.kind.as_deref().unwrap_or("plain"));
         return Ok(Existing::Foreign(why));
     }
-    match l.alias.as_deref().map(Owner::parse) {
+    match l.alias.as_deref().map(IfbOwner::parse) {
         // No record: made by upstream's plugin, whose name encodes this network + container.
         None => Ok(Existing::Stale(l)),
         Some(None) => Ok(Existing::Foreign(format!("{name} has an alias not written by this plugin"))),
-        Some(Some(o)) if o.is(net, ctr, ifname) => Ok(Existing::Stale(l)),
+        Some(Some(o)) if o.is(att) => Ok(Existing::Stale(l)),
         Some(Some(o)) => {
             let why = format!(
                 "{name} already shapes {} of network {} (the ifb name is derived from network and container id \
@@ -297,11 +207,11 @@ pub fn add(
     veth: &Link,
     plan: &Plan,
     ifb_name: &str,
-    owner: &Owner,
+    att: &AttachmentId,
 ) -> Result<Option<Link>> {
     // Leftovers of an earlier ADD of this attachment (a runtime retrying without DEL) are
     // replaced; anything else blocks before the kernel is touched.
-    let stale_ifb = match existing_ifb(host, ifb_name, owner)? {
+    let stale_ifb = match existing_ifb(host, ifb_name, att)? {
         Existing::Foreign(why) if plan.egress.is_some() => {
             return Err(CniError::internal(format!("cannot create ifb: {why}")))
         }
@@ -335,7 +245,7 @@ pub fn add(
     }
 
     let mut undo = Undo::default();
-    let r = build(host, veth, plan, ifb_name, owner, &mut undo);
+    let r = build(host, veth, plan, ifb_name, att, &mut undo);
     if r.is_err() {
         undo.run(host);
     }
@@ -347,7 +257,7 @@ fn build(
     veth: &Link,
     plan: &Plan,
     ifb_name: &str,
-    owner: &Owner,
+    att: &AttachmentId,
     undo: &mut Undo,
 ) -> Result<Option<Link>> {
     if let Some(t) = &plan.ingress {
@@ -361,8 +271,8 @@ fn build(
         up: true,
         // upstream: the veth's queue length, at least 1000
         txqlen: Some(veth.txqlen.max(1000)),
-        alias: Some(owner.alias()),
-        group: Some(owner_group(&owner.network)),
+        alias: Some(att.ifb_alias()),
+        group: Some(att.ifb_group()),
         ..LinkSpec::new(ifb_name, LinkKind::Ifb)
     };
     let ifb = host.link_add(&spec).context("create ifb for traffic out of the container")?;
@@ -378,13 +288,13 @@ fn build(
 
 /// The result interface for the ifb.
 pub fn ifb_interface(ifb: &Link) -> Interface {
-    Interface { name: ifb.name.clone(), mac: format_mac(ifb.mac), ..Default::default() }
+    Interface { name: ifb.name.clone(), mac: Mac::text(ifb.mac), ..Default::default() }
 }
 
-/// Delete the ifb `name` if it belongs to `owner`'s attachment (or carries no record, as
-/// upstream's do). Missing is fine.
-pub fn del_ifb(host: &mut Netlink, name: &str, owner: &Owner) -> Result<()> {
-    match existing_ifb(host, name, owner)? {
+/// Delete the ifb `name` if it belongs to `att` (or carries no record, as upstream's do).
+/// Missing is fine.
+pub fn del_ifb(host: &mut Netlink, name: &str, att: &AttachmentId) -> Result<()> {
+    match existing_ifb(host, name, att)? {
         Existing::None => Ok(()),
         Existing::Stale(l) => match host.link_del(l.index) {
             Err(e) if !e.is_not_found() => Err(CniError::from(e).context(format_args!("delete ifb {name}"))),
@@ -425,13 +335,13 @@ fn check_tbf(qdiscs: &[Qdisc], dev: &str, want: &Tbf, what: &str) -> Result<()> 
 
 /// CHECK: both token buckets, the ifb and the redirect filter are there with the expected
 /// values.
-pub fn check(host: &mut Netlink, veth: &Link, plan: &Plan, ifb_name: &str, owner: &Owner) -> Result<()> {
+pub fn check(host: &mut Netlink, veth: &Link, plan: &Plan, ifb_name: &str, att: &AttachmentId) -> Result<()> {
     let veth_q = host.qdiscs(Some(veth.index))?;
     if let Some(want) = &plan.ingress {
         check_tbf(&veth_q, &veth.name, want, "traffic into the container")?;
     }
     let Some(want) = &plan.egress else { return Ok(()) };
-    let ifb = match existing_ifb(host, ifb_name, owner)? {
+    let ifb = match existing_ifb(host, ifb_name, att)? {
         Existing::Stale(l) => l,
         Existing::None => return Err(CniError::internal(format!("ifb {ifb_name} not found"))),
         Existing::Foreign(why) => return Err(CniError::internal(why)),
@@ -458,67 +368,4 @@ pub fn check(host: &mut Netlink, veth: &Link, plan: &Plan, ifb_name: &str, owner
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ifb_name_is_upstreams() {
-        let n = ifb_name("mynet", "ctr1");
-        assert_eq!(n.len(), 15);
-        assert!(n.starts_with("bwp"));
-        assert_eq!(n, format!("bwp{}", &sha512_hex("mynetctr1")[..12]));
-    }
-
-    fn sha512_hex(s: &str) -> String {
-        let out = std::process::Command::new("sha512sum")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(s.as_bytes())?;
-                c.wait_with_output()
-            })
-            .expect("run sha512sum");
-        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
-    }
-
-    #[test]
-    fn owner_group_is_marked_and_per_network() {
-        let g = owner_group("kubenet");
-        assert_eq!(g >> 24, 0xB7);
-        assert_eq!(g, owner_group("kubenet"));
-        assert_ne!(g, owner_group("kubenet2"));
-    }
-
-    #[test]
-    fn owner_alias_round_trips() {
-        let o = Owner::new("kubenet", "0123abcd", "eth0");
-        assert_eq!(o.alias(), "cni-bandwidth net=kubenet ctr=0123abcd if=eth0");
-        assert_eq!(Owner::parse(&o.alias()), Some(o.clone()));
-        assert!(o.is("kubenet", "0123abcd", "eth0"));
-        assert!(!o.is("kubenet", "0123abcd", "eth1"));
-        assert!(!o.is("other", "0123abcd", "eth0"));
-        assert_eq!(Owner::parse("something else"), None);
-        assert_eq!(Owner::parse("cni-bandwidth ctr=x"), None, "no network");
-    }
-
-    #[test]
-    fn long_owner_fields_are_dropped_from_the_end() {
-        let long_ctr = "c".repeat(225); // fits, but leaves no room for " if=eth0"
-        let o = Owner::new("net", &long_ctr, "eth0");
-        let a = o.alias();
-        assert!(a.len() <= MAX_ALIAS, "{}", a.len());
-        let back = Owner::parse(&a).unwrap();
-        assert_eq!(back.container_id.as_deref(), Some(long_ctr.as_str()));
-        assert_eq!(back.ifname, None);
-        assert!(back.is("net", &long_ctr, "anything"), "missing fields match anything");
-
-        let o = Owner::new("net", &"c".repeat(300), "eth0");
-        let back = Owner::parse(&o.alias()).unwrap();
-        assert_eq!((back.container_id, back.ifname), (None, None));
-    }
 }

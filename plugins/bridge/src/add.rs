@@ -9,8 +9,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use cni_common::attachment::AttachmentId;
 use cni_common::delegate::{ipam, Pending};
 use cni_common::error::{code, CniError, Context, Result};
+use cni_common::mac::Mac;
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{
     Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, RouteSpec, VethPeer,
@@ -23,8 +25,8 @@ use cni_common::sysctl;
 use cni_common::Request;
 use ipnet::IpNet;
 
-use crate::config::{format_mac, Conf};
-use crate::firewall::{self, Attachment};
+use crate::config::Conf;
+use crate::firewall;
 use crate::{auto_mtu, host_veth_name, random_mac};
 
 /// How long the host veth may take to become operationally up (upstream polls for 2.55 s).
@@ -168,165 +170,220 @@ fn vlan_unsupported(conf: &Conf, e: &NlError) -> CniError {
     .with_details(e.to_string())
 }
 
-pub fn add(req: &Request) -> Result<CniResult> {
-    // ---- validation: nothing is changed before all of this passed ----
-    let conf = Conf::from_request(req)?;
-    conf.check_version(req.version)?;
-    if conf.l3 {
-        ipam::path(req)?;
-    }
-    let mut nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
-    if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
-        return Err(CniError::new(
-            code::NOT_AVAILABLE,
-            "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
-        ));
-    }
-    let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for ADD"))?;
-    let ns = NetNs::open(netns)?;
-    let mut host = Netlink::new()?;
-    let mut ctr = Netlink::new_in(&ns)?;
-    // Conflicts that would make setup fail halfway: refuse them before anything is reserved
-    // or created.
-    if let Some(l) = host.link_by_name(&conf.bridge)? {
-        if l.kind.as_deref() != Some("bridge") {
-            return Err(CniError::config(format!(
-                "{:?} already exists but is not a bridge ({}): name another bridge in \"bridge\"",
-                conf.bridge,
-                l.kind.as_deref().unwrap_or("a device without a link type")
-            )));
-        }
-    }
-    if ctr.link_by_name(&req.env.ifname)?.is_some() {
-        return Err(CniError::internal(format!(
-            "container veth name provided ({}) already exists",
-            req.env.ifname
-        )));
-    }
+/// One ADD: the request, its validated configuration, the sockets it works through and what it
+/// changed so far. Built by [`Add::prepare`] without changing anything.
+struct Add<'r> {
+    req: &'r Request,
+    conf: Conf,
+    ns: NetNs,
+    host: Netlink,
+    ctr: Netlink,
+    /// nf_tables, when `ipMasq` or `macspoofchk` need it.
+    nft: Option<NfTables>,
+    /// The MTU for a new bridge and both veth ends (`mtu`, or kubenet's choice with `autoMtu`).
+    mtu: Option<u32>,
+    undo: Undo,
+}
 
-    // The IPAM delegate runs while we build the bridge and the veth pair — except with VLANs,
-    // which a kernel may not support: then nothing is reserved before they are in place.
-    let mut undo = Undo::default();
-    if conf.l3 && !conf.uses_vlans() {
-        undo.ipam_pending = Some(IpamAdd::start(req)?);
-    }
-    let v6conf = Ipv6Conf::start(netns)?;
-    match setup(req, &conf, &ns, &mut host, &mut ctr, nft.as_mut(), v6conf, &mut undo) {
+pub fn add(req: &Request) -> Result<CniResult> {
+    let mut a = Add::prepare(req)?;
+    // The container's IPv6 helper starts before anything is reserved or created: if it cannot
+    // start, the ADD fails having changed nothing. From here on every failure is undone.
+    let v6conf = Ipv6Conf::start(a.ns_path())?;
+    match a.run(v6conf) {
         Ok(r) => Ok(r),
         Err(e) => {
-            undo.run(req, &mut host);
+            a.undo.run(req, &mut a.host);
             Err(e)
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn setup(
-    req: &Request,
-    conf: &Conf,
-    ns: &NetNs,
-    host: &mut Netlink,
-    ctr: &mut Netlink,
-    nft: Option<&mut NfTables>,
-    v6conf: Ipv6Conf,
-    undo: &mut Undo,
-) -> Result<CniResult> {
-    let ifname = req.env.ifname.as_str();
-    let mtu = match conf.mtu {
-        Some(m) => Some(m),
-        None if conf.auto_mtu => Some(auto_mtu(host)?),
-        None => None,
-    };
-
-    let (mut br, br_pinned) = ensure_bridge(host, conf, mtu, undo)?;
-    // With macspoofchk the host end says whose it is (GC needs that; see firewall::veth_alias).
-    let alias = conf.macspoofchk.then(|| {
-        firewall::veth_alias(Attachment {
-            network: req.network(),
-            container_id: &req.env.container_id,
-            ifname,
-        })
-    });
-    let hv = create_veth(host, ctr, ns, conf, ifname, br.index, mtu, alias, undo)?;
-    let ctr_index = hv.link.ok_or_else(|| CniError::internal(format!("veth {} reports no peer", hv.name)))?;
-    // CVE-2020-10749: the host must not learn routes from router advertisements sent by the
-    // container. The container end is still down, so nothing can have arrived yet.
-    set_if_present(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0")?;
-    if conf.hairpin || conf.port_isolation {
-        let flags = PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation };
-        host.bridge_port_set(hv.index, flags, false)
-            .with_context(|| format!("failed to set bridge port flags on {}", hv.name))?;
+impl<'r> Add<'r> {
+    /// Validation: everything the configuration can get wrong, and conflicts that would make
+    /// setup fail halfway, are refused here, before anything is reserved or created.
+    fn prepare(req: &'r Request) -> Result<Add<'r>> {
+        let conf = Conf::from_request(req)?;
+        conf.check_version(req.version)?;
+        if conf.l3 {
+            ipam::path(req)?;
+        }
+        let nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
+        if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
+            return Err(CniError::new(
+                code::NOT_AVAILABLE,
+                "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
+            ));
+        }
+        let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for ADD"))?;
+        let ns = NetNs::open(netns)?;
+        let mut host = Netlink::new()?;
+        let mut ctr = Netlink::new_in(&ns)?;
+        if let Some(l) = host.link_by_name(&conf.bridge)? {
+            if l.kind.as_deref() != Some("bridge") {
+                return Err(CniError::config(format!(
+                    "{:?} already exists but is not a bridge ({}): name another bridge in \"bridge\"",
+                    conf.bridge,
+                    l.kind.as_deref().unwrap_or("a device without a link type")
+                )));
+            }
+        }
+        if ctr.link_by_name(&req.env.ifname)?.is_some() {
+            return Err(CniError::internal(format!(
+                "container veth name provided ({}) already exists",
+                req.env.ifname
+            )));
+        }
+        let mtu = match conf.mtu {
+            Some(m) => Some(m),
+            None if conf.auto_mtu => Some(auto_mtu(&mut host)?),
+            None => None,
+        };
+        Ok(Add { req, conf, ns, host, ctr, nft, mtu, undo: Undo::default() })
     }
-    if conf.uses_vlans() {
-        setup_port_vlans(host, hv.index, conf.vlan, &conf.trunk, conf.preserve_default_vlan)
-            .map_err(|e| if e.is_unsupported() { vlan_unsupported(conf, &e) } else { CniError::from(e) })?;
+
+    fn ns_path(&self) -> &'r std::path::Path {
+        self.req.netns().expect("checked by prepare")
     }
-    let ctr_mac = match conf.mac {
-        Some(m) => m,
-        None => ctr
-            .link_by_index(ctr_index)?
-            .and_then(|l| l.mac)
-            .ok_or_else(|| CniError::internal(format!("container interface {ifname} vanished")))?,
-    };
 
-    let mut result = CniResult {
-        interfaces: vec![
-            Interface { name: br.name.clone(), mac: mac_text(br.mac), ..Default::default() },
-            Interface { name: hv.name.clone(), mac: mac_text(hv.mac), ..Default::default() },
-            Interface {
-                name: ifname.to_string(),
-                mac: format_mac(&ctr_mac),
-                sandbox: req.env.netns.clone(),
-                ..Default::default()
-            },
-        ],
-        ..Default::default()
-    };
+    fn ifname(&self) -> &'r str {
+        self.req.env.ifname.as_str()
+    }
 
-    let mut gateways: Vec<IpNet> = Vec::new();
-    if conf.l3 {
-        let pending = match undo.ipam_pending.take() {
+    fn attachment(&self) -> AttachmentId {
+        AttachmentId::of(self.req)
+    }
+
+    /// Everything that changes the host; the caller undoes it on failure.
+    fn run(&mut self, v6conf: Ipv6Conf) -> Result<CniResult> {
+        // The IPAM delegate runs while we build the bridge and the veth pair — except with
+        // VLANs, which a kernel may not support: then nothing is reserved before they are in
+        // place.
+        if self.conf.l3 && !self.conf.uses_vlans() {
+            self.undo.ipam_pending = Some(IpamAdd::start(self.req)?);
+        }
+        let (mut br, br_pinned) = self.ensure_bridge()?;
+        let hv = self.create_veth(br.index)?;
+        let ctr_index =
+            hv.link.ok_or_else(|| CniError::internal(format!("veth {} reports no peer", hv.name)))?;
+        self.configure_port(&hv)?;
+        let ctr_mac = match self.conf.mac {
+            Some(m) => m,
+            None => self.ctr.link_by_index(ctr_index)?.and_then(|l| l.mac).map(Mac).ok_or_else(|| {
+                CniError::internal(format!("container interface {} vanished", self.ifname()))
+            })?,
+        };
+        let mut result = CniResult {
+            interfaces: vec![
+                Interface { name: br.name.clone(), mac: Mac::text(br.mac), ..Default::default() },
+                Interface { name: hv.name.clone(), mac: Mac::text(hv.mac), ..Default::default() },
+                Interface {
+                    name: self.ifname().to_string(),
+                    mac: ctr_mac.to_string(),
+                    sandbox: self.req.env.netns.clone(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let gateways = if self.conf.l3 { self.addresses(&mut result)? } else { Vec::new() };
+        self.configure_container(ctr_index, &result, v6conf)?;
+        if self.conf.l3 && self.conf.is_gateway {
+            self.gateways(&mut br, br_pinned, &gateways, &mut result)?;
+        }
+        if self.conf.bridge_nf_call_iptables {
+            sysctl::set("net/bridge/bridge-nf-call-iptables", "1")?;
+            if result.ips.iter().any(|i| i.address.addr().is_ipv6()) {
+                sysctl::set("net/bridge/bridge-nf-call-ip6tables", "1")?;
+            }
+        }
+        self.firewall(&result, &hv, ctr_mac)?;
+        if !self.conf.disable_container_interface {
+            self.wait_port_up(&hv)?;
+        }
+        if !br_pinned {
+            if let Some(cur) = self.host.link_by_index(br.index)? {
+                br = cur;
+            }
+        }
+        result.interfaces[0].mac = Mac::text(br.mac);
+        if let Some(dns) = &self.conf.dns {
+            result.dns = dns.clone();
+        }
+        Ok(result)
+    }
+
+    /// The host end as a bridge port: no router advertisements, flags, VLANs.
+    fn configure_port(&mut self, hv: &Link) -> Result<()> {
+        // CVE-2020-10749: the host must not learn routes from router advertisements sent by the
+        // container. The container end is still down, so nothing can have arrived yet.
+        set_if_present(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0")?;
+        let conf = &self.conf;
+        if conf.hairpin || conf.port_isolation {
+            let flags = PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation };
+            self.host
+                .bridge_port_set(hv.index, flags, false)
+                .with_context(|| format!("failed to set bridge port flags on {}", hv.name))?;
+        }
+        if conf.uses_vlans() {
+            setup_port_vlans(&mut self.host, hv.index, conf.vlan, &conf.trunk, conf.preserve_default_vlan)
+                .map_err(
+                    |e| if e.is_unsupported() { vlan_unsupported(conf, &e) } else { CniError::from(e) },
+                )?;
+        }
+        Ok(())
+    }
+
+    /// The IPAM result in `result` (addresses, routes, DNS); returns the gateway addresses for
+    /// the bridge.
+    fn addresses(&mut self, result: &mut CniResult) -> Result<Vec<IpNet>> {
+        let pending = match self.undo.ipam_pending.take() {
             Some(p) => p,
-            None => IpamAdd::start(req)?,
+            None => IpamAdd::start(self.req)?,
         };
         // A delegate that failed reserved nothing (and releasing would free what an earlier
         // ADD of the same attachment holds); one whose output we cannot use has reserved.
         let out = pending.wait()?;
-        undo.ipam = true;
-        let r = ipam::decode_result(req, &out)?;
+        self.undo.ipam = true;
+        let r = ipam::decode_result(self.req, &out)?;
         if r.ips.is_empty() {
             return Err(CniError::internal("IPAM plugin returned missing IP config"));
         }
         result.ips = r.ips;
         result.routes = r.routes;
         result.dns = r.dns;
-        gateways = calc_gateways(&mut result, conf);
+        Ok(calc_gateways(result, &self.conf))
     }
 
-    configure_container(ns, ctr, ctr_index, ifname, conf, &result, v6conf)?;
-
-    if conf.l3 && conf.is_gateway {
+    /// `isGateway`: the gateway addresses on the bridge (or the VLAN gateway), forwarding on.
+    fn gateways(
+        &mut self,
+        br: &mut Link,
+        pinned: bool,
+        gateways: &[IpNet],
+        result: &mut CniResult,
+    ) -> Result<()> {
         let mut vlan_if = None;
-        for gw in &gateways {
-            if conf.vlan != 0 {
-                let l = ensure_vlan_gateway(host, conf, &br, mtu, undo)?;
-                ensure_addr(host, &l, *gw, conf.force_address)?;
+        for gw in gateways {
+            if self.conf.vlan != 0 {
+                let l = self.ensure_vlan_gateway(br)?;
+                ensure_addr(&mut self.host, &l, *gw, self.conf.force_address)?;
                 vlan_if.get_or_insert(l);
-            } else if ensure_addr(host, &br, *gw, conf.force_address)? && !br_pinned {
+            } else if ensure_addr(&mut self.host, br, *gw, self.conf.force_address)? && !pinned {
                 // Pin the bridge MAC (set it to its current value): otherwise it follows the
                 // lowest port MAC and changes as containers come and go (cni#285).
-                if let Some(cur) = host.link_by_index(br.index)? {
+                if let Some(cur) = self.host.link_by_index(br.index)? {
                     if let Some(mac) = cur.mac {
-                        host.link_set_mac(br.index, mac).context("could not set bridge's mac")?;
+                        self.host.link_set_mac(br.index, mac).context("could not set bridge's mac")?;
                     }
-                    br = cur;
+                    *br = cur;
                 }
             }
         }
         if let Some(l) = vlan_if {
             result.interfaces.push(Interface {
                 name: l.name.clone(),
-                mac: mac_text(l.mac),
+                mac: Mac::text(l.mac),
                 ..Default::default()
             });
         }
@@ -336,48 +393,130 @@ fn setup(
         if gateways.iter().any(|g| g.addr().is_ipv6()) {
             sysctl::set("net/ipv6/conf/all/forwarding", "1").context("failed to enable forwarding")?;
         }
+        Ok(())
     }
 
-    if conf.bridge_nf_call_iptables {
-        sysctl::set("net/bridge/bridge-nf-call-iptables", "1")?;
-        if result.ips.iter().any(|i| i.address.addr().is_ipv6()) {
-            sysctl::set("net/bridge/bridge-nf-call-ip6tables", "1")?;
-        }
-    }
-
-    if let Some(nf) = nft {
-        let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
+    /// `ipMasq` and `macspoofchk` rules, in one transaction.
+    fn firewall(&mut self, result: &CniResult, hv: &Link, ctr_mac: Mac) -> Result<()> {
+        let Some(nf) = self.nft.as_mut() else { return Ok(()) };
+        let att = AttachmentId::of(self.req);
         let addrs: Vec<IpNet> = result.ips.iter().map(|i| i.address).collect();
-        undo.firewall = true;
-        let masq = conf.ip_masq.then_some((addrs.as_slice(), conf.non_masquerade.as_deref()));
-        firewall::apply_add(nf, att, masq, conf.macspoofchk.then_some((hv.name.as_str(), ctr_mac)))?;
+        self.undo.firewall = true;
+        let masq = self.conf.ip_masq.then_some((addrs.as_slice(), self.conf.non_masquerade.as_deref()));
+        let spoof = self.conf.macspoofchk.then_some((hv.name.as_str(), ctr_mac));
+        firewall::apply_add(nf, &att, masq, spoof)
     }
 
-    if !conf.disable_container_interface {
-        match host.wait_link_oper_up(hv.index, OPER_UP_TIMEOUT) {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(CniError::internal(format!("host veth {} vanished", hv.name))),
+    /// The host veth must become operationally up (upstream waits for it too).
+    fn wait_port_up(&mut self, hv: &Link) -> Result<()> {
+        match self.host.wait_link_oper_up(hv.index, OPER_UP_TIMEOUT) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(CniError::internal(format!("host veth {} vanished", hv.name))),
             Err(e) if e.errno() == libc::ETIMEDOUT => {
-                return Err(CniError::internal(format!("bridge port in error state: {}", hv.name))
+                Err(CniError::internal(format!("bridge port in error state: {}", hv.name))
                     .with_details(e.to_string()))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => Err(e.into()),
         }
     }
-    if !br_pinned {
-        if let Some(cur) = host.link_by_index(br.index)? {
-            br = cur;
-        }
-    }
-    result.interfaces[0].mac = mac_text(br.mac);
-    if let Some(dns) = &conf.dns {
-        result.dns = dns.clone();
-    }
-    Ok(result)
-}
 
-fn mac_text(mac: Option<[u8; 6]>) -> String {
-    mac.map(|m| format_mac(&m)).unwrap_or_default()
+    /// The bridge, created when missing (with a random MAC, which the kernel then never
+    /// replaces by a port's MAC), up, with `accept_ra=0`. Returns whether its MAC is pinned by
+    /// this call.
+    fn ensure_bridge(&mut self) -> Result<(Link, bool)> {
+        let conf = &self.conf;
+        let name = conf.bridge.as_str();
+        let (br, created) = match self.host.link_by_name(name)? {
+            Some(l) => (l, false),
+            None => {
+                let spec = LinkSpec {
+                    mtu: self.mtu,
+                    mac: Some(random_mac()),
+                    up: true,
+                    ..LinkSpec::new(name, LinkKind::Bridge { vlan_filtering: conf.uses_vlans() })
+                };
+                match self.host.link_add(&spec) {
+                    Ok(l) => {
+                        self.undo.created_bridge = Some(l.index);
+                        (l, true)
+                    }
+                    Err(e) if e.is_exists() => {
+                        let l = self
+                            .host
+                            .link_by_name(name)?
+                            .ok_or_else(|| CniError::internal(format!("could not lookup {name:?}")))?;
+                        (l, false)
+                    }
+                    Err(e) if e.is_unsupported() && conf.uses_vlans() => {
+                        return Err(vlan_unsupported(conf, &e))
+                    }
+                    Err(e) => {
+                        return Err(
+                            CniError::from(e).context(format_args!("failed to create bridge {name:?}"))
+                        )
+                    }
+                }
+            }
+        };
+        if br.kind.as_deref() != Some("bridge") {
+            return Err(CniError::internal(format!("{name:?} already exists but is not a bridge")));
+        }
+        if conf.promisc && !br.promisc() {
+            self.host
+                .link_set_promisc(br.index, true)
+                .with_context(|| format!("could not set promiscuous mode on {name:?}"))?;
+        }
+        // We own the routes of this interface.
+        set_if_present(&sysctl::iface_key("ipv6", name, "accept_ra"), "0")?;
+        if !br.up() {
+            self.host.link_set_up(br.index)?;
+        }
+        Ok((br, created))
+    }
+
+    /// The veth pair in one request: the host end (random name, MTU, up, enslaved to the
+    /// bridge; with macspoofchk an alias saying whose it is, which GC needs) and the container
+    /// end created directly in the container namespace (CNI_IFNAME, MTU, MAC).
+    fn create_veth(&mut self, bridge: u32) -> Result<Link> {
+        let ifname = self.ifname();
+        let alias = self.conf.macspoofchk.then(|| self.attachment().veth_alias());
+        let mut last = None;
+        for _ in 0..10 {
+            let peer = VethPeer {
+                name: ifname.to_string(),
+                mtu: None,
+                mac: self.conf.mac.map(|m| m.0),
+                netns: Some(self.ns.as_fd()),
+                up: false,
+            };
+            let spec = LinkSpec {
+                mtu: self.mtu,
+                up: true,
+                master: Some(bridge),
+                alias: alias.clone(),
+                ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
+            };
+            match self.host.link_add(&spec) {
+                Ok(l) => {
+                    self.undo.host_veth = Some(l.index);
+                    return Ok(l);
+                }
+                Err(e) if e.is_exists() => {
+                    if self.ctr.link_by_name(ifname)?.is_some() {
+                        return Err(CniError::internal(format!(
+                            "container veth name provided ({ifname}) already exists"
+                        )));
+                    }
+                    last = Some(e); // the random host name was taken: try another
+                }
+                Err(e) => return Err(CniError::from(e).context("failed to create veth pair")),
+            }
+        }
+        Err(CniError::internal(format!(
+            "failed to find a free host veth name: {}",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
 }
 
 /// Write a per-interface sysctl; a key that does not exist (IPv6 disabled) is skipped.
@@ -386,104 +525,6 @@ fn set_if_present(key: &str, value: &str) -> Result<()> {
         sysctl::set(key, value)?;
     }
     Ok(())
-}
-
-/// The bridge, created when missing (with a random MAC, which the kernel then never replaces by
-/// a port's MAC), up, with `accept_ra=0`. Returns whether its MAC is pinned by this call.
-fn ensure_bridge(host: &mut Netlink, conf: &Conf, mtu: Option<u32>, undo: &mut Undo) -> Result<(Link, bool)> {
-    let name = conf.bridge.as_str();
-    let (br, created) = match host.link_by_name(name)? {
-        Some(l) => (l, false),
-        None => {
-            let spec = LinkSpec {
-                mtu,
-                mac: Some(random_mac()),
-                up: true,
-                ..LinkSpec::new(name, LinkKind::Bridge { vlan_filtering: conf.uses_vlans() })
-            };
-            match host.link_add(&spec) {
-                Ok(l) => {
-                    undo.created_bridge = Some(l.index);
-                    (l, true)
-                }
-                Err(e) if e.is_exists() => {
-                    let l = host
-                        .link_by_name(name)?
-                        .ok_or_else(|| CniError::internal(format!("could not lookup {name:?}")))?;
-                    (l, false)
-                }
-                Err(e) if e.is_unsupported() && conf.uses_vlans() => return Err(vlan_unsupported(conf, &e)),
-                Err(e) => {
-                    return Err(CniError::from(e).context(format_args!("failed to create bridge {name:?}")))
-                }
-            }
-        }
-    };
-    if br.kind.as_deref() != Some("bridge") {
-        return Err(CniError::internal(format!("{name:?} already exists but is not a bridge")));
-    }
-    if conf.promisc && !br.promisc() {
-        host.link_set_promisc(br.index, true)
-            .with_context(|| format!("could not set promiscuous mode on {name:?}"))?;
-    }
-    // We own the routes of this interface.
-    set_if_present(&sysctl::iface_key("ipv6", name, "accept_ra"), "0")?;
-    if !br.up() {
-        host.link_set_up(br.index)?;
-    }
-    Ok((br, created))
-}
-
-/// The veth pair in one request: the host end (random name, MTU, up, enslaved to the bridge) and
-/// the container end created directly in the container namespace (CNI_IFNAME, MTU, MAC).
-#[allow(clippy::too_many_arguments)]
-fn create_veth(
-    host: &mut Netlink,
-    ctr: &mut Netlink,
-    ns: &NetNs,
-    conf: &Conf,
-    ifname: &str,
-    bridge: u32,
-    mtu: Option<u32>,
-    alias: Option<String>,
-    undo: &mut Undo,
-) -> Result<Link> {
-    let mut last = None;
-    for _ in 0..10 {
-        let peer = VethPeer {
-            name: ifname.to_string(),
-            mtu: None,
-            mac: conf.mac,
-            netns: Some(ns.as_fd()),
-            up: false,
-        };
-        let spec = LinkSpec {
-            mtu,
-            up: true,
-            master: Some(bridge),
-            alias: alias.clone(),
-            ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
-        };
-        match host.link_add(&spec) {
-            Ok(l) => {
-                undo.host_veth = Some(l.index);
-                return Ok(l);
-            }
-            Err(e) if e.is_exists() => {
-                if ctr.link_by_name(ifname)?.is_some() {
-                    return Err(CniError::internal(format!(
-                        "container veth name provided ({ifname}) already exists"
-                    )));
-                }
-                last = Some(e); // the random host name was taken: try another
-            }
-            Err(e) => return Err(CniError::from(e).context("failed to create veth pair")),
-        }
-    }
-    Err(CniError::internal(format!(
-        "failed to find a free host veth name: {}",
-        last.map(|e| e.to_string()).unwrap_or_default()
-    )))
 }
 
 /// VLANs of a new bridge port: unless `preserve_default`, whatever the port got by default is
@@ -515,42 +556,90 @@ pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
     plan
 }
 
-/// `<bridge>.<vlan>`: a veth whose one end joins the bridge as an access port of the VLAN and
-/// whose other end (in the host) carries the gateway address (upstream's VLAN gateway).
-fn ensure_vlan_gateway(
-    host: &mut Netlink,
-    conf: &Conf,
-    br: &Link,
-    mtu: Option<u32>,
-    undo: &mut Undo,
-) -> Result<Link> {
-    let name = format!("{}.{}", br.name, conf.vlan);
-    if name.len() > 15 {
-        return Err(CniError::config(format!(
-            "VLAN gateway interface name {name:?} is longer than 15 bytes: use a shorter bridge name"
-        )));
-    }
-    if let Some(l) = host.link_by_name(&name)? {
-        return Ok(l);
-    }
-    let peer = VethPeer { name: name.clone(), mtu: None, mac: None, netns: None, up: true };
-    let spec = LinkSpec {
-        mtu: mtu.or(Some(br.mtu)),
-        up: true,
-        master: Some(br.index),
-        ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
-    };
-    let port = host.link_add(&spec).context("failed to create vlan gateway")?;
-    undo.vlan_gateway = Some(port.index);
-    set_if_present(&sysctl::iface_key("ipv6", &port.name, "accept_ra"), "0")?;
-    setup_port_vlans(host, port.index, conf.vlan, &[], conf.preserve_default_vlan).map_err(|e| {
-        if e.is_unsupported() {
-            vlan_unsupported(conf, &e)
-        } else {
-            CniError::from(e)
+impl Add<'_> {
+    /// `<bridge>.<vlan>`: a veth whose one end joins the bridge as an access port of the VLAN
+    /// and whose other end (in the host) carries the gateway address (upstream's VLAN gateway).
+    fn ensure_vlan_gateway(&mut self, br: &Link) -> Result<Link> {
+        let conf = &self.conf;
+        let host = &mut self.host;
+        let name = format!("{}.{}", br.name, conf.vlan);
+        if name.len() > 15 {
+            return Err(CniError::config(format!(
+                "VLAN gateway interface name {name:?} is longer than 15 bytes: use a shorter bridge name"
+            )));
         }
-    })?;
-    host.link_by_name(&name)?.ok_or_else(|| CniError::internal(format!("VLAN gateway {name} vanished")))
+        if let Some(l) = host.link_by_name(&name)? {
+            return Ok(l);
+        }
+        let peer = VethPeer { name: name.clone(), mtu: None, mac: None, netns: None, up: true };
+        let spec = LinkSpec {
+            mtu: self.mtu.or(Some(br.mtu)),
+            up: true,
+            master: Some(br.index),
+            ..LinkSpec::new(host_veth_name(), LinkKind::Veth { peer })
+        };
+        let port = host.link_add(&spec).context("failed to create vlan gateway")?;
+        self.undo.vlan_gateway = Some(port.index);
+        set_if_present(&sysctl::iface_key("ipv6", &port.name, "accept_ra"), "0")?;
+        setup_port_vlans(host, port.index, conf.vlan, &[], conf.preserve_default_vlan).map_err(|e| {
+            if e.is_unsupported() {
+                vlan_unsupported(conf, &e)
+            } else {
+                CniError::from(e)
+            }
+        })?;
+        host.link_by_name(&name)?.ok_or_else(|| CniError::internal(format!("VLAN gateway {name} vanished")))
+    }
+
+    /// Container side: IPv6 sysctls, then arp_notify and link up in one request, addresses,
+    /// routes.
+    fn configure_container(&mut self, index: u32, result: &CniResult, v6conf: Ipv6Conf) -> Result<()> {
+        let (conf, ctr, ifname) = (&self.conf, &mut self.ctr, self.req.env.ifname.as_str());
+        let has_v6 = result.ips.iter().any(|i| i.address.addr().is_ipv6());
+        v6conf
+            .apply(ipv6_settings(ifname, conf, has_v6))
+            .context("failed to configure IPv6 in the container")?;
+        let up = !conf.disable_container_interface;
+        ctr.link_set_ipv4_conf(index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)], up)
+            .with_context(|| format!("failed to set {ifname:?} up"))?;
+        if !up {
+            return Ok(());
+        }
+        let mut v4gw = None;
+        let mut v6gw = None;
+        for ip in &result.ips {
+            ctr.addr_add(index, ip.address)
+                .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
+            if let Some(g) = ip.gateway {
+                if g.is_ipv4() {
+                    v4gw.get_or_insert(g);
+                } else {
+                    v6gw.get_or_insert(g);
+                }
+            }
+        }
+        if v6gw.is_some() && conf.enable_dad {
+            self.ns.run(|| Ok(ctr.wait_addrs_settled(index, Some(Family::V6), DAD_TIMEOUT)?))?;
+        }
+        for r in &result.routes {
+            let gw = r.gw.or(if r.dst.addr().is_ipv4() { v4gw } else { v6gw });
+            let spec = RouteSpec {
+                gw,
+                oif: Some(index),
+                table: r.table,
+                priority: r.priority,
+                scope: r.scope,
+                mtu: r.mtu,
+                advmss: r.advmss,
+                append: true,
+                ..RouteSpec::new(r.dst)
+            };
+            let via = gw.map(|g| g.to_string()).unwrap_or_else(|| "<nil>".into());
+            ctr.route_add(&spec)
+                .with_context(|| format!("failed to add route '{} via {via} dev {ifname}'", r.dst))?;
+        }
+        Ok(())
+    }
 }
 
 /// Put `gw` on `link` the way upstream does: nothing if present; another IPv4 address, or an
@@ -643,61 +732,6 @@ fn ipv6_settings(ifname: &str, conf: &Conf, has_v6: bool) -> Vec<(String, &'stat
         list.push((key(ifname, "keep_addr_on_down"), "1", false));
     }
     list
-}
-
-/// Container side: IPv6 sysctls, then arp_notify and link up in one request, addresses, routes.
-#[allow(clippy::too_many_arguments)]
-fn configure_container(
-    ns: &NetNs,
-    ctr: &mut Netlink,
-    index: u32,
-    ifname: &str,
-    conf: &Conf,
-    result: &CniResult,
-    v6conf: Ipv6Conf,
-) -> Result<()> {
-    let has_v6 = result.ips.iter().any(|i| i.address.addr().is_ipv6());
-    v6conf.apply(ipv6_settings(ifname, conf, has_v6)).context("failed to configure IPv6 in the container")?;
-    let up = !conf.disable_container_interface;
-    ctr.link_set_ipv4_conf(index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)], up)
-        .with_context(|| format!("failed to set {ifname:?} up"))?;
-    if !up {
-        return Ok(());
-    }
-    let mut v4gw = None;
-    let mut v6gw = None;
-    for ip in &result.ips {
-        ctr.addr_add(index, ip.address)
-            .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
-        if let Some(g) = ip.gateway {
-            if g.is_ipv4() {
-                v4gw.get_or_insert(g);
-            } else {
-                v6gw.get_or_insert(g);
-            }
-        }
-    }
-    if v6gw.is_some() && conf.enable_dad {
-        ns.run(|| Ok(ctr.wait_addrs_settled(index, Some(Family::V6), DAD_TIMEOUT)?))?;
-    }
-    for r in &result.routes {
-        let gw = r.gw.or(if r.dst.addr().is_ipv4() { v4gw } else { v6gw });
-        let spec = RouteSpec {
-            gw,
-            oif: Some(index),
-            table: r.table,
-            priority: r.priority,
-            scope: r.scope,
-            mtu: r.mtu,
-            advmss: r.advmss,
-            append: true,
-            ..RouteSpec::new(r.dst)
-        };
-        let via = gw.map(|g| g.to_string()).unwrap_or_else(|| "<nil>".into());
-        ctr.route_add(&spec)
-            .with_context(|| format!("failed to add route '{} via {via} dev {ifname}'", r.dst))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

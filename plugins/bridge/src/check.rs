@@ -5,8 +5,10 @@
 
 use std::net::IpAddr;
 
+use cni_common::attachment::AttachmentId;
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
+use cni_common::mac::Mac;
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
 use cni_common::netns::NetNs;
@@ -16,15 +18,15 @@ use cni_common::Request;
 use ipnet::IpNet;
 
 use crate::add::port_vlan_plan;
-use crate::config::{format_mac, Conf};
-use crate::firewall::{self, Attachment};
+use crate::config::Conf;
+use crate::firewall;
 
 fn fail(msg: impl Into<String>) -> CniError {
     CniError::internal(msg)
 }
 
 fn mac_of(l: &Link) -> String {
-    l.mac.map(|m| format_mac(&m)).unwrap_or_default()
+    Mac::text(l.mac)
 }
 
 pub fn check(req: &Request) -> Result<()> {
@@ -57,9 +59,45 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == req.env.netns).ok_or_else(
             || fail(format!("prevResult lists no interface {ifname:?} in sandbox {:?}", req.env.netns)),
         )?;
-    let ctr_if = &prev.interfaces[ctr_pos];
 
-    // Bridge.
+    let br = check_bridge(&mut host, conf, br_if)?;
+    let c = check_container_interface(&mut ctr, conf, ifname, &prev.interfaces[ctr_pos])?;
+    let hv = find_host_veth(&mut host, conf, prev, &c, &br)?;
+    if conf.uses_vlans() {
+        let have = host.bridge_port_vlans(hv.index)?;
+        for want in port_vlan_plan(conf.vlan, &conf.trunk) {
+            if !have.contains(&want) {
+                return Err(fail(format!("bridge port {} lacks VLAN {want:?} (has {have:?})", hv.name)));
+            }
+        }
+    }
+    // Addresses of the container interface.
+    let ours: Vec<IpNet> =
+        prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)).map(|i| i.address).collect();
+    check_addresses_and_routes(&mut ctr, prev, &ours, &c)?;
+
+    // Gateway addresses on the bridge.
+    if conf.l3 && conf.is_gateway && conf.vlan == 0 {
+        let on_bridge = host.addrs(Some(br.index), None)?;
+        for ip in prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)) {
+            let Some(gw) = ip.gateway else { continue };
+            let Ok(want) = IpNet::new(gw, ip.address.prefix_len()) else { continue };
+            if !on_bridge.iter().any(|a| a.addr == want) {
+                return Err(fail(format!("gateway address {want} is missing on bridge {}", br.name)));
+            }
+        }
+    }
+    // Masquerading made by upstream's bridge (iptables) is checked in its own form.
+    let upstream_masq =
+        conf.ip_masq && !ours.is_empty() && cni_common::upstream::masq::check(req)?.is_intact();
+    if (conf.ip_masq && !ours.is_empty() && !upstream_masq) || conf.macspoofchk {
+        check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
+    }
+    Ok(())
+}
+
+/// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
+fn check_bridge(host: &mut Netlink, conf: &Conf, br_if: &Interface) -> Result<Link> {
     let br = host
         .link_by_name(&conf.bridge)?
         .ok_or_else(|| fail(format!("CNI created bridge {} in host namespace was not found", conf.bridge)))?;
@@ -82,8 +120,16 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
             br.promisc()
         )));
     }
+    Ok(br)
+}
 
-    // Container interface.
+/// The container interface is a veth with prevResult's MAC, up unless disabled.
+fn check_container_interface(
+    ctr: &mut Netlink,
+    conf: &Conf,
+    ifname: &str,
+    ctr_if: &Interface,
+) -> Result<Link> {
     let c = ctr
         .link_by_name(ifname)?
         .ok_or_else(|| fail(format!("CNI created interface in container {ifname} not found")))?;
@@ -100,10 +146,13 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
     if !conf.disable_container_interface && !c.up() {
         return Err(fail(format!("container interface {ifname} is down")));
     }
-    let peer = c.link.ok_or_else(|| fail(format!("Unable to obtain veth peer index for veth {ifname}")))?;
+    Ok(c)
+}
 
-    // Its peer: a host veth of prevResult, enslaved to the bridge, with the configured flags.
-    let mut host_veth: Option<(Link, &Interface)> = None;
+/// The container interface's peer: a host veth of prevResult, enslaved to the bridge, with the
+/// configured port flags.
+fn find_host_veth(host: &mut Netlink, conf: &Conf, prev: &CniResult, c: &Link, br: &Link) -> Result<Link> {
+    let peer = c.link.ok_or_else(|| fail(format!("Unable to obtain veth peer index for veth {}", c.name)))?;
     for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
         let Some((l, flags)) = host.link_with_port_flags(&i.name)? else { continue };
         if l.kind.as_deref() != Some("veth")
@@ -129,109 +178,93 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
                 l.name, flags.isolated, conf.port_isolation
             )));
         }
-        host_veth = Some((l, i));
-        break;
+        return Ok(l);
     }
-    let Some((hv, _)) = host_veth else {
-        return Err(fail(format!("CNI veth created for bridge {} was not found", conf.bridge)));
-    };
+    Err(fail(format!("CNI veth created for bridge {} was not found", conf.bridge)))
+}
 
-    if conf.uses_vlans() {
-        let have = host.bridge_port_vlans(hv.index)?;
-        for want in port_vlan_plan(conf.vlan, &conf.trunk) {
-            if !have.contains(&want) {
-                return Err(fail(format!("bridge port {} lacks VLAN {want:?} (has {have:?})", hv.name)));
-            }
-        }
+/// Every address of the container interface is on it with its connected route; every
+/// prevResult route exists.
+fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet], c: &Link) -> Result<()> {
+    if ours.is_empty() && prev.routes.is_empty() {
+        return Ok(());
     }
-
-    // Addresses and routes in the container.
-    let ours: Vec<IpNet> =
-        prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)).map(|i| i.address).collect();
-    if !ours.is_empty() || !prev.routes.is_empty() {
-        let addrs = ctr.addrs(Some(c.index), None)?;
-        let routes = ctr.routes(None)?;
-        for a in &ours {
-            if !addrs.iter().any(|x| x.addr == *a) {
-                return Err(fail(format!("Failed to match addr {a} on interface {ifname}")));
-            }
-            let connected = a.trunc();
-            if !routes.iter().any(|r| {
-                r.dst == connected && r.table == TABLE_MAIN && r.paths().iter().any(|p| p.1 == Some(c.index))
-            }) {
-                return Err(fail(format!("no connected route {connected} dev {ifname} for address {a}")));
-            }
+    let ifname = c.name.as_str();
+    let addrs = ctr.addrs(Some(c.index), None)?;
+    let routes = ctr.routes(None)?;
+    for a in ours {
+        if !addrs.iter().any(|x| x.addr == *a) {
+            return Err(fail(format!("Failed to match addr {a} on interface {ifname}")));
         }
-        let gw_of =
-            |v4: bool| prev.ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway);
-        for r in &prev.routes {
-            let want_gw = r.gw.or(gw_of(r.dst.addr().is_ipv4()));
-            let table = r.table.unwrap_or(TABLE_MAIN);
-            if !routes.iter().any(|k| route_matches(k, r.dst, want_gw, table, c.index)) {
-                let via = want_gw.map(|g| format!(" via {g}")).unwrap_or_default();
-                return Err(fail(format!(
-                    "Failed to find a route {}{via} dev {ifname} (table {table})",
-                    r.dst
-                )));
-            }
+        let connected = a.trunc();
+        if !routes.iter().any(|r| {
+            r.dst == connected && r.table == TABLE_MAIN && r.paths().iter().any(|p| p.1 == Some(c.index))
+        }) {
+            return Err(fail(format!("no connected route {connected} dev {ifname} for address {a}")));
         }
     }
+    let gw_of =
+        |v4: bool| prev.ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway);
+    for r in &prev.routes {
+        let want_gw = r.gw.or(gw_of(r.dst.addr().is_ipv4()));
+        let table = r.table.unwrap_or(TABLE_MAIN);
+        if !routes.iter().any(|k| route_matches(k, r.dst, want_gw, table, c.index)) {
+            let via = want_gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            return Err(fail(format!("Failed to find a route {}{via} dev {ifname} (table {table})", r.dst)));
+        }
+    }
+    Ok(())
+}
 
-    // Gateway addresses on the bridge.
-    if conf.l3 && conf.is_gateway && conf.vlan == 0 {
-        let on_bridge = host.addrs(Some(br.index), None)?;
-        for ip in prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)) {
-            let Some(gw) = ip.gateway else { continue };
-            let Ok(want) = IpNet::new(gw, ip.address.prefix_len()) else { continue };
-            if !on_bridge.iter().any(|a| a.addr == want) {
-                return Err(fail(format!("gateway address {want} is missing on bridge {}", br.name)));
+/// The masquerade rules of the container's addresses and the spoof-check chains are in place.
+/// (`upstream_masq`: the masquerading is upstream's iptables form, already checked.)
+fn check_firewall(
+    att: &AttachmentId,
+    conf: &Conf,
+    ours: &[IpNet],
+    hv: &Link,
+    c: &Link,
+    upstream_masq: bool,
+) -> Result<()> {
+    let masq = conf.ip_masq && !ours.is_empty() && !upstream_masq;
+    let mut nf = NfTables::new()?;
+    let found = firewall::find(&mut nf, att, masq, conf.macspoofchk)?;
+    if masq {
+        let expected = firewall::masq_rules(att, ours, conf.non_masquerade.as_deref()).len();
+        if expected > 0 && !found.masq_hooked {
+            return Err(fail(format!(
+                "masquerading is not hooked: chain postrouting of table inet {} does not go to {}",
+                firewall::MASQ_TABLE,
+                firewall::MASQ_CHAIN
+            )));
+        }
+        if found.masq.len() != expected {
+            return Err(fail(format!(
+                "expected {expected} masquerade rule(s) for {} in {} {}, found {}",
+                att.ifname,
+                firewall::MASQ_TABLE,
+                firewall::MASQ_CHAIN,
+                found.masq.len()
+            )));
+        }
+        for a in ours {
+            let octets = ip_octets(&a.addr());
+            let covered =
+                found.masq.iter().any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
+            if !covered && expected > 0 {
+                return Err(fail(format!("no masquerade rule for source {}", a.addr())));
             }
         }
     }
-
-    // Firewall.
-    if (conf.ip_masq && !ours.is_empty()) || conf.macspoofchk {
-        let att = Attachment { network: req.network(), container_id: &req.env.container_id, ifname };
-        let mut nf = NfTables::new()?;
-        let found = firewall::find(&mut nf, att, conf.ip_masq, conf.macspoofchk)?;
-        if conf.ip_masq && !ours.is_empty() {
-            let expected = firewall::masq_rules(att, &ours, conf.non_masquerade.as_deref()).len();
-            if expected > 0 && !found.masq_hooked {
-                return Err(fail(format!(
-                    "masquerading is not hooked: chain postrouting of table inet {} does not go to {}",
-                    firewall::MASQ_TABLE,
-                    firewall::MASQ_CHAIN
-                )));
-            }
-            if found.masq.len() != expected {
-                return Err(fail(format!(
-                    "expected {expected} masquerade rule(s) for {ifname} in {} {}, found {}",
-                    firewall::MASQ_TABLE,
-                    firewall::MASQ_CHAIN,
-                    found.masq.len()
-                )));
-            }
-            for a in &ours {
-                let octets = ip_octets(&a.addr());
-                let covered = found
-                    .masq
-                    .iter()
-                    .any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
-                if !covered && expected > 0 {
-                    return Err(fail(format!("no masquerade rule for source {}", a.addr())));
-                }
-            }
+    if conf.macspoofchk {
+        if !found.spoof_jumps.iter().any(|r| r.iifname().as_deref() == Some(hv.name.as_str())) {
+            return Err(fail(format!("macspoofchk: no rule in bridge nat PREROUTING for {}", hv.name)));
         }
-        if conf.macspoofchk {
-            if !found.spoof_jumps.iter().any(|r| r.iifname().as_deref() == Some(hv.name.as_str())) {
-                return Err(fail(format!("macspoofchk: no rule in bridge nat PREROUTING for {}", hv.name)));
-            }
-            let mac = c.mac.unwrap_or_default();
-            let ok = found.spoof_rules.iter().any(|r| r.cmp_data().any(|d| d == mac.as_slice()))
-                && found.spoof_rules.iter().any(|r| r.has_expr("immediate") || r.verdicts().next().is_some());
-            if !ok {
-                return Err(fail(format!("macspoofchk: rules do not allow {} on {}", mac_of(&c), hv.name)));
-            }
+        let mac = c.mac.unwrap_or_default();
+        let ok = found.spoof_rules.iter().any(|r| r.cmp_data().any(|d| d == mac.as_slice()))
+            && found.spoof_rules.iter().any(|r| r.has_expr("immediate") || r.verdicts().next().is_some());
+        if !ok {
+            return Err(fail(format!("macspoofchk: rules do not allow {} on {}", mac_of(c), hv.name)));
         }
     }
     Ok(())

@@ -2,7 +2,8 @@
 //! with Go-compatible key matching and validated completely before anything is touched.
 
 use cni_common::error::{code, CniError, Result};
-use cni_common::spec::config::Args;
+use cni_common::mac::Mac;
+use cni_common::spec::config::{validate_plugin_type, Args};
 use cni_common::spec::env::validate_ifname;
 use cni_common::spec::result::Dns;
 use cni_common::spec::Version;
@@ -107,7 +108,7 @@ pub struct Conf {
     pub disable_container_interface: bool,
     pub port_isolation: bool,
     /// Container MAC (CNI_ARGS `MAC` < `args.cni.mac` < `runtimeConfig.mac`).
-    pub mac: Option<[u8; 6]>,
+    pub mac: Option<Mac>,
     /// Replaces the DNS of the IPAM result when any field is set.
     pub dns: Option<Dns>,
     /// An IPAM plugin is configured (`ipam.type` non-empty); otherwise L2 only.
@@ -117,7 +118,7 @@ pub struct Conf {
     pub non_masquerade: Option<Vec<IpNet>>,
     /// Extension: set `net.bridge.bridge-nf-call-iptables=1` (and `-ip6tables` for IPv6).
     pub bridge_nf_call_iptables: bool,
-    /// Extension: DEL unregisters the container's veth in a detached helper (default true).
+    /// Extension: DEL unregisters the container's veth in a detached helper (default false).
     pub deferred_delete: bool,
 }
 
@@ -130,31 +131,6 @@ impl Conf {
 
 fn invalid(msg: impl Into<String>) -> CniError {
     CniError::config(msg)
-}
-
-/// Parse a 48-bit MAC address (`aa:bb:cc:dd:ee:ff` or with `-`), refusing what the kernel would
-/// refuse for a veth (multicast, all zero).
-pub fn parse_mac(field: &str, s: &str) -> Result<[u8; 6]> {
-    let bad = |why: &str| invalid(format!("{field}: invalid MAC address {s:?}: {why}"));
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
-        return Err(bad("expected six hex byte pairs like 0a:58:0a:f4:00:05"));
-    }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        mac[i] = u8::from_str_radix(p, 16).map_err(|_| bad("not hexadecimal"))?;
-    }
-    if mac[0] & 1 == 1 {
-        return Err(bad("a multicast address cannot be an interface address"));
-    }
-    if mac == [0; 6] {
-        return Err(bad("the all-zero address cannot be an interface address"));
-    }
-    Ok(mac)
-}
-
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 /// Expand `vlanTrunk` into sorted unique VIDs, with upstream's messages.
@@ -195,6 +171,82 @@ pub fn collect_trunk(list: &[RawTrunk]) -> Result<Vec<u16>> {
     Ok(out)
 }
 
+/// `ipMasqBackend`: only nftables (upstream's other backend, iptables, is refused with code 2).
+fn check_masq_backend(backend: Option<&str>) -> Result<()> {
+    match backend {
+        None | Some("" | "nftables") => Ok(()),
+        Some("iptables") => Err(CniError::unsupported_field(
+            "ipMasqBackend",
+            "\"iptables\"",
+            "this bridge plugin masquerades with nftables only (table inet cni_plugins_masquerade, \
+             upstream's nftables layout); remove the key or set it to \"nftables\"",
+        )),
+        Some(other) => Err(invalid(format!(
+            "ipMasqBackend {other:?} is not valid: use \"nftables\" (\"iptables\" is not supported here)"
+        ))),
+    }
+}
+
+/// `mtu`: 0 means the kernel's default.
+fn mtu_of(mtu: i64) -> Result<Option<u32>> {
+    match mtu {
+        0 => Ok(None),
+        m if (68..=65535).contains(&m) => Ok(Some(m as u32)),
+        m => Err(invalid(format!("mtu {m} is out of range: use 68-65535, or 0 for the kernel default"))),
+    }
+}
+
+/// The container MAC, with upstream's precedence: CNI_ARGS < args.cni.mac < runtimeConfig.mac.
+fn container_mac(raw: &RawConf, env_mac: &str) -> Result<Option<Mac>> {
+    let from_args = raw.args.as_ref().and_then(|a| a.cni.as_ref()).map(|c| c.mac.as_str());
+    let from_runtime = raw.runtime_config.as_ref().map(|r| r.mac.as_str());
+    let mut mac = None;
+    for (field, value) in
+        [("CNI_ARGS MAC", Some(env_mac)), ("args.cni.mac", from_args), ("runtimeConfig.mac", from_runtime)]
+    {
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            mac = Some(Mac::parse_interface(field, v)?);
+        }
+    }
+    Ok(mac)
+}
+
+/// `nonMasqueradeCIDRs`: networks without host bits; only meaningful with `ipMasq`.
+fn non_masquerade(list: Option<&[String]>, ip_masq: bool) -> Result<Option<Vec<IpNet>>> {
+    let Some(list) = list else { return Ok(None) };
+    let mut nets = Vec::new();
+    for (i, s) in list.iter().enumerate() {
+        let n: IpNet = s
+            .parse()
+            .map_err(|_| invalid(format!("nonMasqueradeCIDRs[{i}]: {s:?} is not a CIDR like 10.0.0.0/8")))?;
+        if n.trunc() != n {
+            return Err(invalid(format!(
+                "nonMasqueradeCIDRs[{i}]: {s:?} has host bits set (did you mean {}?)",
+                n.trunc()
+            )));
+        }
+        nets.push(n);
+    }
+    if !ip_masq {
+        return Err(invalid("nonMasqueradeCIDRs only makes sense with \"ipMasq\": true"));
+    }
+    Ok(Some(nets))
+}
+
+/// Keys that cannot be combined.
+fn check_combinations(raw: &RawConf, l3: bool) -> Result<()> {
+    if raw.hairpin_mode && raw.promisc_mode {
+        return Err(invalid("cannot set hairpin mode and promiscuous mode at the same time"));
+    }
+    if l3 && raw.disable_container_interface {
+        return Err(invalid(
+            "cannot use IPAM when the container interface is disabled (disableContainerInterface): \
+             remove ipam or disableContainerInterface",
+        ));
+    }
+    Ok(())
+}
+
 impl Conf {
     /// Decode and validate the request's configuration (CNI_ARGS included).
     pub fn from_request(req: &Request) -> Result<Conf> {
@@ -204,88 +256,22 @@ impl Conf {
     }
 
     pub fn from_raw(raw: RawConf, env_mac: &str, l3: bool, dns: Option<Dns>) -> Result<Conf> {
-        let bridge = match raw.bridge {
+        let bridge = match &raw.bridge {
             None => DEFAULT_BRIDGE.to_string(),
             Some(b) => {
-                validate_ifname(&b).map_err(|e| invalid(format!("bridge {b:?}: {}", e.msg)))?;
-                b
+                validate_ifname(b).map_err(|e| invalid(format!("bridge {b:?}: {}", e.msg)))?;
+                b.clone()
             }
         };
-        match raw.ip_masq_backend.as_deref() {
-            None | Some("") | Some("nftables") => {}
-            Some("iptables") => {
-                return Err(CniError::unsupported_field(
-                    "ipMasqBackend",
-                    "\"iptables\"",
-                    "this bridge plugin masquerades with nftables only (table inet cni_plugins_masquerade, \
-                     upstream's nftables layout); remove the key or set it to \"nftables\"",
-                ))
-            }
-            Some(other) => {
-                return Err(invalid(format!(
-                "ipMasqBackend {other:?} is not valid: use \"nftables\" (\"iptables\" is not supported here)"
-            )))
-            }
-        }
+        check_masq_backend(raw.ip_masq_backend.as_deref())?;
         if !(0..=4094).contains(&raw.vlan) {
             return Err(invalid(format!("invalid VLAN ID {} (must be between 0 and 4094)", raw.vlan)));
         }
         let trunk = collect_trunk(raw.vlan_trunk.as_deref().unwrap_or_default())?;
-        let mtu = match raw.mtu {
-            0 => None,
-            m if (68..=65535).contains(&m) => Some(m as u32),
-            m => {
-                return Err(invalid(format!(
-                    "mtu {m} is out of range: use 68-65535, or 0 for the kernel default"
-                )))
-            }
-        };
-        if raw.hairpin_mode && raw.promisc_mode {
-            return Err(invalid("cannot set hairpin mode and promiscuous mode at the same time"));
-        }
-        if l3 && raw.disable_container_interface {
-            return Err(invalid(
-                "cannot use IPAM when the container interface is disabled (disableContainerInterface): \
-                 remove ipam or disableContainerInterface",
-            ));
-        }
-        // MAC precedence as upstream: CNI_ARGS < args.cni.mac < runtimeConfig.mac.
-        let mut mac = None;
-        if !env_mac.is_empty() {
-            mac = Some(parse_mac("CNI_ARGS MAC", env_mac)?);
-        }
-        if let Some(m) = raw.args.as_ref().and_then(|a| a.cni.as_ref()).map(|c| c.mac.as_str()) {
-            if !m.is_empty() {
-                mac = Some(parse_mac("args.cni.mac", m)?);
-            }
-        }
-        if let Some(m) = raw.runtime_config.as_ref().map(|r| r.mac.as_str()) {
-            if !m.is_empty() {
-                mac = Some(parse_mac("runtimeConfig.mac", m)?);
-            }
-        }
-        let non_masquerade = match raw.non_masquerade_cidrs {
-            None => None,
-            Some(list) => {
-                let mut nets = Vec::new();
-                for (i, s) in list.iter().enumerate() {
-                    let n: IpNet = s.parse().map_err(|_| {
-                        invalid(format!("nonMasqueradeCIDRs[{i}]: {s:?} is not a CIDR like 10.0.0.0/8"))
-                    })?;
-                    if n.trunc() != n {
-                        return Err(invalid(format!(
-                            "nonMasqueradeCIDRs[{i}]: {s:?} has host bits set (did you mean {}?)",
-                            n.trunc()
-                        )));
-                    }
-                    nets.push(n);
-                }
-                Some(nets)
-            }
-        };
-        if non_masquerade.is_some() && !raw.ip_masq {
-            return Err(invalid("nonMasqueradeCIDRs only makes sense with \"ipMasq\": true"));
-        }
+        let mtu = mtu_of(raw.mtu)?;
+        check_combinations(&raw, l3)?;
+        let mac = container_mac(&raw, env_mac)?;
+        let non_masquerade = non_masquerade(raw.non_masquerade_cidrs.as_deref(), raw.ip_masq)?;
         Ok(Conf {
             bridge,
             is_gateway: raw.is_gateway || raw.is_default_gateway,
@@ -324,6 +310,45 @@ impl Conf {
             ));
         }
         Ok(())
+    }
+}
+
+/// What DEL and GC read of the configuration, and all they judge of it. A runtime DELs with the
+/// configuration it cached at ADD time, which upstream may have accepted although this ADD
+/// refuses it (`ipMasqBackend: "iptables"`, a bridge name or MAC we find invalid, …): cleanup
+/// must not depend on values only ADD uses. What still fails: type errors (code 6, as in Go)
+/// and an IPAM `type` that is not a bare binary name — hostile, never executed, and refused
+/// before anything is touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Teardown {
+    /// An IPAM plugin is configured: DEL and GC forward to it.
+    pub l3: bool,
+    pub ip_masq: bool,
+    pub macspoofchk: bool,
+    pub deferred_delete: bool,
+}
+
+impl Teardown {
+    pub fn from_request(req: &Request) -> Result<Teardown> {
+        let raw: RawConf = req.plugin_config()?;
+        if let Some(t) = req.conf.ipam_type() {
+            validate_plugin_type("ipam.type", t)?;
+        }
+        Ok(Teardown::from_raw(&raw, req.conf.ipam_type().is_some()))
+    }
+
+    pub fn from_raw(raw: &RawConf, l3: bool) -> Teardown {
+        Teardown {
+            l3,
+            ip_masq: raw.ip_masq,
+            macspoofchk: raw.macspoofchk,
+            deferred_delete: raw.deferred_delete.unwrap_or(false),
+        }
+    }
+
+    /// The attachment may have nf_tables state (and a kernel without nf_tables is an error).
+    pub fn firewall(&self) -> bool {
+        self.ip_masq || self.macspoofchk
     }
 }
 
@@ -368,14 +393,14 @@ mod tests {
         assert_eq!(c.vlan, 100);
         assert_eq!(c.trunk, vec![5, 200, 201, 202]);
         assert!(c.preserve_default_vlan && c.macspoofchk && c.enable_dad && c.port_isolation);
-        assert_eq!(c.mac, Some([0x0a, 0x58, 0, 0, 0, 1]));
+        assert_eq!(c.mac, Some(Mac([0x0a, 0x58, 0, 0, 0, 1])));
     }
 
     #[test]
     fn mac_precedence_env_then_args_then_runtime_config() {
         let raw = |v: serde_json::Value| -> RawConf { json::from_value(v).unwrap() };
         let c = Conf::from_raw(raw(json!({})), "0a:00:00:00:00:01", false, None).unwrap();
-        assert_eq!(c.mac.unwrap()[5], 1);
+        assert_eq!(c.mac.unwrap().0[5], 1);
         let c = Conf::from_raw(
             raw(json!({"args": {"cni": {"mac": "0a:00:00:00:00:02"}}})),
             "0a:00:00:00:00:01",
@@ -383,7 +408,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(c.mac.unwrap()[5], 2);
+        assert_eq!(c.mac.unwrap().0[5], 2);
         let c = Conf::from_raw(
             raw(json!({"args": {"cni": {"mac": "0a:00:00:00:00:02"}}, "runtimeConfig": {"mac": "0a-00-00-00-00-03"}})),
             "0a:00:00:00:00:01",
@@ -391,7 +416,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(c.mac.unwrap()[5], 3);
+        assert_eq!(c.mac.unwrap().0[5], 3);
         for bad in [
             "0a:00:00:00:00",
             "zz:00:00:00:00:01",
@@ -483,5 +508,29 @@ mod tests {
         assert!(c.check_version(Version::V0_3_0).is_ok());
         let c = conf(json!({"ipam": {"type": "host-local"}})).unwrap();
         assert!(c.check_version(Version::V0_1_0).is_ok());
+    }
+
+    #[test]
+    fn teardown_reads_what_del_needs_and_tolerates_what_only_add_refuses() {
+        let raw = |v: serde_json::Value| -> RawConf { json::from_value(v).unwrap() };
+        // Every value here makes ADD fail; DEL and GC still know what to remove.
+        for v in [
+            json!({"ipMasq": true, "ipMasqBackend": "iptables", "macspoofchk": true}),
+            json!({"ipMasq": true, "ipMasqBackend": "pf", "macspoofchk": true}),
+            json!({"ipMasq": true, "mtu": 5, "vlan": 9999, "bridge": "no/such", "macspoofchk": true}),
+            json!({"ipMasq": true, "hairpinMode": true, "promiscMode": true, "macspoofchk": true}),
+            json!({"ipMasq": true, "runtimeConfig": {"mac": "01:00:5e:00:00:01"}, "macspoofchk": true}),
+        ] {
+            assert!(Conf::from_raw(raw(v.clone()), "", true, None).is_err(), "ADD refuses {v}");
+            let t = Teardown::from_raw(&raw(v.clone()), true);
+            assert_eq!(
+                t,
+                Teardown { l3: true, ip_masq: true, macspoofchk: true, deferred_delete: false },
+                "{v}"
+            );
+            assert!(t.firewall());
+        }
+        let t = Teardown::from_raw(&raw(json!({"deferredDelete": true})), false);
+        assert!(t.deferred_delete && !t.firewall() && !t.l3);
     }
 }

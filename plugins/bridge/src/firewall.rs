@@ -5,7 +5,8 @@
 //! rules:
 //!
 //! * ipMasq: table `inet cni_plugins_masquerade`; base chain `postrouting` (nat, srcnat),
-//!   rewritten on every ADD: multicast destinations `return`, then `goto masq_checks`; in
+//!   written by an ADD that finds it missing or different: multicast destinations `return`, then
+//!   `goto masq_checks`; in
 //!   `masq_checks` one rule per container address, `ip saddr A ip daddr != SUBNET masquerade`,
 //!   with the comment `<hash16(network)>-<hash16(ifname:containerID)>, net: …, if: …, id: …`.
 //!   The hash prefix identifies the attachment, so DEL (also with an empty CNI_NETNS) and GC
@@ -22,15 +23,15 @@
 //! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
 //! `ip daddr != { … }`, without a set to create).
 
+use cni_common::attachment::{masq_network_hash, AttachmentId};
+use cni_common::mac::Mac;
 use cni_common::netlink::nft::{
     BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict, HOOK_POSTROUTING,
     HOOK_PREROUTING, POLICY_ACCEPT,
 };
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
-use sha2::{Digest, Sha512};
 use std::collections::HashSet;
-use std::fmt::Write;
 
 pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
 pub const MASQ_CHAIN: &str = "masq_checks";
@@ -43,51 +44,7 @@ const MASQ_TABLE_COMMENT: &str = "Masquerading for plugins from github.com/conta
 const MASQ_CHAIN_COMMENT: &str =
     "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
 
-/// First `n` hex digits of SHA-512(`s`) (upstream's `MustFormatHashWithPrefix(n, "", s)`).
-pub fn hash_hex(s: &str, n: usize) -> String {
-    let digest = Sha512::digest(s.as_bytes());
-    let mut out = String::with_capacity(128);
-    for b in digest.iter() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out.truncate(n);
-    out
-}
-
-/// Identifies the attachment (network, ifname, container id): `hash16(net)-hash16(if:id)`.
-pub fn instance_hash(network: &str, ifname: &str, container_id: &str) -> String {
-    format!("{}-{}", network_hash(network), hash_hex(&format!("{ifname}:{container_id}"), 16))
-}
-
-pub fn network_hash(network: &str) -> String {
-    hash_hex(network, 16)
-}
-
-/// Characters nft accepts in an identifier or that are harmless in a comment; everything else
-/// becomes `_` (only exotic interface names are affected; the hash prefix is computed on the
-/// original strings).
-fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' }).collect()
-}
-
-/// The masquerade rule comment, as upstream writes it (truncated to nft's limit).
-pub fn masq_comment(network: &str, ifname: &str, container_id: &str) -> String {
-    let mut c = format!(
-        "{}, net: {}, if: {}, id: {}",
-        instance_hash(network, ifname, container_id),
-        sanitize(network),
-        sanitize(ifname),
-        sanitize(container_id)
-    );
-    c.truncate(COMMENT_MAX);
-    c
-}
-
-/// `<containerID>-<ifname>`: the upstream spoof-check reference id.
-pub fn spoof_ref(container_id: &str, ifname: &str) -> String {
-    sanitize(&format!("{container_id}-{ifname}"))
-}
-
+/// The per-attachment spoof-check chain of reference id `refid` ([`AttachmentId::spoof_ref`]).
 pub fn spoof_chain(refid: &str) -> String {
     format!("cni-br-iface-{refid}")
 }
@@ -100,14 +57,6 @@ pub fn spoof_comment(refid: &str) -> String {
     let mut c = format!("macspoofchk-{refid}");
     c.truncate(COMMENT_MAX);
     c
-}
-
-/// One attachment.
-#[derive(Debug, Clone, Copy)]
-pub struct Attachment<'a> {
-    pub network: &'a str,
-    pub container_id: &'a str,
-    pub ifname: &'a str,
 }
 
 /// What the kernel has of the shared tables and of one attachment.
@@ -151,7 +100,7 @@ fn postrouting_ok(rules: &[&NftRule]) -> bool {
 }
 
 /// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
-pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> Result<Found> {
+pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
     let mut f = Found::default();
     if masq {
         let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
@@ -163,7 +112,7 @@ pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> Re
                     && c.hook == Some((4, 100))
                     && c.chain_type.as_deref() == Some("nat")
             });
-            let prefix = instance_hash(a.network, a.ifname, a.container_id);
+            let prefix = a.masq_tag();
             let rules = nf.rules(NftFamily::Inet, MASQ_TABLE, None)?;
             let post: Vec<&NftRule> = rules.iter().filter(|r| r.chain == MASQ_HOOK_CHAIN).collect();
             f.masq_hooked = hook_ok && postrouting_ok(&post);
@@ -176,7 +125,7 @@ pub fn find(nf: &mut NfTables, a: Attachment<'_>, masq: bool, spoof: bool) -> Re
         }
     }
     if spoof {
-        let refid = spoof_ref(a.container_id, a.ifname);
+        let refid = a.spoof_ref();
         let (chain, mac_chain, comment) =
             (spoof_chain(&refid), spoof_mac_chain(&refid), spoof_comment(&refid));
         let chains = nf.chain_info(NftFamily::Bridge, SPOOF_TABLE)?;
@@ -220,8 +169,8 @@ fn masq_exclusions(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<(Ve
 /// The masquerade rules `a` should have for `addrs` (one per address, in order):
 /// `ip saddr A ip daddr != SUBNET masquerade comment …` (with `nonMasqueradeCIDRs`: one
 /// `ip daddr != …` per excluded network, then `fib daddr type != local`).
-pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<NftOp> {
-    let comment = masq_comment(a.network, a.ifname, a.container_id);
+pub fn masq_rules(a: &AttachmentId, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<NftOp> {
+    let comment = a.masq_comment();
     addrs
         .iter()
         .filter_map(|addr| {
@@ -245,12 +194,19 @@ pub fn masq_rules(a: Attachment<'_>, addrs: &[IpNet], non_masquerade: Option<&[I
 /// grace period has passed, which the process releasing the socket then waits for); stale
 /// rules of the same attachment are removed; the new rules are added.
 pub fn masq_add_ops(
-    a: Attachment<'_>,
+    a: &AttachmentId,
     addrs: &[IpNet],
     non_masquerade: Option<&[IpNet]>,
     f: &Found,
 ) -> Vec<NftOp> {
     let (inet, t) = (NftFamily::Inet, MASQ_TABLE.to_string());
+    let chain = |name: &str, base: Option<BaseChain>, comment: Option<&str>| NftOp::AddChain {
+        family: inet,
+        table: t.clone(),
+        chain: name.into(),
+        base,
+        comment: comment.map(Into::into),
+    };
     let mut ops = Vec::new();
     if !f.masq_table {
         ops.push(NftOp::AddTable {
@@ -260,22 +216,11 @@ pub fn masq_add_ops(
         });
     }
     if !f.masq_checks {
-        ops.push(NftOp::AddChain {
-            family: inet,
-            table: t.clone(),
-            chain: MASQ_CHAIN.into(),
-            base: None,
-            comment: Some(MASQ_CHAIN_COMMENT.into()),
-        });
+        ops.push(chain(MASQ_CHAIN, None, Some(MASQ_CHAIN_COMMENT)));
     }
     if !f.masq_hooked {
-        ops.push(NftOp::AddChain {
-            family: inet,
-            table: t.clone(),
-            chain: MASQ_HOOK_CHAIN.into(),
-            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
-            comment: None,
-        });
+        let base = BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None };
+        ops.push(chain(MASQ_HOOK_CHAIN, Some(base), None));
         ops.push(NftOp::Delete(NftDelete::Flush {
             family: inet,
             table: t.clone(),
@@ -291,22 +236,15 @@ pub fn masq_add_ops(
         let goto = vec![RuleExpr::Verdict(Verdict::Goto(MASQ_CHAIN.into()))];
         ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
     }
-    for r in &f.masq {
-        ops.push(NftOp::Delete(NftDelete::Rule {
-            family: inet,
-            table: t.clone(),
-            chain: r.chain.clone(),
-            handle: r.handle,
-        }));
-    }
+    ops.extend(masq_del_ops(&f.masq).into_iter().map(NftOp::Delete));
     ops.extend(masq_rules(a, addrs, non_masquerade));
     ops
 }
 
 /// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`. Stale state of the
 /// same attachment is replaced.
-pub fn spoof_add_ops(a: Attachment<'_>, host_veth: &str, mac: [u8; 6], f: &Found) -> Vec<NftOp> {
-    let refid = spoof_ref(a.container_id, a.ifname);
+pub fn spoof_add_ops(a: &AttachmentId, host_veth: &str, mac: Mac, f: &Found) -> Vec<NftOp> {
+    let refid = a.spoof_ref();
     let (chain, mac_chain) = (spoof_chain(&refid), spoof_mac_chain(&refid));
     let comment = spoof_comment(&refid);
     let (br, t) = (NftFamily::Bridge, SPOOF_TABLE);
@@ -346,7 +284,7 @@ pub fn spoof_add_ops(a: Attachment<'_>, host_veth: &str, mac: [u8; 6], f: &Found
     jump.push(RuleExpr::Verdict(Verdict::Jump(chain.clone())));
     ops.push(NftOp::rule(br, t, SPOOF_BASE_CHAIN, jump, c));
     ops.push(NftOp::rule(br, t, &chain, vec![RuleExpr::Verdict(Verdict::Jump(mac_chain.clone()))], c));
-    let mut allow = RuleExpr::ether_saddr(mac);
+    let mut allow = RuleExpr::ether_saddr(mac.0);
     allow.push(RuleExpr::Verdict(Verdict::Return));
     ops.push(NftOp::rule(br, t, &mac_chain, allow, c));
     ops.push(NftOp::rule(br, t, &mac_chain, vec![RuleExpr::Verdict(Verdict::Drop)], c));
@@ -366,9 +304,9 @@ pub fn open() -> Result<NfTables> {
 /// read again and retry once.
 pub fn apply_add(
     nf: &mut NfTables,
-    a: Attachment<'_>,
+    a: &AttachmentId,
     masq: Option<(&[IpNet], Option<&[IpNet]>)>,
-    spoof: Option<(&str, [u8; 6])>,
+    spoof: Option<(&str, Mac)>,
 ) -> Result<()> {
     let build = |nf: &mut NfTables| -> Result<Vec<NftOp>> {
         let found = find(nf, a, masq.is_some(), spoof.is_some())?;
@@ -391,10 +329,9 @@ pub fn apply_add(
     }
 }
 
-/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
-pub fn del_ops(a: Attachment<'_>, f: &Found) -> Vec<NftDelete> {
-    let mut ops: Vec<NftDelete> = f
-        .masq
+/// Deletions of masquerade rules.
+fn masq_del_ops(rules: &[NftRule]) -> Vec<NftDelete> {
+    rules
         .iter()
         .map(|r| NftDelete::Rule {
             family: NftFamily::Inet,
@@ -402,8 +339,13 @@ pub fn del_ops(a: Attachment<'_>, f: &Found) -> Vec<NftDelete> {
             chain: r.chain.clone(),
             handle: r.handle,
         })
-        .collect();
-    spoof_del_ops(&mut ops, &spoof_ref(a.container_id, a.ifname), f);
+        .collect()
+}
+
+/// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
+pub fn del_ops(a: &AttachmentId, f: &Found) -> Vec<NftDelete> {
+    let mut ops = masq_del_ops(&f.masq);
+    spoof_del_ops(&mut ops, &a.spoof_ref(), f);
     ops
 }
 
@@ -430,7 +372,7 @@ fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
 
 /// GC: the masquerade rules of `network` whose attachment is not in `valid`.
 pub fn masq_garbage(nf: &mut NfTables, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
-    let net = format!("{}-", network_hash(network));
+    let net = format!("{}-", masq_network_hash(network));
     Ok(nf
         .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
         .into_iter()
@@ -442,39 +384,23 @@ pub fn masq_garbage(nf: &mut NfTables, network: &str, valid: &HashSet<String>) -
         .collect())
 }
 
-/// The alias ADD gives the host veth of a `macspoofchk` attachment: `cni:<network>:<id>:<ifname>`
-/// (none of the three can contain `:`). It tells GC which network a spoof-check rule belongs to,
-/// which upstream's rule comments (`macspoofchk-<id>-<ifname>`) do not.
-pub fn veth_alias(a: Attachment<'_>) -> String {
-    let mut s = format!("cni:{}:{}:{}", a.network, a.container_id, a.ifname);
-    s.truncate(255);
-    s
-}
-
-/// (network, container id, ifname) from a [`veth_alias`].
-pub fn parse_veth_alias(alias: &str) -> Option<(&str, &str, &str)> {
-    let mut parts = alias.strip_prefix("cni:")?.splitn(3, ':');
-    Some((parts.next()?, parts.next()?, parts.next()?))
-}
-
 /// What GC knows about the host interface a spoof-check rule matches.
 pub enum PortOwner {
     /// The interface is gone: the rule can never match again.
     Gone,
-    /// It exists and belongs to this attachment (network, container id, ifname).
-    Attachment(String, String, String),
+    /// It exists and its alias names its attachment ([`AttachmentId::veth_alias`]).
+    Attachment(AttachmentId),
     /// It exists but says nothing about its attachment (e.g. made by upstream's bridge).
     Unknown,
 }
 
 /// GC: spoof-check state of this network's attachments that are not in `valid`
-/// ((container id, ifname) pairs), and of any attachment whose host interface is gone, as
-/// (reference id, what was found).
+/// and of any attachment whose host interface is gone, as (reference id, what was found).
 pub fn spoof_garbage(
     nf: &mut NfTables,
     network: &str,
     owner_of: &mut dyn FnMut(&str) -> Result<PortOwner>,
-    valid: &HashSet<(String, String)>,
+    valid: &HashSet<AttachmentId>,
 ) -> Result<Vec<(String, Found)>> {
     let chains = nf.chains(NftFamily::Bridge, SPOOF_TABLE)?;
     if chains.is_empty() {
@@ -486,7 +412,7 @@ pub fn spoof_garbage(
         let Some(iface) = r.iifname() else { continue };
         let garbage = match owner_of(&iface)? {
             PortOwner::Gone => true,
-            PortOwner::Attachment(net, id, ifname) => net == network && !valid.contains(&(id, ifname)),
+            PortOwner::Attachment(a) => a.network == network && !valid.contains(&a),
             PortOwner::Unknown => false,
         };
         if !garbage {
@@ -514,15 +440,7 @@ pub fn spoof_garbage(
 
 /// The transaction removing GC garbage.
 pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
-    let mut ops: Vec<NftDelete> = masq
-        .iter()
-        .map(|r| NftDelete::Rule {
-            family: NftFamily::Inet,
-            table: MASQ_TABLE.into(),
-            chain: r.chain.clone(),
-            handle: r.handle,
-        })
-        .collect();
+    let mut ops = masq_del_ops(masq);
     for (refid, f) in spoof {
         spoof_del_ops(&mut ops, refid, f);
     }
@@ -533,40 +451,8 @@ pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
 mod tests {
     use super::*;
 
-    const A: Attachment<'static> = Attachment { network: "kubenet", container_id: "c0ffee", ifname: "eth0" };
-
-    #[test]
-    fn hashes_match_upstream_scheme() {
-        // sha512("kubenet"), first 16 hex digits.
-        let full = hash_hex("kubenet", 128);
-        assert_eq!(full.len(), 128);
-        assert_eq!(network_hash("kubenet"), &full[..16]);
-        let ih = instance_hash("kubenet", "eth0", "c0ffee");
-        assert_eq!(ih.len(), 33);
-        assert_eq!(&ih[17..], &hash_hex("eth0:c0ffee", 16));
-        // sha512("") is well known: cf83e1357eefb8bd...
-        assert_eq!(hash_hex("", 16), "cf83e1357eefb8bd");
-    }
-
-    #[test]
-    fn veth_alias_round_trip() {
-        let a = Attachment { network: "kubenet", container_id: "abc-1.x", ifname: "net1" };
-        assert_eq!(veth_alias(a), "cni:kubenet:abc-1.x:net1");
-        assert_eq!(parse_veth_alias(&veth_alias(a)), Some(("kubenet", "abc-1.x", "net1")));
-        assert_eq!(parse_veth_alias("some admin note"), None);
-        assert_eq!(parse_veth_alias("cni:only:two"), None);
-    }
-
-    #[test]
-    fn comment_is_upstreams_and_bounded() {
-        let c = masq_comment("kubenet", "eth0", "c0ffee");
-        assert_eq!(
-            c,
-            format!("{}, net: kubenet, if: eth0, id: c0ffee", instance_hash("kubenet", "eth0", "c0ffee"))
-        );
-        let long = "x".repeat(200);
-        assert_eq!(masq_comment("n", "eth0", &long).len(), 128);
-        assert!(masq_comment("n", "e\"th", "id").ends_with("if: e_th, id: id"));
+    fn a() -> AttachmentId {
+        AttachmentId::new("kubenet", "c0ffee", "eth0")
     }
 
     fn summary(ops: &[NftOp]) -> Vec<String> {
@@ -587,11 +473,11 @@ mod tests {
     #[test]
     fn add_ops_for_dual_stack() {
         let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
-        let c = masq_comment("kubenet", "eth0", "c0ffee");
+        let c = a().masq_comment();
         // meta nfproto + cmp, saddr payload + cmp, daddr payload + cmp, masq
         let rules = vec![format!("rule masq_checks 7 {c}"), format!("rule masq_checks 7 {c}")];
         // Nothing there yet: table, chains and the hook are created.
-        let ops = masq_add_ops(A, &addrs, None, &Found::default());
+        let ops = masq_add_ops(&a(), &addrs, None, &Found::default());
         let mut all = vec![
             "table cni_plugins_masquerade true".to_string(),
             "chain masq_checks false".into(),
@@ -605,8 +491,8 @@ mod tests {
         assert_eq!(summary(&ops), all);
         // Everything shared is in place: only additions.
         let ready = Found { masq_table: true, masq_checks: true, masq_hooked: true, ..Found::default() };
-        assert_eq!(summary(&masq_add_ops(A, &addrs, None, &ready)), rules);
-        match &masq_add_ops(A, &addrs, None, &ready)[1] {
+        assert_eq!(summary(&masq_add_ops(&a(), &addrs, None, &ready)), rules);
+        match &masq_add_ops(&a(), &addrs, None, &ready)[1] {
             NftOp::AddRule { exprs, .. } => {
                 let prefix = RuleExpr::addr(false, "fd00:1::/64".parse().unwrap(), CmpOp::Neq);
                 assert_eq!(exprs[4..6], prefix[..], "{exprs:?}");
@@ -618,7 +504,7 @@ mod tests {
         let stale = Found { masq: vec![rule_at("masq_checks", 9)], ..ready };
         let mut want = vec!["delete 9".to_string()];
         want.extend(rules);
-        assert_eq!(summary(&masq_add_ops(A, &addrs, None, &stale)), want);
+        assert_eq!(summary(&masq_add_ops(&a(), &addrs, None, &stale)), want);
     }
 
     fn rule_at(chain: &str, handle: u64) -> NftRule {
@@ -638,7 +524,7 @@ mod tests {
             masq_exclusions(&addr, Some(&extra)),
             Some((vec!["10.0.0.0/8".parse().unwrap(), "192.168.0.0/16".parse().unwrap()], true))
         );
-        let rules = masq_rules(A, &[addr], Some(&extra));
+        let rules = masq_rules(&a(), &[addr], Some(&extra));
         assert_eq!(rules.len(), 1);
         let NftOp::AddRule { exprs, .. } = &rules[0] else { panic!("{rules:?}") };
         let mut want = RuleExpr::nfproto(true);
@@ -652,13 +538,13 @@ mod tests {
         assert_eq!(masq_exclusions(&addr, Some(&[])), Some((vec!["10.244.3.0/24".parse().unwrap()], true)));
         assert_eq!(masq_exclusions(&addr, None), Some((vec!["10.244.3.0/24".parse().unwrap()], false)));
         // 0.0.0.0/0 means nothing is masqueraded (kubenet skipped its rule then).
-        assert!(masq_rules(A, &[addr], Some(&["0.0.0.0/0".parse().unwrap()])).is_empty());
+        assert!(masq_rules(&a(), &[addr], Some(&["0.0.0.0/0".parse().unwrap()])).is_empty());
     }
 
     #[test]
     fn spoof_ops_match_upstream_layout() {
-        let mac = [0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05];
-        let ops = spoof_add_ops(A, "veth1234abcd", mac, &Found::default());
+        let mac = Mac([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]);
+        let ops = spoof_add_ops(&a(), "veth1234abcd", mac, &Found::default());
         let c = "macspoofchk-c0ffee-eth0";
         assert_eq!(
             summary(&ops),
@@ -677,7 +563,7 @@ mod tests {
         assert_eq!(exprs[..2], RuleExpr::iifname("veth1234abcd")[..]);
         assert_eq!(exprs[2], RuleExpr::Verdict(Verdict::Jump("cni-br-iface-c0ffee-eth0".into())));
         let NftOp::AddRule { exprs, .. } = &ops[6] else { panic!() };
-        assert_eq!(exprs[..2], RuleExpr::ether_saddr(mac)[..]);
+        assert_eq!(exprs[..2], RuleExpr::ether_saddr(mac.0)[..]);
         // Base chain present, stale state of the attachment: replaced, not redefined.
         let f = Found {
             spoof_base: true,
@@ -685,7 +571,7 @@ mod tests {
             spoof_chains: (true, true),
             ..Found::default()
         };
-        let s = summary(&spoof_add_ops(A, "veth1234abcd", mac, &f));
+        let s = summary(&spoof_add_ops(&a(), "veth1234abcd", mac, &f));
         assert_eq!(
             s[..4],
             [
@@ -699,7 +585,7 @@ mod tests {
 
     #[test]
     fn teardown_names_only_what_exists() {
-        assert!(del_ops(A, &Found::default()).is_empty());
+        assert!(del_ops(&a(), &Found::default()).is_empty());
         let f = Found {
             masq: vec![rule_at("masq_checks", 7), rule_at("masq_checks", 9)],
             spoof_jumps: vec![rule_at("PREROUTING", 3)],
@@ -716,7 +602,7 @@ mod tests {
         let (f1, t1, c1) = br("cni-br-iface-c0ffee-eth0");
         let (f2, t2, c2) = br("cni-br-iface-c0ffee-eth0-mac");
         assert_eq!(
-            del_ops(A, &f),
+            del_ops(&a(), &f),
             vec![
                 inet("masq_checks", 7),
                 inet("masq_checks", 9),

@@ -4,6 +4,8 @@
 //! One process per verb, one thread, synchronous netlink. See README.md for every key and how
 //! each verb behaves; `firewall` for the nftables layout (upstream's).
 
+#![warn(clippy::too_many_lines)]
+
 pub mod config;
 pub mod firewall;
 

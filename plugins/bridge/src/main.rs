@@ -1,3 +1,5 @@
+#![warn(clippy::too_many_lines)]
+
 use cni_common::delegate::{allow_in_process, InProcess};
 
 /// host-local runs inside this process when the `host-local` found on CNI_PATH is this very

@@ -15,20 +15,18 @@
 
 use std::collections::HashSet;
 
+use cni_common::attachment::AttachmentId;
 use cni_common::delegate::ipam;
 use cni_common::error::{code, CniError, Result};
+use cni_common::error_list::ErrorList;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftOp};
 use cni_common::netlink::{Netlink, NlError};
 use cni_common::netns::NetNs;
 use cni_common::spec::Command;
 use cni_common::Request;
 
-use crate::config::Conf;
-use crate::firewall::{self, Attachment};
-
-fn attachment(req: &Request) -> Attachment<'_> {
-    Attachment { network: req.network(), container_id: &req.env.container_id, ifname: &req.env.ifname }
-}
+use crate::config::{Conf, Teardown};
+use crate::firewall;
 
 /// Find `build`'s deletions and commit them in one netlink transaction; if it fails because a
 /// rule vanished meanwhile (a concurrent DEL or GC), read again and retry once. Returns whether
@@ -60,7 +58,7 @@ fn delete_with_retry(
 /// false). Returns the socket when it committed a deletion (releasing it makes the kernel wait
 /// for an RCU grace period).
 pub(crate) fn remove_firewall(req: &Request, required: bool) -> Result<Option<NfTables>> {
-    let att = attachment(req);
+    let att = &AttachmentId::of(req);
     let mut nf = match NfTables::new() {
         Ok(nf) => nf,
         Err(e) if !required => {
@@ -106,14 +104,26 @@ fn unregister(nl: &mut Netlink, index: u32, ifname: &str) -> Result<()> {
     }
 }
 
+/// How many threads this process has (`/proc/self/task`); `None` when it cannot be read.
+fn thread_count() -> Option<usize> {
+    Some(std::fs::read_dir("/proc/self/task").ok()?.count())
+}
+
 /// Fork a helper that unregisters `link` (if any) and then exits; it inherits every open file,
 /// so the nftables socket is released — and waited for — by the helper too. The helper starts
 /// its own session and lets go of stdin/stdout/stderr at once, so the runtime sees this process
 /// finish and its output end without waiting for the kernel. Returns false when no helper
-/// could be started (nothing was done then).
+/// could be started (nothing was done then), and when this process has more than one thread:
+/// an in-process IPAM run that panicked stays parked for good (cni_common::ipam), and a child
+/// forked from a multi-threaded process may only run async-signal-safe code, which the
+/// netlink request is not (it allocates).
 fn spawn_finisher(link: Option<&mut (Netlink, u32)>) -> bool {
-    // SAFETY: DEL runs single-threaded, so the child may run arbitrary code; it leaves with
-    // _exit (no atexit handlers, no flushing of buffers it shares with the parent).
+    if thread_count() != Some(1) {
+        return false;
+    }
+    // SAFETY: this process has exactly one thread (checked above; DEL starts none that outlive
+    // their wait), so the child may run arbitrary code; it leaves with _exit (no atexit
+    // handlers, no flushing of buffers it shares with the parent).
     match unsafe { libc::fork() } {
         -1 => false,
         0 => {
@@ -142,84 +152,63 @@ fn spawn_finisher(link: Option<&mut (Netlink, u32)>) -> bool {
     }
 }
 
+/// DEL. The configuration is read with [`Teardown`]: values only ADD uses are not judged, a
+/// hostile IPAM `type` is refused before anything is touched.
 pub fn del(req: &Request) -> Result<()> {
-    let conf = Conf::from_request(req)?;
-    let mut errors: Vec<CniError> = Vec::new();
+    let conf = Teardown::from_request(req)?;
+    let mut errors = ErrorList::new();
 
     // The IPAM release runs while we clean up the rest.
-    let pending = if conf.l3 { Some(ipam::start(req, Command::Del)) } else { None };
+    let pending = if conf.l3 { errors.take(ipam::start(req, Command::Del)) } else { None };
 
-    let fw_socket = match remove_firewall(req, conf.ip_masq || conf.macspoofchk) {
-        Ok(s) => s,
-        Err(e) => {
-            errors.push(e);
-            None
-        }
-    };
+    let fw_socket = errors.take(remove_firewall(req, conf.firewall())).flatten();
+    // ipMasq made by upstream's bridge (iptables chains), if this attachment has any.
+    errors.take(cni_common::upstream::masq::del(req));
     let mut link = None;
     if let Some(path) = req.netns() {
         match NetNs::open_if_exists(path) {
             // A namespace that is gone took its interfaces with it.
             Ok(None) => {}
-            Ok(Some(ns)) if conf.deferred_delete => match make_inert(&ns, &req.env.ifname) {
-                Ok(l) => link = l,
-                Err(e) => errors.push(e),
-            },
+            Ok(Some(ns)) if conf.deferred_delete => {
+                link = errors.take(make_inert(&ns, &req.env.ifname)).flatten()
+            }
             Ok(Some(ns)) => {
-                let r = Netlink::new_in(&ns).and_then(|mut nl| match nl.link_by_name(&req.env.ifname)? {
-                    Some(l) => unregister(&mut nl, l.index, &req.env.ifname),
-                    None => Ok(()),
-                });
-                if let Err(e) = r {
-                    errors.push(e);
-                }
+                errors.take(Netlink::new_in(&ns).and_then(
+                    |mut nl| match nl.link_by_name(&req.env.ifname)? {
+                        Some(l) => unregister(&mut nl, l.index, &req.env.ifname),
+                        None => Ok(()),
+                    },
+                ));
             }
             Err(e) => errors.push(e),
         }
     }
     if let Some(p) = pending {
-        if let Err(e) = p.and_then(|p| p.wait()) {
-            errors.push(e);
-        }
+        errors.take(p.wait());
     }
     if conf.deferred_delete && (link.is_some() || fw_socket.is_some()) && !spawn_finisher(link.as_mut()) {
         if let Some((mut nl, index)) = link {
-            if let Err(e) = unregister(&mut nl, index, &req.env.ifname) {
-                errors.push(e);
-            }
+            errors.take(unregister(&mut nl, index, &req.env.ifname));
         }
     }
     drop(fw_socket);
-    report(errors)
+    errors.finish()
 }
 
-fn report(mut errors: Vec<CniError>) -> Result<()> {
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let first = errors.remove(0);
-    if errors.is_empty() {
-        return Err(first);
-    }
-    let rest: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-    Err(first.with_details(format!("also: {}", rest.join("; "))))
-}
-
+/// GC: this network's firewall rules of attachments not in the valid list, then the IPAM
+/// delegate's GC. Reads the configuration like DEL ([`Teardown`]).
 pub fn gc(req: &Request) -> Result<()> {
-    let conf = Conf::from_request(req)?;
-    let valid = req.valid_attachments()?;
+    let conf = Teardown::from_request(req)?;
+    let valid = AttachmentId::valid_list(req)?;
     let network = req.network();
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
 
-    let keep_masq: HashSet<String> =
-        valid.iter().map(|a| firewall::instance_hash(network, &a.ifname, &a.container_id)).collect();
-    let keep_spoof: HashSet<(String, String)> =
-        valid.iter().map(|a| (a.container_id.clone(), a.ifname.clone())).collect();
-    let required = conf.ip_masq || conf.macspoofchk;
+    let keep_masq: HashSet<String> = valid.iter().map(AttachmentId::masq_tag).collect();
+    let keep_spoof: HashSet<AttachmentId> = valid.into_iter().collect();
     let firewall_gc = || -> Result<()> {
         let mut nf = match NfTables::new() {
             Ok(nf) => nf,
-            Err(_) if !required => return Ok(()),
+            Err(_) if !conf.firewall() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
         let mut host = Netlink::new()?;
@@ -229,10 +218,8 @@ pub fn gc(req: &Request) -> Result<()> {
                 let mut owner_of = |name: &str| -> Result<firewall::PortOwner> {
                     Ok(match host.link_by_name(name)? {
                         None => firewall::PortOwner::Gone,
-                        Some(l) => match l.alias.as_deref().and_then(firewall::parse_veth_alias) {
-                            Some((net, id, ifname)) => {
-                                firewall::PortOwner::Attachment(net.into(), id.into(), ifname.into())
-                            }
+                        Some(l) => match l.alias.as_deref().and_then(AttachmentId::from_veth_alias) {
+                            Some(a) => firewall::PortOwner::Attachment(a),
                             None => firewall::PortOwner::Unknown,
                         },
                     })
@@ -248,12 +235,12 @@ pub fn gc(req: &Request) -> Result<()> {
     if let Err(e) = firewall_gc() {
         errors.push(e.context("garbage-collect firewall rules"));
     }
+    // upstream's iptables masquerade chains of this network's dead attachments
+    errors.take(cni_common::upstream::masq::gc(req));
     if conf.l3 {
-        if let Err(e) = ipam::gc(req) {
-            errors.push(e);
-        }
+        errors.take(ipam::gc(req));
     }
-    report(errors)
+    errors.finish()
 }
 
 pub fn status(req: &Request) -> Result<()> {

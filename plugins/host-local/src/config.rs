@@ -411,6 +411,11 @@ mod tests {
     #[test]
     fn bad_input_codes() {
         let base = |ipam: Value| json!({"cniVersion": "1.0.0", "name": "n", "ipam": ipam});
+        // a valid single range plus the keys under test
+        let single = |mut ipam: Value| {
+            ipam["subnet"] = "10.0.0.0/24".into();
+            base(ipam)
+        };
         let cases: Vec<(Value, u32, &str)> = vec![
             (
                 json!({"cniVersion": "1.0.0", "name": "n"}),
@@ -427,45 +432,25 @@ mod tests {
             (base(json!({"ranges": [[{}]]})), code::DECODE, "subnet"),
             (base(json!({"ranges": "10.0.0.0/24"})), code::DECODE, "ipam.ranges"),
             (base(json!({"ranges": [[]]})), code::INVALID_CONFIG, "empty range set"),
-            (base(json!({"subnet": "10.0.0.0/24", "rangeStart": 5})), code::DECODE, "ipam.rangeStart"),
-            (
-                base(json!({"subnet": "10.0.0.0/24", "routes": [{"dst": "x"}]})),
-                code::DECODE,
-                "ipam.routes[0].dst",
-            ),
-            (base(json!({"subnet": "10.0.0.0/24", "dataDir": 7})), code::DECODE, "ipam.dataDir"),
-            (
-                base(json!({"subnet": "10.0.0.0/24", "dataDir": "var/lib"})),
-                code::INVALID_CONFIG,
-                "not an absolute path",
-            ),
-            (
-                base(json!({"subnet": "10.0.0.0/24", "dataDir": "/var/../etc"})),
-                code::INVALID_CONFIG,
-                "\"..\"",
-            ),
-            (
-                base(json!({"subnet": "10.0.0.0/24", "dataDir": "/var/lib/.."})),
-                code::INVALID_CONFIG,
-                "\"..\"",
-            ),
+            (single(json!({"rangeStart": 5})), code::DECODE, "ipam.rangeStart"),
+            (single(json!({"routes": [{"dst": "x"}]})), code::DECODE, "ipam.routes[0].dst"),
+            (single(json!({"dataDir": 7})), code::DECODE, "ipam.dataDir"),
+            (single(json!({"dataDir": "var/lib"})), code::INVALID_CONFIG, "not an absolute path"),
+            (single(json!({"dataDir": "/var/../etc"})), code::INVALID_CONFIG, "\"..\""),
+            (single(json!({"dataDir": "/var/lib/.."})), code::INVALID_CONFIG, "\"..\""),
             (base(json!({"subnet": "10.0.0.5/24"})), code::INVALID_CONFIG, "host bits"),
             (base(json!({"subnet": "10.0.0.0/31"})), code::INVALID_CONFIG, "too small to allocate from"),
             (
-                base(json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.1.1"})),
+                single(json!({"rangeStart": "10.0.1.1"})),
                 code::INVALID_CONFIG,
                 "rangeStart: 10.0.1.1 not in network 10.0.0.0/24",
             ),
             (
-                base(json!({"subnet": "10.0.0.0/24", "rangeEnd": "10.0.1.1"})),
+                single(json!({"rangeEnd": "10.0.1.1"})),
                 code::INVALID_CONFIG,
                 "rangeEnd: 10.0.1.1 not in network",
             ),
-            (
-                base(json!({"subnet": "10.0.0.0/24", "gateway": "10.0.1.1"})),
-                code::INVALID_CONFIG,
-                "gateway 10.0.1.1 not in network",
-            ),
+            (single(json!({"gateway": "10.0.1.1"})), code::INVALID_CONFIG, "gateway 10.0.1.1 not in network"),
         ];
         for (cfg, want_code, want_msg) in cases {
             let e = load(cfg.clone()).unwrap_err();

@@ -86,6 +86,8 @@ pub struct Index {
     used: u64,
     live: u64,
     stamp: Stamp,
+    /// Written under the temporary name and not yet renamed into place ([`Index::publish`]).
+    unpublished: bool,
 }
 
 fn encode_slot(tag: u8, e: &Entry) -> [u8; SLOT as usize] {
@@ -152,7 +154,7 @@ impl Index {
             nsec: u64_at(&h, 112) as i64,
             boot: h[120..136].try_into().expect("16 bytes"),
         };
-        Some(Index { file, slots, used: u64_at(&h, 72), live: u64_at(&h, 80), stamp })
+        Some(Index { file, slots, used: u64_at(&h, 72), live: u64_at(&h, 80), stamp, unpublished: false })
     }
 
     pub fn stamp(&self) -> &Stamp {
@@ -163,8 +165,17 @@ impl Index {
         self.live
     }
 
-    /// Write a fresh index holding `entries` (temp file + rename; the caller re-stamps).
+    /// Write a fresh index holding `entries` and put it in place (the caller re-stamps).
     pub fn create(dir: &Path, entries: &[Entry]) -> io::Result<Index> {
+        let mut idx = Index::build(dir, entries)?;
+        idx.publish(dir)?;
+        Ok(idx)
+    }
+
+    /// Write a fresh index holding `entries` under the temporary name: it replaces the index in
+    /// place only with [`Index::publish`] (a call that fails leaves the old one, or none, as it
+    /// was: [`Index::discard`]).
+    pub fn build(dir: &Path, entries: &[Entry]) -> io::Result<Index> {
         let want = (entries.len() as u64 + 1).saturating_mul(3).next_power_of_two();
         let slots = want.max(MIN_SLOTS);
         let mut table = vec![0u8; (slots * SLOT) as usize];
@@ -178,19 +189,40 @@ impl Index {
             table[off..off + SLOT as usize].copy_from_slice(&encode_slot(LIVE, e));
         }
         let tmp = dir.join(TMP_NAME);
-        let file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        // A new inode: an unpublished index being replaced (growth) keeps its own.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&tmp)?;
         let idx = Index {
             file,
             slots,
             used: entries.len() as u64,
             live: entries.len() as u64,
             stamp: Stamp::default(),
+            unpublished: true,
         };
         idx.write_header()?;
         idx.file.write_all_at(&table, HDR)?;
-        std::fs::rename(&tmp, dir.join(INDEX_NAME))?;
         Ok(idx)
+    }
+
+    /// Rename an index written by [`Index::build`] into place (nothing to do for one opened
+    /// in place).
+    pub fn publish(&mut self, dir: &Path) -> io::Result<()> {
+        if self.unpublished {
+            std::fs::rename(dir.join(TMP_NAME), dir.join(INDEX_NAME))?;
+            self.unpublished = false;
+        }
+        Ok(())
+    }
+
+    /// Drop an index that was never published, with its temporary file.
+    pub fn discard(self, dir: &Path) {
+        if self.unpublished {
+            let _ = std::fs::remove_file(dir.join(TMP_NAME));
+        }
     }
 
     fn write_header(&self) -> io::Result<()> {
@@ -262,7 +294,7 @@ impl Index {
             let mut all = self.entries()?;
             all.push(e);
             let stamp = self.stamp;
-            *self = Index::create(dir, &all)?;
+            *self = Index::build(dir, &all)?;
             self.stamp = stamp;
             return Ok(());
         }
@@ -376,5 +408,26 @@ mod tests {
         // neither may contain a space, our header always does.
         let trimmed = String::from_utf8_lossy(MAGIC).trim().to_string();
         assert!(trimmed.contains(' '));
+    }
+
+    #[test]
+    fn a_built_index_replaces_the_old_one_only_when_published() {
+        let d = tempfile::tempdir().unwrap();
+        let old = Index::create(d.path(), &[e(Kind::Attachment, "a", "eth0", "10.0.0.2")]).unwrap();
+        let before = std::fs::read(d.path().join(INDEX_NAME)).unwrap();
+        let fresh = Index::build(d.path(), &[]).unwrap();
+        assert_eq!(std::fs::read(d.path().join(INDEX_NAME)).unwrap(), before, "not in place yet");
+        fresh.discard(d.path());
+        assert_eq!(std::fs::read(d.path().join(INDEX_NAME)).unwrap(), before);
+        assert!(!d.path().join(TMP_NAME).exists(), "the temporary file goes with it");
+        drop(old);
+        let mut fresh = Index::build(d.path(), &[]).unwrap();
+        fresh.publish(d.path()).unwrap();
+        assert_eq!(Index::open(d.path()).unwrap().live(), 0);
+        assert!(!d.path().join(TMP_NAME).exists());
+        // Without any index before: nothing appears unless published.
+        let e2 = tempfile::tempdir().unwrap();
+        Index::build(e2.path(), &[]).unwrap().discard(e2.path());
+        assert_eq!(std::fs::read_dir(e2.path()).unwrap().count(), 0);
     }
 }

@@ -2,12 +2,16 @@
 //! stays byte-compatible with upstream containernetworking/plugins host-local.
 //! See README.md for the store, the index and the error codes.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod config;
 pub mod index;
 pub mod range;
 pub mod store;
 
+use cni_common::attachment::AttachmentId;
 use cni_common::error::{code, CniError, Result};
+use cni_common::error_list::ErrorList;
 use cni_common::spec::result::{CniResult, Dns, IpConfig};
 use cni_common::{Plugin, Request};
 use config::{read_resolv_conf, Config};
@@ -94,19 +98,18 @@ fn ip_config(ip: IpAddr, r: &Range) -> IpConfig {
     }
 }
 
-/// Allocate one address in range set `idx` (the caller holds the store lock).
+/// Allocate one address in range set `idx` for `a` (the caller holds the store lock).
 pub fn allocate_in_set(
     store: &mut Store,
     set: &RangeSet,
     idx: usize,
-    id: &str,
-    ifname: &str,
+    a: &AttachmentId,
     requested: Option<IpAddr>,
 ) -> Result<IpConfig> {
     let mut pending: Option<Pending> = None;
     if let Some(ip) = requested {
         let r = set.range_for(ip).expect("planned into this set");
-        if !store.reserve(&mut pending, ip, id, ifname)? {
+        if !store.reserve(&mut pending, ip, a)? {
             let holder = store.owner_of(ip)?.map(|o| o.to_string()).unwrap_or_else(|| "nobody".into());
             return Err(CniError::internal(format!(
                 "requested IP address {ip} is not available in range set {set}"
@@ -116,16 +119,17 @@ pub fn allocate_in_set(
         store.set_last_reserved(idx, ip)?;
         return Ok(ip_config(ip, r));
     }
-    let mut held = store.held_exact(id, ifname)?;
-    held.extend(store.held_legacy(id)?);
+    let mut held = store.held_exact(a)?;
+    held.extend(store.held_legacy(&a.container_id)?);
     if let Some((_, ip)) = held.iter().find(|(_, ip)| set.contains(*ip)) {
         return Err(CniError::internal(format!(
-            "{ip} has been allocated to {id}, duplicate allocation is not allowed"
+            "{ip} has been allocated to {}, duplicate allocation is not allowed",
+            a.container_id
         )));
     }
     let last = store.last_reserved(idx);
     for (cand, r) in set.candidates(last) {
-        if store.reserve(&mut pending, cand, id, ifname)? {
+        if store.reserve(&mut pending, cand, a)? {
             store.set_last_reserved(idx, cand)?;
             return Ok(ip_config(cand, r));
         }
@@ -140,28 +144,16 @@ pub fn add(req: &Request) -> Result<CniResult> {
         None => Dns::default(),
     };
     let plan = plan_requests(&conf)?;
-    let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
+    let a = AttachmentId::of(req);
     let mut store = Store::open(&conf.network_dir(), true)?.expect("created on demand");
     let mut ips: Vec<IpConfig> = Vec::with_capacity(conf.sets.len());
     let mut cursors = Vec::with_capacity(conf.sets.len());
     for (idx, set) in conf.sets.iter().enumerate() {
         cursors.push(store.cursor_snapshot(idx));
-        match allocate_in_set(&mut store, set, idx, id, ifname, plan[idx]) {
+        match allocate_in_set(&mut store, set, idx, &a, plan[idx]) {
             Ok(ipc) => ips.push(ipc),
             Err(e) => {
-                // The whole ADD holds one lock: undo what this call reserved (and the
-                // round-robin cursors it moved), nothing else.
-                for done in &ips {
-                    if let Err(re) = store.release_ip(id, ifname, done.address.addr()) {
-                        eprintln!("host-local: rollback of {}: {re}", done.address.addr());
-                    }
-                }
-                for (i, saved) in cursors.into_iter().enumerate() {
-                    if let Err(re) = store.restore_cursor(i, saved) {
-                        eprintln!("host-local: rollback of last_reserved_ip.{i}: {re}");
-                    }
-                }
-                let _ = store.finish();
+                rollback(store, &a, &ips, cursors);
                 return Err(e.context(format!("failed to allocate for range {idx}")));
             }
         }
@@ -170,28 +162,49 @@ pub fn add(req: &Request) -> Result<CniResult> {
     Ok(CniResult { interfaces: Vec::new(), ips, routes: conf.routes.clone(), dns })
 }
 
+/// A failed ADD holds one lock for all its work: take back what this call reserved (and the
+/// round-robin cursors it moved), nothing else. When all of it could be taken back the store
+/// is left exactly as it was ([`Store::abort`]); otherwise what remains is recorded.
+fn rollback(mut store: Store, a: &AttachmentId, ips: &[IpConfig], cursors: Vec<Option<Vec<u8>>>) {
+    let mut clean = true;
+    for done in ips {
+        if let Err(re) = store.release_ip(a, done.address.addr()) {
+            eprintln!("host-local: rollback of {}: {re}", done.address.addr());
+            clean = false;
+        }
+    }
+    for (i, saved) in cursors.into_iter().enumerate() {
+        if let Err(re) = store.restore_cursor(i, saved) {
+            eprintln!("host-local: rollback of last_reserved_ip.{i}: {re}");
+            clean = false;
+        }
+    }
+    if clean {
+        store.abort();
+    } else if let Err(e) = store.finish() {
+        eprintln!("host-local: record the store after a failed rollback: {e}");
+    }
+}
+
+/// DEL: every reservation of the attachment is released (legacy id-only files when there is
+/// no exact one); errors are collected with their codes.
 pub fn del(req: &Request) -> Result<()> {
     let conf = Config::load(req)?;
-    let (id, ifname) = (req.env.container_id.as_str(), req.env.ifname.as_str());
+    let a = AttachmentId::of(req);
     let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
         return Ok(());
     };
-    let mut held = store.held_exact(id, ifname)?;
+    let mut held = store.held_exact(&a)?;
     if held.is_empty() {
         // Files written by old upstream versions hold only the id.
-        held = store.held_legacy(id)?;
+        held = store.held_legacy(&a.container_id)?;
     }
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     for (slot, ip) in held {
-        if let Err(e) = store.release(slot, ip) {
-            errors.push(e.msg);
-        }
+        errors.take(store.release(slot, ip));
     }
-    store.finish()?;
-    if !errors.is_empty() {
-        return Err(CniError::io(errors.join("; ")));
-    }
-    Ok(())
+    errors.take(store.finish());
+    errors.finish()
 }
 
 pub fn check(req: &Request) -> Result<()> {
@@ -208,7 +221,7 @@ pub fn check(req: &Request) -> Result<()> {
     let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
         return Err(not_found());
     };
-    let mut held: Vec<IpAddr> = store.held_exact(id, ifname)?.into_iter().map(|h| h.1).collect();
+    let mut held: Vec<IpAddr> = store.held_exact(&AttachmentId::of(req))?.into_iter().map(|h| h.1).collect();
     if held.is_empty() {
         held = store.held_legacy(id)?.into_iter().map(|h| h.1).collect();
     }
@@ -251,16 +264,17 @@ pub fn gc(req: &Request) -> Result<()> {
         Owner::Legacy { id } => valid.iter().any(|a| a.container_id == *id),
         Owner::Unknown => false,
     };
-    let (removed, errors) = store.retain(keep)?;
-    store.finish()?;
+    let (removed, failed) = store.retain(keep)?;
+    let mut errors = ErrorList::new();
+    for e in failed {
+        errors.push(e.context(format_args!("GC of network {}", conf.name)));
+    }
+    errors.take(store.finish());
     if !removed.is_empty() {
         let list: Vec<String> = removed.iter().map(|ip| ip.to_string()).collect();
         eprintln!("host-local: GC of network {} released {}", conf.name, list.join(" "));
     }
-    if !errors.is_empty() {
-        return Err(CniError::io(format!("GC of network {}: {}", conf.name, errors.join("; "))));
-    }
-    Ok(())
+    errors.finish()
 }
 
 pub fn status(req: &Request) -> Result<()> {
@@ -338,7 +352,8 @@ mod tests {
     }
 
     fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
-        allocate_in_set(s, set, 0, id, "eth0", req.map(ip)).map(|c| c.address.to_string())
+        allocate_in_set(s, set, 0, &AttachmentId::new("net", id, "eth0"), req.map(ip))
+            .map(|c| c.address.to_string())
     }
 
     #[test]
@@ -358,7 +373,7 @@ mod tests {
             (999, "no IP addresses available in range set: 192.168.1.1-192.168.1.6")
         );
         // free .3: the next ADD finds it although the cursor is at .6
-        let (slot, _) = s.held_exact("b", "eth0").unwrap()[0];
+        let (slot, _) = s.held_exact(&AttachmentId::new("net", "b", "eth0")).unwrap()[0];
         s.release(slot, ip("192.168.1.3")).unwrap();
         assert_eq!(alloc(&mut s, &set, "f", None).unwrap(), "192.168.1.3/29");
     }

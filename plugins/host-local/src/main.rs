@@ -1,5 +1,7 @@
 //! The `host-local` binary: the CNI skeleton around [`host_local::HostLocal`].
 
+#![warn(clippy::too_many_lines)]
+
 /// This build's identity, where `cni_common::ident::file_carries` looks for it.
 #[used]
 #[link_section = ".cni_rs_ident"]

@@ -25,7 +25,8 @@
 //! the path of every pod start.)
 
 use crate::index::{key_hash, Entry, Index, Kind, Stamp, INDEX_NAME};
-use cni_common::error::{CniError, Result};
+use cni_common::attachment::AttachmentId;
+use cni_common::error::{code, CniError, Result};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, AT_FDCWD};
 use nix::sys::stat::{futimens, Mode};
@@ -72,16 +73,19 @@ impl Owner {
         }
     }
 
-    fn entry(&self, ip: IpAddr) -> Option<Entry> {
+    /// What the index files this owner under.
+    fn key(&self) -> Option<(Kind, u64)> {
         match self {
             Owner::Attachment { id, ifname } => {
-                Some(Entry { kind: Kind::Attachment, key: key_hash(Kind::Attachment, id, ifname), ip })
+                Some((Kind::Attachment, key_hash(Kind::Attachment, id, ifname)))
             }
-            Owner::Legacy { id } => {
-                Some(Entry { kind: Kind::Legacy, key: key_hash(Kind::Legacy, id, ""), ip })
-            }
+            Owner::Legacy { id } => Some((Kind::Legacy, key_hash(Kind::Legacy, id, ""))),
             Owner::Unknown => None,
         }
+    }
+
+    fn entry(&self, ip: IpAddr) -> Option<Entry> {
+        self.key().map(|(kind, key)| Entry { kind, key, ip })
     }
 }
 
@@ -101,8 +105,15 @@ pub fn reservation_name(name: &str) -> Option<IpAddr> {
     (ip.to_string() == name).then_some(ip)
 }
 
-fn io_err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> CniError {
-    CniError::io(format!("{what}: {e}"))
+/// A failed file operation: code 11 ("try again") when the system says the condition is
+/// transient (`EAGAIN`, `EINTR`, `EBUSY`), code 5 otherwise.
+fn io_err(what: impl std::fmt::Display, e: impl Into<io::Error>) -> CniError {
+    let e: io::Error = e.into();
+    let transient = e
+        .raw_os_error()
+        .is_some_and(|n| matches!(Errno::from_raw(n), Errno::EAGAIN | Errno::EINTR | Errno::EBUSY));
+    let c = if transient { code::TRY_AGAIN } else { code::IO };
+    CniError::new(c, format!("{what}: {e}"))
 }
 
 /// The current boot's id: an index written before a reboot (or power loss) is never trusted.
@@ -118,17 +129,29 @@ fn boot_id() -> [u8; 16] {
 }
 
 /// A network's store, locked for the lifetime of the value.
+///
+/// Changes to the index are kept back until [`Store::finish`]: reservations made by this call
+/// are entered then, and a rebuilt index is put in place then. A call that fails and has taken
+/// back its reservations ends with [`Store::abort`] instead, which leaves the files as they were
+/// (no new or rewritten index) and the directory's mtime too, so the index stays trusted.
 pub struct Store {
     dir: PathBuf,
     dirf: File,
     _lock: File,
     index: Option<Index>,
+    /// Reservations made by this call, not yet in the index.
+    fresh: Vec<Entry>,
+    /// The directory's stamp when it was locked.
+    opened: Stamp,
     /// The directory or the index changed: re-stamp before unlocking.
     dirty: bool,
     boot: [u8; 16],
     /// How many times the index was rebuilt from the IP files in this call (for tests).
     pub rebuilds: u32,
 }
+
+/// A reservation found for an owner: its index slot (`None` when this call made it) and address.
+pub type Held = (Option<u64>, IpAddr);
 
 /// A reservation content ready to be linked under some address name.
 pub struct Pending {
@@ -173,15 +196,19 @@ impl Store {
             .map_err(|e| io_err(format!("open {}", lock_path.display()), e))?;
         lock.lock().map_err(|e| io_err(format!("lock {}", lock_path.display()), e))?;
         let dirf = File::open(dir).map_err(|e| io_err(format!("open {}", dir.display()), e))?;
-        Ok(Some(Store {
+        let mut store = Store {
             dir: dir.to_path_buf(),
             dirf,
             _lock: lock,
             index: None,
+            fresh: Vec::new(),
+            opened: Stamp::default(),
             dirty: false,
             boot: boot_id(),
             rebuilds: 0,
-        }))
+        };
+        store.opened = store.dir_stamp()?;
+        Ok(Some(store))
     }
 
     pub fn dir(&self) -> &Path {
@@ -196,9 +223,8 @@ impl Store {
     /// Load the index, rebuilding it from the IP files unless its stamp matches the directory.
     fn index(&mut self) -> Result<&mut Index> {
         if self.index.is_none() {
-            let current = self.dir_stamp()?;
             match Index::open(&self.dir) {
-                Some(idx) if *idx.stamp() == current => self.index = Some(idx),
+                Some(idx) if *idx.stamp() == self.opened => self.index = Some(idx),
                 _ => {
                     self.rebuild()?;
                 }
@@ -240,11 +266,15 @@ impl Store {
         Ok(all)
     }
 
+    /// A new index of `all`, put in place by [`Store::finish`].
     fn write_index(&mut self, all: &[(IpAddr, Owner)]) -> Result<()> {
         let entries: Vec<Entry> = all.iter().filter_map(|(ip, o)| o.entry(*ip)).collect();
-        let idx = Index::create(&self.dir, &entries)
+        let idx = Index::build(&self.dir, &entries)
             .map_err(|e| io_err(format!("write {}", self.dir.join(INDEX_NAME).display()), e))?;
-        self.index = Some(idx);
+        if let Some(old) = self.index.replace(idx) {
+            old.discard(&self.dir);
+        }
+        self.fresh.clear();
         self.dirty = true;
         Ok(())
     }
@@ -259,40 +289,38 @@ impl Store {
         }
     }
 
-    /// Addresses held by `owner` according to the index, each verified against its file.
-    /// Stale index entries are dropped.
-    fn held_by(&mut self, owner: &Owner) -> Result<Vec<(u64, IpAddr)>> {
-        let (kind, key) = match owner {
-            Owner::Attachment { id, ifname } => (Kind::Attachment, key_hash(Kind::Attachment, id, ifname)),
-            Owner::Legacy { id } => (Kind::Legacy, key_hash(Kind::Legacy, id, "")),
-            Owner::Unknown => return Ok(Vec::new()),
-        };
+    /// Addresses held by `owner` according to the index (and the reservations of this call),
+    /// each verified against its file, with the index slot when it has one. Stale index entries
+    /// are dropped.
+    fn held_by(&mut self, owner: &Owner) -> Result<Vec<Held>> {
+        let Some((kind, key)) = owner.key() else { return Ok(Vec::new()) };
         let hits = self.index()?.lookup(kind, key).map_err(|e| io_err("read index", e))?;
         let mut out = Vec::new();
         for (slot, ip) in hits {
             if self.owner_of(ip)?.as_ref() == Some(owner) {
-                out.push((slot, ip));
+                out.push((Some(slot), ip));
             } else {
                 self.index()?.remove(slot).map_err(|e| io_err("update index", e))?;
                 self.dirty = true;
             }
         }
+        out.extend(self.fresh.iter().filter(|e| e.kind == kind && e.key == key).map(|e| (None, e.ip)));
         Ok(out)
     }
 
-    /// Files of (`id`, `ifname`) — `<id>\r\n<ifname>` content.
-    pub fn held_exact(&mut self, id: &str, ifname: &str) -> Result<Vec<(u64, IpAddr)>> {
-        self.held_by(&Owner::Attachment { id: id.trim().to_string(), ifname: ifname.to_string() })
+    /// Files of `a` — `<id>\r\n<ifname>` content.
+    pub fn held_exact(&mut self, a: &AttachmentId) -> Result<Vec<Held>> {
+        self.held_by(&Owner::Attachment { id: a.container_id.trim().to_string(), ifname: a.ifname.clone() })
     }
 
     /// Legacy files of `id` — `<id>` content.
-    pub fn held_legacy(&mut self, id: &str) -> Result<Vec<(u64, IpAddr)>> {
+    pub fn held_legacy(&mut self, id: &str) -> Result<Vec<Held>> {
         self.held_by(&Owner::Legacy { id: id.trim().to_string() })
     }
 
-    /// Prepare the content `<id>\r\n<ifname>` in an unnamed file, flushed to disk.
-    pub fn pending(&self, id: &str, ifname: &str) -> Result<Pending> {
-        let content = format!("{}\r\n{}", id.trim(), ifname);
+    /// Prepare the reservation content of `a` in an unnamed file.
+    pub fn pending(&self, a: &AttachmentId) -> Result<Pending> {
+        let content = a.reservation();
         let tmpfile = nix::fcntl::open(
             &self.dir,
             OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
@@ -339,12 +367,12 @@ impl Store {
         }
     }
 
-    /// Try to reserve `ip` for (`id`, `ifname`) with the prepared content `p`. On success the
-    /// pending content is used up (`p` is reset) and the index updated.
-    pub fn reserve(&mut self, p: &mut Option<Pending>, ip: IpAddr, id: &str, ifname: &str) -> Result<bool> {
+    /// Try to reserve `ip` for `a` with the prepared content `p`. On success the pending
+    /// content is used up (`p` is reset); the index gets the entry in [`Store::finish`].
+    pub fn reserve(&mut self, p: &mut Option<Pending>, ip: IpAddr, a: &AttachmentId) -> Result<bool> {
         self.index()?;
         if p.is_none() {
-            *p = Some(self.pending(id, ifname)?);
+            *p = Some(self.pending(a)?);
         }
         if !self.link(p.as_ref().expect("set above"), ip)? {
             // Taken, unless the file is empty: debris of a killed upstream writer or of a power
@@ -355,9 +383,8 @@ impl Store {
         }
         *p = None;
         self.dirty = true;
-        let e = Entry { kind: Kind::Attachment, key: key_hash(Kind::Attachment, id.trim(), ifname), ip };
-        let dir = self.dir.clone();
-        self.index()?.insert(&dir, e).map_err(|e| io_err("update index", e))?;
+        let key = key_hash(Kind::Attachment, a.container_id.trim(), &a.ifname);
+        self.fresh.push(Entry { kind: Kind::Attachment, key, ip });
         Ok(true)
     }
 
@@ -378,8 +405,8 @@ impl Store {
         Ok(true)
     }
 
-    /// Remove the reservation of `ip` found at index `slot`.
-    pub fn release(&mut self, slot: u64, ip: IpAddr) -> Result<()> {
+    /// Remove the reservation of `ip` found at index `slot` (`None`: made by this call).
+    pub fn release(&mut self, slot: Option<u64>, ip: IpAddr) -> Result<()> {
         let p = self.dir.join(ip.to_string());
         self.dirty = true;
         match std::fs::remove_file(&p) {
@@ -387,12 +414,18 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(format!("remove {}", p.display()), e)),
         }
-        self.index()?.remove(slot).map_err(|e| io_err("update index", e))
+        match slot {
+            Some(slot) => self.index()?.remove(slot).map_err(|e| io_err("update index", e)),
+            None => {
+                self.fresh.retain(|e| e.ip != ip);
+                Ok(())
+            }
+        }
     }
 
-    /// Release whatever (`id`, `ifname`) holds at `ip` (rollback of a failed ADD).
-    pub fn release_ip(&mut self, id: &str, ifname: &str, ip: IpAddr) -> Result<()> {
-        for (slot, held) in self.held_exact(id, ifname)? {
+    /// Release whatever `a` holds at `ip` (rollback of a failed ADD).
+    pub fn release_ip(&mut self, a: &AttachmentId, ip: IpAddr) -> Result<()> {
+        for (slot, held) in self.held_exact(a)? {
             if held == ip {
                 self.release(slot, held)?;
             }
@@ -452,7 +485,7 @@ impl Store {
 
     /// GC: remove every reservation for which `keep` is false (empty files included: they
     /// have no owner), then rebuild the index from what is left. Errors are collected.
-    pub fn retain(&mut self, keep: impl Fn(&Owner) -> bool) -> Result<(Vec<IpAddr>, Vec<String>)> {
+    pub fn retain(&mut self, keep: impl Fn(&Owner) -> bool) -> Result<(Vec<IpAddr>, Vec<CniError>)> {
         let all = self.scan()?;
         let mut removed = Vec::new();
         let mut errors = Vec::new();
@@ -468,7 +501,7 @@ impl Store {
                 Ok(()) => removed.push(ip),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    errors.push(format!("remove {}: {e}", p.display()));
+                    errors.push(io_err(format!("remove {}", p.display()), e));
                     left.push((ip, owner));
                 }
             }
@@ -477,26 +510,46 @@ impl Store {
         Ok((removed, errors))
     }
 
-    /// Before unlocking: if anything changed, set the directory mtime to "now - 1 s" and
-    /// record the resulting stamp in the index, so the next call can trust the index.
+    /// Before unlocking: if anything changed, enter this call's reservations in the index, set
+    /// the directory mtime to "now - 1 s", record the resulting stamp in the index and put a
+    /// rebuilt index in place, so the next call can trust it.
     pub fn finish(&mut self) -> Result<()> {
         if !self.dirty || self.index.is_none() {
             return Ok(());
         }
+        let dir = self.dir.clone();
+        for e in std::mem::take(&mut self.fresh) {
+            self.index()?.insert(&dir, e).map_err(|e| io_err("update index", e))?;
+        }
+        // In place before the stamp is taken: the rename changes the directory too.
+        let idx = self.index.as_mut().expect("checked above");
+        idx.publish(&dir).map_err(|e| io_err(format!("write {}", dir.join(INDEX_NAME).display()), e))?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|e| io_err("system clock before 1970", e))?;
+            .map_err(|e| CniError::io(format!("system clock before 1970: {e}")))?;
         let then = TimeSpec::new(now.as_secs() as i64 - 1, i64::from(now.subsec_nanos()));
         futimens(&self.dirf, &TimeSpec::UTIME_OMIT, &then)
             .map_err(|e| io_err(format!("set mtime of {}", self.dir.display()), e))?;
         let stamp = self.dir_stamp()?;
-        self.index
-            .as_mut()
-            .expect("checked above")
-            .set_stamp(stamp)
-            .map_err(|e| io_err("write index header", e))?;
+        let idx = self.index.as_mut().expect("checked above");
+        idx.set_stamp(stamp).map_err(|e| io_err("write index header", e))?;
         self.dirty = false;
         Ok(())
+    }
+
+    /// End a call that failed after taking back every reservation it made: no index is put in
+    /// place or changed, and the directory gets back the mtime it had when it was locked (its
+    /// files are what they were then), so the index stays as trusted as it was.
+    pub fn abort(mut self) {
+        if let Some(idx) = self.index.take() {
+            idx.discard(&self.dir);
+        }
+        if self.dirty {
+            let m = TimeSpec::new(self.opened.sec, self.opened.nsec);
+            if let Err(e) = futimens(&self.dirf, &TimeSpec::UTIME_OMIT, &m) {
+                eprintln!("host-local: restore the mtime of {}: {e}", self.dir.display());
+            }
+        }
     }
 }
 
@@ -510,6 +563,33 @@ mod tests {
 
     fn open(d: &Path) -> Store {
         Store::open(d, true).unwrap().unwrap()
+    }
+
+    fn att(id: &str, ifname: &str) -> AttachmentId {
+        AttachmentId::new("net", id, ifname)
+    }
+
+    /// A store directory `net` (not created yet) inside a temporary directory, and the guard
+    /// that removes it.
+    fn net_dir() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let net = d.path().join("net");
+        (d, net)
+    }
+
+    /// A store directory that another program (or an older writer) left with `files` in it.
+    fn seeded(files: &[(&str, &[u8])]) -> (tempfile::TempDir, PathBuf) {
+        let (d, net) = net_dir();
+        std::fs::create_dir_all(&net).unwrap();
+        for (name, content) in files {
+            std::fs::write(net.join(name), content).unwrap();
+        }
+        (d, net)
+    }
+
+    /// Reserve `addr` for container `id` on eth0 with freshly prepared content.
+    fn reserve(s: &mut Store, addr: &str, id: &str) -> bool {
+        s.reserve(&mut None, ip(addr), &att(id, "eth0")).unwrap()
     }
 
     #[test]
@@ -540,15 +620,14 @@ mod tests {
 
     #[test]
     fn reserve_is_exclusive_writes_upstream_format_and_mode() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
+        let (_d, net) = net_dir();
         let mut s = open(&net);
         let mut p = None;
-        assert!(s.reserve(&mut p, ip("10.0.0.2"), "c1", "eth0").unwrap());
+        assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
         assert!(p.is_none(), "content used up");
-        assert!(!s.reserve(&mut p, ip("10.0.0.2"), "c2", "eth0").unwrap(), "taken");
+        assert!(!s.reserve(&mut p, ip("10.0.0.2"), &att("c2", "eth0")).unwrap(), "taken");
         assert!(p.is_some(), "content kept for the next candidate");
-        assert!(s.reserve(&mut p, ip("10.0.0.3"), "c2", "eth0").unwrap());
+        assert!(s.reserve(&mut p, ip("10.0.0.3"), &att("c2", "eth0")).unwrap());
         s.finish().unwrap();
         assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
         assert_eq!(std::fs::read(net.join("10.0.0.3")).unwrap(), b"c2\r\neth0");
@@ -563,25 +642,23 @@ mod tests {
 
     #[test]
     fn index_is_trusted_only_while_the_directory_is_unchanged() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
+        let (_d, net) = net_dir();
         {
             let mut s = open(&net);
-            let mut p = None;
-            s.reserve(&mut p, ip("10.0.0.2"), "c1", "eth0").unwrap();
+            assert!(reserve(&mut s, "10.0.0.2", "c1"));
             assert_eq!(s.rebuilds, 1, "first use builds the index");
             s.finish().unwrap();
         }
         {
             let mut s = open(&net);
-            assert_eq!(s.held_exact("c1", "eth0").unwrap().len(), 1);
+            assert_eq!(s.held_exact(&att("c1", "eth0")).unwrap().len(), 1);
             assert_eq!(s.rebuilds, 0, "unchanged directory: index trusted");
         }
         // another program adds a reservation behind our back (within the same clock tick)
         std::fs::write(net.join("10.0.0.9"), b"c9\r\neth0").unwrap();
         {
             let mut s = open(&net);
-            let held = s.held_exact("c9", "eth0").unwrap();
+            let held = s.held_exact(&att("c9", "eth0")).unwrap();
             assert_eq!(held.iter().map(|h| h.1).collect::<Vec<_>>(), [ip("10.0.0.9")]);
             assert_eq!(s.rebuilds, 1, "foreign change detected");
             s.finish().unwrap();
@@ -590,39 +667,31 @@ mod tests {
         std::fs::remove_file(net.join("10.0.0.2")).unwrap();
         {
             let mut s = open(&net);
-            assert!(s.held_exact("c1", "eth0").unwrap().is_empty());
+            assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty());
         }
         // the index file itself deleted or replaced by garbage
         std::fs::write(net.join(INDEX_NAME), b"junk").unwrap();
         {
             let mut s = open(&net);
-            assert_eq!(s.held_exact("c9", "eth0").unwrap().len(), 1);
+            assert_eq!(s.held_exact(&att("c9", "eth0")).unwrap().len(), 1);
             assert_eq!(s.rebuilds, 1);
         }
     }
 
     #[test]
     fn legacy_files_and_whitespace() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join("10.0.0.4"), b"old\n").unwrap();
-        std::fs::write(net.join("10.0.0.5"), b" new\r\neth1\n").unwrap();
-        std::fs::write(net.join("10.0.0.6"), b"").unwrap();
+        let (_d, net) = seeded(&[("10.0.0.4", b"old\n"), ("10.0.0.5", b" new\r\neth1\n"), ("10.0.0.6", b"")]);
         let mut s = open(&net);
         assert_eq!(s.held_legacy("old").unwrap().len(), 1);
-        assert!(s.held_exact("old", "eth0").unwrap().is_empty());
-        assert_eq!(s.held_exact("new", "eth1").unwrap().len(), 1);
+        assert!(s.held_exact(&att("old", "eth0")).unwrap().is_empty());
+        assert_eq!(s.held_exact(&att("new", "eth1")).unwrap().len(), 1);
         assert_eq!(s.owner_of(ip("10.0.0.6")).unwrap(), Some(Owner::Unknown));
         assert!(!s.is_free(ip("10.0.0.6")) && s.is_free(ip("10.0.0.7")));
     }
 
     #[test]
     fn stale_named_temp_files_are_cleaned_by_a_scan() {
-        let d = tempfile::tempdir().unwrap();
-        let net = d.path().join("net");
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join(".host-local-tmp-123"), b"c\r\neth0").unwrap();
+        let (_d, net) = seeded(&[(".host-local-tmp-123", b"c\r\neth0")]);
         let s = open(&net);
         assert!(s.scan().unwrap().is_empty());
         assert!(!net.join(".host-local-tmp-123").exists());
@@ -644,5 +713,56 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         assert!(Store::open(&d.path().join("nope"), false).unwrap().is_none());
         assert!(!d.path().join("nope").exists());
+    }
+
+    /// Every file below `d` with its content.
+    fn files(d: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn an_aborted_call_leaves_every_file_as_it_was() {
+        // A store as upstream leaves it: a reservation and the lock, no index.
+        let (_d, net) = seeded(&[("10.0.0.9", b"up\r\neth0"), (LOCK_NAME, b"")]);
+        let before = files(&net);
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert_eq!(s.held_exact(&att("c1", "eth0")).unwrap(), [(None, ip("10.0.0.2"))], "seen before finish");
+        s.release_ip(&att("c1", "eth0"), ip("10.0.0.2")).unwrap();
+        s.abort();
+        assert_eq!(files(&net), before, "no index appeared, nothing else changed");
+
+        // With a trusted index: its bytes and its trust survive an aborted call.
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.3", "c3"));
+        s.finish().unwrap();
+        drop(s);
+        let before = files(&net);
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.4", "c4"));
+        s.release_ip(&att("c4", "eth0"), ip("10.0.0.4")).unwrap();
+        s.abort();
+        assert_eq!(files(&net), before);
+        let mut s = open(&net);
+        assert_eq!(s.held_exact(&att("c3", "eth0")).unwrap().len(), 1);
+        assert_eq!(s.rebuilds, 0, "the index is still trusted");
+    }
+
+    #[test]
+    fn transient_errors_say_try_again() {
+        assert_eq!(io_err("remove x", Errno::EBUSY).code, code::TRY_AGAIN);
+        assert_eq!(io_err("lock x", Errno::EINTR).code, code::TRY_AGAIN);
+        assert_eq!(io_err("x", Errno::EAGAIN).code, code::TRY_AGAIN);
+        let e = io_err("remove /d/10.0.0.2", Errno::EROFS);
+        assert_eq!(e.code, code::IO);
+        assert_eq!(e.msg, "remove /d/10.0.0.2: Read-only file system (os error 30)");
     }
 }

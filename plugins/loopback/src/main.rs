@@ -1,7 +1,10 @@
 //! `loopback`: set `lo` up in the container's network namespace (ADD), down again (DEL).
 //!
 //! No host-side state at all, so GC and STATUS have nothing to do. Unlike upstream, the result
-//! is shaped for the config's version (upstream prints a 1.x-shaped document labelled 0.2.0).
+//! is shaped for the config's version (upstream prints a 1.x-shaped document labelled 0.2.0),
+//! and CHECK requires prevResult as the spec says (upstream's does not).
+
+#![warn(clippy::too_many_lines)]
 
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
@@ -69,7 +72,10 @@ impl Plugin for Loopback {
         Ok(())
     }
 
+    /// `lo` must be up. prevResult is required, as for every CHECK (spec 1.11; upstream's
+    /// loopback does not ask for it).
     fn check(&self, req: &Request) -> Result<()> {
+        req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
         let ns = open_netns(req)?;
         let mut nl = Netlink::new_in(&ns)?;
         let lo = nl

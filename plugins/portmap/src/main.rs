@@ -268,27 +268,32 @@ impl Plugin for Portmap {
         if !t.listed {
             return Ok(()); // nothing was mapped (upstream's early exit; GC is the safety net)
         }
-        del_ours(req, &t)?;
+        let ours = del_ours(req, &t);
         // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
-        // nftables `cni_hostport` rules) is removed here by the live-swap support (issue 11).
-        Ok(())
+        // nftables `cni_hostport` rules): cni_common::upstream, docs/switching.md.
+        ours.and(cni_common::upstream::hostport::del(req))
     }
 
     fn check(&self, req: &Request) -> Result<()> {
-        let conf = load(req)?;
         let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
+        // An attachment made by upstream (iptables or its nftables backend) is checked in its
+        // own form instead of ours (before our validation: its configuration is upstream's).
+        if cni_common::upstream::hostport::check(req)?.is_intact() {
+            return Ok(());
+        }
+        let conf = load(req)?;
         if conf.mappings.is_empty() {
             return Ok(());
         }
         let owner = owner(req);
         let (_, elems, _) = attachment(&conf, &prev, &req.env.ifname, &owner)?;
-        // An attachment made by upstream (iptables or its nftables backend) is checked in its
-        // own form here by the live-swap support (issue 11) instead of ours.
         check_ours(req, &conf, &elems, &owner)
     }
 
     fn gc(&self, req: &Request) -> Result<()> {
         load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
+                                   // Upstream-made leftovers of this network's attachments not in the valid list.
+        let upstream = cni_common::upstream::hostport::gc(req);
         let valid: HashSet<String> = req
             .valid_attachments()?
             .iter()
@@ -299,15 +304,13 @@ impl Plugin for Portmap {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("portmap: {}; nothing to collect", e.msg);
-                return Ok(());
+                return upstream;
             }
         };
         let gone = |tag: &str, _: Option<Hash>| tag.starts_with(&prefix) && !valid.contains(tag);
         let ports = slow::withdraw(&mut nf, &gone, true, "portmap: GC could not delete stale port mappings")?;
         flush_udp(ports);
-        // Upstream-made leftovers of this network's attachments that are not in the valid list
-        // are removed here by the live-swap support (issue 11).
-        Ok(())
+        upstream
     }
 
     fn status(&self, req: &Request) -> Result<()> {

@@ -239,13 +239,4 @@ pub fn machine() -> String {
 }
 
 /// Path of an upstream plugin binary (Debian's containernetworking-plugins).
-pub fn upstream_bin(name: &str) -> std::path::PathBuf {
-    let dir = std::env::var("CNI_UPSTREAM_DIR").unwrap_or_else(|_| "/usr/lib/cni".into());
-    let p = std::path::Path::new(&dir).join(name);
-    assert!(
-        p.is_file(),
-        "upstream plugin {} missing: apt-get install containernetworking-plugins",
-        p.display()
-    );
-    p
-}
+pub use crate::upstream_bin;

@@ -199,4 +199,21 @@ impl NfTables {
             Err(e) => Err(e.during(format!("get nftables table {} {table}", family.keyword()))),
         }
     }
+
+    /// Whether chain `chain` of `table` exists: one GET of that chain (no dump of the table's
+    /// chains, which on a kube-proxy node are thousands).
+    pub fn has_chain(&mut self, family: NftFamily, table: &str, chain: &str) -> Result<bool, NlError> {
+        let req = message(
+            nft_msg(NFT_MSG_GETCHAIN),
+            NLM_F_REQUEST | NLM_F_ACK,
+            family.proto(),
+            0,
+            &[(NFTA_CHAIN_TABLE, cstr(table)), (NFTA_CHAIN_NAME, cstr(chain))],
+        );
+        match self.sock.request_packet(req, false) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno == libc::ENOENT => Ok(false),
+            Err(e) => Err(e.during(format!("get nftables chain {} {table} {chain}", family.keyword()))),
+        }
+    }
 }

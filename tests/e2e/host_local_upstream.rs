@@ -1,19 +1,28 @@
 //! Upstream's Go host-local (/usr/lib/cni/host-local, Debian containernetworking-plugins
 //! 1.1.1) and ours on the same dataDir: each must see, respect and delete what the other wrote.
 
-mod common;
-
-use common::*;
+use cni_tests::{bin, reservations, result_ips, upstream_bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-fn upstream() -> &'static str {
-    assert!(
-        Path::new(UPSTREAM).exists(),
-        "{UPSTREAM} is missing: install Debian's containernetworking-plugins (the interop tests need it)"
-    );
-    UPSTREAM
+/// Our binary's path, resolved once per test.
+fn ours() -> String {
+    bin("host-local").to_string_lossy().into_owned()
+}
+
+fn upstream() -> String {
+    upstream_bin("host-local").to_string_lossy().into_owned()
+}
+
+/// One call of `bin` (a path) for an attachment of container `id` (ifname eth0).
+fn call(bin: &str, command: &str, id: &str, ns: &Netns) -> Exec<'static> {
+    Exec::new(bin)
+        .env("CNI_COMMAND", command)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_NETNS", ns.path_str())
 }
 
 fn conf(d: &Path) -> Value {
@@ -25,7 +34,7 @@ fn conf(d: &Path) -> Value {
 }
 
 fn name(bin: &str) -> &'static str {
-    if bin == OURS {
+    if bin == ours() {
         "ours"
     } else {
         "upstream"
@@ -44,26 +53,27 @@ fn by_owner(net: &Path) -> BTreeMap<String, Vec<String>> {
 #[test]
 fn alternating_add_and_del_share_the_store_both_ways() {
     let up = upstream();
-    let ns = Netns::new();
-    let d = tempfile::tempdir().unwrap();
+    let ns = Netns::new("hlu");
+    let d = TempDir::new("hlu");
     let c = conf(d.path());
     let net = d.path().join("shared");
     let mut model: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut next = (2u32, 2u32); // round-robin position, shared through last_reserved_ip.N
     let mut live: Vec<String> = Vec::new();
     for step in 0..24 {
-        let bin = if step % 2 == 0 { up } else { OURS };
+        let ours = ours();
+        let bin = if step % 2 == 0 { up.as_str() } else { ours.as_str() };
         if step % 3 == 2 {
             // DEL the oldest attachment: it was always ADDed by the other binary or by this
             // one two rounds ago; over 24 steps both directions occur many times.
             let id = live.remove(0);
-            Call::new(bin, "DEL", &id, &ns).run(&c).expect_ok();
+            call(bin, "DEL", &id, &ns).run_json(&c).success();
             model.remove(&format!("{id}\r\neth0"));
         } else {
             let id = format!("{}-{step}", name(bin));
-            let out = Call::new(bin, "ADD", &id, &ns).run(&c).expect_ok();
+            let out = call(bin, "ADD", &id, &ns).run_json(&c).success();
             let want = vec![format!("10.20.0.{}", next.0), format!("fd20::{:x}", next.1)];
-            assert_eq!(result_ips(&out.json), want, "step {step} ({})", name(bin));
+            assert_eq!(result_ips(&out.json()), want, "step {step} ({})", name(bin));
             next = (next.0 + 1, next.1 + 1);
             let mut ips = want.clone();
             ips.sort();
@@ -74,8 +84,9 @@ fn alternating_add_and_del_share_the_store_both_ways() {
     }
     // Each binary DELs what the other ADDed, in both directions, for what is left.
     for id in live.clone() {
-        let bin = if id.starts_with("ours") { up } else { OURS };
-        Call::new(bin, "DEL", &id, &ns).run(&c).expect_ok();
+        let ours = ours();
+        let bin = if id.starts_with("ours") { up.as_str() } else { ours.as_str() };
+        call(bin, "DEL", &id, &ns).run_json(&c).success();
     }
     assert!(reservations(&net).is_empty(), "{:?}", reservations(&net));
 }
@@ -83,43 +94,47 @@ fn alternating_add_and_del_share_the_store_both_ways() {
 #[test]
 fn duplicate_checks_and_check_see_the_other_binarys_reservations() {
     let up = upstream();
-    let ns = Netns::new();
-    let d = tempfile::tempdir().unwrap();
+    let ns = Netns::new("hlu");
+    let d = TempDir::new("hlu");
     let c = conf(d.path());
-    let theirs = Call::new(up, "ADD", "theirs", &ns).run(&c).expect_ok();
-    let ours = Call::new(OURS, "ADD", "ours", &ns).run(&c).expect_ok();
-    Call::new(OURS, "ADD", "theirs", &ns).run(&c).expect_err(999, "duplicate allocation is not allowed");
-    let up_dup = Call::new(up, "ADD", "ours", &ns).run(&c);
-    assert!(!up_dup.ok && up_dup.msg().contains("duplicate allocation is not allowed"), "{}", up_dup.stdout);
+    let theirs = call(&up, "ADD", "theirs", &ns).run_json(&c).success();
+    let mine = call(&ours(), "ADD", "ours", &ns).run_json(&c).success();
+    call(&ours(), "ADD", "theirs", &ns).run_json(&c).err_with(999, "duplicate allocation is not allowed");
+    let up_dup = call(&up, "ADD", "ours", &ns).run_json(&c);
+    assert!(
+        up_dup.code != 0 && up_dup.stdout.contains("duplicate allocation is not allowed"),
+        "{}",
+        up_dup.stdout
+    );
     // CHECK across binaries (upstream only checks existence; ours also compares prevResult)
     let mut chk = c.clone();
-    chk["prevResult"] = theirs.json.clone();
-    Call::new(OURS, "CHECK", "theirs", &ns).run(&chk).expect_ok();
-    chk["prevResult"] = ours.json.clone();
-    Call::new(up, "CHECK", "ours", &ns).run(&chk).expect_ok();
+    chk["prevResult"] = theirs.json();
+    call(&ours(), "CHECK", "theirs", &ns).run_json(&chk).success();
+    chk["prevResult"] = mine.json();
+    call(&up, "CHECK", "ours", &ns).run_json(&chk).success();
     // a requested address held by the other binary is refused by both
     let mut req = c.clone();
-    req["args"] = json!({"cni": {"ips": [result_ips(&theirs.json)[0]]}});
-    Call::new(OURS, "ADD", "x", &ns).run(&req).expect_err(999, "is not available in range set");
-    req["args"] = json!({"cni": {"ips": [result_ips(&ours.json)[0]]}});
-    let up_req = Call::new(up, "ADD", "y", &ns).run(&req);
-    assert!(!up_req.ok && up_req.msg().contains("is not available"), "{}", up_req.stdout);
+    req["args"] = json!({"cni": {"ips": [result_ips(&theirs.json())[0]]}});
+    call(&ours(), "ADD", "x", &ns).run_json(&req).err_with(999, "is not available in range set");
+    req["args"] = json!({"cni": {"ips": [result_ips(&mine.json())[0]]}});
+    let up_req = call(&up, "ADD", "y", &ns).run_json(&req);
+    assert!(up_req.code != 0 && up_req.stdout.contains("is not available"), "{}", up_req.stdout);
 }
 
 #[test]
 fn upstream_never_mistakes_our_index_for_a_reservation() {
     let up = upstream();
-    let ns = Netns::new();
-    let d = tempfile::tempdir().unwrap();
+    let ns = Netns::new("hlu");
+    let d = TempDir::new("hlu");
     let c = conf(d.path());
     let net = d.path().join("shared");
     for i in 0..5 {
-        Call::new(OURS, "ADD", &format!("c{i}"), &ns).run(&c).expect_ok();
+        call(&ours(), "ADD", &format!("c{i}"), &ns).run_json(&c).success();
     }
     assert!(net.join(".host-local-index").exists());
     // upstream DEL walks the directory and reads every file, ours included
     for i in 0..5 {
-        Call::new(up, "DEL", &format!("c{i}"), &ns).run(&c).expect_ok();
+        call(&up, "DEL", &format!("c{i}"), &ns).run_json(&c).success();
     }
     assert!(reservations(&net).is_empty());
     assert!(net.join(".host-local-index").exists(), "upstream left the index alone");
@@ -127,6 +142,6 @@ fn upstream_never_mistakes_our_index_for_a_reservation() {
         std::fs::read_dir(&net).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(names.len(), 4, "lock, 2 cursors, index: {names:?}");
     // and ours, after upstream changed everything behind its back, agrees
-    let again = Call::new(OURS, "ADD", "c0", &ns).run(&c).expect_ok();
-    assert_eq!(result_ips(&again.json), ["10.20.0.7", "fd20::7"], "round-robin continues");
+    let again = call(&ours(), "ADD", "c0", &ns).run_json(&c).success();
+    assert_eq!(result_ips(&again.json()), ["10.20.0.7", "fd20::7"], "round-robin continues");
 }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Move the host state of running attachments between this suite's nftables layout and the
+# iptables form of upstream's plugins 1.1.1 (Debian's containernetworking-plugins), in the
+# network namespace this runs in (the node's, normally). Needs root. Idempotent, safe with pods
+# running: the new form is installed and verified before the old one is removed.
+#   scripts/migrate.sh to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]...
+#       after `scripts/install.sh --restore`: our masquerade rules and host ports become
+#       upstream's iptables chains, so upstream's CHECK and DEL of every pod work; our tables go.
+#   scripts/migrate.sh from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
+#       after `scripts/install.sh --force`: upstream's iptables chains become our nftables
+#       state (optional: our DEL, CHECK and GC handle upstream's form anyway).
+# --cache-dir: libcni's cache (default /var/lib/cni); --data-dir: host-local's stores (default
+# /var/lib/cni/networks); --cni-bin-dir: where our plugins are (default /opt/cni/bin).
+# The work is done by cni-migrate (tools/migrate), which scripts/install.sh installs next to
+# the plugins; CNI_MIGRATE=<path> picks another one. docs/switching.md has the details.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+case "${1:-}" in
+to-upstream | from-upstream) ;;
+-h | --help | "")
+    sed -n '2,/^set -/p' "$0" | grep '^#'
+    exit 0
+    ;;
+*)
+    echo "unknown command ${1}: use to-upstream or from-upstream" >&2
+    exit 2
+    ;;
+esac
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/migrate.sh needs root (it reads and changes the firewall); nothing was changed" >&2
+    exit 2
+fi
+have_iptables=0
+for c in "$(command -v iptables 2>/dev/null || true)" /usr/sbin/iptables /sbin/iptables; do
+    if [ -n "$c" ] && [ -f "$c" ] && [ -x "$c" ]; then
+        have_iptables=1
+        break
+    fi
+done
+if ((!have_iptables)); then
+    echo "iptables is not installed on this node: upstream's plugins need it (their bridge ipMasq and" >&2
+    echo "portmap run iptables), so there is no upstream form to read or write. Install the iptables" >&2
+    echo "package first. Nothing was changed." >&2
+    exit 2
+fi
+
+bin_dir=/opt/cni/bin
+prev=
+for a in "$@"; do
+    [ "$prev" = --cni-bin-dir ] && bin_dir=$a
+    prev=$a
+done
+
+tool=${CNI_MIGRATE:-}
+if [ -z "$tool" ]; then
+    for c in "$bin_dir/cni-migrate" /opt/cni/bin/cni-migrate; do
+        if [ -x "$c" ]; then
+            tool=$c
+            break
+        fi
+    done
+fi
+if [ -z "$tool" ]; then
+    # not installed: use (or make) the release build of this checkout
+    tool=$("$here/scripts/build-release.sh")/cni-migrate
+fi
+exec "$tool" "$@"

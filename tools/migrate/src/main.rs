@@ -1,0 +1,146 @@
+//! `cni-migrate`: move the host state of running attachments between this suite's nftables
+//! layout and the iptables form of upstream's plugins 1.1.1 (Debian's), in the network
+//! namespace it runs in. Run through `scripts/migrate.sh`; docs/switching.md explains when.
+//!
+//! ```text
+//! cni-migrate to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]...
+//! cni-migrate from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
+//! ```
+//!
+//! Both are idempotent and keep every attachment's traffic flowing: the new form is installed
+//! and verified before the old one is removed. Exit status 0 when everything was converted
+//! (or nothing needed to be), 1 when something could not be (the old form of what failed is
+//! kept), 2 for bad usage or a node that cannot do it (no root, no iptables: nothing changed).
+
+mod from_upstream;
+mod inventory;
+mod ours;
+mod to_upstream;
+
+use std::path::PathBuf;
+
+/// What the user asked for.
+pub struct Opts {
+    pub dry_run: bool,
+    /// libcni cache directories (`<dir>/results/…`).
+    pub cache_dirs: Vec<PathBuf>,
+    /// host-local data directories (`<dir>/<network>/<ip>`).
+    pub data_dirs: Vec<PathBuf>,
+    /// Where our plugins are (from-upstream runs our portmap).
+    pub bin_dir: PathBuf,
+}
+
+/// What happened, for the user.
+#[derive(Default)]
+pub struct Report {
+    pub done: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// A refusal before anything was changed (exit status 2).
+pub fn refused(msg: impl Into<String>) -> cni_common::CniError {
+    cni_common::CniError::new(cni_common::code::NOT_AVAILABLE, msg)
+}
+
+const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream [--dry-run] [--cache-dir DIR]... \
+                     [--data-dir DIR]... [--cni-bin-dir DIR]";
+
+fn default_bin_dir() -> PathBuf {
+    // next to this binary when our plugins are there (install.sh puts it with them)
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+        .filter(|d| d.join("portmap").is_file())
+        .unwrap_or_else(|| PathBuf::from("/opt/cni/bin"))
+}
+
+fn parse(args: &[String]) -> Result<(String, Opts), String> {
+    let mut it = args.iter();
+    let cmd = it.next().ok_or(USAGE)?.clone();
+    if cmd != "to-upstream" && cmd != "from-upstream" {
+        return Err(format!("unknown command {cmd:?}\n{USAGE}"));
+    }
+    let mut o =
+        Opts { dry_run: false, cache_dirs: Vec::new(), data_dirs: Vec::new(), bin_dir: default_bin_dir() };
+    while let Some(a) = it.next() {
+        let mut value = || it.next().map(PathBuf::from).ok_or(format!("{a} needs a value\n{USAGE}"));
+        match a.as_str() {
+            "--dry-run" => o.dry_run = true,
+            "--cache-dir" => o.cache_dirs.push(value()?),
+            "--data-dir" => o.data_dirs.push(value()?),
+            "--cni-bin-dir" => o.bin_dir = value()?,
+            _ => return Err(format!("unknown argument {a:?}\n{USAGE}")),
+        }
+    }
+    if o.cache_dirs.is_empty() {
+        o.cache_dirs.push(PathBuf::from("/var/lib/cni"));
+    }
+    if o.data_dirs.is_empty() {
+        o.data_dirs.push(PathBuf::from("/var/lib/cni/networks"));
+    }
+    Ok((cmd, o))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return;
+    }
+    let (cmd, opts) = match parse(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("cni-migrate must run as root (it reads and changes the firewall); nothing was changed");
+        std::process::exit(2);
+    }
+    let mut report = Report::default();
+    let r = if cmd == "to-upstream" {
+        to_upstream::run(&opts, &mut report)
+    } else {
+        from_upstream::run(&opts, &mut report)
+    };
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    for d in &report.done {
+        println!("{}{d}", if opts.dry_run { "" } else { "converted: " });
+    }
+    match r {
+        Ok(()) => println!("{cmd}: done{}", if opts.dry_run { " (dry run: nothing changed)" } else { "" }),
+        Err(e) => {
+            eprintln!("{cmd}: {}", e.msg);
+            if !e.details.is_empty() {
+                eprintln!("{}", e.details);
+            }
+            // Refusals before anything changed are usage-level (2); the rest is 1.
+            std::process::exit(if e.code == cni_common::code::NOT_AVAILABLE { 2 } else { 1 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments() {
+        let a = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let (c, o) = parse(&a("to-upstream --dry-run --cache-dir /c --data-dir /d --data-dir /e")).unwrap();
+        assert_eq!(c, "to-upstream");
+        assert!(o.dry_run);
+        assert_eq!(o.cache_dirs, vec![PathBuf::from("/c")]);
+        assert_eq!(o.data_dirs.len(), 2);
+        let (_, o) = parse(&a("from-upstream --cni-bin-dir /b")).unwrap();
+        assert_eq!(o.bin_dir, PathBuf::from("/b"));
+        assert_eq!(o.cache_dirs, vec![PathBuf::from("/var/lib/cni")]);
+        assert!(parse(&a("sideways")).is_err());
+        assert!(parse(&a("to-upstream --cache-dir")).is_err());
+        assert!(parse(&[]).is_err());
+    }
+}
