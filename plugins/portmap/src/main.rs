@@ -26,6 +26,7 @@ mod slow;
 mod table;
 mod wire;
 
+use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
@@ -60,7 +61,7 @@ fn load_teardown(req: &Request, verb: &str) -> Result<Teardown> {
 }
 
 fn owner(req: &Request) -> Owner {
-    Owner::new(req.network(), &req.env.container_id, &req.env.ifname)
+    Owner::of(&AttachmentId::of(req))
 }
 
 fn nftables() -> Result<NfTables> {
@@ -294,12 +295,9 @@ impl Plugin for Portmap {
         load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
                                    // Upstream-made leftovers of this network's attachments not in the valid list.
         let upstream = cni_common::upstream::hostport::gc(req);
-        let valid: HashSet<String> = req
-            .valid_attachments()?
-            .iter()
-            .map(|a| Owner::new(req.network(), &a.container_id, &a.ifname).tag)
-            .collect();
-        let prefix = owner::net_prefix(req.network());
+        let valid: HashSet<String> =
+            AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
+        let prefix = portmap_net_prefix(req.network());
         let mut nf = match nftables() {
             Ok(n) => n,
             Err(e) => {

@@ -2,8 +2,8 @@
 //! value in the `owner` map).
 
 use crate::model::Hash;
+use cni_common::attachment::AttachmentId;
 use sha2::{Digest, Sha256};
-use std::fmt::Write as _;
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -18,23 +18,9 @@ pub fn sha(parts: &[&str]) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// An identifier shortened to fit the 128-byte element comment: kept when short, else `=` and
-/// a hash prefix. Network names and container ids are validated by the skeleton
-/// (`[A-Za-z0-9][A-Za-z0-9_.-]*`), so they never contain `,`.
-fn short(kind: &str, s: &str, max: usize) -> String {
-    if s.len() <= max {
-        s.to_string()
-    } else {
-        format!("={}", &hex(&sha(&[kind, s]))[..24])
-    }
-}
-
-/// The network part of an owner tag, `<net>,`: GC selects this network's elements with it.
-pub fn net_prefix(net: &str) -> String {
-    format!("{},", short("net", net, 40))
-}
-
-/// Who an element belongs to: one attachment (network, container id, interface).
+/// Who an element belongs to: one attachment (network, container id, interface), in the
+/// encodings of [`AttachmentId`] (`portmap_tag`, `portmap_hash`, `portmap_container`; pinned
+/// there by a unit test, so that tables written by earlier builds stay readable).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
     /// `<network>,<container id>,<ifname>`, only characters nft's quoting leaves alone.
@@ -47,19 +33,17 @@ pub struct Owner {
 }
 
 impl Owner {
-    pub fn new(net: &str, id: &str, ifname: &str) -> Owner {
-        // ifnames may hold any byte but '/', ':' and whitespace: escape everything unusual.
-        let mut ifn = String::new();
-        for b in ifname.bytes() {
-            if b.is_ascii_alphanumeric() || b"_.-".contains(&b) {
-                ifn.push(b as char);
-            } else {
-                let _ = write!(ifn, "+{b:02X}");
-            }
+    pub fn of(a: &AttachmentId) -> Owner {
+        Owner {
+            tag: a.portmap_tag(),
+            hash: Hash(a.portmap_hash().octets()),
+            container: a.portmap_container(),
         }
-        let container = short("id", id, 64);
-        let tag = format!("{}{container},{}", net_prefix(net), short("if", &ifn, 15));
-        Owner { tag, hash: Hash::from_digest(&sha(&["owner", net, id, ifname])), container }
+    }
+
+    #[cfg(test)]
+    pub fn new(net: &str, id: &str, ifname: &str) -> Owner {
+        Owner::of(&AttachmentId::new(net, id, ifname))
     }
 }
 
@@ -103,9 +87,8 @@ mod tests {
         let long = Owner::new(&"n".repeat(200), &"c".repeat(300), "e\u{e9}th,x");
         assert!(long.tag.len() <= 128, "{}", long.tag);
         assert_eq!(quote(&long.tag), format!("\"{}\"", long.tag), "nothing for quote() to escape");
-        assert!(long.tag.starts_with(&net_prefix(&"n".repeat(200))));
+        assert_eq!(container_of(&long.tag), Some(long.container.as_str()));
         assert_ne!(Owner::new("n", "a", "eth0").hash, Owner::new("n", "a", "eth1").hash);
-        assert_ne!(Owner::new("n", "a", "eth0").hash, Owner::new("m", "a", "eth0").hash);
         assert_eq!(describe_holder(Some("n,c1,eth0")), "network \"n\", container \"c1\", interface \"eth0\"");
         assert_eq!(container_of("n,c1,eth0"), Some("c1"));
         assert_eq!(container_of("n,c1"), None);
