@@ -12,6 +12,10 @@
 # all of it lives under target/upstream/.
 #
 # Idempotent: does nothing when target/upstream/cnitool exists and the packages are there.
+# Safe to run concurrently (the test harness runs one process per test, and each test that
+# needs upstream cnitool calls this): one run at a time holds target/upstream.lock, the others
+# wait for it and then find the binary built. Without the lock a second run's `rm -rf` of the
+# work directories pulled them from under the first one's apt-get and go build.
 # Usage: scripts/build-upstream-cnitool.sh [--force]
 set -euo pipefail
 
@@ -21,6 +25,13 @@ OUT="$WORK/cnitool"
 PACKAGES=(golang-go golang-github-appc-cni-dev containernetworking-plugins xz-utils)
 
 log() { printf 'build-upstream-cnitool: %s\n' "$*" >&2; }
+
+mkdir -p "$ROOT/target"
+exec 9>"$ROOT/target/upstream.lock"
+if ! flock -n 9; then
+    log "another run is building; waiting for it"
+    flock 9
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
