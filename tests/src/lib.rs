@@ -576,6 +576,45 @@ pub fn ns_state(ns: &Netns) -> String {
         .join("\n")
 }
 
+/// `text` without packet and byte counters, which the kernel changes by itself: the
+/// `[packets:bytes]` of `*-save` chain lines (x_tables keeps them for the built-in chains of
+/// iptables-legacy, and the first packet of any connection in the namespace counts, e.g. the
+/// IGMP report a bridge sends for the group 224.0.0.106 up to a second after it comes up) and
+/// the `counter packets N bytes M` of `nft list ruleset` (every rule iptables-nft writes has
+/// one), left as a bare `counter`. For comparing firewall state before and after.
+pub fn without_counters(text: &str) -> String {
+    const NFT: &str = "counter packets ";
+    let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let mut line = line;
+        if line.starts_with(':') && line.ends_with(']') {
+            if let Some(at) = line.rfind(" [") {
+                line = &line[..at];
+            }
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find(NFT) {
+            let after = &rest[at + NFT.len()..];
+            let n = digits(after);
+            match after[n..].strip_prefix(" bytes ") {
+                Some(b) if n > 0 && digits(b) > 0 => {
+                    out.push_str(&rest[..at]);
+                    out.push_str("counter");
+                    rest = &b[digits(b)..];
+                }
+                _ => {
+                    out.push_str(&rest[..at + NFT.len()]);
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}
+
 /// Drop `<name>_timer <seconds>` pairs (bridge and bridge-port timers tick on their own).
 fn strip_timers(line: &str) -> String {
     let mut out = Vec::new();
@@ -681,3 +720,24 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn without_counters_keeps_everything_but_counters() {
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [1:40]\n:CNI-DN-x - [0:0]\n\
+                    -A OUTPUT -m comment --comment \"a [1:2]\" -j CNI-DN-x\nCOMMIT\n";
+        assert_eq!(
+            super::without_counters(save),
+            "*nat\n:PREROUTING ACCEPT\n:OUTPUT ACCEPT\n:CNI-DN-x -\n\
+             -A OUTPUT -m comment --comment \"a [1:2]\" -j CNI-DN-x\nCOMMIT\n"
+        );
+        let nft = "table ip nat {\n\tchain POSTROUTING {\n\t\tip saddr 10.1.1.1 counter packets 12 bytes 3400 masquerade\n\
+                   \t\tcounter packets 1 bytes 40 jump X comment \"counter packets x\"\n\t}\n}";
+        assert_eq!(
+            super::without_counters(nft),
+            "table ip nat {\n\tchain POSTROUTING {\n\t\tip saddr 10.1.1.1 counter masquerade\n\
+             \t\tcounter jump X comment \"counter packets x\"\n\t}\n}\n"
+        );
+    }
+}
