@@ -29,11 +29,11 @@ use super::{combine, locate, locate_any, names, nft_family, nftables, Found, Tea
 use crate::netlink::conntrack;
 use crate::netlink::nft::{NfTables, NftDelete, NftRule};
 use crate::netlink::Family;
+use crate::spec::config::PortMapConf;
 use crate::spec::json;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
 use ipnet::IpNet;
-use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -68,42 +68,6 @@ pub struct Spec {
     pub v6: Option<IpNet>,
 }
 
-#[derive(Deserialize, Default)]
-struct RawMapping {
-    #[serde(rename = "hostPort", default)]
-    host_port: i64,
-    #[serde(rename = "containerPort", default)]
-    container_port: i64,
-    #[serde(default)]
-    protocol: Option<String>,
-    #[serde(rename = "hostIP", default)]
-    host_ip: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct RawRuntime {
-    #[serde(rename = "portMappings", default)]
-    port_mappings: Option<Vec<RawMapping>>,
-}
-
-#[derive(Deserialize, Default)]
-struct RawConf {
-    #[serde(rename = "runtimeConfig", default)]
-    runtime_config: Option<RawRuntime>,
-    #[serde(default)]
-    snat: Option<bool>,
-    #[serde(rename = "masqAll", default)]
-    masq_all: Option<bool>,
-    #[serde(rename = "markMasqBit", default)]
-    mark_masq_bit: Option<i64>,
-    #[serde(rename = "externalSetMarkChain", default)]
-    external_set_mark_chain: Option<String>,
-    #[serde(rename = "conditionsV4", default)]
-    conditions_v4: Option<Vec<String>>,
-    #[serde(rename = "conditionsV6", default)]
-    conditions_v6: Option<Vec<String>>,
-}
-
 /// The container addresses upstream's portmap forwards to: the first IPv4 and IPv6 address of
 /// prevResult on the interface `ifname` in a sandbox (entries without an interface count).
 pub fn container_addrs(prev: &CniResult, ifname: &str) -> (Option<IpNet>, Option<IpNet>) {
@@ -129,10 +93,10 @@ impl Spec {
         config: &Value,
         prev: Option<&CniResult>,
     ) -> Result<Spec> {
-        let raw: RawConf = json::from_ref(config)
+        let raw: PortMapConf = json::from_ref(config)
             .map_err(|e| CniError::decode(format!("portmap configuration (as upstream reads it): {e}")))?;
         let mut mappings = Vec::new();
-        for m in raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default() {
+        for m in raw.mappings() {
             let port = |v: i64, what: &str| {
                 u32::try_from(v).ok().filter(|p| *p > 0).ok_or_else(|| {
                     CniError::config(format!("runtimeConfig.portMappings: invalid {what} {v}"))
@@ -141,8 +105,8 @@ impl Spec {
             mappings.push(Mapping {
                 host_port: port(m.host_port, "hostPort")?,
                 container_port: port(m.container_port, "containerPort")?,
-                protocol: m.protocol.unwrap_or_default(),
-                host_ip: m.host_ip.unwrap_or_default(),
+                protocol: m.protocol.clone(),
+                host_ip: m.host_ip.clone(),
             });
         }
         let mark_bit = match raw.mark_masq_bit {
@@ -151,13 +115,13 @@ impl Spec {
             Some(b) => return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31"))),
         };
         let (v4, v6) = prev.map(|p| container_addrs(p, ifname)).unwrap_or_default();
-        let external = raw.external_set_mark_chain.filter(|c| !c.is_empty());
+        let external = raw.external_set_mark_chain.clone().filter(|c| !c.is_empty());
         Ok(Spec {
             network: network.into(),
             container_id: container_id.into(),
             mappings,
-            snat: raw.snat.unwrap_or(true),
-            masq_all: raw.masq_all.unwrap_or(false),
+            snat: raw.snat(),
+            masq_all: raw.masq_all,
             mark_bit,
             set_mark_chain: external.clone().unwrap_or_else(|| names::HOSTPORT_SETMARK.into()),
             external_set_mark: external.is_some(),
