@@ -29,7 +29,7 @@ use super::{combine, locate, locate_any, names, nft_family, nftables, Found, Tea
 use crate::netlink::conntrack;
 use crate::netlink::nft::{NfTables, NftDelete, NftRule};
 use crate::netlink::Family;
-use crate::spec::config::PortMapConf;
+use crate::spec::config::{PortMapConf, PortMapping};
 use crate::spec::json;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
@@ -38,16 +38,6 @@ use serde_json::Value;
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-/// One `runtimeConfig.portMappings` entry, as upstream reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
-    pub host_port: u32,
-    pub container_port: u32,
-    pub protocol: String,
-    /// Empty: every address.
-    pub host_ip: String,
-}
-
 /// What upstream's portmap derives its rules from: the attachment, its configuration and its
 /// container addresses (the first of each family on the container interface, as upstream
 /// picks them).
@@ -55,17 +45,19 @@ pub struct Mapping {
 pub struct Spec {
     pub network: String,
     pub container_id: String,
-    pub mappings: Vec<Mapping>,
-    pub snat: bool,
-    pub masq_all: bool,
-    pub mark_bit: u32,
-    /// `externalSetMarkChain`, else `CNI-HOSTPORT-SETMARK`.
-    pub set_mark_chain: String,
-    pub external_set_mark: bool,
-    pub conditions_v4: Vec<String>,
-    pub conditions_v6: Vec<String>,
+    /// As upstream's ADD accepts it: every mapping's ports above 0, `markMasqBit` within 0..=31
+    /// ([`Spec::from_json`] refuses anything else).
+    pub conf: PortMapConf,
     pub v4: Option<IpNet>,
     pub v6: Option<IpNet>,
+}
+
+/// `markMasqBit` (13 unless set), None when outside upstream's range 0..=31.
+fn mark_bit(conf: &PortMapConf) -> Option<u32> {
+    match conf.mark_masq_bit {
+        None => Some(names::DEFAULT_MARK_BIT),
+        Some(b) => u32::try_from(b).ok().filter(|b| *b <= 31),
+    }
 }
 
 /// The container addresses upstream's portmap forwards to: the first IPv4 and IPv6 address of
@@ -93,43 +85,21 @@ impl Spec {
         config: &Value,
         prev: Option<&CniResult>,
     ) -> Result<Spec> {
-        let raw: PortMapConf = json::from_ref(config)
+        let conf: PortMapConf = json::from_ref(config)
             .map_err(|e| CniError::decode(format!("portmap configuration (as upstream reads it): {e}")))?;
-        let mut mappings = Vec::new();
-        for m in raw.mappings() {
-            let port = |v: i64, what: &str| {
-                u32::try_from(v).ok().filter(|p| *p > 0).ok_or_else(|| {
-                    CniError::config(format!("runtimeConfig.portMappings: invalid {what} {v}"))
-                })
-            };
-            mappings.push(Mapping {
-                host_port: port(m.host_port, "hostPort")?,
-                container_port: port(m.container_port, "containerPort")?,
-                protocol: m.protocol.clone(),
-                host_ip: m.host_ip.clone(),
-            });
+        for m in conf.mappings() {
+            for (what, v) in [("hostPort", m.host_port), ("containerPort", m.container_port)] {
+                if u32::try_from(v).map_or(true, |p| p == 0) {
+                    return Err(CniError::config(format!("runtimeConfig.portMappings: invalid {what} {v}")));
+                }
+            }
         }
-        let mark_bit = match raw.mark_masq_bit {
-            None => names::DEFAULT_MARK_BIT,
-            Some(b) if (0..=31).contains(&b) => b as u32,
-            Some(b) => return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31"))),
-        };
+        if mark_bit(&conf).is_none() {
+            let b = conf.mark_masq_bit.unwrap_or_default();
+            return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31")));
+        }
         let (v4, v6) = prev.map(|p| container_addrs(p, ifname)).unwrap_or_default();
-        let external = raw.external_set_mark_chain.clone().filter(|c| !c.is_empty());
-        Ok(Spec {
-            network: network.into(),
-            container_id: container_id.into(),
-            mappings,
-            snat: raw.snat(),
-            masq_all: raw.masq_all,
-            mark_bit,
-            set_mark_chain: external.clone().unwrap_or_else(|| names::HOSTPORT_SETMARK.into()),
-            external_set_mark: external.is_some(),
-            conditions_v4: raw.conditions_v4.unwrap_or_default(),
-            conditions_v6: raw.conditions_v6.unwrap_or_default(),
-            v4,
-            v6,
-        })
+        Ok(Spec { network: network.into(), container_id: container_id.into(), conf, v4, v6 })
     }
 
     pub fn from_request(req: &Request) -> Result<Spec> {
@@ -144,10 +114,39 @@ impl Spec {
         }
     }
 
+    pub fn mappings(&self) -> &[PortMapping] {
+        self.conf.mappings()
+    }
+
+    /// `conditionsV4` or `conditionsV6`.
+    pub fn conditions(&self, fam: Fam) -> &[String] {
+        let c = match fam {
+            Fam::V4 => &self.conf.conditions_v4,
+            Fam::V6 => &self.conf.conditions_v6,
+        };
+        c.as_deref().unwrap_or_default()
+    }
+
+    /// `externalSetMarkChain`, when set (then upstream makes no SETMARK and MASQ chains).
+    pub fn external_set_mark_chain(&self) -> Option<&str> {
+        self.conf.external_set_mark_chain.as_deref().filter(|c| !c.is_empty())
+    }
+
+    /// Whether upstream's ADD writes the shared `CNI-HOSTPORT-SETMARK` and `-MASQ` chains for
+    /// this attachment: with `snat` and without `externalSetMarkChain`.
+    pub fn makes_mark_chains(&self) -> bool {
+        self.conf.snat() && self.external_set_mark_chain().is_none()
+    }
+
+    /// The chain the hairpin and localhost rules jump to.
+    fn set_mark_chain(&self) -> &str {
+        self.external_set_mark_chain().unwrap_or(names::HOSTPORT_SETMARK)
+    }
+
     /// UDP host ports (for the conntrack flush).
     fn udp_ports(&self) -> Vec<u16> {
         let mut out: Vec<u16> = Vec::new();
-        for m in &self.mappings {
+        for m in self.mappings() {
             if m.protocol.eq_ignore_ascii_case("udp") {
                 if let Ok(p) = u16::try_from(m.host_port) {
                     if !out.contains(&p) {
@@ -160,7 +159,7 @@ impl Spec {
     }
 
     fn mark(&self) -> String {
-        let v = 1u32 << self.mark_bit;
+        let v = 1u32 << mark_bit(&self.conf).unwrap_or(names::DEFAULT_MARK_BIT);
         format!("{v:#x}/{v:#x}")
     }
 }
@@ -180,11 +179,11 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
     let v6 = fam == Fam::V6;
     let chain = names::dnat_chain(&spec.network, &spec.container_id);
     let comment = names::dnat_comment(&spec.network, &spec.container_id);
-    let conditions = if v6 { &spec.conditions_v6 } else { &spec.conditions_v4 };
+    let conditions = spec.conditions(fam);
     // Entry rules: ports grouped by protocol (every mapping, whatever its hostIP), protocols
     // sorted, at most 15 ports per multiport rule.
     let mut protos: Vec<&str> = Vec::new();
-    for m in &spec.mappings {
+    for m in spec.mappings() {
         if !protos.contains(&m.protocol.as_str()) {
             protos.push(&m.protocol);
         }
@@ -193,7 +192,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
     let mut entries = Vec::new();
     for p in protos {
         let ports: Vec<String> =
-            spec.mappings.iter().filter(|m| m.protocol == p).map(|m| m.host_port.to_string()).collect();
+            spec.mappings().iter().filter(|m| m.protocol == p).map(|m| m.host_port.to_string()).collect();
         for group in ports.chunks(15) {
             let mut r =
                 iptables::words(&["-m", "comment", "--comment", &comment, "-m", "multiport", "-p", p]);
@@ -204,7 +203,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
         }
     }
     let mut rules = Vec::new();
-    for m in &spec.mappings {
+    for m in spec.mappings() {
         let mut base = iptables::words(&["-p", &m.protocol, "--dport", &m.host_port.to_string()]);
         if !m.host_ip.is_empty() {
             let Ok(hip) = m.host_ip.parse::<IpAddr>() else { continue };
@@ -215,18 +214,18 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
                 base.extend(iptables::words(&["-d", &m.host_ip]));
             }
         }
-        if spec.snat {
-            let src = match (spec.masq_all, v6) {
+        if spec.conf.snat() {
+            let src = match (spec.conf.masq_all, v6) {
                 (true, false) => "0.0.0.0/0".to_string(),
                 (true, true) => "::/0".to_string(),
                 (false, _) => addr.to_string(),
             };
             let mut hairpin = base.clone();
-            hairpin.extend(iptables::words(&["-s", &src, "-j", &spec.set_mark_chain]));
+            hairpin.extend(iptables::words(&["-s", &src, "-j", spec.set_mark_chain()]));
             rules.push(hairpin);
-            if !v6 && !spec.masq_all {
+            if !v6 && !spec.conf.masq_all {
                 let mut local = base.clone();
-                local.extend(iptables::words(&["-s", "127.0.0.1", "-j", &spec.set_mark_chain]));
+                local.extend(iptables::words(&["-s", "127.0.0.1", "-j", spec.set_mark_chain()]));
                 rules.push(local);
             }
         }
@@ -245,7 +244,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
 /// with `snat` and without `externalSetMarkChain`.
 pub fn plumbing_rules(spec: &Spec) -> Vec<(String, Vec<String>, bool)> {
     let mut out = Vec::new();
-    if spec.snat && !spec.external_set_mark {
+    if spec.makes_mark_chains() {
         let mark = spec.mark();
         out.push((
             names::HOSTPORT_SETMARK.to_string(),
@@ -534,7 +533,7 @@ pub fn del(req: &Request) -> Result<()> {
 /// none.
 pub fn check(req: &Request) -> Result<Found> {
     let spec = Spec::from_request(req)?;
-    if spec.mappings.is_empty() {
+    if spec.mappings().is_empty() {
         return Ok(Found::Absent);
     }
     let dn = names::dnat_chain(&spec.network, &spec.container_id);
@@ -580,7 +579,7 @@ fn check_nft_backend(spec: &Spec, fam: Fam, found: &[(Fam, NftRule)]) -> Result<
         found.iter().filter(|(f, r)| *f == fam && chains.contains(&r.chain.as_str())).count()
     };
     let want = spec
-        .mappings
+        .mappings()
         .iter()
         .filter(|m| m.host_ip.parse::<IpAddr>().map_or(true, |ip| ip.is_ipv6() == (fam == Fam::V6)))
         .count();
@@ -590,9 +589,9 @@ fn check_nft_backend(spec: &Spec, fam: Fam, found: &[(Fam, NftRule)]) -> Result<
             "port mappings made by upstream's portmap (nftables): missing rules in {family} cni_hostport hostports"
         )));
     }
-    let masq = if !spec.snat {
+    let masq = if !spec.conf.snat() {
         0
-    } else if fam == Fam::V4 && !spec.masq_all {
+    } else if fam == Fam::V4 && !spec.conf.masq_all {
         2
     } else {
         1
@@ -815,6 +814,6 @@ mod tests {
         )
         .is_err());
         let s = Spec::from_json("n", "c", "eth0", &json!({"snat": null}), None).unwrap();
-        assert!(s.snat && s.mappings.is_empty() && s.v4.is_none());
+        assert!(s.conf.snat() && s.mappings().is_empty() && s.v4.is_none());
     }
 }
