@@ -25,10 +25,8 @@
 //! (the comment has none) and leaves them.
 
 use super::iptables::{self, Backend, Fam, Rule, Script, Table};
-use super::{combine, locate, locate_any, names, nft_family, nftables, Found, Teardown};
-use crate::netlink::conntrack;
+use super::{combine, locate, names, nft_family, nftables, Found, Teardown};
 use crate::netlink::nft::{NfTables, NftDelete, NftRule};
-use crate::netlink::Family;
 use crate::spec::config::{PortMapConf, PortMapping};
 use crate::spec::json;
 use crate::spec::result::CniResult;
@@ -499,21 +497,6 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     combine(errors).map(|()| removed)
 }
 
-/// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
-/// binding; plugins#123).
-pub fn flush_udp(ports: &[u16], families: &[Fam]) {
-    let targets: Vec<(Family, u16)> = families
-        .iter()
-        .flat_map(|f| {
-            let fam = if *f == Fam::V4 { Family::V4 } else { Family::V6 };
-            ports.iter().map(move |p| (fam, *p))
-        })
-        .collect();
-    if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
-        eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
-    }
-}
-
 /// DEL: remove what upstream's portmap made for this attachment (both iptables backends and
 /// its nftables backend), and flush the UDP flows of its mappings. A configuration this
 /// cannot read (DEL must not fail on it) only costs the conntrack flush.
@@ -522,7 +505,7 @@ pub fn del(req: &Request) -> Result<()> {
         .map_err(|e| e.context("remove upstream's port mappings"))?;
     if removed {
         if let Ok(spec) = Spec::from_request(req) {
-            flush_udp(&spec.udp_ports(), &Fam::BOTH);
+            super::flush_udp(&spec.udp_ports(), &Fam::BOTH);
         }
     }
     Ok(())
@@ -634,68 +617,47 @@ fn udp_ports_in(t: &Table, chain: &str) -> Vec<u16> {
         .collect()
 }
 
-/// GC: remove upstream's iptables port mappings of this network's attachments that are not
-/// in the valid list (found by the network name in the entry rules' comments), the shared
-/// chains once unused, and the UDP flows of the removed mappings. Rules of upstream's
-/// nftables backend name no network and are left to DEL.
-pub fn gc(req: &Request) -> Result<()> {
-    let network = req.network();
-    let valid = req.valid_attachments()?;
-    let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
-    let at = locate_any(|c| {
+/// GC of upstream's iptables port mappings (found by the network name in the entry rules'
+/// comments), with the shared chains once unused. Rules of upstream's nftables backend name no
+/// network and are left to DEL.
+struct Gc;
+
+impl super::Collect for Gc {
+    const WHAT: &'static str = "port mappings";
+
+    fn is_chain(c: &str) -> bool {
         c == names::HOSTPORT_DNAT
             || c == names::HOSTPORT_SNAT
             || c.starts_with("CNI-DN-")
             || c.starts_with("CNI-SN-")
-    })?;
-    let mut nf = nftables();
-    let mut errors = Vec::new();
-    for (backend, fam) in at {
-        let r = (|| -> Result<()> {
-            let (dead, ports) = match (backend, nf.as_mut()) {
-                (Backend::Nft, Some(nf)) => {
-                    let t = iptables::save(backend, fam)?;
-                    let dead = dead_in(&t, network, &keep);
-                    for id in &dead {
-                        teardown(network, id).apply_nft(nf, fam)?;
-                    }
-                    nft_plumbing(nf, fam);
-                    let ports = dead
-                        .iter()
-                        .flat_map(|id| udp_ports_in(&t, &names::dnat_chain(network, id)))
-                        .collect();
-                    (dead, ports)
-                }
-                (Backend::Nft, None) => (Vec::new(), Vec::new()),
-                (Backend::Legacy, _) => super::legacy_change(fam, |t| {
-                    let dead = dead_in(t, network, &keep);
-                    let mut s = Script::default();
-                    for id in &dead {
-                        for l in teardown(network, id).script(t).lines() {
-                            s.push(l);
-                        }
-                    }
-                    let dropped = dropped_by(&s);
-                    plumbing_script(t, &dropped, &mut s);
-                    let ports: Vec<u16> =
-                        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect();
-                    (s, (dead, ports))
-                })?,
-            };
-            for id in &dead {
-                eprintln!(
-                    "GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})",
-                    backend.name()
-                );
-            }
-            flush_udp(&ports, &[fam]);
-            Ok(())
-        })();
-        if let Err(e) = r {
-            errors.push(e.context("GC of upstream's iptables port mappings"));
-        }
     }
-    combine(errors)
+
+    fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
+        dead_in(t, network, keep)
+    }
+
+    fn teardown(network: &str, container_id: &str) -> Teardown {
+        teardown(network, container_id)
+    }
+
+    fn tidy_nft(nf: &mut NfTables, fam: Fam) {
+        nft_plumbing(nf, fam);
+    }
+
+    fn tidy_script(t: &Table, s: &mut Script) {
+        let dropped = dropped_by(s);
+        plumbing_script(t, &dropped, s);
+    }
+
+    fn udp_ports(t: &Table, network: &str, dead: &[String]) -> Vec<u16> {
+        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect()
+    }
+}
+
+/// GC: remove upstream's iptables port mappings of this network's attachments that are not
+/// in the valid list, the shared chains once unused, and the UDP flows of the removed mappings.
+pub fn gc(req: &Request) -> Result<()> {
+    super::collect::<Gc>(req)
 }
 
 #[cfg(test)]
