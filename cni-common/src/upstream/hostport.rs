@@ -25,7 +25,8 @@
 //! (the comment has none) and leaves them.
 
 use super::iptables::{self, Backend, Fam, Rule, Script, Table};
-use super::{combine, locate, names, nft_family, nftables, Found, Teardown};
+use super::{locate, names, nft_family, nftables, Found, Teardown};
+use crate::error_list::ErrorList;
 use crate::netlink::nft::{NfTables, NftDelete, NftRule};
 use crate::spec::config::{PortMapConf, PortMapping};
 use crate::spec::json;
@@ -463,7 +464,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     let wanted = [names::dnat_chain(network, container_id), names::snat_chain(network, container_id)];
     let mut nf = nftables();
     let at = locate(nf.as_mut(), &wanted)?;
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     let mut removed = false;
     let t = teardown(network, container_id);
     for (backend, fam) in at {
@@ -494,7 +495,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
             Err(e) => errors.push(e),
         }
     }
-    combine(errors).map(|()| removed)
+    errors.finish().map(|()| removed)
 }
 
 /// DEL: remove what upstream's portmap made for this attachment (both iptables backends and

@@ -13,7 +13,8 @@
 //! layout: the bridge plugin handles that one itself.
 
 use super::iptables::{self, Fam, Rule, Table};
-use super::{combine, locate, names, nftables, Found, Teardown};
+use super::{locate, names, nftables, Found, Teardown};
+use crate::error_list::ErrorList;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
 use ipnet::IpNet;
@@ -60,13 +61,13 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
         return Ok(false);
     }
     let t = teardown(network, container_id);
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     for (backend, fam) in at {
         if let Err(e) = t.apply(nf.as_mut(), backend, fam) {
             errors.push(e);
         }
     }
-    combine(errors).map(|()| true)
+    errors.finish().map(|()| true)
 }
 
 /// DEL: remove what upstream's bridge made for this attachment's `ipMasq` (upstream keys it by

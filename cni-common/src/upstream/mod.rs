@@ -33,6 +33,7 @@ pub mod masq;
 pub mod names;
 mod xtables;
 
+use crate::error_list::ErrorList;
 use crate::netlink::conntrack;
 use crate::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp, Verdict};
 use crate::netlink::{Family, NlError};
@@ -285,7 +286,7 @@ fn collect<C: Collect>(req: &Request) -> Result<()> {
     let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
     let at = locate_any(C::is_chain)?;
     let mut nf = nftables();
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     for (backend, fam) in at {
         let r = (|| -> Result<()> {
             let (dead, ports) = match (backend, nf.as_mut()) {
@@ -327,7 +328,7 @@ fn collect<C: Collect>(req: &Request) -> Result<()> {
             errors.push(e.context(format_args!("GC of upstream's iptables {}", C::WHAT)));
         }
     }
-    combine(errors)
+    errors.finish()
 }
 
 /// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
@@ -343,17 +344,4 @@ fn flush_udp(ports: &[u16], families: &[Fam]) {
     if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
         eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
     }
-}
-
-/// Errors of a best-effort teardown, as one (the first, the others in its details).
-fn combine(mut errors: Vec<CniError>) -> Result<()> {
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let first = errors.remove(0);
-    if errors.is_empty() {
-        return Err(first);
-    }
-    let rest: Vec<String> = errors.iter().map(|e| e.msg.clone()).collect();
-    Err(first.with_details(format!("also: {}", rest.join("; "))))
 }
