@@ -25,28 +25,17 @@
 //! (the comment has none) and leaves them.
 
 use super::iptables::{self, Backend, Fam, Rule, Script, Table};
-use super::{combine, locate, locate_any, names, nft_family, nftables, Found, Teardown};
-use crate::netlink::conntrack;
+use super::{locate, names, nft_family, nftables, Found, Teardown};
+use crate::error_list::ErrorList;
 use crate::netlink::nft::{NfTables, NftDelete, NftRule};
-use crate::netlink::Family;
+use crate::spec::config::{PortMapConf, PortMapping};
 use crate::spec::json;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
 use ipnet::IpNet;
-use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::net::IpAddr;
-
-/// One `runtimeConfig.portMappings` entry, as upstream reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
-    pub host_port: u32,
-    pub container_port: u32,
-    pub protocol: String,
-    /// Empty: every address.
-    pub host_ip: String,
-}
 
 /// What upstream's portmap derives its rules from: the attachment, its configuration and its
 /// container addresses (the first of each family on the container interface, as upstream
@@ -55,53 +44,19 @@ pub struct Mapping {
 pub struct Spec {
     pub network: String,
     pub container_id: String,
-    pub mappings: Vec<Mapping>,
-    pub snat: bool,
-    pub masq_all: bool,
-    pub mark_bit: u32,
-    /// `externalSetMarkChain`, else `CNI-HOSTPORT-SETMARK`.
-    pub set_mark_chain: String,
-    pub external_set_mark: bool,
-    pub conditions_v4: Vec<String>,
-    pub conditions_v6: Vec<String>,
+    /// As upstream's ADD accepts it: every mapping's ports above 0, `markMasqBit` within 0..=31
+    /// ([`Spec::from_json`] refuses anything else).
+    pub conf: PortMapConf,
     pub v4: Option<IpNet>,
     pub v6: Option<IpNet>,
 }
 
-#[derive(Deserialize, Default)]
-struct RawMapping {
-    #[serde(rename = "hostPort", default)]
-    host_port: i64,
-    #[serde(rename = "containerPort", default)]
-    container_port: i64,
-    #[serde(default)]
-    protocol: Option<String>,
-    #[serde(rename = "hostIP", default)]
-    host_ip: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct RawRuntime {
-    #[serde(rename = "portMappings", default)]
-    port_mappings: Option<Vec<RawMapping>>,
-}
-
-#[derive(Deserialize, Default)]
-struct RawConf {
-    #[serde(rename = "runtimeConfig", default)]
-    runtime_config: Option<RawRuntime>,
-    #[serde(default)]
-    snat: Option<bool>,
-    #[serde(rename = "masqAll", default)]
-    masq_all: Option<bool>,
-    #[serde(rename = "markMasqBit", default)]
-    mark_masq_bit: Option<i64>,
-    #[serde(rename = "externalSetMarkChain", default)]
-    external_set_mark_chain: Option<String>,
-    #[serde(rename = "conditionsV4", default)]
-    conditions_v4: Option<Vec<String>>,
-    #[serde(rename = "conditionsV6", default)]
-    conditions_v6: Option<Vec<String>>,
+/// `markMasqBit` (13 unless set), None when outside upstream's range 0..=31.
+fn mark_bit(conf: &PortMapConf) -> Option<u32> {
+    match conf.mark_masq_bit {
+        None => Some(names::DEFAULT_MARK_BIT),
+        Some(b) => u32::try_from(b).ok().filter(|b| *b <= 31),
+    }
 }
 
 /// The container addresses upstream's portmap forwards to: the first IPv4 and IPv6 address of
@@ -129,43 +84,21 @@ impl Spec {
         config: &Value,
         prev: Option<&CniResult>,
     ) -> Result<Spec> {
-        let raw: RawConf = json::from_ref(config)
+        let conf: PortMapConf = json::from_ref(config)
             .map_err(|e| CniError::decode(format!("portmap configuration (as upstream reads it): {e}")))?;
-        let mut mappings = Vec::new();
-        for m in raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default() {
-            let port = |v: i64, what: &str| {
-                u32::try_from(v).ok().filter(|p| *p > 0).ok_or_else(|| {
-                    CniError::config(format!("runtimeConfig.portMappings: invalid {what} {v}"))
-                })
-            };
-            mappings.push(Mapping {
-                host_port: port(m.host_port, "hostPort")?,
-                container_port: port(m.container_port, "containerPort")?,
-                protocol: m.protocol.unwrap_or_default(),
-                host_ip: m.host_ip.unwrap_or_default(),
-            });
+        for m in conf.mappings() {
+            for (what, v) in [("hostPort", m.host_port), ("containerPort", m.container_port)] {
+                if u32::try_from(v).map_or(true, |p| p == 0) {
+                    return Err(CniError::config(format!("runtimeConfig.portMappings: invalid {what} {v}")));
+                }
+            }
         }
-        let mark_bit = match raw.mark_masq_bit {
-            None => names::DEFAULT_MARK_BIT,
-            Some(b) if (0..=31).contains(&b) => b as u32,
-            Some(b) => return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31"))),
-        };
+        if mark_bit(&conf).is_none() {
+            let b = conf.mark_masq_bit.unwrap_or_default();
+            return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31")));
+        }
         let (v4, v6) = prev.map(|p| container_addrs(p, ifname)).unwrap_or_default();
-        let external = raw.external_set_mark_chain.filter(|c| !c.is_empty());
-        Ok(Spec {
-            network: network.into(),
-            container_id: container_id.into(),
-            mappings,
-            snat: raw.snat.unwrap_or(true),
-            masq_all: raw.masq_all.unwrap_or(false),
-            mark_bit,
-            set_mark_chain: external.clone().unwrap_or_else(|| names::HOSTPORT_SETMARK.into()),
-            external_set_mark: external.is_some(),
-            conditions_v4: raw.conditions_v4.unwrap_or_default(),
-            conditions_v6: raw.conditions_v6.unwrap_or_default(),
-            v4,
-            v6,
-        })
+        Ok(Spec { network: network.into(), container_id: container_id.into(), conf, v4, v6 })
     }
 
     pub fn from_request(req: &Request) -> Result<Spec> {
@@ -180,10 +113,39 @@ impl Spec {
         }
     }
 
+    pub fn mappings(&self) -> &[PortMapping] {
+        self.conf.mappings()
+    }
+
+    /// `conditionsV4` or `conditionsV6`.
+    pub fn conditions(&self, fam: Fam) -> &[String] {
+        let c = match fam {
+            Fam::V4 => &self.conf.conditions_v4,
+            Fam::V6 => &self.conf.conditions_v6,
+        };
+        c.as_deref().unwrap_or_default()
+    }
+
+    /// `externalSetMarkChain`, when set (then upstream makes no SETMARK and MASQ chains).
+    pub fn external_set_mark_chain(&self) -> Option<&str> {
+        self.conf.external_set_mark_chain.as_deref().filter(|c| !c.is_empty())
+    }
+
+    /// Whether upstream's ADD writes the shared `CNI-HOSTPORT-SETMARK` and `-MASQ` chains for
+    /// this attachment: with `snat` and without `externalSetMarkChain`.
+    pub fn makes_mark_chains(&self) -> bool {
+        self.conf.snat() && self.external_set_mark_chain().is_none()
+    }
+
+    /// The chain the hairpin and localhost rules jump to.
+    fn set_mark_chain(&self) -> &str {
+        self.external_set_mark_chain().unwrap_or(names::HOSTPORT_SETMARK)
+    }
+
     /// UDP host ports (for the conntrack flush).
     fn udp_ports(&self) -> Vec<u16> {
         let mut out: Vec<u16> = Vec::new();
-        for m in &self.mappings {
+        for m in self.mappings() {
             if m.protocol.eq_ignore_ascii_case("udp") {
                 if let Ok(p) = u16::try_from(m.host_port) {
                     if !out.contains(&p) {
@@ -196,7 +158,7 @@ impl Spec {
     }
 
     fn mark(&self) -> String {
-        let v = 1u32 << self.mark_bit;
+        let v = 1u32 << mark_bit(&self.conf).unwrap_or(names::DEFAULT_MARK_BIT);
         format!("{v:#x}/{v:#x}")
     }
 }
@@ -216,11 +178,11 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
     let v6 = fam == Fam::V6;
     let chain = names::dnat_chain(&spec.network, &spec.container_id);
     let comment = names::dnat_comment(&spec.network, &spec.container_id);
-    let conditions = if v6 { &spec.conditions_v6 } else { &spec.conditions_v4 };
+    let conditions = spec.conditions(fam);
     // Entry rules: ports grouped by protocol (every mapping, whatever its hostIP), protocols
     // sorted, at most 15 ports per multiport rule.
     let mut protos: Vec<&str> = Vec::new();
-    for m in &spec.mappings {
+    for m in spec.mappings() {
         if !protos.contains(&m.protocol.as_str()) {
             protos.push(&m.protocol);
         }
@@ -229,7 +191,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
     let mut entries = Vec::new();
     for p in protos {
         let ports: Vec<String> =
-            spec.mappings.iter().filter(|m| m.protocol == p).map(|m| m.host_port.to_string()).collect();
+            spec.mappings().iter().filter(|m| m.protocol == p).map(|m| m.host_port.to_string()).collect();
         for group in ports.chunks(15) {
             let mut r =
                 iptables::words(&["-m", "comment", "--comment", &comment, "-m", "multiport", "-p", p]);
@@ -240,7 +202,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
         }
     }
     let mut rules = Vec::new();
-    for m in &spec.mappings {
+    for m in spec.mappings() {
         let mut base = iptables::words(&["-p", &m.protocol, "--dport", &m.host_port.to_string()]);
         if !m.host_ip.is_empty() {
             let Ok(hip) = m.host_ip.parse::<IpAddr>() else { continue };
@@ -251,18 +213,18 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
                 base.extend(iptables::words(&["-d", &m.host_ip]));
             }
         }
-        if spec.snat {
-            let src = match (spec.masq_all, v6) {
+        if spec.conf.snat() {
+            let src = match (spec.conf.masq_all, v6) {
                 (true, false) => "0.0.0.0/0".to_string(),
                 (true, true) => "::/0".to_string(),
                 (false, _) => addr.to_string(),
             };
             let mut hairpin = base.clone();
-            hairpin.extend(iptables::words(&["-s", &src, "-j", &spec.set_mark_chain]));
+            hairpin.extend(iptables::words(&["-s", &src, "-j", spec.set_mark_chain()]));
             rules.push(hairpin);
-            if !v6 && !spec.masq_all {
+            if !v6 && !spec.conf.masq_all {
                 let mut local = base.clone();
-                local.extend(iptables::words(&["-s", "127.0.0.1", "-j", &spec.set_mark_chain]));
+                local.extend(iptables::words(&["-s", "127.0.0.1", "-j", spec.set_mark_chain()]));
                 rules.push(local);
             }
         }
@@ -281,7 +243,7 @@ pub fn dnat_rules(spec: &Spec, fam: Fam) -> Option<DnatRules> {
 /// with `snat` and without `externalSetMarkChain`.
 pub fn plumbing_rules(spec: &Spec) -> Vec<(String, Vec<String>, bool)> {
     let mut out = Vec::new();
-    if spec.snat && !spec.external_set_mark {
+    if spec.makes_mark_chains() {
         let mark = spec.mark();
         out.push((
             names::HOSTPORT_SETMARK.to_string(),
@@ -502,7 +464,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     let wanted = [names::dnat_chain(network, container_id), names::snat_chain(network, container_id)];
     let mut nf = nftables();
     let at = locate(nf.as_mut(), &wanted)?;
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     let mut removed = false;
     let t = teardown(network, container_id);
     for (backend, fam) in at {
@@ -533,22 +495,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
             Err(e) => errors.push(e),
         }
     }
-    combine(errors).map(|()| removed)
-}
-
-/// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
-/// binding; plugins#123).
-pub fn flush_udp(ports: &[u16], families: &[Fam]) {
-    let targets: Vec<(Family, u16)> = families
-        .iter()
-        .flat_map(|f| {
-            let fam = if *f == Fam::V4 { Family::V4 } else { Family::V6 };
-            ports.iter().map(move |p| (fam, *p))
-        })
-        .collect();
-    if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
-        eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
-    }
+    errors.finish().map(|()| removed)
 }
 
 /// DEL: remove what upstream's portmap made for this attachment (both iptables backends and
@@ -559,7 +506,7 @@ pub fn del(req: &Request) -> Result<()> {
         .map_err(|e| e.context("remove upstream's port mappings"))?;
     if removed {
         if let Ok(spec) = Spec::from_request(req) {
-            flush_udp(&spec.udp_ports(), &Fam::BOTH);
+            super::flush_udp(&spec.udp_ports(), &Fam::BOTH);
         }
     }
     Ok(())
@@ -570,7 +517,7 @@ pub fn del(req: &Request) -> Result<()> {
 /// none.
 pub fn check(req: &Request) -> Result<Found> {
     let spec = Spec::from_request(req)?;
-    if spec.mappings.is_empty() {
+    if spec.mappings().is_empty() {
         return Ok(Found::Absent);
     }
     let dn = names::dnat_chain(&spec.network, &spec.container_id);
@@ -616,7 +563,7 @@ fn check_nft_backend(spec: &Spec, fam: Fam, found: &[(Fam, NftRule)]) -> Result<
         found.iter().filter(|(f, r)| *f == fam && chains.contains(&r.chain.as_str())).count()
     };
     let want = spec
-        .mappings
+        .mappings()
         .iter()
         .filter(|m| m.host_ip.parse::<IpAddr>().map_or(true, |ip| ip.is_ipv6() == (fam == Fam::V6)))
         .count();
@@ -626,9 +573,9 @@ fn check_nft_backend(spec: &Spec, fam: Fam, found: &[(Fam, NftRule)]) -> Result<
             "port mappings made by upstream's portmap (nftables): missing rules in {family} cni_hostport hostports"
         )));
     }
-    let masq = if !spec.snat {
+    let masq = if !spec.conf.snat() {
         0
-    } else if fam == Fam::V4 && !spec.masq_all {
+    } else if fam == Fam::V4 && !spec.conf.masq_all {
         2
     } else {
         1
@@ -671,68 +618,47 @@ fn udp_ports_in(t: &Table, chain: &str) -> Vec<u16> {
         .collect()
 }
 
-/// GC: remove upstream's iptables port mappings of this network's attachments that are not
-/// in the valid list (found by the network name in the entry rules' comments), the shared
-/// chains once unused, and the UDP flows of the removed mappings. Rules of upstream's
-/// nftables backend name no network and are left to DEL.
-pub fn gc(req: &Request) -> Result<()> {
-    let network = req.network();
-    let valid = req.valid_attachments()?;
-    let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
-    let at = locate_any(|c| {
+/// GC of upstream's iptables port mappings (found by the network name in the entry rules'
+/// comments), with the shared chains once unused. Rules of upstream's nftables backend name no
+/// network and are left to DEL.
+struct Gc;
+
+impl super::Collect for Gc {
+    const WHAT: &'static str = "port mappings";
+
+    fn is_chain(c: &str) -> bool {
         c == names::HOSTPORT_DNAT
             || c == names::HOSTPORT_SNAT
             || c.starts_with("CNI-DN-")
             || c.starts_with("CNI-SN-")
-    })?;
-    let mut nf = nftables();
-    let mut errors = Vec::new();
-    for (backend, fam) in at {
-        let r = (|| -> Result<()> {
-            let (dead, ports) = match (backend, nf.as_mut()) {
-                (Backend::Nft, Some(nf)) => {
-                    let t = iptables::save(backend, fam)?;
-                    let dead = dead_in(&t, network, &keep);
-                    for id in &dead {
-                        teardown(network, id).apply_nft(nf, fam)?;
-                    }
-                    nft_plumbing(nf, fam);
-                    let ports = dead
-                        .iter()
-                        .flat_map(|id| udp_ports_in(&t, &names::dnat_chain(network, id)))
-                        .collect();
-                    (dead, ports)
-                }
-                (Backend::Nft, None) => (Vec::new(), Vec::new()),
-                (Backend::Legacy, _) => super::legacy_change(fam, |t| {
-                    let dead = dead_in(t, network, &keep);
-                    let mut s = Script::default();
-                    for id in &dead {
-                        for l in teardown(network, id).script(t).lines() {
-                            s.push(l);
-                        }
-                    }
-                    let dropped = dropped_by(&s);
-                    plumbing_script(t, &dropped, &mut s);
-                    let ports: Vec<u16> =
-                        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect();
-                    (s, (dead, ports))
-                })?,
-            };
-            for id in &dead {
-                eprintln!(
-                    "GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})",
-                    backend.name()
-                );
-            }
-            flush_udp(&ports, &[fam]);
-            Ok(())
-        })();
-        if let Err(e) = r {
-            errors.push(e.context("GC of upstream's iptables port mappings"));
-        }
     }
-    combine(errors)
+
+    fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
+        dead_in(t, network, keep)
+    }
+
+    fn teardown(network: &str, container_id: &str) -> Teardown {
+        teardown(network, container_id)
+    }
+
+    fn tidy_nft(nf: &mut NfTables, fam: Fam) {
+        nft_plumbing(nf, fam);
+    }
+
+    fn tidy_script(t: &Table, s: &mut Script) {
+        let dropped = dropped_by(s);
+        plumbing_script(t, &dropped, s);
+    }
+
+    fn udp_ports(t: &Table, network: &str, dead: &[String]) -> Vec<u16> {
+        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect()
+    }
+}
+
+/// GC: remove upstream's iptables port mappings of this network's attachments that are not
+/// in the valid list, the shared chains once unused, and the UDP flows of the removed mappings.
+pub fn gc(req: &Request) -> Result<()> {
+    super::collect::<Gc>(req)
 }
 
 #[cfg(test)]
@@ -851,6 +777,6 @@ mod tests {
         )
         .is_err());
         let s = Spec::from_json("n", "c", "eth0", &json!({"snat": null}), None).unwrap();
-        assert!(s.snat && s.mappings.is_empty() && s.v4.is_none());
+        assert!(s.conf.snat() && s.mappings().is_empty() && s.v4.is_none());
     }
 }

@@ -13,6 +13,7 @@
 
 use super::names;
 use crate::attachment::AttachmentId;
+use crate::error_list::ErrorList;
 use crate::netlink::tc::{FilterAction, INGRESS_HANDLE};
 use crate::netlink::{Link, Netlink};
 use crate::{CniError, Result};
@@ -51,7 +52,7 @@ pub fn gc(host: &mut Netlink, network: &str, valid: &[AttachmentId]) -> Result<V
     }
     let used = redirect_targets(host)?;
     let mut deleted = Vec::new();
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     for l in candidates.into_iter().filter(|l| !used.contains(&l.index)) {
         match host.link_del(l.index) {
             Ok(()) => {
@@ -67,5 +68,5 @@ pub fn gc(host: &mut Netlink, network: &str, valid: &[AttachmentId]) -> Result<V
             }
         }
     }
-    super::combine(errors).map(|()| deleted)
+    errors.finish().map(|()| deleted)
 }

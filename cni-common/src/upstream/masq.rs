@@ -12,8 +12,9 @@
 //! nftables backend (v1.6+) writes table `inet cni_plugins_masquerade`, which is our own
 //! layout: the bridge plugin handles that one itself.
 
-use super::iptables::{self, Backend, Fam, Rule, Script};
-use super::{combine, locate, locate_any, names, nftables, Found, Teardown};
+use super::iptables::{self, Fam, Rule, Table};
+use super::{locate, names, nftables, Found, Teardown};
+use crate::error_list::ErrorList;
 use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
 use ipnet::IpNet;
@@ -60,13 +61,13 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
         return Ok(false);
     }
     let t = teardown(network, container_id);
-    let mut errors = Vec::new();
+    let mut errors = ErrorList::new();
     for (backend, fam) in at {
         if let Err(e) = t.apply(nf.as_mut(), backend, fam) {
             errors.push(e);
         }
     }
-    combine(errors).map(|()| true)
+    errors.finish().map(|()| true)
 }
 
 /// DEL: remove what upstream's bridge made for this attachment's `ipMasq` (upstream keys it by
@@ -92,7 +93,7 @@ pub fn container_addrs(prev: &CniResult, ifname: &str) -> Vec<IpNet> {
 
 /// Whether `t` (the `nat` table of `addr`'s family) holds upstream's rules for `addr`; the
 /// first missing one otherwise.
-pub fn missing_rule(t: &iptables::Table, network: &str, container_id: &str, addr: IpNet) -> Option<String> {
+pub fn missing_rule(t: &Table, network: &str, container_id: &str, addr: IpNet) -> Option<String> {
     let chain = names::masq_chain(network, container_id);
     if !t.has_chain(&chain) {
         return Some(format!("chain {chain} does not exist"));
@@ -139,7 +140,7 @@ pub fn check(req: &Request) -> Result<Found> {
 
 /// The container ids of network `network` whose upstream masquerade chain is in `t` and which
 /// are not in `keep`.
-fn dead_in(t: &iptables::Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
+fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in &t.rules {
         let Some((net, id)) = r.rule.comment.as_deref().and_then(|c| names::parse_comment("", c)) else {
@@ -157,56 +158,35 @@ fn dead_in(t: &iptables::Table, network: &str, keep: &HashSet<&str>) -> Vec<Stri
     out
 }
 
+/// GC of upstream's masquerade state (found by the network name in upstream's rule comments).
+struct Gc;
+
+impl super::Collect for Gc {
+    const WHAT: &'static str = "masquerade rules";
+
+    fn is_chain(c: &str) -> bool {
+        names::is_masq_chain(c)
+    }
+
+    fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
+        dead_in(t, network, keep)
+    }
+
+    fn teardown(network: &str, container_id: &str) -> Teardown {
+        teardown(network, container_id)
+    }
+}
+
 /// GC: remove upstream's masquerade state of this network's attachments that are not in the
 /// valid list (found by the network name in upstream's rule comments).
 pub fn gc(req: &Request) -> Result<()> {
-    let network = req.network();
-    let valid = req.valid_attachments()?;
-    let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
-    let at = locate_any(names::is_masq_chain)?;
-    let mut nf = nftables();
-    let mut errors = Vec::new();
-    for (backend, fam) in at {
-        let r = (|| -> Result<()> {
-            let dead = match (backend, nf.as_mut()) {
-                (Backend::Nft, Some(nf)) => {
-                    let dead = dead_in(&iptables::save(backend, fam)?, network, &keep);
-                    for id in &dead {
-                        teardown(network, id).apply_nft(nf, fam)?;
-                    }
-                    dead
-                }
-                (Backend::Nft, None) => Vec::new(),
-                (Backend::Legacy, _) => super::legacy_change(fam, |t| {
-                    let dead = dead_in(t, network, &keep);
-                    let mut s = Script::default();
-                    for id in &dead {
-                        for line in teardown(network, id).script(t).lines() {
-                            s.push(line);
-                        }
-                    }
-                    (s, dead)
-                })?,
-            };
-            for id in &dead {
-                eprintln!(
-                    "GC: removed upstream's masquerade rules of {network}/{id} ({} {fam:?})",
-                    backend.name()
-                );
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
-            errors.push(e.context("GC of upstream's iptables masquerade rules"));
-        }
-    }
-    combine(errors)
+    super::collect::<Gc>(req)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::iptables::{Table, SAVED_FOR_TESTS};
+    use crate::upstream::iptables::SAVED_FOR_TESTS;
 
     #[test]
     fn upstream_form_of_a_captured_attachment() {

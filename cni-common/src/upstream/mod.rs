@@ -33,10 +33,13 @@ pub mod masq;
 pub mod names;
 mod xtables;
 
+use crate::error_list::ErrorList;
+use crate::netlink::conntrack;
 use crate::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp, Verdict};
-use crate::netlink::NlError;
-use crate::{CniError, Result};
+use crate::netlink::{Family, NlError};
+use crate::{CniError, Request, Result};
 use iptables::{Backend, Fam, SavedRule, Script, Table};
+use std::collections::HashSet;
 
 /// What CHECK found of upstream's form for an attachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,15 +253,95 @@ fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> R
     Err(last.expect("three attempts"))
 }
 
-/// Errors of a best-effort teardown, as one (the first, the others in its details).
-fn combine(mut errors: Vec<CniError>) -> Result<()> {
-    if errors.is_empty() {
-        return Ok(());
+/// One kind of upstream state in the iptables `nat` tables, as GC finds and removes it
+/// ([`collect`]).
+trait Collect {
+    /// What GC's messages call it: "masquerade rules", "port mappings".
+    const WHAT: &'static str;
+    /// Whether a `nat` table with chain `c` may hold some.
+    fn is_chain(c: &str) -> bool;
+    /// The container ids of `network` whose state is in `t` and which are not in `keep`.
+    fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String>;
+    /// What to take out of a `nat` table for one attachment.
+    fn teardown(network: &str, container_id: &str) -> Teardown;
+    /// Once the dead are gone from a nf_tables `nat` table: shared state they left unused.
+    fn tidy_nft(_nf: &mut NfTables, _fam: Fam) {}
+    /// The same for a legacy table, as lines added to the restore script `s` that removes the
+    /// dead from `t`.
+    fn tidy_script(_t: &Table, _s: &mut Script) {}
+    /// UDP host ports the state of `dead` in `t` forwarded (their flows are forgotten once it
+    /// is gone).
+    fn udp_ports(_t: &Table, _network: &str, _dead: &[String]) -> Vec<u16> {
+        Vec::new()
     }
-    let first = errors.remove(0);
-    if errors.is_empty() {
-        return Err(first);
+}
+
+/// GC of one kind of upstream state: remove it for this network's attachments that are not in
+/// the valid list, in every (backend, family) whose `nat` table has a chain of that kind (found
+/// by reading each saved table; nf_tables changed over netlink, legacy by one restore script),
+/// and forget the UDP flows of what was removed. A failing table does not stop the others.
+fn collect<C: Collect>(req: &Request) -> Result<()> {
+    let network = req.network();
+    let valid = req.valid_attachments()?;
+    let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
+    let at = locate_any(C::is_chain)?;
+    let mut nf = nftables();
+    let mut errors = ErrorList::new();
+    for (backend, fam) in at {
+        let r = (|| -> Result<()> {
+            let (dead, ports) = match (backend, nf.as_mut()) {
+                (Backend::Nft, Some(nf)) => {
+                    let t = iptables::save(backend, fam)?;
+                    let dead = C::dead_in(&t, network, &keep);
+                    for id in &dead {
+                        C::teardown(network, id).apply_nft(nf, fam)?;
+                    }
+                    C::tidy_nft(nf, fam);
+                    let ports = C::udp_ports(&t, network, &dead);
+                    (dead, ports)
+                }
+                (Backend::Nft, None) => (Vec::new(), Vec::new()),
+                (Backend::Legacy, _) => legacy_change(fam, |t| {
+                    let dead = C::dead_in(t, network, &keep);
+                    let mut s = Script::default();
+                    for id in &dead {
+                        for line in C::teardown(network, id).script(t).lines() {
+                            s.push(line);
+                        }
+                    }
+                    C::tidy_script(t, &mut s);
+                    let ports = C::udp_ports(t, network, &dead);
+                    (s, (dead, ports))
+                })?,
+            };
+            for id in &dead {
+                eprintln!(
+                    "GC: removed upstream's {} of {network}/{id} ({} {fam:?})",
+                    C::WHAT,
+                    backend.name()
+                );
+            }
+            flush_udp(&ports, &[fam]);
+            Ok(())
+        })();
+        if let Err(e) = r {
+            errors.push(e.context(format_args!("GC of upstream's iptables {}", C::WHAT)));
+        }
     }
-    let rest: Vec<String> = errors.iter().map(|e| e.msg.clone()).collect();
-    Err(first.with_details(format!("also: {}", rest.join("; "))))
+    errors.finish()
+}
+
+/// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
+/// binding; plugins#123). Nothing to do for no ports.
+fn flush_udp(ports: &[u16], families: &[Fam]) {
+    let targets: Vec<(Family, u16)> = families
+        .iter()
+        .flat_map(|f| {
+            let fam = if *f == Fam::V4 { Family::V4 } else { Family::V6 };
+            ports.iter().map(move |p| (fam, *p))
+        })
+        .collect();
+    if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
+        eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
+    }
 }

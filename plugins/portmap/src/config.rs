@@ -1,38 +1,11 @@
-//! portmap's configuration: decoding, validation (everything is checked before the kernel is
-//! touched) and the choice of the container addresses from prevResult.
+//! portmap's configuration: validation of its keys (cni-common's `PortMapConf`; everything is
+//! checked before the kernel is touched) and the choice of the container addresses from prevResult.
 
-use cni_common::spec::config::PortMapping;
+use cni_common::spec::config::{PortMapConf, PortMapping};
 use cni_common::spec::result::CniResult;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
-use serde::Deserialize;
 use std::net::IpAddr;
-
-#[derive(Debug, Default, Deserialize)]
-pub struct RawConf {
-    #[serde(default)]
-    pub snat: Option<bool>,
-    #[serde(rename = "masqAll", default)]
-    pub masq_all: bool,
-    #[serde(rename = "conditionsV4", default)]
-    pub conditions_v4: Option<Vec<String>>,
-    #[serde(rename = "conditionsV6", default)]
-    pub conditions_v6: Option<Vec<String>>,
-    #[serde(rename = "markMasqBit", default)]
-    pub mark_masq_bit: Option<i64>,
-    #[serde(rename = "externalSetMarkChain", default)]
-    pub external_set_mark_chain: Option<String>,
-    #[serde(default)]
-    pub backend: Option<String>,
-    #[serde(rename = "runtimeConfig", default)]
-    pub runtime_config: Option<RuntimeConfig>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct RuntimeConfig {
-    #[serde(rename = "portMappings", default)]
-    pub port_mappings: Option<Vec<PortMapping>>,
-}
 
 /// Layer-4 protocol of a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -198,9 +171,9 @@ fn iptables_conditions(list: &[String]) -> bool {
     list.first().is_some_and(|first| first.starts_with('-') || first.starts_with('!'))
 }
 
-fn conditions(field: &str, list: Option<Vec<String>>) -> Result<Vec<String>> {
+fn conditions(field: &str, list: Option<&[String]>) -> Result<Vec<String>> {
     let list = list.unwrap_or_default();
-    if iptables_conditions(&list) {
+    if iptables_conditions(list) {
         return Err(CniError::unsupported_field(
             field,
             format!("{list:?}"),
@@ -208,8 +181,8 @@ fn conditions(field: &str, list: Option<Vec<String>>) -> Result<Vec<String>> {
              (e.g. [\"ip\", \"daddr\", \"!=\", \"192.0.2.10\"])",
         ));
     }
-    hostile_conditions(field, &list)?;
-    Ok(list)
+    hostile_conditions(field, list)?;
+    Ok(list.to_vec())
 }
 
 fn backend(raw: Option<&str>) -> Result<()> {
@@ -254,7 +227,7 @@ fn mappings(list: &[PortMapping]) -> Result<Vec<Mapping>> {
 
 impl Conf {
     /// The configuration as ADD, CHECK and STATUS need it: everything checked.
-    pub fn from_raw(raw: RawConf) -> Result<Conf> {
+    pub fn from_raw(raw: &PortMapConf) -> Result<Conf> {
         let mut notes = Vec::new();
         backend(raw.backend.as_deref())?;
         if let Some(chain) = &raw.external_set_mark_chain {
@@ -272,15 +245,14 @@ impl Conf {
                  the nftables rules masquerade without packet marks"
             ));
         }
-        let conditions_v4 = conditions("conditionsV4", raw.conditions_v4)?;
-        let conditions_v6 = conditions("conditionsV6", raw.conditions_v6)?;
-        let list = raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default();
+        let conditions_v4 = conditions("conditionsV4", raw.conditions_v4.as_deref())?;
+        let conditions_v6 = conditions("conditionsV6", raw.conditions_v6.as_deref())?;
         Ok(Conf {
-            snat: raw.snat.unwrap_or(true),
+            snat: raw.snat(),
             masq_all: raw.masq_all,
             conditions_v4,
             conditions_v6,
-            mappings: mappings(&list)?,
+            mappings: mappings(raw.mappings())?,
             notes,
         })
     }
@@ -306,7 +278,7 @@ pub struct Teardown {
 }
 
 impl Teardown {
-    pub fn from_raw(raw: RawConf, verb: &str) -> Result<Teardown> {
+    pub fn from_raw(raw: &PortMapConf, verb: &str) -> Result<Teardown> {
         let mut notes = Vec::new();
         let benign = |what: String, e: CniError| {
             format!("portmap: note: {verb} ignores {what}, which ADD would refuse ({})", e.msg)
@@ -326,21 +298,15 @@ impl Teardown {
         if let Some(bit) = raw.mark_masq_bit.filter(|b| !(0..=31).contains(b)) {
             notes.push(format!("portmap: note: {verb} ignores markMasqBit {bit}, which ADD would refuse"));
         }
-        let list = raw.runtime_config.and_then(|r| r.port_mappings).unwrap_or_default();
-        let mappings = match mappings(&list) {
+        let list = raw.mappings();
+        let mappings = match mappings(list) {
             Ok(m) => Some(m),
             Err(e) => {
                 notes.push(benign("the port mappings".into(), e));
                 None
             }
         };
-        Ok(Teardown {
-            listed: !list.is_empty(),
-            mappings,
-            snat: raw.snat.unwrap_or(true),
-            masq_all: raw.masq_all,
-            notes,
-        })
+        Ok(Teardown { listed: !list.is_empty(), mappings, snat: raw.snat(), masq_all: raw.masq_all, notes })
     }
 
     /// The configuration of the elements DEL names (no conditions: DEL never touches them).
@@ -391,8 +357,8 @@ mod tests {
     use serde_json::json;
 
     fn conf(v: serde_json::Value) -> Result<Conf> {
-        let raw: RawConf = json::from_value(v).map_err(CniError::decode)?;
-        Conf::from_raw(raw)
+        let raw: PortMapConf = json::from_value(v).map_err(CniError::decode)?;
+        Conf::from_raw(&raw)
     }
 
     #[test]
@@ -499,8 +465,8 @@ mod tests {
     }
 
     fn teardown(v: serde_json::Value) -> Result<Teardown> {
-        let raw: RawConf = json::from_value(v).map_err(CniError::decode)?;
-        Teardown::from_raw(raw, "DEL")
+        let raw: PortMapConf = json::from_value(v).map_err(CniError::decode)?;
+        Teardown::from_raw(&raw, "DEL")
     }
 
     #[test]

@@ -329,8 +329,8 @@ pub fn masq_problem(l: &Listing, lens: &Lens) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RawConf;
     use cni_common::netlink::nft::{NftExpr, NftRule, Verdict};
+    use cni_common::spec::config::PortMapConf;
 
     #[test]
     fn masks_and_rules() {
@@ -355,7 +355,7 @@ mod tests {
 
     #[test]
     fn static_part_is_checked_from_the_rules() {
-        let c = Conf::from_raw(RawConf::default()).unwrap();
+        let c = Conf::from_raw(&PortMapConf::default()).unwrap();
         let lookup = |set: &str| NftExpr::Lookup { set: set.into() };
         let mut l = Listing::default();
         l.chains = vec!["gate4".into(), "gate6".into(), "hostports4".into()];
@@ -411,7 +411,7 @@ mod tests {
 
     #[test]
     fn setup_script_carries_conditions_in_a_fingerprinted_gate() {
-        let mut c = Conf::from_raw(RawConf::default()).unwrap();
+        let mut c = Conf::from_raw(&PortMapConf::default()).unwrap();
         c.conditions_v4 = vec!["ip".into(), "daddr".into(), "!=".into(), "192.0.2.9".into()];
         let (g4, g6) = gate_names(&c);
         assert!(g4.starts_with("gate4_") && g4.len() == 18);

@@ -31,9 +31,10 @@ use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::nft_cli::Nft;
+use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, sysctl, CniError, Plugin, Request, Result};
-use config::{container_addrs, Conf, Fam, RawConf, Teardown};
+use config::{container_addrs, Conf, Fam, Teardown};
 use model::{Elem, Hash, Key};
 use owner::Owner;
 use std::collections::HashSet;
@@ -43,7 +44,7 @@ use table::{Entry, Want};
 struct Portmap;
 
 fn load(req: &Request) -> Result<Conf> {
-    let conf = Conf::from_raw(req.plugin_config()?)?;
+    let conf = Conf::from_raw(&req.plugin_config()?)?;
     for n in &conf.notes {
         eprintln!("{n}");
     }
@@ -52,8 +53,8 @@ fn load(req: &Request) -> Result<Conf> {
 
 /// The configuration as DEL and GC read it (see [`Teardown`]).
 fn load_teardown(req: &Request, verb: &str) -> Result<Teardown> {
-    let raw: RawConf = req.plugin_config()?;
-    let t = Teardown::from_raw(raw, verb)?;
+    let raw: PortMapConf = req.plugin_config()?;
+    let t = Teardown::from_raw(&raw, verb)?;
     for n in &t.notes {
         eprintln!("{n}");
     }

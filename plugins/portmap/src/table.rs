@@ -310,10 +310,11 @@ pub fn udp_ports<'a>(keys: impl IntoIterator<Item = &'a Key>) -> BTreeSet<(Fam, 
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::config::{Mapping, RawConf};
+    use crate::config::Mapping;
+    use cni_common::spec::config::PortMapConf;
 
     pub fn conf(mappings: Vec<Mapping>) -> Conf {
-        let mut c = Conf::from_raw(RawConf::default()).unwrap();
+        let mut c = Conf::from_raw(&PortMapConf::default()).unwrap();
         c.mappings = mappings;
         c
     }

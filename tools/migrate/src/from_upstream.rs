@@ -10,7 +10,7 @@ use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftFamily};
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
-use cni_common::upstream::hostport::Mapping;
+use cni_common::spec::config::PortMapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Table};
 use cni_common::upstream::{hostport, masq, names};
 use cni_common::{CniError, Result};
@@ -29,7 +29,7 @@ struct Found {
     /// Masquerade: the container addresses (prefix from the chain's ACCEPT rule).
     masq: Vec<IpNet>,
     /// Host ports: mappings in chain order, container addresses, snat/masqAll.
-    mappings: Vec<Mapping>,
+    mappings: Vec<PortMapping>,
     ctr: Vec<IpNet>,
     snat: bool,
     masq_all: bool,
@@ -95,9 +95,9 @@ fn collect(t: &Table, out: &mut BTreeMap<(String, String), Found>) {
                     }
                     push_unique(
                         &mut f.mappings,
-                        Mapping {
-                            host_port: u32::from(port),
-                            container_port: cport,
+                        PortMapping {
+                            host_port: i64::from(port),
+                            container_port: i64::from(cport),
                             protocol: proto,
                             host_ip: x.rule.dst.map(|d| d.net.addr().to_string()).unwrap_or_default(),
                         },

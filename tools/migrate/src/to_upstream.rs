@@ -10,7 +10,8 @@ use bridge::firewall;
 use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
-use cni_common::upstream::hostport::{self, Mapping, Spec};
+use cni_common::spec::config::{PortMapConf, PortMapRuntime, PortMapping};
+use cni_common::upstream::hostport::{self, Spec};
 use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
 use cni_common::upstream::{masq, names};
 use cni_common::{CniError, Result};
@@ -61,12 +62,12 @@ fn prefix_of(
 
 /// The mappings of an attachment from its DNAT elements (a wildcard mapping has one element
 /// per family: one mapping), in element order.
-fn mappings_from(dnat: &[ours::Dnat]) -> Vec<Mapping> {
-    let mut out: Vec<Mapping> = Vec::new();
+fn mappings_from(dnat: &[ours::Dnat]) -> Vec<PortMapping> {
+    let mut out: Vec<PortMapping> = Vec::new();
     for d in dnat {
-        let m = Mapping {
-            host_port: u32::from(d.host_port),
-            container_port: u32::from(d.ctr_port),
+        let m = PortMapping {
+            host_port: i64::from(d.host_port),
+            container_port: i64::from(d.ctr_port),
             protocol: d.proto.clone(),
             host_ip: d.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
         };
@@ -97,14 +98,12 @@ fn reconstruct(id: &Ident, a: &Att, masq_decodable: bool, nl: &mut Netlink) -> S
     Spec {
         network: id.0.clone(),
         container_id: id.1.clone(),
-        mappings: mappings_from(&a.dnat),
-        snat,
-        masq_all,
-        mark_bit: names::DEFAULT_MARK_BIT,
-        set_mark_chain: names::HOSTPORT_SETMARK.into(),
-        external_set_mark: false,
-        conditions_v4: Vec::new(),
-        conditions_v6: Vec::new(),
+        conf: PortMapConf {
+            snat: Some(snat),
+            masq_all,
+            runtime_config: Some(PortMapRuntime { port_mappings: Some(mappings_from(&a.dnat)) }),
+            ..PortMapConf::default()
+        },
         v4: pick(true).map(|ip| with_prefix(ip, nl)),
         v6: pick(false).map(|ip| with_prefix(ip, nl)),
     }
@@ -112,14 +111,15 @@ fn reconstruct(id: &Ident, a: &Att, masq_decodable: bool, nl: &mut Netlink) -> S
 
 /// nft-syntax conditions (ours) cannot be written as iptables matches.
 fn iptables_conditions(spec: &mut Spec, report: &mut Report, who: &str) {
-    for (fam, conds) in [("V4", &mut spec.conditions_v4), ("V6", &mut spec.conditions_v6)] {
-        if let Some(first) = conds.first() {
+    for (fam, conds) in [("V4", &mut spec.conf.conditions_v4), ("V6", &mut spec.conf.conditions_v6)] {
+        let Some(list) = conds.as_deref() else { continue };
+        if let Some(first) = list.first() {
             if !(first.starts_with('-') || first.starts_with('!')) {
                 report.notes.push(format!(
-                    "{who}: conditions{fam} {conds:?} are nft syntax, which upstream 1.1.1 cannot use: \
+                    "{who}: conditions{fam} {list:?} are nft syntax, which upstream 1.1.1 cannot use: \
                      its host ports are written without them (upstream would fail to ADD with them)"
                 ));
-                conds.clear();
+                *conds = None;
             }
         }
     }
@@ -155,7 +155,7 @@ fn script_for(t: &Table, fam: Fam, atts: &BTreeMap<Ident, Att>) -> Script {
     // portmap's shared chains first (the per-attachment chains jump to them)
     let specs: Vec<&Spec> =
         atts.values().filter_map(|a| a.hostports.as_ref()).filter(|p| p.addr(fam).is_some()).collect();
-    if let Some(first) = specs.iter().find(|p| p.snat && !p.external_set_mark).or(specs.first()) {
+    if let Some(first) = specs.iter().find(|p| p.makes_mark_chains()).or(specs.first()) {
         let plumbing = hostport::plumbing_rules(first);
         for c in [names::HOSTPORT_SETMARK, names::HOSTPORT_MASQ, names::HOSTPORT_DNAT] {
             let used = c == names::HOSTPORT_DNAT || plumbing.iter().any(|(x, _, _)| x == c);
@@ -210,7 +210,7 @@ fn script_for(t: &Table, fam: Fam, atts: &BTreeMap<Ident, Att>) -> Script {
         ensure_chain(&mut s, t, &chain, &rules);
     }
     // the jumps last
-    if let Some(first) = specs.iter().find(|p| p.snat && !p.external_set_mark).or(specs.first()) {
+    if let Some(first) = specs.iter().find(|p| p.makes_mark_chains()).or(specs.first()) {
         for (chain, args, top) in
             hostport::plumbing_rules(first).into_iter().filter(|(c, _, _)| !c.starts_with("CNI-"))
         {
@@ -412,7 +412,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
                 Spec::from_json(&id.0, &id.1, &id.2, &conf, c.result.as_ref()).ok()
             });
             let mut spec = match from_cache {
-                Some(s) if !s.mappings.is_empty() && (s.v4.is_some() || s.v6.is_some()) => s,
+                Some(s) if !s.mappings().is_empty() && (s.v4.is_some() || s.v6.is_some()) => s,
                 _ => {
                     report.notes.push(format!(
                         "{who}: no libcni cache entry with its portmap configuration: host ports rebuilt from our \
@@ -428,7 +428,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         report.done.push(format!(
             "{who}: {} masquerade address(es), {} host port mapping(s)",
             a.addrs.len(),
-            a.hostports.as_ref().map_or(0, |s| s.mappings.len())
+            a.hostports.as_ref().map_or(0, |s| s.mappings().len())
         ));
     }
     if atts.is_empty() {

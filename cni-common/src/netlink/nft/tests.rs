@@ -51,6 +51,61 @@ fn masq_rule(saddr: &str, daddr: &[&str], nonlocal: bool, comment: &str) -> NftO
     NftOp::rule(NftFamily::Inet, MASQ, "masq_checks", exprs, Some(comment))
 }
 
+/// The static part of the masquerade table (upstream's nftables layout, which bridge writes), in
+/// the order it is written, each object with the name of its capture: table, chains, the
+/// flush of the hook chain, its rules.
+fn masq_layout() -> Vec<(&'static str, NftOp)> {
+    let inet = NftFamily::Inet;
+    let chain = |chain: &str, base: Option<BaseChain>, comment: Option<&str>| NftOp::AddChain {
+        family: inet,
+        table: MASQ.into(),
+        chain: chain.into(),
+        base,
+        comment: comment.map(str::to_string),
+    };
+    let mcast = |net: &str| {
+        let n: IpNet = net.parse().unwrap();
+        let mut e = RuleExpr::nfproto(n.addr().is_ipv4());
+        e.extend(RuleExpr::addr(false, n, CmpOp::Eq));
+        e.push(RuleExpr::Verdict(Verdict::Return));
+        NftOp::rule(inet, MASQ, "postrouting", e, None)
+    };
+    let goto = vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))];
+    vec![
+        (
+            "masq-table",
+            NftOp::AddTable {
+                family: inet,
+                table: MASQ.into(),
+                comment: Some("Masquerading for plugins from github.com/containernetworking/plugins".into()),
+            },
+        ),
+        (
+            "masq-chain",
+            chain(
+                "masq_checks",
+                None,
+                Some("Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet"),
+            ),
+        ),
+        (
+            "masq-hook",
+            chain(
+                "postrouting",
+                Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
+                None,
+            ),
+        ),
+        (
+            "flush",
+            NftOp::Delete(NftDelete::Flush { family: inet, table: MASQ.into(), chain: "postrouting".into() }),
+        ),
+        ("mcast4", mcast("224.0.0.0/4")),
+        ("mcast6", mcast("ff00::/8")),
+        ("goto", NftOp::rule(inet, MASQ, "postrouting", goto, None)),
+    ]
+}
+
 #[test]
 fn elements_encode_like_nft() {
     let jump = |c: &str| NftData::Verdict(Verdict::Jump(c.into()));
@@ -115,60 +170,9 @@ fn elements_encode_like_nft() {
 
 #[test]
 fn tables_chains_and_rules_encode_like_nft() {
-    let inet = NftFamily::Inet;
-    assert_like_nft(
-        "masq-table",
-        NftOp::AddTable {
-            family: inet,
-            table: MASQ.into(),
-            comment: Some("Masquerading for plugins from github.com/containernetworking/plugins".into()),
-        },
-    );
-    assert_like_nft(
-        "masq-chain",
-        NftOp::AddChain {
-            family: inet,
-            table: MASQ.into(),
-            chain: "masq_checks".into(),
-            base: None,
-            comment: Some(
-                "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet".into(),
-            ),
-        },
-    );
-    assert_like_nft(
-        "masq-hook",
-        NftOp::AddChain {
-            family: inet,
-            table: MASQ.into(),
-            chain: "postrouting".into(),
-            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
-            comment: None,
-        },
-    );
-    assert_like_nft(
-        "flush",
-        NftOp::Delete(NftDelete::Flush { family: inet, table: MASQ.into(), chain: "postrouting".into() }),
-    );
-    let mcast = |net: &str| {
-        let n: IpNet = net.parse().unwrap();
-        let mut e = RuleExpr::nfproto(n.addr().is_ipv4());
-        e.extend(RuleExpr::addr(false, n, CmpOp::Eq));
-        e.push(RuleExpr::Verdict(Verdict::Return));
-        NftOp::rule(inet, MASQ, "postrouting", e, None)
-    };
-    assert_like_nft("mcast4", mcast("224.0.0.0/4"));
-    assert_like_nft("mcast6", mcast("ff00::/8"));
-    assert_like_nft(
-        "goto",
-        NftOp::rule(
-            inet,
-            MASQ,
-            "postrouting",
-            vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))],
-            None,
-        ),
-    );
+    for (name, op) in masq_layout() {
+        assert_like_nft(name, op);
+    }
     assert_like_nft("masq4", masq_rule("10.1.0.5/32", &["10.1.0.0/24"], false, "abc, net: x"));
     assert_like_nft("masq4-12", masq_rule("10.1.0.5/32", &["10.16.0.0/12"], false, "c12"));
     assert_like_nft("masq6", masq_rule("fd00:1::5/128", &["fd00:1::/64"], false, "c6"));
@@ -447,49 +451,23 @@ fn kernel_rules_written_over_netlink_list_like_nfts() {
     let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
     let mut nf = NfTables::new().unwrap();
     let inet = NftFamily::Inet;
-    let mut ops = vec![
-        NftOp::AddTable { family: inet, table: MASQ.into(), comment: Some("t comment".into()) },
-        NftOp::AddChain {
-            family: inet,
-            table: MASQ.into(),
-            chain: "masq_checks".into(),
-            base: None,
-            comment: Some("c comment".into()),
-        },
-        NftOp::AddChain {
-            family: inet,
-            table: MASQ.into(),
-            chain: "postrouting".into(),
-            base: Some(BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None }),
-            comment: None,
-        },
-        NftOp::Delete(NftDelete::Flush { family: inet, table: MASQ.into(), chain: "postrouting".into() }),
-    ];
-    let mut mcast = RuleExpr::nfproto(true);
-    mcast.extend(RuleExpr::addr(false, "224.0.0.0/4".parse().unwrap(), CmpOp::Eq));
-    mcast.push(RuleExpr::Verdict(Verdict::Return));
-    ops.push(NftOp::rule(inet, MASQ, "postrouting", mcast, None));
-    ops.push(NftOp::rule(
-        inet,
-        MASQ,
-        "postrouting",
-        vec![RuleExpr::Verdict(Verdict::Goto("masq_checks".into()))],
-        None,
-    ));
+    let mut ops: Vec<NftOp> = masq_layout().into_iter().map(|(_, op)| op).collect();
+    let layout = ops.len();
     ops.push(masq_rule("10.1.0.5/32", &["10.1.0.0/24"], false, "abc, net: x"));
     ops.push(masq_rule("fd00:1::5/128", &["fd00:1::/57"], false, "c57"));
     ops.push(masq_rule("10.244.3.7/32", &["10.0.0.0/8", "192.168.0.0/16"], true, "nm"));
     // twice: table and chains exist the second time, the flush empties postrouting
     nf.apply(&ops).unwrap();
-    nf.apply(&ops[..6]).unwrap();
+    nf.apply(&ops[..layout]).unwrap();
     let out =
         std::process::Command::new(nft.program()).args(["list", "table", "inet", MASQ]).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     for line in [
-        "comment \"t comment\"",
-        "comment \"c comment\"",
+        "comment \"Masquerading for plugins from github.com/containernetworking/plugins\"",
+        "comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\"",
         "type nat hook postrouting priority srcnat; policy accept;",
         "ip daddr 224.0.0.0/4 return",
+        "ip6 daddr ff00::/8 return",
         "goto masq_checks",
         "ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade comment \"abc, net: x\"",
         "ip6 saddr fd00:1::5 ip6 daddr != fd00:1::/57 masquerade comment \"c57\"",

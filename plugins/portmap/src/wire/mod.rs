@@ -18,12 +18,13 @@ mod tests {
     use super::codec::encode;
     use super::setup::FAMILY;
     use super::*;
-    use crate::config::{Conf, Fam, Proto, RawConf};
+    use crate::config::{Conf, Fam, Proto};
     use crate::layout::{Lens, TABLE};
     use crate::model::{Elem, Hash, HostPort, Masq, NsId, Target};
     use cni_common::netlink::nft::golden::{hex, messages, normalize};
     use cni_common::netlink::nft::NftDelete;
     use cni_common::netlink::nft::{NftOp, RuleExpr};
+    use cni_common::spec::config::PortMapConf;
 
     const GOLDEN: &str = include_str!("../../testdata/nft-golden.txt");
     /// The sets of the capture's table, in the order nft's cache numbers them.
@@ -157,7 +158,7 @@ mod tests {
 
     #[test]
     fn static_part_is_what_nft_sends() {
-        let conf = Conf::from_raw(RawConf::default()).unwrap();
+        let conf = Conf::from_raw(&PortMapConf::default()).unwrap();
         let lens: Lens =
             [(Fam::V4, 24), (Fam::V4, 32), (Fam::V4, 0), (Fam::V6, 64), (Fam::V6, 128), (Fam::V6, 0)].into();
         let mut ops = dnat_ops(&conf, &["gate4_0123456789ab".into(), "gate4".into()], &lens).unwrap();
