@@ -161,9 +161,11 @@ pub fn del(req: &Request) -> Result<()> {
     // The IPAM release runs while we clean up the rest.
     let pending = if conf.l3 { errors.take(ipam::start(req, Command::Del)) } else { None };
 
-    let fw_socket = errors.take(remove_firewall(req, conf.firewall())).flatten();
-    // ipMasq made by upstream's bridge (iptables chains), if this attachment has any.
+    // ipMasq made by upstream's bridge (iptables chains), if this attachment has any. Before
+    // our own deletions: closing its look-up socket while our committed deletion is pending
+    // would make this process wait for an RCU grace period here, in series with the veth's.
     errors.take(cni_common::upstream::masq::del(req));
+    let fw_socket = errors.take(remove_firewall(req, conf.firewall())).flatten();
     let mut link = None;
     if let Some(path) = req.netns() {
         match NetNs::open_if_exists(path) {
