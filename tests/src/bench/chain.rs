@@ -11,6 +11,7 @@ use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor, Portma
 use super::{timed, upstream_bin, Case, Step, FLOOR};
 use crate::chain::Chain;
 use crate::{bin, Netns, TempDir};
+use cni_common::netns::NetNs;
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -65,26 +66,44 @@ pub(crate) fn step<'a>(
     })
 }
 
+/// Run `f` with the calling thread in `host` (and back), or where it is when None.
+fn in_host<T>(host: Option<&NetNs>, f: impl FnOnce() -> T) -> T {
+    match host {
+        Some(ns) => {
+            ns.run(|| Ok(f())).unwrap_or_else(|e| panic!("floor in {}: {}", ns.path().display(), e.msg))
+        }
+        None => f(),
+    }
+}
+
 /// The chain's floor: bridge's (kubenet profile: gateway, hairpin, MTU 1460, default
-/// route), portmap's and bandwidth's kernel requests from inside the driver, same rows.
-fn floor_step<'a>() -> Step<'a> {
+/// route), portmap's and bandwidth's kernel requests from inside the driver, same rows; in
+/// `host` (every socket made and every request sent there) or the driver's own namespace.
+pub(crate) fn floor_step<'a>(host: Option<&Netns>) -> Step<'a> {
+    let host = host.map(|h| NetNs::open(h.path_str()).expect("open the host namespace"));
     let plan = BridgePlan { default_routes: true, hairpin: true, mtu: Some(1460), ..Default::default() };
-    let mut br = BridgeFloor::new(plan, 203);
-    let pm = PortmapFloor::new(PortmapLayout::Current);
-    let bw = BandwidthFloor::new(100_000_000, 200_000_000);
+    let (mut br, pm, bw) = in_host(host.as_ref(), || {
+        (
+            BridgeFloor::new(plan, 203),
+            PortmapFloor::new(PortmapLayout::Current),
+            BandwidthFloor::new(100_000_000, 200_000_000),
+        )
+    });
     let mut n = 0u32;
     Box::new(move || {
         n += 1;
         let ctr = Netns::new("bc");
-        let (mut a, t_br) = timed(|| br.add(&ctr));
-        let ((), t_pm) = timed(|| pm.add(n));
-        let (ifb, t_bw) = timed(|| bw.add(&a.host_veth));
-        br.prepare_del(&mut a);
-        let veth = a.host_veth.clone();
-        let ((), d_bw) = timed(|| bw.del(&veth, &ifb));
-        let ((), d_pm) = timed(|| pm.del(n));
-        let ((), d_br) = timed(|| br.del(&ctr, a));
-        vec![t_br + t_pm + t_bw, d_bw + d_pm + d_br, t_br, t_pm, t_bw, d_br, d_pm, d_bw]
+        in_host(host.as_ref(), || {
+            let (mut a, t_br) = timed(|| br.add(&ctr));
+            let ((), t_pm) = timed(|| pm.add(n));
+            let (ifb, t_bw) = timed(|| bw.add(&a.host_veth));
+            br.prepare_del(&mut a);
+            let veth = a.host_veth.clone();
+            let ((), d_bw) = timed(|| bw.del(&veth, &ifb));
+            let ((), d_pm) = timed(|| pm.del(n));
+            let ((), d_br) = timed(|| br.del(&ctr, a));
+            vec![t_br + t_pm + t_bw, d_bw + d_pm + d_br, t_br, t_pm, t_bw, d_br, d_pm, d_bw]
+        })
     })
 }
 
@@ -121,7 +140,7 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
         rows: rows(),
         ours: step("ours", ours, 20000, rss.clone(), None),
         upstream: step("upstream", upstream, 40000, rss, None),
-        extra: vec![(FLOOR.into(), floor_step())],
+        extra: vec![(FLOOR.into(), floor_step(None))],
     }]
 }
 

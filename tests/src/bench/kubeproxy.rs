@@ -9,7 +9,7 @@
 //! All four sides exec their plugins through the same pre-exec setns into their host, so the
 //! spawn path is the same for every figure of the table.
 
-use super::chain::{our_dir, rows, step, RssTable};
+use super::chain::{floor_step, our_dir, rows, step, RssTable};
 use super::{upstream_bin, Case, Row, Stats};
 use crate::chain::Chain;
 use crate::{kubeproxy, Netns, TempDir};
@@ -18,6 +18,8 @@ use std::rc::Rc;
 
 pub const OURS_EMPTY: &str = "ours, empty host";
 pub const UPSTREAM_EMPTY: &str = "upstream, empty host";
+pub const FLOOR_LOADED: &str = "floor, loaded host";
+pub const FLOOR_EMPTY: &str = "floor, empty host";
 
 fn host(prefix: &str) -> Rc<Netns> {
     let h = Netns::new(prefix);
@@ -54,9 +56,11 @@ pub fn cases<'a>(services: usize, keep: &mut Vec<TempDir>) -> (Vec<Case<'a>>, St
         label: format!("kube-proxy-loaded node, {services} services"),
         rows: rows(),
         ours: step("ours", ours_loaded, 20000, rss.clone(), Some(loaded.clone())),
-        upstream: step("upstream", up_loaded, 40000, rss.clone(), Some(loaded)),
+        upstream: step("upstream", up_loaded, 40000, rss.clone(), Some(loaded.clone())),
         extra: vec![
             (OURS_EMPTY.into(), step("ours", ours_empty, 20000, rss.clone(), Some(empty.clone()))),
+            (FLOOR_LOADED.into(), floor_step(Some(&loaded))),
+            (FLOOR_EMPTY.into(), floor_step(Some(&empty))),
             (UPSTREAM_EMPTY.into(), step("upstream", up_empty, 40000, rss, Some(empty))),
         ],
     };
@@ -74,19 +78,24 @@ fn ratio(a: &Stats, b: &Stats) -> f64 {
 /// Medians per side and the ratios the issue asks for.
 pub fn markdown(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| operation | ours loaded ms | upstream loaded ms | upstream / ours (loaded) | ours empty ms | **ours loaded / empty** | upstream empty ms | upstream loaded / empty |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| operation | ours loaded ms | upstream loaded ms | upstream / ours (loaded) | ours empty ms | **ours loaded / empty** | floor loaded / empty (ms) | ours / floor (loaded) | upstream empty ms | upstream loaded / empty |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (Some(oe), Some(ue)) = (r.side(OURS_EMPTY), r.side(UPSTREAM_EMPTY)) else { continue };
+        let (Some(fl), Some(fe)) = (r.side(FLOOR_LOADED), r.side(FLOOR_EMPTY)) else { continue };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.1}x | {} | **{:.2}x** | {} | {:.2}x |\n",
+            "| {} | {} | {} | {:.1}x | {} | **{:.2}x** | {:.2}x ({} / {}) | {:.2}x | {} | {:.2}x |\n",
             r.row,
             ms(&r.ours),
             ms(&r.upstream),
             ratio(&r.upstream, &r.ours),
             ms(oe),
             ratio(&r.ours, oe),
+            ratio(fl, fe),
+            ms(fl),
+            ms(fe),
+            ratio(&r.ours, fl),
             ms(ue),
             ratio(&r.upstream, ue),
         ));

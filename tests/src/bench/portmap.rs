@@ -134,7 +134,7 @@ fn windows(n: usize) -> Vec<(String, usize, usize)> {
 }
 
 /// Probes per checkpoint.
-const PROBES: usize = 15;
+const PROBES: usize = 45;
 
 /// ADD and DEL samples taken at one checkpoint: (ours, ours reference, upstream, upstream
 /// reference).
