@@ -11,53 +11,11 @@
 //! reaches the pod only if the host masqueraded its connection.
 
 use cni_tests::chain::Chain;
-use cni_tests::{cni_path_with, kubeproxy, unique, wait_until, Netns};
+use cni_tests::traffic::{fetch, Server};
+use cni_tests::{cni_path_with, kubeproxy, unique, Netns};
 use serde_json::{json, Value};
-use std::process::{Child, Stdio};
-use std::time::Duration;
 
 const SERVICES: usize = 300;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A TCP server in `ns` answering every connection with "<name> <peer address>".
-fn server(ns: &Netns, port: u16, name: &str) -> Server {
-    let child = ns
-        .command("socat")
-        .args([
-            "-t10",
-            &format!("TCP4-LISTEN:{port},fork,reuseaddr"),
-            &format!("SYSTEM:echo {name} $SOCAT_PEERADDR"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_until(&format!("{name} to listen on {port}"), Duration::from_secs(10), || {
-        let out = ns.try_run("ss", &["-Hltn", &format!("sport = :{port}")]);
-        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
-    });
-    Server(child)
-}
-
-/// What the server at `addr:port` says to a connection from `ns` ("" when nothing answered).
-fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
-    let out = ns
-        .command("socat")
-        .args(["-t10", "-T5", "-", &format!("TCP4:{addr}:{port},connect-timeout=5")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run socat");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn pod_ip(result: &Value) -> String {
     let a = result["ips"][0]["address"].as_str().expect("result has an address");
@@ -121,8 +79,8 @@ fn hostport_and_masquerading_work_beside_kube_proxy_and_del_leaves_its_rules() {
     let ip = pod_ip(&result);
 
     {
-        let _pod_srv = server(&pod, 80, "pod");
-        let _out_srv = server(&outside, 9000, "outside");
+        let _pod_srv = Server::tcp4(&pod, 80, "pod");
+        let _out_srv = Server::tcp4(&outside, 9000, "outside");
         // hostPort from outside: DNATed to the pod, client address preserved
         assert_eq!(fetch(&outside, "10.250.7.1", 18080), "pod 10.250.7.2", "outside -> hostPort");
         // from the host itself, to its own address

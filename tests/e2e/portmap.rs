@@ -8,15 +8,15 @@
 //! prove that forwarded, non-local traffic is never DNATed (CVE-2025-67499).
 //! br_netfilter's bridge-nf-call-iptables is switched off in the host so that hairpin and
 //! container-to-container cases really depend on our masquerading.
+//! Traffic goes through `cni_tests::traffic`: every server answers `<name> <peer address>`, so
+//! a reply says which container a host port led to and whether the connection was masqueraded
+//! (UDP is answered by a thread of the test, not socat: that module says why).
 
-use cni_tests::{ns_state, unique, Exec, Netns, PluginOutput};
+use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
+use cni_tests::{ns_state, unique, wait_until, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
-use std::io::ErrorKind;
-use std::net::UdpSocket;
-use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 static NET: AtomicU8 = AtomicU8::new(1);
 
@@ -32,14 +32,6 @@ struct Ctr {
     idx: u8,
     id: String,
     hostveth: String,
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 impl World {
@@ -192,160 +184,6 @@ fn tcp(p: u16) -> Value {
     json!([{"hostPort": p, "containerPort": 80, "protocol": "tcp"}])
 }
 
-/// A server in `ns` answering every TCP connection with "<name> <peer address>".
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Whether `ss <kind> <filter>` lists a listening socket (`-Hltn` for TCP, `-HlnS` for SCTP).
-fn listening(ns: &Netns, kind: &str, filter: &str) -> bool {
-    let out = ns.try_run("ss", &[kind, filter]);
-    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
-}
-
-/// socat ends a forked child `-t` seconds after one direction saw EOF (default 0.5 s). The
-/// client half-closes at once (nothing on stdin), so with the default a child whose `sh`
-/// needs longer than that to start on a loaded machine would close without answering, and a
-/// client would give up before the answer: both wait up to this instead (they end as soon as
-/// both directions are done, so this is only an upper bound).
-const HALF_CLOSE_WAIT: &str = "-t10";
-
-fn server(ns: &Netns, port: u16, name: &str) -> Server {
-    spawn_server(
-        ns,
-        &format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=0"),
-        &format!("sport = :{port}"),
-        name,
-    )
-}
-
-/// A server listening on one IPv4 address only.
-fn server_on(ns: &Netns, addr: &str, port: u16, name: &str) -> Server {
-    spawn_server(
-        ns,
-        &format!("TCP4-LISTEN:{port},bind={addr},fork,reuseaddr"),
-        &format!("src {addr}:{port}"),
-        name,
-    )
-}
-
-fn spawn_server(ns: &Netns, listen: &str, ss_filter: &str, name: &str) -> Server {
-    let kind = if listen.starts_with("SCTP") { "-HlnS" } else { "-Hltn" };
-    let child = ns
-        .command("socat")
-        .args([HALF_CLOSE_WAIT, listen, &format!("SYSTEM:echo {name} $SOCAT_PEERADDR")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_for(&format!("{name} to listen on {listen}"), || listening(ns, kind, ss_filter));
-    Server(child)
-}
-
-/// A UDP responder in `ns`: every datagram to `port` (IPv4 or IPv6) is answered with
-/// "<name> <peer address>" from the receiving socket, in a thread of the test.
-///
-/// Not socat: `UDP-RECVFROM,fork` + `SYSTEM:echo` hands the datagram to the shell's stdin,
-/// and when `echo` has already exited the write fails (EPIPE) and the child exits without
-/// answering: a request that reached the container went unanswered now and then.
-struct UdpServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for UdpServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn udp_server(ns: &Netns, port: u16, name: &str) -> UdpServer {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (stop2, name) = (stop.clone(), name.to_string());
-    let ns_file = std::fs::File::open(ns.path()).expect("open netns");
-    let thread = std::thread::spawn(move || {
-        nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        // [::]:port is dual-stack (bindv6only is 0 in a fresh namespace)
-        let sock = UdpSocket::bind(("::", port)).expect("bind the UDP responder");
-        // bounds how long drop() waits for the thread
-        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        tx.send(()).unwrap();
-        let mut buf = [0u8; 2048];
-        while !stop2.load(Ordering::Relaxed) {
-            match sock.recv_from(&mut buf) {
-                Ok((_, peer)) => {
-                    let reply = format!("{name} {}\n", peer.ip().to_canonical());
-                    let _ = sock.send_to(reply.as_bytes(), peer);
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => panic!("UDP responder {name}: {e}"),
-            }
-        }
-    });
-    rx.recv().expect("UDP responder started");
-    UdpServer { stop, thread: Some(thread) }
-}
-
-/// Connect from `ns` and return what the server said ("" when nothing answered).
-/// "name [0000:…:ffff:0afa:0102]" (socat's peer address) -> "name 10.250.1.2".
-fn normalise(reply: &str) -> String {
-    let mut parts = reply.trim().splitn(2, ' ');
-    let (Some(name), Some(peer)) = (parts.next(), parts.next()) else { return reply.trim().to_string() };
-    let peer = peer.trim_start_matches('[').trim_end_matches(']');
-    match peer.parse::<std::net::IpAddr>() {
-        Ok(ip) => format!("{name} {}", ip.to_canonical()),
-        Err(_) => reply.trim().to_string(),
-    }
-}
-
-fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
-    let target =
-        if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
-    let out = ns
-        .command("socat")
-        .args([HALF_CLOSE_WAIT, "-T5", "-", &format!("{target},connect-timeout=5")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run socat");
-    normalise(&String::from_utf8_lossy(&out.stdout))
-}
-
-/// One UDP request from `ns` (source port `sport`) to `addr:port`: the answer, or "" when the
-/// port is closed (ICMP port unreachable, i.e. nothing was DNATed) or nothing answered in 5 s.
-/// A thread of the test, so it returns as soon as the answer is in.
-fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
-    let ns_file = std::fs::File::open(ns.path()).expect("open netns");
-    let addr: std::net::IpAddr = addr.parse().unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            let sock = UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, sport)).expect("bind client port");
-            sock.connect((addr, port)).unwrap();
-            sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            sock.send(b"ping\n").unwrap();
-            let mut buf = [0u8; 2048];
-            match sock.recv(&mut buf) {
-                Ok(n) => String::from_utf8_lossy(&buf[..n]).trim().to_string(),
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused => String::new(),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => String::new(),
-                Err(e) => panic!("UDP request to {addr}:{port}: {e}"),
-            }
-        })
-        .join()
-        .unwrap()
-    })
-}
-
 /// Elements of our table (`set key` strings), or None when the table does not exist.
 fn elements(host: &Netns) -> Option<Vec<String>> {
     let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
@@ -411,7 +249,7 @@ fn tcp_forwarding_four_ways() {
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _srv = server(&a.ns, 80, "ctrA");
+    let _srv = Server::tcp(&a.ns, 80, "ctrA");
     let prev = w.prev(&a, true, true);
     let out = run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
     assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
@@ -460,8 +298,8 @@ fn ipv6_and_host_ip_mappings() {
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _sa = server(&a.ns, 80, "ctrA");
-    let _sb = server(&b.ns, 80, "ctrB");
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let _sb = Server::tcp(&b.ns, 80, "ctrB");
     let n = w.n;
     // A: every address, both families; B: only 10.250.n.3 port 9090 and fd01:n::1 port 9090
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), tcp(9090), json!({}))).ok();
@@ -504,9 +342,9 @@ fn non_local_destinations_are_never_dnated() {
     remote.run("ip", &["link", "set", "r0", "up"]);
     remote.run("ip", &["route", "add", "default", "via", &format!("10.251.{n}.1")]);
     let a = w.container();
-    let _sa = server(&a.ns, 80, "ctrA");
-    let _sr = server(&remote, 5300, "remote");
-    let _sr2 = server(&remote, 5301, "remote");
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let _sr = Server::tcp(&remote, 5300, "remote");
+    let _sr2 = Server::tcp(&remote, 5301, "remote");
     let m = json!([{"hostPort": 5300, "containerPort": 80, "protocol": "tcp", "hostIP": format!("10.251.{n}.9")},
                    {"hostPort": 5301, "containerPort": 80, "protocol": "tcp"}]);
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), m, json!({}))).ok();
@@ -535,8 +373,8 @@ fn udp_mapping_flushes_stale_conntrack() {
     let n = w.n;
     let a = w.container();
     let b = w.container();
-    let _sa = udp_server(&a.ns, 53, "ctrA");
-    let _sb = udp_server(&b.ns, 53, "ctrB");
+    let _sa = UdpServer::start(&a.ns, 53, "ctrA");
+    let _sb = UdpServer::start(&b.ns, 53, "ctrB");
     let hip = w.host_ip();
     let m = json!([{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]);
     // B is attached first (with another port): the table exists, so conntrack is tracking in
@@ -598,15 +436,8 @@ fn sctp_mapping_is_installed_checked_and_removed() {
     run(&w, "CHECK", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok_silent();
     match sctp_sockets() {
         Ok(()) => {
-            let _srv = spawn_server(&a.ns, "SCTP4-LISTEN:3869,fork,reuseaddr", "sport = :3869", "ctrA");
-            let out = w
-                .outside
-                .command("socat")
-                .args([HALF_CLOSE_WAIT, "-T5", "-", &format!("SCTP4:{hip}:3868,connect-timeout=5")])
-                .stdin(Stdio::null())
-                .output()
-                .expect("run socat");
-            assert_eq!(normalise(&String::from_utf8_lossy(&out.stdout)), format!("ctrA 10.250.{n}.2"));
+            let _srv = Server::socat(&a.ns, "SCTP4-LISTEN:3869,fork,reuseaddr", "sport = :3869", "ctrA");
+            assert_eq!(request(&w.outside, &format!("SCTP4:{hip}:3868")), format!("ctrA 10.250.{n}.2"));
         }
         Err(why) => println!(
             "portmap SCTP traffic test did not run: this kernel has no SCTP sockets ({why}); \
@@ -758,7 +589,7 @@ fn conditions_apply_and_follow_the_last_add() {
     let mut w = World::new();
     let n = w.n;
     let a = w.container();
-    let _sa = server(&a.ns, 80, "ctrA");
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
     let p = w.prev(&a, true, false);
     // exclude 10.250.n.3 from port mapping
     let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
@@ -841,8 +672,8 @@ fn one_container_on_two_networks_shares_its_host_port() {
     let other = w.container();
     let (addr1, addr2) = (w.ip4(&a), format!("10.{n}.1.{}", a.idx));
     // which network's address a connection arrives on
-    let _s1 = server_on(&a.ns, &addr1, 80, "viaNet1");
-    let _s2 = server_on(&a.ns, &addr2, 80, "viaNet2");
+    let _s1 = Server::tcp4_on(&a.ns, &addr1, 80, "viaNet1");
+    let _s2 = Server::tcp4_on(&a.ns, &addr2, 80, "viaNet2");
     let (p1, p2) = (w.prev(&a, true, true), w.prev_second(&a, &a_eth1));
     let m = tcp(18090);
     // (network, ifname, config, server name, container IPv6 address)
@@ -954,7 +785,7 @@ fn steady_state_verbs_exec_no_nft() {
     let n = w.n;
     let a = w.container();
     let b = w.container();
-    let _sb = server(&b.ns, 80, "ctrB");
+    let _sb = Server::tcp(&b.ns, 80, "ctrB");
     let no_nft = |cmd: &str, c: &Ctr, ifname: &str, stdin: &str| {
         Exec::new("portmap")
             .in_ns(&w.host)
@@ -1109,7 +940,8 @@ fn upgrade_from_the_previous_layout_keeps_live_mappings() {
     let ctrs: Vec<Ctr> = (0..5).map(|_| w.container()).collect();
     let [a, b, c, d, e] = &ctrs[..] else { unreachable!() };
     let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE"];
-    let _servers: Vec<Server> = ctrs.iter().zip(names).map(|(c, name)| server(&c.ns, 80, name)).collect();
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
     // A: both families, snat; B: masqAll; C: IPv4 only
     let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
     let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
@@ -1217,7 +1049,8 @@ fn upgrade_from_the_layout_without_a_conditions_map() {
     let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
     let [a, b, c, d] = &ctrs[..] else { unreachable!() };
     let names = ["ctrA", "ctrB", "ctrC", "ctrD"];
-    let _servers: Vec<Server> = ctrs.iter().zip(names).map(|(c, name)| server(&c.ns, 80, name)).collect();
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
     let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
     let cfg = |x: &Ctr, port: u16| conf("pmnet", &w.prev(x, true, true), tcp(port), cond.clone());
     let no_nft = |cmd: &str, x: &Ctr, stdin: &str| {
@@ -1305,8 +1138,8 @@ fn stale_holders_are_replaced_and_live_ones_refused() {
     let b = w.container();
     let c = w.container();
     let d = w.container();
-    let _sb = server(&b.ns, 80, "ctrB");
-    let _sd = server(&d.ns, 80, "ctrD");
+    let _sb = Server::tcp(&b.ns, 80, "ctrB");
+    let _sd = Server::tcp(&d.ns, 80, "ctrD");
     let two = json!([{"hostPort": 7401, "containerPort": 80, "protocol": "tcp"},
                      {"hostPort": 7402, "containerPort": 80, "protocol": "udp"}]);
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, true), two, json!({}))).ok();
@@ -1431,7 +1264,7 @@ fn add_needs_a_container_address() {
     let a = w.container();
     let n = w.n;
     // the new bridge port reaches "forwarding" (br0 goes from UNKNOWN to UP) on its own time
-    wait_for("br0 to be up", || {
+    wait_until("br0 to be up", Duration::from_secs(10), || {
         String::from_utf8_lossy(&w.host.run("ip", &["link", "show", "br0"]).stdout).contains("state UP")
     });
     let before = ns_state(&w.host);
@@ -1478,8 +1311,8 @@ fn upgrade_by_an_add_with_conditions() {
     let hip = w.host_ip();
     let a = w.container();
     let b = w.container();
-    let _sa = server(&a.ns, 80, "ctrA");
-    let _sb = server(&b.ns, 80, "ctrB");
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let _sb = Server::tcp(&b.ns, 80, "ctrB");
     run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), tcp(7611), json!({}))).ok();
     let before = mapping_elements(&w.host);
     downgrade_to_previous_layout(&w.host);

@@ -18,15 +18,14 @@
 
 use cni_tests::chain::Chain;
 use cni_tests::leaks::leaks;
+use cni_tests::traffic::{fetch, fetch_udp, Server, UdpServer};
 use cni_tests::{
     bin, cni_path_with, wait_until, without_counters, workspace_root, Exec, Netns, PluginOutput, TempDir,
 };
 use serde_json::{json, Value};
-use std::io::{ErrorKind, Write as _};
-use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
+use std::io::Write as _;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const UPSTREAM: &str = "/usr/lib/cni";
@@ -36,6 +35,9 @@ const HOST4: &str = "10.250.0.1";
 const HOST6: &str = "fd01::1";
 const HP_TCP: u16 = 18080;
 const HP_UDP: u16 = 18081;
+/// The pods' servers (the mappings' container ports).
+const CTR_TCP: u16 = 80;
+const CTR_UDP: u16 = 81;
 /// A second pod's host ports.
 const HP_C: u16 = 19080;
 const VERSION: &str = "1.0.0";
@@ -380,8 +382,8 @@ impl World {
 
 fn caps() -> Value {
     json!({
-        "portMappings": [{"hostPort": HP_TCP, "containerPort": 80, "protocol": "tcp"},
-                         {"hostPort": HP_UDP, "containerPort": 81, "protocol": "udp"}],
+        "portMappings": [{"hostPort": HP_TCP, "containerPort": CTR_TCP, "protocol": "tcp"},
+                         {"hostPort": HP_UDP, "containerPort": CTR_UDP, "protocol": "udp"}],
         "bandwidth": {"ingressRate": 100_000_000, "ingressBurst": 1_000_000,
                       "egressRate": 100_000_000, "egressBurst": 1_000_000}
     })
@@ -396,121 +398,6 @@ fn sha512_hex(s: &str) -> String {
 }
 
 // ---- traffic ----
-
-/// socat ends a forked child this long after one direction saw EOF (see tests/e2e/portmap.rs).
-const HALF_CLOSE_WAIT: &str = "-t10";
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A TCP server on port 80 of `ns` (both families) answering "<name> <peer>".
-fn server(ns: &Netns, name: &str) -> Server {
-    let child = ns
-        .command("socat")
-        .args([
-            HALF_CLOSE_WAIT,
-            "TCP6-LISTEN:80,fork,reuseaddr,ipv6only=0",
-            &format!("SYSTEM:echo {name} $SOCAT_PEERADDR"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn socat (scripts/install-deps.sh installs it)");
-    wait_until("the server to listen", Duration::from_secs(10), || {
-        !String::from_utf8_lossy(&ns.try_run("ss", &["-Hltn", "sport = :80"]).stdout).trim().is_empty()
-    });
-    Server(child)
-}
-
-/// What the server behind `addr:port` says to a TCP client in `ns` ("" when nothing answered).
-fn fetch(ns: &Netns, addr: &str, port: u16) -> String {
-    let target =
-        if addr.contains(':') { format!("TCP6:[{addr}]:{port}") } else { format!("TCP4:{addr}:{port}") };
-    let out = ns
-        .command("socat")
-        .args([HALF_CLOSE_WAIT, "-T5", "-", &format!("{target},connect-timeout=5")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run socat");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// A UDP responder on port 81 of `ns` answering "<name>".
-struct UdpServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for UdpServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn udp_server(ns: &Netns, name: &str) -> UdpServer {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (stop2, name) = (stop.clone(), name.to_string());
-    let f = std::fs::File::open(ns.path()).unwrap();
-    let thread = std::thread::spawn(move || {
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let sock = UdpSocket::bind(("::", 81)).expect("bind the UDP responder");
-        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        tx.send(()).unwrap();
-        let mut buf = [0u8; 512];
-        while !stop2.load(Ordering::Relaxed) {
-            match sock.recv_from(&mut buf) {
-                Ok((_, peer)) => {
-                    let _ = sock.send_to(name.as_bytes(), peer);
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => panic!("UDP responder: {e}"),
-            }
-        }
-    });
-    rx.recv().unwrap();
-    UdpServer { stop, thread: Some(thread) }
-}
-
-/// One UDP request from `ns`, source port `sport`: the answer or "".
-fn fetch_udp(ns: &Netns, addr: &str, port: u16, sport: u16) -> String {
-    let f = std::fs::File::open(ns.path()).unwrap();
-    let addr: std::net::IpAddr = addr.parse().unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            let sock = UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, sport)).unwrap();
-            sock.connect((addr, port)).unwrap();
-            sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            sock.send(b"ping").unwrap();
-            let mut buf = [0u8; 512];
-            match sock.recv(&mut buf) {
-                Ok(n) => String::from_utf8_lossy(&buf[..n]).to_string(),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::ConnectionRefused | ErrorKind::WouldBlock | ErrorKind::TimedOut
-                    ) =>
-                {
-                    String::new()
-                }
-                Err(e) => panic!("UDP request: {e}"),
-            }
-        })
-        .join()
-        .unwrap()
-    })
-}
 
 /// The pod's host port answers from outside, from the host (its own address, and 127.0.0.1
 /// for IPv4) and from the pod itself (hairpin), over IPv4 and, when it has one, IPv6 (with
@@ -564,10 +451,11 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
         "upstream wrote no iptables state:\n{ipt_text}"
     );
     {
-        let _s = server(a.ns(), "podA");
-        let _u = udp_server(a.ns(), "podA");
+        let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
+        let _u = UdpServer::start(a.ns(), CTR_UDP, "podA");
         assert_reachable(&w, &a, snat != Some(false), "upstream's pod");
-        assert_eq!(fetch_udp(&w.outside, HOST4, HP_UDP, 40000), "podA", "UDP to upstream's pod");
+        let r = fetch_udp(&w.outside, HOST4, HP_UDP, 40000);
+        assert!(r.starts_with("podA "), "UDP to upstream's pod reached {r:?}");
     }
     w.check(&ours, &a, &ra);
     if netns_gone {
@@ -588,14 +476,11 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
 
     let b = w.pod("podB");
     let rb = w.add(&ours, &b);
-    let _s = server(b.ns(), "podB");
-    let _u = udp_server(b.ns(), "podB");
+    let _s = Server::tcp(b.ns(), CTR_TCP, "podB");
+    let _u = UdpServer::start(b.ns(), CTR_UDP, "podB");
     assert_reachable(&w, &b, snat != Some(false), "our new pod on the same host ports");
-    assert_eq!(
-        fetch_udp(&w.outside, HOST4, HP_UDP, 40000),
-        "podB",
-        "UDP from the same client port reaches the new pod"
-    );
+    let r = fetch_udp(&w.outside, HOST4, HP_UDP, 40000);
+    assert!(r.starts_with("podB "), "UDP from the same client port reaches the new pod, not {r:?}");
     w.check(&ours, &b, &rb);
     w.del(&ours, &b, &rb);
     w.assert_nothing_of(&b);
@@ -661,7 +546,7 @@ fn gc_leftovers(ipt: Ipt) {
     let (mut dead, live) = (w.pod("dead"), w.pod("live"));
     let foreign = w.pod_with(
         "foreign",
-        json!({"portMappings": [{"hostPort": 19090, "containerPort": 80, "protocol": "tcp"}]}),
+        json!({"portMappings": [{"hostPort": 19090, "containerPort": CTR_TCP, "protocol": "tcp"}]}),
     );
     let rd = w.add(&up, &dead);
     let rl = w.add(&up, &live);
@@ -741,35 +626,37 @@ fn write_cache(w: &World, c: &Chain, pod: &Pod, result: &Value) {
 
 /// Fetch from outside in a loop while `f` runs; every answer must come from `name`.
 fn during(w: &World, name: &str, f: impl FnOnce()) -> usize {
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicUsize::new(0));
-    let outside = std::fs::File::open(w.outside.path()).unwrap();
-    let (stop2, count2, name2) = (stop.clone(), count.clone(), name.to_string());
-    let prober = std::thread::spawn(move || {
-        nix::sched::setns(&outside, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let mut bad = Vec::new();
-        while !stop2.load(Ordering::Relaxed) {
-            let t = Instant::now();
-            let out = Command::new("socat")
-                .args([HALF_CLOSE_WAIT, "-T5", "-", &format!("TCP4:{HOST4}:{HP_TCP},connect-timeout=5")])
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            let r = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if !r.starts_with(&name2) {
-                bad.push(format!("{r:?} after {:?}", t.elapsed()));
-            }
-            count2.fetch_add(1, Ordering::Relaxed);
+    /// Ends the probe loop also when `f` or a wait fails (the scope joins the prober).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
         }
-        bad
+    }
+    let stop = AtomicBool::new(false);
+    let count = AtomicUsize::new(0);
+    let bad = std::thread::scope(|s| {
+        let prober = s.spawn(|| {
+            let mut bad = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let r = fetch(&w.outside, HOST4, HP_TCP);
+                if !r.starts_with(name) {
+                    bad.push(format!("{r:?} after {:?}", t.elapsed()));
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            bad
+        });
+        let stopper = Stop(&stop);
+        // at least one probe before
+        wait_until("a first probe", Duration::from_secs(10), || count.load(Ordering::Relaxed) > 0);
+        f();
+        let n = count.load(Ordering::Relaxed);
+        wait_until("a probe after", Duration::from_secs(10), || count.load(Ordering::Relaxed) > n);
+        drop(stopper);
+        prober.join().unwrap()
     });
-    // at least one probe before
-    wait_until("a first probe", Duration::from_secs(10), || count.load(Ordering::Relaxed) > 0);
-    f();
-    let n = count.load(Ordering::Relaxed);
-    wait_until("a probe after", Duration::from_secs(10), || count.load(Ordering::Relaxed) > n);
-    stop.store(true, Ordering::Relaxed);
-    let bad = prober.join().unwrap();
     assert!(bad.is_empty(), "host port of {name} failed during the migration: {bad:?}");
     count.load(Ordering::Relaxed)
 }
@@ -780,7 +667,7 @@ fn to_upstream(ipt: Ipt) {
     let (a, b) = (w.pod("podA"), w.pod("podB"));
     let ra = w.add(&ours, &a);
     write_cache(&w, &ours, &a, &ra); // podA from the cache, podB rebuilt from our elements
-    let _sa = server(a.ns(), "podA");
+    let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
     assert_reachable(&w, &a, true, "before to-upstream");
     // podB: no host port of its own (one owner per host port): masquerading only
     let ours_b = {
@@ -793,13 +680,13 @@ fn to_upstream(ipt: Ipt) {
     // elements
     let c = w.pod_with(
         "podC",
-        json!({"portMappings": [{"hostPort": HP_C, "containerPort": 80, "protocol": "tcp"},
-                                {"hostPort": HP_C + 1, "containerPort": 81, "protocol": "udp"}],
+        json!({"portMappings": [{"hostPort": HP_C, "containerPort": CTR_TCP, "protocol": "tcp"},
+                                {"hostPort": HP_C + 1, "containerPort": CTR_UDP, "protocol": "udp"}],
                // (upstream 1.1.1's bandwidth CHECK dereferences nil without a bandwidth entry)
                "bandwidth": caps()["bandwidth"]}),
     );
     let rc = w.add(&ours, &c);
-    let _sc = server(c.ns(), "podC");
+    let _sc = Server::tcp(c.ns(), CTR_TCP, "podC");
     let reach_c = |when: &str| {
         for (ns, addr) in [(&w.outside, HOST4), (&w.outside, HOST6), (c.ns(), HOST4), (c.ns(), HOST6)] {
             let r = fetch(ns, addr, HP_C);
@@ -880,7 +767,7 @@ fn from_upstream(ipt: Ipt) {
     let up = w.chain(true, None);
     let a = w.pod("podA");
     let ra = w.add(&up, &a);
-    let _sa = server(a.ns(), "podA");
+    let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
     assert_reachable(&w, &a, true, "before from-upstream");
     during(&w, "podA", || {
         let out = w.migrate(&["from-upstream"]);
@@ -989,7 +876,7 @@ fn upstream_nftables_backend_form() {
     nft.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
     assert!(nft.wait().unwrap().success());
     {
-        let _s = server(a.ns(), "podA");
+        let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
         let r = fetch(&w.outside, HOST4, HP_TCP);
         assert!(r.starts_with("podA"), "the upstream-form DNAT works: {r:?}");
     }

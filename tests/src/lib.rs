@@ -720,6 +720,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod traffic;
 
 #[cfg(test)]
 mod tests {
