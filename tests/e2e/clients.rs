@@ -9,12 +9,12 @@
 //! docs/real-clients.md.
 
 use cni_tests::clients::{
-    poll, wait_for, Containerd, HostSnapshot, PluginSet, Podman, Reaper, Sandbox, HOST_ADDR, HOST_ADDR6,
-    OUTSIDE_ADDR,
+    cached_host_veth, cached_ip, poll, wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox,
+    HOST_ADDR, HOST_ADDR6, OUTSIDE_ADDR,
 };
+use cni_tests::traffic::Server;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::Duration;
 
 const SUBNET: &str = "10.89.0.0/24";
@@ -67,23 +67,6 @@ fn mentions_ip(text: &str, ip: &str) -> bool {
         let joins_after = |c: char| if v6 { c.is_ascii_hexdigit() || c == ':' } else { c.is_ascii_digit() };
         !before.is_some_and(joins_before) && !after.is_some_and(joins_after)
     })
-}
-
-/// The host-side interface of an attachment, from the result libcni cached.
-fn host_veth(cached: &Value, bridge: &str) -> String {
-    cached["result"]["interfaces"]
-        .as_array()
-        .expect("cached result has interfaces")
-        .iter()
-        .find(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")) && i["name"] != bridge)
-        .and_then(|i| i["name"].as_str())
-        .unwrap_or_else(|| panic!("no host veth in cached result {cached}"))
-        .to_string()
-}
-
-fn cached_ip(cached: &Value) -> String {
-    let addr = cached["result"]["ips"][0]["address"].as_str().expect("cached result has an IP");
-    addr.split('/').next().unwrap().to_string()
 }
 
 /// Everything an attachment adds to the scratch host, to compare against what is left.
@@ -157,7 +140,7 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
         assert!(routes.contains(&format!("default via {GATEWAY}")), "{routes}");
 
         // on the host: veth on the bridge, bandwidth's tbf on it and on an ifb
-        let veth = host_veth(&cached, &bridge);
+        let veth = cached_host_veth(&cached, &bridge);
         let link = sb.host.link(&veth).unwrap_or_else(|| panic!("host veth {veth} missing"));
         assert_eq!(link["master"], bridge.as_str(), "{link}");
         let q = sb.qdiscs();
@@ -290,7 +273,7 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
         let ip = cached_ip(&cached);
         assert!(ip.starts_with("10.89.0."), "{ip}");
         assert_eq!(sb.reservations(&net), vec![ip.clone()]);
-        let veth = host_veth(&cached, &bridge);
+        let veth = cached_host_veth(&cached, &bridge);
         assert_eq!(sb.host.link(&veth).expect("host veth")["master"], bridge.as_str());
         assert_eq!(sb.host_links().iter().filter(|l| l.starts_with("bwp")).count(), 1, "ifb for ingress");
 
@@ -326,14 +309,7 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
         });
         assert_eq!(Sandbox::http_get(&sb.outside, &url).as_deref(), Ok(page), "from outside, routed");
         // one reply per connection: the peer address the outside sees
-        let listener = Reaper(
-            sb.outside
-                .command("socat")
-                .args(["TCP-LISTEN:9000,reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR"])
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("socat (scripts/install-deps.sh installs it)"),
-        );
+        let listener = Server::tcp4(&sb.outside, 9000, "outside");
         let mut last = String::new();
         let peer = poll(Duration::from_secs(20), || {
             let out = ctrd.ctr(&[
@@ -353,7 +329,7 @@ fn containerd_ctr_run_cni_deletes_with_an_empty_netns() {
         })
         .unwrap_or_else(|| panic!("the container cannot reach the outside; last try: {last}"));
         drop(listener);
-        assert_eq!(peer, HOST_ADDR, "egress is masqueraded behind the host address");
+        assert_eq!(peer, format!("outside {HOST_ADDR}"), "egress is masqueraded behind the host address");
 
         // Stop the task: ctr run (foreground) then calls CNI DEL with CNI_NETNS="" — the
         // task's netns is gone — and deletes the task.

@@ -6,7 +6,9 @@
 //! recorders, so the test also pins down what the CRI hands to each plugin.
 //! docs/real-clients.md describes what is verified and what is not.
 
-use cni_tests::clients::{wait_for, Containerd, HostSnapshot, PluginSet, Sandbox, HOST_ADDR};
+use cni_tests::clients::{
+    cached_host_veth, cached_ip, wait_for, Containerd, HostSnapshot, PluginSet, Sandbox, HOST_ADDR,
+};
 use cni_tests::cri::{self, pb, Call, CriClient};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -280,22 +282,6 @@ fn cached(sb: &Sandbox, id: &str) -> Value {
         .unwrap_or_else(|| panic!("no libcni cache entry for {id}: {:?}", sb.cache_entries()))
 }
 
-fn result_ip(cached: &Value) -> String {
-    let a = cached["result"]["ips"][0]["address"].as_str().expect("cached result has an IP");
-    a.split('/').next().unwrap().to_string()
-}
-
-fn host_veth(cached: &Value) -> String {
-    cached["result"]["interfaces"]
-        .as_array()
-        .expect("interfaces")
-        .iter()
-        .find(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")) && i["name"] != BRIDGE)
-        .and_then(|i| i["name"].as_str())
-        .unwrap_or_else(|| panic!("no host veth in {cached}"))
-        .to_string()
-}
-
 /// The tbf on `dev` in the host netns: (rate in bytes/s, burst in bytes).
 fn tbf(sb: &Sandbox, dev: &str) -> (u64, u64) {
     let out = sb.host.run("tc", &["-j", "qdisc", "show", "dev", dev]);
@@ -462,7 +448,7 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         let config = node.pod_config(&pod, &uid, 0, true);
         let (id, ip) = node.run_pod(&config);
         let res = cached(&sb, &id);
-        assert_eq!(result_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
+        assert_eq!(cached_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
         assert!(ip.starts_with(POD_SUBNET_PREFIX), "{ip}");
         assert_eq!(reservations(&sb), vec![ip.clone()]);
 
@@ -529,7 +515,7 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         );
 
         // shaping: tbf on the host veth (traffic into the pod) and on the ifb (out of it)
-        let veth = host_veth(&res);
+        let veth = cached_host_veth(&res, BRIDGE);
         let ifbs: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
         assert_eq!(ifbs.len(), 1, "one ifb for the pod's egress: {ifbs:?}");
         let (in_rate, in_burst) = tbf(&sb, &veth);
@@ -589,14 +575,14 @@ fn cri_pod_with_host_port_and_bandwidth_annotations() {
         // removed (its second DEL must not touch attempt 2), as a kubelet does on restarts
         let config1 = node.pod_config(&pod, &uid, 1, true);
         let (id1, ip1) = node.run_pod(&config1);
-        let veth1 = host_veth(&cached(&sb, &id1));
-        assert_eq!(result_ip(&cached(&sb, &id1)), ip1);
+        let veth1 = cached_host_veth(&cached(&sb, &id1), BRIDGE);
+        assert_eq!(cached_ip(&cached(&sb, &id1)), ip1);
         node.run_web(&id1, &config1, &ip1);
         assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 1 via the host port");
         node.stop(&id1);
         let config2 = node.pod_config(&pod, &uid, 2, true);
         let (id2, ip2) = node.run_pod(&config2);
-        assert_eq!(result_ip(&cached(&sb, &id2)), ip2);
+        assert_eq!(cached_ip(&cached(&sb, &id2)), ip2);
         node.run_web(&id2, &config2, &ip2);
         assert_eq!(Sandbox::http_get(&sb.outside, &via).as_deref(), Ok(PAGE), "attempt 2 via the host port");
         node.remove(&id1);
@@ -650,7 +636,7 @@ fn page_example_alone(conflist: &str, chain: &[&str]) {
         let config = node.pod_config(&pod, &uid, 0, true);
         let (id, ip) = node.run_pod(&config);
         let res = cached(&sb, &id);
-        assert_eq!(result_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
+        assert_eq!(cached_ip(&res), ip, "PodSandboxStatus reports the IP of our result");
         let calls = node.calls();
         let adds = calls_for(&calls, 0, &id, "ADD");
         assert_chain_calls(&adds, &id, "ADD", chain, conflist);
@@ -666,7 +652,7 @@ fn page_example_alone(conflist: &str, chain: &[&str]) {
         }
         if chain.contains(&"bandwidth") {
             assert_eq!(ifbs.len(), 1, "{conflist}: one ifb: {ifbs:?}");
-            let (in_rate, _) = tbf(&sb, &host_veth(&res));
+            let (in_rate, _) = tbf(&sb, &cached_host_veth(&res, BRIDGE));
             let (out_rate, _) = tbf(&sb, &ifbs[0]);
             assert_eq!((in_rate * 8, out_rate * 8), (RATE_BITS, RATE_BITS), "{conflist}: {}", sb.qdiscs());
         } else {

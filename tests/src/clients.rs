@@ -126,16 +126,6 @@ pub fn wait_for<T>(what: &str, limit: Duration, cond: impl FnMut() -> Option<T>)
     poll(limit, cond).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
 }
 
-/// A child process killed (and reaped) when dropped, also when a test fails.
-pub struct Reaper(pub Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A scratch host + outside netns, a private mount namespace and scratch directories.
 pub struct Sandbox {
     pub host: Netns,
@@ -329,6 +319,24 @@ impl Sandbox {
         }
         left
     }
+}
+
+/// The first address of a result libcni cached ([`Sandbox::cached`]), without its prefix.
+pub fn cached_ip(cached: &Value) -> String {
+    let addr = cached["result"]["ips"][0]["address"].as_str().expect("cached result has an IP");
+    addr.split('/').next().unwrap().to_string()
+}
+
+/// The host-side interface (no sandbox, not the bridge `bridge`) of a result libcni cached.
+pub fn cached_host_veth(cached: &Value, bridge: &str) -> String {
+    cached["result"]["interfaces"]
+        .as_array()
+        .expect("cached result has interfaces")
+        .iter()
+        .find(|i| i.get("sandbox").is_none_or(|s| s.as_str() == Some("")) && i["name"] != bridge)
+        .and_then(|i| i["name"].as_str())
+        .unwrap_or_else(|| panic!("no host veth in cached result {cached}"))
+        .to_string()
 }
 
 impl Drop for Sandbox {

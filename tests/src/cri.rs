@@ -457,15 +457,6 @@ impl CriClient {
         self.call(&format!("runtime.v1.RuntimeService/{method}"), req)
     }
 
-    /// `call` on `runtime.v1.ImageService`.
-    pub fn image<Q: prost::Message, R: prost::Message + Default>(
-        &mut self,
-        method: &str,
-        req: &Q,
-    ) -> Result<R, CallError> {
-        self.call(&format!("runtime.v1.ImageService/{method}"), req)
-    }
-
     pub fn version(&mut self) -> Result<pb::VersionResponse, CallError> {
         self.runtime("Version", &pb::VersionRequest { version: "v1".into() })
     }
@@ -544,7 +535,7 @@ impl CriClient {
     /// The CRI's view of an image reference (None: not known to the CRI).
     pub fn image_status(&mut self, image: &str) -> Result<Option<pb::Image>, CallError> {
         let req = pb::ImageStatusRequest { image: Some(pb::ImageSpec { image: image.into() }) };
-        self.image::<_, pb::ImageStatusResponse>("ImageStatus", &req).map(|r| r.image)
+        self.call::<_, pb::ImageStatusResponse>("runtime.v1.ImageService/ImageStatus", &req).map(|r| r.image)
     }
 
     /// The runtime's conditions (`RuntimeReady`, `NetworkReady`, …) as (type, status, message).
