@@ -5,17 +5,21 @@
 //! cookie (`SO_NETNS_COOKIE` of a socket made inside it: a 64-bit number the kernel never
 //! reuses while it runs; inode numbers are reused as soon as a namespace is freed). When
 //! another container's ADD wants a host port the attachment holds, the holder is **stale**
-//! when that path no longer exists, is no longer a network namespace, or is another namespace
-//! (inode or cookie differ): its pod is gone even if nobody ran DEL (a runtime that lost its
-//! state; containerd runs no CNI GC). Everything else counts as live: a recorded path that
-//! cannot be inspected, an attachment recorded without a path, and an attachment made before
-//! the records existed. Only the conflict path (slow ADD) inspects; the fast path just records.
+//! when that path no longer exists, is no longer a network namespace, or is another namespace:
+//! its pod is gone even if nobody ran DEL. Everything else counts as live: a recorded path
+//! that cannot be inspected, one outside the places runtimes put namespaces, an attachment
+//! recorded without a path.
+//!
+//! A recorded path is read back from the kernel, so it is never trusted: it is opened only
+//! when it is `/run/netns/<name>`, `/var/run/netns/<name>` or `/proc/<pid>/ns/net`, with
+//! `O_PATH` (a FIFO or a device there cannot block or be opened for real), and used only once
+//! `fstatfs` says it is on nsfs.
 
 use crate::model::NsId;
 use cni_common::netns::NetNs;
 use cni_common::{CniError, Result};
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
@@ -25,6 +29,18 @@ const PATH_MAX: usize = 128;
 
 fn recordable(path: &str) -> bool {
     path.len() <= PATH_MAX && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-".contains(&b))
+}
+
+/// Whether `path` is where runtimes put network namespaces: `/run/netns/<name>`,
+/// `/var/run/netns/<name>` (a name without `/`, not `.` or `..`) or `/proc/<pid>/ns/net`.
+pub fn known_place(path: &str) -> bool {
+    let name_ok = |n: &str| !n.is_empty() && n != "." && n != ".." && !n.contains('/');
+    if let Some(n) = path.strip_prefix("/run/netns/").or_else(|| path.strip_prefix("/var/run/netns/")) {
+        return name_ok(n);
+    }
+    path.strip_prefix("/proc/")
+        .and_then(|r| r.strip_suffix("/ns/net"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The netns cookie of the calling thread's network namespace; None when the kernel does not
@@ -53,8 +69,7 @@ fn id_of(ns: &NetNs) -> Result<NsId> {
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| CniError::io(format!("duplicate a netns handle: {e}")))?;
-    let file = std::fs::File::from(fd);
-    let ino = file
+    let ino = std::fs::File::from(fd)
         .metadata()
         .map_err(|e| CniError::io(format!("stat network namespace {}: {e}", ns.path().display())))?
         .ino();
@@ -62,8 +77,8 @@ fn id_of(ns: &NetNs) -> Result<NsId> {
     Ok(NsId { ino, cookie })
 }
 
-/// What ADD records for its namespace: its identity and its path (empty when the path cannot
-/// be recorded). None when there is no namespace to record.
+/// What ADD records for CNI_NETNS (already verified by the skeleton to be a network
+/// namespace): its identity and its path (empty when the path cannot be recorded).
 pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
     let Some(path) = path else { return Ok(None) };
     let Some(ns) = NetNs::open_if_exists(path)? else { return Ok(None) };
@@ -72,13 +87,39 @@ pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
     Ok(Some((id, text.to_string())))
 }
 
+/// The namespace at a recorded path: Ok(None) when it is gone (no such file, or not on nsfs:
+/// the empty mount point a removed bind mount leaves), Err when it cannot be told (not a
+/// known place, permissions).
+fn open_recorded(path: &str) -> std::result::Result<Option<NetNs>, String> {
+    if !known_place(path) {
+        return Err(format!("{path:?} is not where runtimes put network namespaces"));
+    }
+    let nofollow = if path.starts_with("/proc/") { 0 } else { libc::O_NOFOLLOW };
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | nofollow).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| e.to_string())?;
+    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+        return Ok(None);
+    }
+    // nsfs: reopening through the descriptor gives the same namespace, readable for setns
+    let real =
+        std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
+    match NetNs::from_fd(real.as_fd()) {
+        Ok(ns) => Ok(Some(ns)),
+        Err(_) => Ok(None), // another kind of namespace: not the one recorded
+    }
+}
+
 /// Whether the holder recorded with (`id`, `path`) is gone: Some(why) when its namespace no
 /// longer exists or is another one; None when it is, or may be, alive.
-pub fn gone(id: NsId, path: &str) -> Option<String> {
+pub fn gone(id: &NsId, path: &str) -> Option<String> {
     if path.is_empty() {
         return None;
     }
-    match NetNs::open_if_exists(path) {
+    match open_recorded(path) {
         Ok(None) => Some(format!("its network namespace {path} no longer exists")),
         Ok(Some(ns)) => {
             let now = id_of(&ns).ok()?;
@@ -102,8 +143,40 @@ mod tests {
     }
 
     #[test]
+    fn only_known_places_are_opened() {
+        for ok in ["/run/netns/x", "/var/run/netns/cni-1", "/proc/1/ns/net", "/proc/123456/ns/net"] {
+            assert!(known_place(ok), "{ok}");
+        }
+        for bad in [
+            "/etc/shadow",
+            "/run/netns/",
+            "/run/netns/..",
+            "/run/netns/a/b",
+            "/run/netns/../../etc/shadow",
+            "/proc/self/ns/net",
+            "/proc/1/ns/mnt",
+            "/proc//ns/net",
+            "/dev/zero",
+            "relative/run/netns/x",
+        ] {
+            assert!(!known_place(bad), "{bad}");
+            assert_eq!(gone(&NsId::default(), bad), None, "{bad}: cannot tell, so alive");
+        }
+    }
+
+    #[test]
+    fn a_missing_namespace_is_gone_and_the_current_one_is_not() {
+        let missing = format!("/run/netns/cni-rs-test-missing-{}", std::process::id());
+        assert!(gone(&NsId::default(), &missing).is_some());
+        let pid = std::process::id();
+        let here = NetNs::current().unwrap();
+        let id = id_of(&here).unwrap();
+        assert_eq!(gone(&id, &format!("/proc/{pid}/ns/net")), None);
+        assert!(gone(&NsId { ino: id.ino + 1, cookie: 0 }, &format!("/proc/{pid}/ns/net")).is_some());
+    }
+
+    #[test]
     fn the_cookie_of_this_namespace_is_stable() {
-        // Linux >= 5.14 on these machines: a cookie, the same for two sockets.
         let a = cookie_here().expect("SO_NETNS_COOKIE");
         assert_ne!(a, 0);
         assert_eq!(cookie_here(), Some(a));
