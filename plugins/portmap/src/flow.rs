@@ -148,6 +148,24 @@ pub fn gc(k: &mut dyn Kernel, prefix: &str, valid: &BTreeSet<String>) -> Result<
     })
 }
 
+/// Delete the table when no attachment holds anything in it (a node going back to upstream's
+/// plugins: `cni-migrate to-upstream`). Guarded: an ADD in the meantime keeps it.
+pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
+    run(k, Scope::Full, "delete the unused table", |s| {
+        let used = s.elems().any(|l| !matches!(l.elem.key, Key::Attachment(_) | Key::Netns(_)));
+        let ops = if s.found.table && !used {
+            vec![cni_common::netlink::nft::NftOp::Delete(cni_common::netlink::nft::NftDelete::Table {
+                family: crate::layout::FAMILY,
+                table: crate::layout::TABLE.into(),
+            })]
+        } else {
+            Vec::new()
+        };
+        Ok(Step::Apply(Plan { ops, guarded: true, ..Default::default() }))
+    })
+    .map(|_| ())
+}
+
 /// CHECK (reads only).
 pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<NsId>) -> Result<()> {
     let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the port mappings", e));

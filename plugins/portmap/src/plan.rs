@@ -295,6 +295,43 @@ fn refuse(port: HostPort, holder: Option<&str>, elem: &Elem) -> CniError {
     ))
 }
 
+/// The elements of `want` holding each of its host ports alone, its record and its netns
+/// record (replacing `netns_now`, an outdated one), all added.
+fn fresh(want: &Intent, netns_now: Option<&Listed>) -> Change {
+    let mut ch = Change::default();
+    for e in want.sole_elements() {
+        ch.add.insert(e.key, (e, want.owner.tag.clone()));
+    }
+    if let Some((e, path)) = want.netns_elem() {
+        if netns_now.is_some_and(|l| l.elem != e || l.comment.as_deref() != Some(path.as_str())) {
+            ch.delete.insert(e.key);
+        }
+        ch.add.insert(e.key, (e, path));
+    }
+    ch
+}
+
+/// The transaction of an ADD of a new attachment into an intact table (the common case; what
+/// the benchmark's floor sends bare).
+pub fn add_ops(want: &Intent) -> Vec<NftOp> {
+    fresh(want, None).into_plan(Plan::default()).ops
+}
+
+/// The transaction of a DEL of an attachment that holds its host ports alone, going by its
+/// record (the common case; what the benchmark's floor sends bare).
+pub fn del_ops(want: &Intent) -> Vec<NftOp> {
+    sole_del(want).into_plan(Plan::default()).ops
+}
+
+fn sole_del(want: &Intent) -> Change {
+    let mut ch = Change::default();
+    ch.delete.extend(want.sole_elements().iter().map(|e| e.key));
+    if want.netns.is_some() {
+        ch.delete.insert(Key::Netns(want.owner.hash));
+    }
+    ch
+}
+
 /// ADD of `want` with conditions `conds`.
 pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Result<Step> {
     refuse_other_versions(s)?;
@@ -315,17 +352,8 @@ pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Re
             Some(fp) if fp != want.fingerprint() => return Ok(Step::ReadAll),
             _ => {}
         }
-        let mut ch = Change::default();
-        for e in want.sole_elements() {
-            ch.add.insert(e.key, (e, me.tag.clone()));
-        }
-        if let Some((e, path)) = want.netns_elem() {
-            if netns_now.is_some_and(|l| l.elem != e || l.comment.as_deref() != Some(path.as_str())) {
-                ch.delete.insert(e.key);
-                plan.guarded = true;
-            }
-            ch.add.insert(e.key, (e, path));
-        }
+        let ch = fresh(want, netns_now);
+        plan.guarded = !ch.delete.is_empty();
         return Ok(Step::Apply(ch.into_plan(plan)));
     }
     let held = s.held();
@@ -390,19 +418,20 @@ pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Step {
         }
         let record = s.get(&Key::Attachment(me.hash));
         let netns = s.get(&Key::Netns(me.hash));
-        let mut ch = Change::default();
-        match (record, intent) {
-            (None, _) => {}
+        let mut ch = match (record, intent) {
+            (None, _) => Change::default(),
             (Some(r), Some(w))
                 if r.elem.hash_data() == Some(w.fingerprint())
                     && w.ports().all(|p| s.hash_at(&Key::Owner(p)) == Some(me.hash)) =>
             {
-                ch.delete.extend(w.sole_elements().iter().map(|e| e.key));
+                sole_del(w)
             }
             (Some(_), _) => return Step::ReadAll,
-        }
+        };
         if netns.is_some() {
             ch.delete.insert(Key::Netns(me.hash));
+        } else {
+            ch.delete.remove(&Key::Netns(me.hash));
         }
         return Step::Apply(ch.into_plan(Plan { guarded: true, ..Default::default() }));
     }

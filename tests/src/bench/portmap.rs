@@ -6,7 +6,7 @@
 //!
 //! Each side runs its own implementation's bridge and host-local (untimed) before portmap.
 
-use super::floor::{PortmapFloor, PortmapLayout};
+use super::floor::PortmapFloor;
 use super::{stats, timed, upstream_bin, Row, FLOOR};
 use crate::{bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
@@ -157,45 +157,38 @@ fn checkpoint(sides: [&mut Side; 4]) -> Probes {
     out
 }
 
-/// Floors at scale: tables with portmap's set types holding as many attachments as the big
-/// hosts, and one-attachment references, for the layout portmap has (hash sets and maps
-/// only: the FLOOR column) and for the previous one (masquerade elements in a concatenated
-/// interval set, for comparison). Probed at the checkpoints like the plugins, so the
+/// Floors at scale: a table of portmap's layout holding as many attachments as the big hosts,
+/// and a one-attachment reference, probed at the checkpoints like the plugins, so that the
 /// kernel's own growth is read against the same moment.
 struct Floors {
-    /// (big, reference) per layout: [current, previous]
-    tables: [(PortmapFloor, PortmapFloor); 2],
+    big: PortmapFloor,
+    reference: PortmapFloor,
 }
 
-/// ADD and DEL probe samples per layout: [current big, current ref, previous big, previous ref].
-type FloorProbes = [Vec<(Duration, Duration)>; 4];
+/// ADD and DEL probe samples: [big, reference].
+type FloorProbes = [Vec<(Duration, Duration)>; 2];
 
 impl Floors {
     fn new() -> Floors {
-        let pair = |layout| {
-            let (big, r) = (PortmapFloor::new(layout), PortmapFloor::new(layout));
-            r.add(1);
-            (big, r)
-        };
-        Floors { tables: [pair(PortmapLayout::Current), pair(PortmapLayout::Previous)] }
+        let (big, reference) = (PortmapFloor::new(), PortmapFloor::new());
+        reference.add(1);
+        Floors { big, reference }
     }
 
     fn step(&self, i: usize) {
-        for (big, _) in &self.tables {
-            big.add(i as u32);
-        }
+        self.big.add(i as u32);
     }
 
     fn checkpoint(&self) -> FloorProbes {
         let mut out: FloorProbes = Default::default();
         for j in 0..PROBES {
             let n = 40_000 + j as u32; // host ports above the filled ones
-            for k in 0..4 {
-                let idx = (k + j) % 4;
-                let (big, r) = &self.tables[idx / 2];
-                let t = if idx % 2 == 0 { big } else { r };
-                let ((), a) = timed(|| t.add(n));
-                let ((), d) = timed(|| t.del(n));
+            for k in 0..2 {
+                let idx = (k + j) % 2;
+                let t = if idx == 0 { &self.big } else { &self.reference };
+                let (add, del) = t.ops(n);
+                let ((), a) = timed(|| PortmapFloor::send(&add));
+                let ((), d) = timed(|| PortmapFloor::send(&del));
                 out[idx].push((a, d));
             }
         }
@@ -283,11 +276,8 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
         for ((i, _), f) in probes.iter().zip(&floor_probes) {
             let m = |k: usize| stats(pick(&f[k], del)).median.as_secs_f64();
             notes.push(format!(
-                "floor {verb} with {i} attached vs a 1-attachment floor table probed at the same time: \
-                 current layout (hash sets and maps; the FLOOR column) {:.2}x, previous layout \
-                 (concatenated interval masquerade set) {:.2}x",
-                m(0) / m(1),
-                m(2) / m(3)
+                "floor {verb} with {i} attached vs a 1-attachment floor table probed at the same time: {:.2}x",
+                m(0) / m(1)
             ));
         }
     }
