@@ -221,11 +221,7 @@ pub fn run(plugin: &impl Plugin) -> ! {
 }
 
 /// What a finished plugin run leaves: what a caller sees of a child process.
-pub(crate) struct Outcome {
-    pub(crate) status: ExitStatus,
-    pub(crate) stdout: Vec<u8>,
-    pub(crate) stderr: Vec<u8>,
-}
+pub(crate) type Outcome = crate::child::Output;
 
 thread_local! {
     /// On a thread running a plugin in-process: where its outcome goes, and whether the run
