@@ -153,7 +153,7 @@ pub struct Pending {
 }
 
 enum Running {
-    Child(child::Running),
+    Child(Box<child::Running>),
     Thread(InThread),
 }
 
@@ -183,7 +183,7 @@ pub fn spawn_plugin(
             Err(e) => return Err(CniError::internal(format!("exec {}: {e}", path.display()))),
         }
     };
-    Ok(Pending { path: path.to_path_buf(), running: Running::Child(running) })
+    Ok(Pending { path: path.to_path_buf(), running: Running::Child(Box::new(running)) })
 }
 
 impl Pending {
