@@ -252,6 +252,27 @@ fn kill_group(child: &mut Child) {
     let _ = child.kill();
 }
 
+/// When `ready`, read what `pipe` holds into `buf`, closing it at end of file; `Err` says why
+/// the child must be stopped (a read error, more output than `max`).
+fn collect(
+    ready: bool,
+    pipe: &mut Option<impl Read>,
+    buf: &mut Vec<u8>,
+    max: usize,
+    name: &str,
+) -> std::result::Result<(), String> {
+    let Some(p) = pipe.as_mut().filter(|_| ready) else { return Ok(()) };
+    match drain(p, buf, max) {
+        Ok(true) => {}
+        Ok(false) => *pipe = None,
+        Err(e) => return Err(format!("{name}: read error: {e}")),
+    }
+    if buf.len() > max {
+        return Err(format!("printed more than {max} bytes on {name}: killed"));
+    }
+    Ok(())
+}
+
 /// Read what `pipe` holds without blocking into `buf`; `Ok(false)` at end of file.
 fn drain(pipe: &mut impl Read, buf: &mut Vec<u8>, max: usize) -> std::io::Result<bool> {
     let mut chunk = [0u8; 16 * 1024];
@@ -343,38 +364,14 @@ impl Running {
             if ready(self.stdin.as_ref().map(AsRawFd::as_raw_fd)) {
                 self.feed();
             }
-            let mut too_much = None;
-            if ready(self.stdout.as_ref().map(AsRawFd::as_raw_fd)) {
-                let pipe = self.stdout.as_mut().expect("checked above");
-                match drain(pipe, &mut self.out, self.max_output) {
-                    Ok(true) => {}
-                    Ok(false) => self.stdout = None,
-                    Err(e) => {
-                        return Err(self.fail(CniError::io(format!("read stdout of {}: {e}", self.program))))
-                    }
-                }
-                if self.out.len() > self.max_output {
-                    too_much = Some("stdout");
-                }
-            }
-            if ready(self.stderr.as_ref().map(AsRawFd::as_raw_fd)) {
-                let pipe = self.stderr.as_mut().expect("checked above");
-                match drain(pipe, &mut self.err, self.max_output) {
-                    Ok(true) => {}
-                    Ok(false) => self.stderr = None,
-                    Err(e) => {
-                        return Err(self.fail(CniError::io(format!("read stderr of {}: {e}", self.program))))
-                    }
-                }
-                if self.err.len() > self.max_output {
-                    too_much = Some("stderr");
-                }
-            }
-            if let Some(which) = too_much {
-                return Err(self.fail(CniError::io(format!(
-                    "{} printed more than {} bytes on {which}: killed",
-                    self.program, self.max_output
-                ))));
+            let out_ready = ready(self.stdout.as_ref().map(AsRawFd::as_raw_fd));
+            let err_ready = ready(self.stderr.as_ref().map(AsRawFd::as_raw_fd));
+            let max = self.max_output;
+            let collected = collect(out_ready, &mut self.stdout, &mut self.out, max, "stdout")
+                .and_then(|()| collect(err_ready, &mut self.stderr, &mut self.err, max, "stderr"));
+            if let Err(why) = collected {
+                let e = CniError::io(format!("{} {why}", self.program));
+                return Err(self.fail(e));
             }
             if !exited && ready(Some(self.watch.fd.as_raw_fd())) {
                 exited = true;

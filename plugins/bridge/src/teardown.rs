@@ -291,38 +291,34 @@ mod tests {
             chain: firewall::MASQ_CHAIN.into(),
             handle,
         };
+        // The attachment's teardown, naming a rule that was there when read and is gone now in
+        // the builds `vanish` picks; returns the outcome and how many builds it took.
+        let teardown = |nf: &mut NfTables, vanish: &dyn Fn(usize) -> bool| {
+            let mut builds = 0;
+            let r = delete_with_retry(nf, |nf| {
+                builds += 1;
+                let f = firewall::find(nf, &a, true, true)?;
+                let mut ops = firewall::del_ops(&a, &f);
+                if vanish(builds) {
+                    assert_eq!(f.masq.len(), 2);
+                    ops.push(vanished(f.masq[1].handle + 1000));
+                }
+                Ok(ops)
+            });
+            (r, builds)
+        };
         firewall::apply_add(&mut nf, &a, masq, None).unwrap();
-        let mut builds = 0;
-        let deleted = delete_with_retry(&mut nf, |nf| {
-            builds += 1;
-            let f = firewall::find(nf, &a, true, true)?;
-            let mut ops = firewall::del_ops(&a, &f);
-            if builds == 1 {
-                assert_eq!(f.masq.len(), 2);
-                // a rule that was there when read and is gone now
-                ops.push(vanished(f.masq[1].handle + 1000));
-            }
-            Ok(ops)
-        })
-        .unwrap();
-        assert!(deleted);
+        let (deleted, builds) = teardown(&mut nf, &|n| n == 1);
+        assert!(deleted.unwrap());
         assert_eq!(builds, 2, "rebuilt once");
         assert!(firewall::find(&mut nf, &a, true, true).unwrap().is_empty());
         // nothing left to delete: nothing done
-        let again =
-            delete_with_retry(&mut nf, |nf| Ok(firewall::del_ops(&a, &firewall::find(nf, &a, true, true)?)));
+        let (again, _) = teardown(&mut nf, &|_| false);
         assert!(!again.unwrap());
         // always something gone: bounded, code 11, and the real rules are still there
         firewall::apply_add(&mut nf, &a, masq, None).unwrap();
-        let mut builds = 0;
-        let e = delete_with_retry(&mut nf, |nf| {
-            builds += 1;
-            let f = firewall::find(nf, &a, true, true)?;
-            let mut ops = firewall::del_ops(&a, &f);
-            ops.push(vanished(f.masq[0].handle + 1000));
-            Ok(ops)
-        })
-        .unwrap_err();
+        let (r, builds) = teardown(&mut nf, &|_| true);
+        let e = r.unwrap_err();
         assert_eq!(e.code, code::TRY_AGAIN, "{}", e.msg);
         assert_eq!(builds, TEARDOWN_ATTEMPTS);
         assert_eq!(firewall::find(&mut nf, &a, true, true).unwrap().masq.len(), 2, "all or nothing");
