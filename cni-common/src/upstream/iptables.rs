@@ -579,6 +579,23 @@ mod tests {
         assert_eq!(quote_word("").unwrap(), "\"\"");
     }
 
+    /// Kernel test (private namespace): a script goes through `*-restore` and comes back from
+    /// `*-save`, both run as children under their deadline (crate::child), quoting intact.
+    #[test]
+    fn restore_then_save_round_trip() {
+        crate::netns::test_support::private_netns();
+        let mut s = Script::default();
+        s.new_chain("CNI-x");
+        let rule =
+            words(&["-s", "10.1.0.5/32", "-m", "comment", "--comment", "name: \"a b\"", "-j", "MASQUERADE"]);
+        s.append("CNI-x", &rule);
+        restore(Backend::Nft, Fam::V4, &s)
+            .expect("iptables-nft-restore (scripts/install-deps.sh installs iptables)");
+        let t = save(Backend::Nft, Fam::V4).unwrap();
+        assert!(t.chains.iter().any(|c| c == "CNI-x"), "{t:?}");
+        assert!(t.contains("CNI-x", &Rule::parse(&rule)), "{t:?}");
+    }
+
     #[test]
     fn a_line_break_never_reaches_a_restore_script() {
         // What would otherwise run: `-A X -m comment --comment "a` then `-F INPUT "` as a
