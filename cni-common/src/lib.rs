@@ -13,6 +13,7 @@
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
 pub mod attachment;
+pub mod child;
 pub mod delegate;
 pub mod error;
 pub mod error_list;

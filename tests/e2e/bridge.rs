@@ -905,6 +905,9 @@ fn gc_removes_rules_of_dead_attachments_and_forwards_to_ipam() {
         "this network's spoof rules of a live veth go too: {rules}"
     );
     assert!(rules.contains("id: other") && rules.contains("macspoofchk-other-eth0"), "{rules}");
+    // The attachment's DEL after GC took its rules and address: already gone is success.
+    w.exec("DEL", "live", &live, "eth0").run(&conf.to_string()).ok_silent();
+    assert!(host_veths(&w.host).len() == 1, "DEL removed live's veth");
 }
 
 #[test]

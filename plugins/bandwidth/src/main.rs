@@ -148,15 +148,17 @@ impl Plugin for Bandwidth {
             if alive {
                 continue;
             }
+            // Gone already (its attachment's DEL got there first): nothing to do.
             match host.link_del(link.index) {
-                Err(e) if !e.is_not_found() => {
-                    errors.push(CniError::from(e).context(format_args!("GC: delete ifb {}", link.name)))
-                }
-                _ => eprintln!(
+                Ok(()) => eprintln!(
                     "bandwidth: GC: deleted ifb {} ({})",
                     link.name,
                     link.alias.as_deref().unwrap_or("")
                 ),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    errors.push(CniError::from(e).context(format_args!("GC: delete ifb {}", link.name)))
+                }
             }
         }
         // ifbs made by upstream's bandwidth (no owner record): removed when nothing uses them.
