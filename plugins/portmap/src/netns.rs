@@ -10,16 +10,16 @@
 //! that cannot be inspected, one outside the places runtimes put namespaces, an attachment
 //! recorded without a path.
 //!
-//! A recorded path is read back from the kernel, so it is never trusted: it is opened only
-//! when it is `/run/netns/<name>`, `/var/run/netns/<name>` or `/proc/<pid>/ns/net`, with
-//! `O_PATH` (a FIFO or a device there cannot block or be opened for real), and used only once
-//! `fstatfs` says it is on nsfs.
+//! A recorded path is read back from the kernel, so it is never trusted: it is opened by
+//! [`NetNs::open_recorded`], only when it is `/run/netns/<name>`, `/var/run/netns/<name>` or
+//! `/proc/<pid>/ns/net`, with `O_PATH` (a FIFO or a device there cannot block or be opened for
+//! real), and used only once `fstatfs` says it is on nsfs.
 
 use crate::model::NsId;
 use cni_common::netns::NetNs;
 use cni_common::{CniError, Result};
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 
@@ -29,18 +29,6 @@ const PATH_MAX: usize = 128;
 
 fn recordable(path: &str) -> bool {
     path.len() <= PATH_MAX && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-".contains(&b))
-}
-
-/// Whether `path` is where runtimes put network namespaces: `/run/netns/<name>`,
-/// `/var/run/netns/<name>` (a name without `/`, not `.` or `..`) or `/proc/<pid>/ns/net`.
-pub fn known_place(path: &str) -> bool {
-    let name_ok = |n: &str| !n.is_empty() && n != "." && n != ".." && !n.contains('/');
-    if let Some(n) = path.strip_prefix("/run/netns/").or_else(|| path.strip_prefix("/var/run/netns/")) {
-        return name_ok(n);
-    }
-    path.strip_prefix("/proc/")
-        .and_then(|r| r.strip_suffix("/ns/net"))
-        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The netns cookie of the calling thread's network namespace; None when the kernel does not
@@ -87,39 +75,13 @@ pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
     Ok(Some((id, text.to_string())))
 }
 
-/// The namespace at a recorded path: Ok(None) when it is gone (no such file, or not on nsfs:
-/// the empty mount point a removed bind mount leaves), Err when it cannot be told (not a
-/// known place, permissions).
-fn open_recorded(path: &str) -> std::result::Result<Option<NetNs>, String> {
-    if !known_place(path) {
-        return Err(format!("{path:?} is not where runtimes put network namespaces"));
-    }
-    let nofollow = if path.starts_with("/proc/") { 0 } else { libc::O_NOFOLLOW };
-    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | nofollow).open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| e.to_string())?;
-    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
-        return Ok(None);
-    }
-    // nsfs: reopening through the descriptor gives the same namespace, readable for setns
-    let real =
-        std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|e| e.to_string())?;
-    match NetNs::from_fd(real.as_fd()) {
-        Ok(ns) => Ok(Some(ns)),
-        Err(_) => Ok(None), // another kind of namespace: not the one recorded
-    }
-}
-
 /// Whether the holder recorded with (`id`, `path`) is gone: Some(why) when its namespace no
 /// longer exists or is another one; None when it is, or may be, alive.
 pub fn gone(id: &NsId, path: &str) -> Option<String> {
     if path.is_empty() {
         return None;
     }
-    match open_recorded(path) {
+    match NetNs::open_recorded(path) {
         Ok(None) => Some(format!("its network namespace {path} no longer exists")),
         Ok(Some(ns)) => {
             let now = id_of(&ns).ok()?;
@@ -144,22 +106,9 @@ mod tests {
 
     #[test]
     fn only_known_places_are_opened() {
-        for ok in ["/run/netns/x", "/var/run/netns/cni-1", "/proc/1/ns/net", "/proc/123456/ns/net"] {
-            assert!(known_place(ok), "{ok}");
-        }
-        for bad in [
-            "/etc/shadow",
-            "/run/netns/",
-            "/run/netns/..",
-            "/run/netns/a/b",
-            "/run/netns/../../etc/shadow",
-            "/proc/self/ns/net",
-            "/proc/1/ns/mnt",
-            "/proc//ns/net",
-            "/dev/zero",
-            "relative/run/netns/x",
-        ] {
-            assert!(!known_place(bad), "{bad}");
+        for bad in
+            ["/etc/shadow", "/run/netns/..", "/run/netns/a/b", "/proc/self/ns/net", "/dev/zero", "relative/x"]
+        {
             assert_eq!(gone(&NsId::default(), bad), None, "{bad}: cannot tell, so alive");
         }
     }
