@@ -13,7 +13,7 @@ use cni_common::spec::config::{PortMapConf, PortMapping};
 use cni_common::spec::result::CniResult;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Which host addresses a mapping listens on.
@@ -162,22 +162,23 @@ fn backend(raw: Option<&str>) -> Result<()> {
 /// The mappings of `list`, refusing a host port mapped to two container ports.
 fn mappings(list: &[PortMapping]) -> Result<Vec<Mapping>> {
     let mut out: Vec<Mapping> = Vec::with_capacity(list.len());
+    // (host port, protocol, host IP) → container port: linear in the number of mappings
+    let mut seen: HashMap<(u16, Proto, HostIp), u16> = HashMap::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let mapping = mapping(i, m)?;
-        if out.contains(&mapping) {
-            continue; // an exact repeat changes nothing
+        match seen.get(&(mapping.host_port, mapping.proto, mapping.host_ip)) {
+            Some(p) if *p == mapping.container_port => continue, // an exact repeat changes nothing
+            Some(p) => {
+                return Err(CniError::config(format!(
+                    "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {p}): \
+                     a host port can go to one container port only",
+                    mapping.proto.as_str(),
+                    mapping.host_port,
+                )))
+            }
+            None => {}
         }
-        if let Some(o) = out.iter().find(|o| {
-            o.host_port == mapping.host_port && o.proto == mapping.proto && o.host_ip == mapping.host_ip
-        }) {
-            return Err(CniError::config(format!(
-                "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {}): \
-                 a host port can go to one container port only",
-                mapping.proto.as_str(),
-                mapping.host_port,
-                o.container_port
-            )));
-        }
+        seen.insert((mapping.host_port, mapping.proto, mapping.host_ip), mapping.container_port);
         out.push(mapping);
     }
     Ok(out)
@@ -293,22 +294,13 @@ impl Entry {
     pub fn target(&self) -> Target {
         Target { ip: self.ctr.addr(), port: self.ctr_port }
     }
-
-    /// Whether this entry is one of mapping `m`'s.
-    fn covers(&self, m: &Mapping) -> bool {
-        let ip = match m.host_ip {
-            HostIp::Any => self.host.ip.is_none(),
-            HostIp::AnyOf(f) => self.host.fam == f && self.host.ip.is_none(),
-            HostIp::Addr(ip) => self.host.ip == Some(ip),
-        };
-        ip && self.host.port == m.host_port && self.host.proto == m.proto && self.ctr_port == m.container_port
-    }
 }
 
 /// Expand the mappings for the container's addresses. A hostIP of the other family is
 /// skipped for that family, like upstream.
 fn entries(conf: &Conf, v4: Option<IpNet>, v6: Option<IpNet>) -> Result<Vec<Entry>> {
     let mut out: Vec<Entry> = Vec::new();
+    let mut seen: HashMap<HostPort, u16> = HashMap::new();
     for m in &conf.mappings {
         for (fam, ctr) in [(Family::V4, v4), (Family::V6, v6)] {
             let Some(ctr) = ctr else { continue };
@@ -324,19 +316,20 @@ fn entries(conf: &Conf, v4: Option<IpNet>, v6: Option<IpNet>) -> Result<Vec<Entr
                 ctr,
                 ctr_port: m.container_port,
             };
-            if out.contains(&e) {
-                continue;
-            }
-            if let Some(o) = out.iter().find(|o| o.host == e.host) {
-                return Err(CniError::config(format!(
-                    "runtimeConfig.portMappings maps host port {}/{} twice (to container ports {} and {}), \
-                     once with hostIP \"\" and once with an unspecified hostIP of the same family",
+            match seen.get(&e.host) {
+                Some(p) if *p == e.ctr_port => continue,
+                Some(p) => {
+                    return Err(CniError::config(format!(
+                    "runtimeConfig.portMappings maps host port {}/{} twice (to container ports {p} and {}), \
+                         once with hostIP \"\" and once with an unspecified hostIP of the same family",
                     e.host.proto.as_str(),
                     e.host.port,
-                    o.ctr_port,
                     e.ctr_port
-                )));
+                )))
+                }
+                None => {}
             }
+            seen.insert(e.host, e.ctr_port);
             out.push(e);
         }
     }
@@ -401,7 +394,13 @@ impl Intent {
         let entries = entries(conf, v4, v6)?;
         let mut notes = Vec::new();
         for (i, m) in conf.mappings.iter().enumerate() {
-            if entries.iter().any(|e| e.covers(m)) {
+            let has = |f: Family| if f == Family::V4 { v4.is_some() } else { v6.is_some() };
+            let covered = match m.host_ip {
+                HostIp::Any => true,
+                HostIp::AnyOf(f) => has(f),
+                HostIp::Addr(ip) => has(Family::of(&ip)),
+            };
+            if covered {
                 continue;
             }
             let fam = if v4.is_some() { "IPv4" } else { "IPv6" };
@@ -416,12 +415,9 @@ impl Intent {
             }
             notes.push(format!("portmap: note: {msg}; it is not forwarded"));
         }
-        let mut masq: Vec<Masq> = Vec::new();
-        for m in entries.iter().flat_map(|e| masq_of(conf, e)) {
-            if !masq.contains(&m) {
-                masq.push(m);
-            }
-        }
+        let mut seen: HashSet<Masq> = HashSet::new();
+        let masq: Vec<Masq> =
+            entries.iter().flat_map(|e| masq_of(conf, e)).filter(|m| seen.insert(*m)).collect();
         Ok((Intent { owner, entries, masq, netns }, notes))
     }
 

@@ -127,18 +127,14 @@ fn nft_failed(what: &str, e: CniError) -> CniError {
 
 /// ADD.
 pub fn add(k: &mut dyn Kernel, conf: &Conf, want: &Intent, judge: Judge<'_>) -> Result<Outcome> {
-    run(k, point_keys(want, false), "install the port mappings", |s| {
+    run(k, point_keys(&want.owner, None), "install the port mappings", |s| {
         plan::add(s, want, &conf.conditions, judge)
     })
 }
 
 /// DEL of attachment `me`; `intent` when the configuration names its elements.
 pub fn del(k: &mut dyn Kernel, me: &Owner, intent: Option<&Intent>) -> Result<Outcome> {
-    let scope = match intent {
-        Some(w) => point_keys(w, false),
-        None => Scope::Point(vec![Key::Attachment(me.hash), Key::Netns(me.hash)]),
-    };
-    run(k, scope, "delete the port mappings", |s| Ok(plan::del(s, me, intent)))
+    run(k, point_keys(me, None), "delete the port mappings", |s| Ok(plan::del(s, me, intent)))
 }
 
 /// GC of the attachments of a network (tag prefix `prefix`) not in `valid`.
@@ -169,7 +165,7 @@ pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
 /// CHECK (reads only).
 pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<NsId>) -> Result<()> {
     let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the port mappings", e));
-    let s = read(k, &point_keys(want, true))?;
+    let s = read(k, &point_keys(&want.owner, Some(want)))?;
     if plan::check(&s, want, &conf.conditions, netns_now)? == Checked::Ok {
         return Ok(());
     }

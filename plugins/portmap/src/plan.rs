@@ -55,16 +55,17 @@ pub enum Step {
     ReadAll,
 }
 
-/// The keys a point read needs for `intent`: its record, its netns record, and the `owner`
-/// element of each host port (DEL and ADD); CHECK adds every element it compares.
-pub fn point_keys(intent: &Intent, everything: bool) -> Scope {
-    let h = intent.owner.hash;
+/// What a point read of attachment `me` looks up: its record and its netns record (ADD and
+/// DEL: two keys, whatever the number of mappings), and for CHECK (`want`) every element it
+/// compares.
+pub fn point_keys(me: &Owner, want: Option<&Intent>) -> Scope {
+    let h = me.hash;
     let mut keys = vec![Key::Attachment(h), Key::Netns(h)];
-    keys.extend(intent.ports().map(Key::Owner));
-    if everything {
-        keys.extend(intent.ports().map(Key::Dnat));
-        keys.extend(intent.claims().map(|e| e.key));
-        keys.extend(intent.masq_elems().map(|e| e.key));
+    if let Some(w) = want {
+        keys.extend(w.ports().map(Key::Owner));
+        keys.extend(w.ports().map(Key::Dnat));
+        keys.extend(w.claims().map(|e| e.key));
+        keys.extend(w.masq_elems().map(|e| e.key));
     }
     Scope::Point(keys)
 }
@@ -320,16 +321,32 @@ pub fn add_ops(want: &Intent) -> Vec<NftOp> {
 /// The transaction of a DEL of an attachment that holds its host ports alone, going by its
 /// record (the common case; what the benchmark's floor sends bare).
 pub fn del_ops(want: &Intent) -> Vec<NftOp> {
-    sole_del(want).into_plan(Plan::default()).ops
+    sole_del_ops(want, sole_del(want).1).ops
 }
 
-fn sole_del(want: &Intent) -> Change {
+/// DEL of an attachment by its record: every element it has when it holds each port alone,
+/// its netns record. The `owner` elements are re-asserted first (added with the data they
+/// must have: a no-op, or `EEXIST` when a port is shared or held by another, and the verb
+/// then reads everything).
+fn sole_del(want: &Intent) -> (Vec<Elem>, Change) {
     let mut ch = Change::default();
-    ch.delete.extend(want.sole_elements().iter().map(|e| e.key));
+    let elems = want.sole_elements();
+    ch.delete.extend(elems.iter().map(|e| e.key));
     if want.netns.is_some() {
         ch.delete.insert(Key::Netns(want.owner.hash));
     }
-    ch
+    let owners = elems.into_iter().filter(|e| matches!(e.key, Key::Owner(_))).collect();
+    (owners, ch)
+}
+
+/// The ops of a DEL by record: the owner claims re-asserted, then the deletions.
+fn sole_del_ops(want: &Intent, ch: Change) -> Plan {
+    let (owners, _) = sole_del(want);
+    let reassert =
+        element_ops(std::iter::empty(), owners.iter().map(|e| (e.set(), e.encode(Some(&want.owner.tag)))));
+    let mut plan = Plan { ops: reassert, guarded: true, ..Default::default() };
+    plan = ch.into_plan(plan);
+    plan
 }
 
 /// ADD of `want` with conditions `conds`.
@@ -418,14 +435,9 @@ pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Step {
         }
         let record = s.get(&Key::Attachment(me.hash));
         let netns = s.get(&Key::Netns(me.hash));
-        let mut ch = match (record, intent) {
-            (None, _) => Change::default(),
-            (Some(r), Some(w))
-                if r.elem.hash_data() == Some(w.fingerprint())
-                    && w.ports().all(|p| s.hash_at(&Key::Owner(p)) == Some(me.hash)) =>
-            {
-                sole_del(w)
-            }
+        let (w, mut ch) = match (record, intent) {
+            (None, _) => (None, Change::default()),
+            (Some(r), Some(w)) if r.elem.hash_data() == Some(w.fingerprint()) => (Some(w), sole_del(w).1),
             (Some(_), _) => return Step::ReadAll,
         };
         if netns.is_some() {
@@ -433,7 +445,10 @@ pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Step {
         } else {
             ch.delete.remove(&Key::Netns(me.hash));
         }
-        return Step::Apply(ch.into_plan(Plan { guarded: true, ..Default::default() }));
+        return Step::Apply(match w {
+            Some(w) => sole_del_ops(w, ch),
+            None => ch.into_plan(Plan { guarded: true, ..Default::default() }),
+        });
     }
     let gone = Gone { tag: &|t| t == me.tag, hash: &|h| h == me.hash };
     Step::Apply(
