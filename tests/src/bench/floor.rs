@@ -400,10 +400,11 @@ impl Default for PortmapFloor {
 }
 
 impl PortmapFloor {
-    /// The table, as portmap builds it for containers in a /16 (masquerade sets /16 and /32).
+    /// The table, as portmap builds it for containers in a /16 and a /64 (masquerade sets /16,
+    /// /32 and /64).
     pub fn new() -> PortmapFloor {
         let table = unique("cnibench_p");
-        let lens: Lens = [(Family::V4, 16), (Family::V4, 32)].into();
+        let lens: Lens = [(Family::V4, 16), (Family::V4, 32), (Family::V6, 64)].into();
         let ops = declaration(&lens, &Conditions::default()).setup(&Found::default()).ops;
         must("portmap floor table", NfTables::new().and_then(|mut nf| nf.apply(&retarget(ops, &table))));
         PortmapFloor { table }
@@ -438,6 +439,21 @@ impl PortmapFloor {
     /// The transactions of attachment `n`'s ADD and DEL (computed, not timed).
     pub fn ops(&self, n: u32) -> (Vec<NftOp>, Vec<NftOp>) {
         let i = Self::intent(n);
+        (retarget(plan::add_ops(&i), &self.table), retarget(plan::del_ops(&i), &self.table))
+    }
+
+    /// The ADD and DEL transactions of the attachment portmap's configuration `conf` (a JSON
+    /// request with runtimeConfig and prevResult) describes, for container `bench-mappings`.
+    pub fn ops_of(&self, conf: &str) -> (Vec<NftOp>, Vec<NftOp>) {
+        let v: serde_json::Value = serde_json::from_str(conf).expect("json");
+        let raw: PortMapConf = serde_json::from_value(v.clone()).expect("portmap config");
+        let c = Conf::from_raw(&raw).expect("portmap config");
+        let prev: CniResult =
+            CniResult::decode(&v["prevResult"], cni_common::Version::V1_0_0).expect("prevResult");
+        let ns = Some((NsId { ino: 0xf100_0000, cookie: 43 }, "/run/netns/bench-mappings".to_string()));
+        let i = Intent::new(&c, &prev, "eth0", Owner::new("benchmaps", "bench-mappings", "eth0"), ns)
+            .expect("intent")
+            .0;
         (retarget(plan::add_ops(&i), &self.table), retarget(plan::del_ops(&i), &self.table))
     }
 
