@@ -491,10 +491,10 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
 }
 
 #[test]
-fn ten_thousand_mappings_in_one_transaction_each_way() {
+fn thousands_of_mappings_in_one_transaction_each_way() {
     let k = Fake::new();
     let ports: Vec<(u16, u16, &str)> =
-        (0..10_000u16).map(|i| (10_000 + i, 20_000 + i, if i % 2 == 0 { "tcp" } else { "udp" })).collect();
+        (0..3_000u16).map(|i| (10_000 + i, 20_000 + i, if i % 2 == 0 { "tcp" } else { "udp" })).collect();
     let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &ports);
     let c0 = k.commits();
     add(&k, &a).unwrap();
@@ -502,7 +502,7 @@ fn ten_thousand_mappings_in_one_transaction_each_way() {
     check(&k, &a).unwrap();
     assert_eq!(dnat_target(&k, &a, 0).as_deref(), Some("10.0.0.5 . 20000"));
     let out = del(&k, &a).unwrap();
-    assert_eq!(out.udp.len(), 10_000, "5 000 UDP ports in both families");
+    assert_eq!(out.udp.len(), 3_000, "1 500 UDP ports in both families");
     assert!(elements(&k).is_empty());
 }
 
@@ -649,7 +649,7 @@ fn step(k: &Fake, pods: &[Pod], live: &Rc<RefCell<BTreeSet<usize>>>, v: Verb, ex
 #[test]
 fn random_interleavings_keep_the_invariants() {
     let pods = cast();
-    for seed in 1..=40u64 {
+    for seed in 1..=24u64 {
         let k = Fake::new();
         let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let live = Rc::new(RefCell::new(BTreeSet::new()));
