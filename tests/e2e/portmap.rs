@@ -12,6 +12,7 @@
 //! a reply says which container a host port led to and whether the connection was masqueraded
 //! (UDP is answered by a thread of the test, not socat: that module says why).
 
+use cni_tests::leaks::PORTMAP_TABLE_LEVEL;
 use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
@@ -184,45 +185,71 @@ fn tcp(p: u16) -> Value {
     json!([{"hostPort": p, "containerPort": 80, "protocol": "tcp"}])
 }
 
-/// Elements of our table (`set key` strings), or None when the table does not exist.
-fn elements(host: &Netns) -> Option<Vec<String>> {
+/// Our table as `nft -j list table` prints it, or None when it does not exist.
+fn table(host: &Netns) -> Option<Vec<Value>> {
     let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
     if !out.status.success() {
         return None;
     }
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    Some(v["nftables"].as_array().unwrap().clone())
+}
+
+/// The sets and maps of a listed table: (name, elements).
+fn sets_of(t: &[Value]) -> Vec<(String, Vec<Value>)> {
+    t.iter()
+        .filter_map(|o| o.get("set").or_else(|| o.get("map")))
+        .map(|s| (s["name"].as_str().unwrap().to_string(), s["elem"].as_array().cloned().unwrap_or_default()))
+        .collect()
+}
+
+/// The chain names of a listed table.
+fn chains_of(t: &[Value]) -> Vec<String> {
+    t.iter().filter_map(|o| o.get("chain")).map(|c| c["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// The comment of a listed element (set element, or the key of a map element).
+fn comment_of(e: &Value) -> Option<&str> {
+    let key = if e.is_array() { &e[0] } else { e };
+    key["elem"]["comment"].as_str()
+}
+
+/// Elements of attachments in our table (`set element-json` strings), or None when the table
+/// does not exist.
+fn elements(host: &Netns) -> Option<Vec<String>> {
+    let t = table(host)?;
     let mut els = Vec::new();
-    for o in v["nftables"].as_array().unwrap() {
-        let s = o.get("set").or_else(|| o.get("map"));
-        if let Some(s) = s {
-            if s["name"] == "gates" || s["name"] == "conditions" {
-                continue; // table-level: which conditions the DNAT part carries
-            }
-            for e in s["elem"].as_array().into_iter().flatten() {
-                els.push(format!("{} {}", s["name"].as_str().unwrap(), e));
-            }
+    for (name, elems) in sets_of(&t) {
+        if PORTMAP_TABLE_LEVEL.contains(&name.as_str()) {
+            continue;
         }
+        els.extend(elems.iter().map(|e| format!("{name} {e}")));
     }
     Some(els)
 }
 
-/// The `conditions` map as `<nfproto> : <value>` lines, sorted (empty when the map is missing).
-fn conditions(host: &Netns) -> Vec<String> {
-    let out = host.try_run("nft", &["-j", "list", "map", "inet", "cni_portmap", "conditions"]);
-    if !out.status.success() {
-        return Vec::new();
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut els: Vec<String> = v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|o| o.get("map"))
-        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
-        .map(|e| format!("{} : {}", e[0].as_str().unwrap(), e[1].as_str().unwrap()))
-        .collect();
-    els.sort();
-    els
+/// The number of elements of each attachment set of our table.
+fn set_sizes(host: &Netns) -> std::collections::BTreeMap<String, usize> {
+    let t = table(host).expect("table inet cni_portmap");
+    sets_of(&t)
+        .into_iter()
+        .filter(|(n, _)| !PORTMAP_TABLE_LEVEL.contains(&n.as_str()))
+        .map(|(n, e)| (n, e.len()))
+        .collect()
+}
+
+/// The elements of set `layout` (the layout version), None when the table has no such set.
+fn layout_versions(host: &Netns) -> Option<Vec<u64>> {
+    let t = table(host)?;
+    let (_, elems) = sets_of(&t).into_iter().find(|(n, _)| n == "layout")?;
+    Some(elems.iter().map(|e| e["elem"]["val"].as_u64().or_else(|| e.as_u64()).unwrap()).collect())
+}
+
+/// What the table holds when no attachment is left: it still exists (never dropped, so a
+/// concurrent ADD can rely on it), at layout version 2, with no element of any attachment.
+fn assert_no_attachment_left(host: &Netns, what: &str) {
+    assert_eq!(elements(host), Some(vec![]), "{what}: no element of any attachment");
+    assert_eq!(layout_versions(host), Some(vec![2]), "{what}: the layout version stays");
 }
 
 /// Chains and rules of our table (no elements), as JSON lines.
@@ -282,7 +309,7 @@ fn tcp_forwarding_four_ways() {
 
     run(&w, "DEL", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
     assert_eq!(fetch(&w.outside, &hip, 8080), "", "nothing answers after DEL");
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "DEL leaves no element");
+    assert_no_attachment_left(&w.host, "DEL");
     assert_eq!(rules(&w.host), before, "the static rules are all that is left");
     // DEL is idempotent, also without prevResult and netns
     run(&w, "DEL", &a, &conf("pmnet", &Value::Null, tcp(8080), json!({}))).ok_silent();
@@ -445,7 +472,7 @@ fn sctp_mapping_is_installed_checked_and_removed() {
         ),
     }
     run(&w, "DEL", &a, &conf("pmnet", &pa, m, json!({}))).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "DEL leaves no element");
+    assert_no_attachment_left(&w.host, "DEL");
 }
 
 #[test]
@@ -499,7 +526,7 @@ fn check_notices_tampering() {
     assert!(msg.contains("hostports4"), "{msg}");
     w.host.run("nft", &["delete", "element", "inet", "cni_portmap", "hp4", "{ tcp . 6060 }"]);
     run(&w, "DEL", &a, &c).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
+    assert_no_attachment_left(&w.host, "DEL of a half-deleted attachment");
     // CHECK needs prevResult
     let msg = run(&w, "CHECK", &a, &conf("pmnet", &Value::Null, tcp(6060), json!({}))).err(7);
     assert!(msg.contains("prevResult"), "{msg}");
@@ -532,7 +559,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     gc("net1", json!([{"containerID": a.id, "ifname": "eth1"}]));
     assert!(elements(&w.host).unwrap().iter().all(|e| !e.contains(&a.id)));
     gc("net2", json!([]));
-    assert_eq!(elements(&w.host), None, "no mapping of any network is left: the table is gone");
+    assert_no_attachment_left(&w.host, "GC of the last attachment of each network");
     gc("net2", json!([])); // nothing to do
 }
 
@@ -736,7 +763,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
         );
         run_if(&w, "CHECK", &a, second.1, &second.2).ok_silent();
         let msg = run_if(&w, "CHECK", &a, first.1, &first.2).err(999);
-        assert!(msg.contains("claims") && msg.contains("missing"), "{msg}");
+        assert!(msg.contains("no record of this attachment in inet cni_portmap"), "{msg}");
         // DEL is idempotent, also without prevResult
         run_if(&w, "DEL", &a, first.1, &first.2).ok_silent();
         let no_prev = conf(first.0, &Value::Null, m.clone(), json!({}));
@@ -747,7 +774,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
 
         // DEL of the last claimant removes everything
         run_if(&w, "DEL", &a, second.1, &second.2).ok_silent();
-        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "no element left");
+        assert_no_attachment_left(&w.host, "DEL of the last claimant");
         assert_eq!(rules(&w.host), static_rules, "only the static rules are left");
         assert_eq!(fetch(&w.outside, &hip, 18090), "", "nothing answers");
     }
@@ -772,7 +799,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
     assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet2 {outside_peer}"), "GC switched over");
     run_if(&w, "CHECK", &a, net2.1, &net2.2).ok_silent();
     run_if(&w, "DEL", &a, net2.1, &conf("net2", &Value::Null, m.clone(), json!({}))).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
+    assert_no_attachment_left(&w.host, "DEL of the last claimant without prevResult");
 }
 
 #[test]
@@ -802,7 +829,7 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(ns_state(&w.host), before, "nothing half-built");
     no_nft("ADD", &a, "eth0", &ca).ok(); // builds the table over netlink
     let r = rules(&w.host);
-    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
+    for set in ["hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
         assert!(r.contains(&format!("\"@{set}\"")), "no rule uses @{set}:\n{r}");
     }
 
@@ -840,284 +867,7 @@ fn steady_state_verbs_exec_no_nft() {
         .env("CNI_NFT", "/nonexistent/nft")
         .run(&json!({"cniVersion": "1.1.0", "name": "pmnet2", "type": "portmap", "cni.dev/valid-attachments": []}).to_string());
     gc.ok_silent();
-    assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
-}
-
-/// The static part as the previous release wrote it (plugins/portmap/src/ruleset.rs at commit
-/// 80fb070: masquerade elements in the concatenated interval sets masq4/masq6, no netns
-/// records), for tables made before the hash-set layout.
-const PREVIOUS_LAYOUT: &str = "table inet cni_portmap {
-\tmap hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }
-\tmap hip4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }
-\tmap hp6 { type inet_proto . inet_service : ipv6_addr . inet_service; }
-\tmap hip6 { type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }
-\tmap owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }
-\tmap claims { type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }
-\tset masq4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }
-\tset masq6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval; }
-\tmap gates { type nf_proto : verdict; }
-\tchain prerouting { type nat hook prerouting priority dstnat; policy accept; }
-\tchain output { type nat hook output priority -100; policy accept; }
-\tchain masquerading { type nat hook postrouting priority srcnat; policy accept; }
-\tchain hostports4 { }
-\tchain hostports6 { }
-\tchain gate4 { }
-\tchain gate6 { }
-}
-add rule inet cni_portmap prerouting fib daddr type local meta nfproto vmap @gates
-add rule inet cni_portmap output fib daddr type local meta nfproto vmap @gates
-add rule inet cni_portmap hostports4 dnat ip to ip daddr . meta l4proto . th dport map @hip4
-add rule inet cni_portmap hostports4 dnat ip to meta l4proto . th dport map @hp4
-add rule inet cni_portmap hostports6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6
-add rule inet cni_portmap hostports6 dnat ip6 to meta l4proto . th dport map @hp6
-add rule inet cni_portmap masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade
-add rule inet cni_portmap masquerading ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade
-add rule inet cni_portmap gate4 meta nfproto ipv4 jump hostports4
-add rule inet cni_portmap gate6 meta nfproto ipv6 jump hostports6
-add element inet cni_portmap gates { ipv4 : jump gate4, ipv6 : jump gate6 }
-";
-
-/// Rewrite our table into the previous layout, keeping every mapping: what a host upgraded
-/// with pods running has. The DNAT, owner and claims maps are copied as nft lists them; each
-/// masquerade element `net4_<len> { <source> . <container> . <proto> . <port> }` becomes
-/// `masq4 { <source>/<len> . <container> . <proto> . <port> }` with its comment.
-fn downgrade_to_previous_layout(host: &Netns) {
-    let mut script = PREVIOUS_LAYOUT.to_string();
-    for map in ["hp4", "hip4", "hp6", "hip6", "owner", "claims"] {
-        let out = host.run("nft", &["list", "map", "inet", "cni_portmap", map]);
-        script.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
-    let out = host.run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for o in v["nftables"].as_array().unwrap() {
-        let Some(set) = o.get("set") else { continue };
-        let name = set["name"].as_str().unwrap();
-        let Some((fam, len)) = name.strip_prefix("net").and_then(|r| r.split_once('_')) else { continue };
-        let len: u8 = len.parse().unwrap();
-        for e in set["elem"].as_array().into_iter().flatten() {
-            let parts: Vec<String> = e["elem"]["val"]["concat"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_str().map(str::to_string).unwrap_or_else(|| p.to_string()))
-                .collect();
-            let comment = e["elem"]["comment"].as_str().unwrap();
-            let key = match (len, parts.as_slice()) {
-                (0, [ctr, proto, port]) => {
-                    let any = if fam == "4" { "0.0.0.0/0" } else { "::/0" };
-                    format!("{any} . {ctr} . {proto} . {port}")
-                }
-                (32 | 128, [src, ctr, proto, port]) => format!("{src} . {ctr} . {proto} . {port}"),
-                (_, [src, ctr, proto, port]) => format!("{src}/{len} . {ctr} . {proto} . {port}"),
-                other => panic!("unexpected element {other:?}"),
-            };
-            script.push_str(&format!(
-                "add element inet cni_portmap masq{fam} {{ {key} comment \"{comment}\" }}\n"
-            ));
-        }
-    }
-    let dir = cni_tests::TempDir::new("pmdown");
-    std::fs::write(dir.join("previous.nft"), &script).unwrap();
-    host.run("nft", &["delete", "table", "inet", "cni_portmap"]);
-    host.run("nft", &["-f", dir.join("previous.nft").to_str().unwrap()]);
-    let r = rules(host);
-    assert!(r.contains("\"@masq4\"") && !r.contains("masquerade4"), "the previous layout:\n{r}");
-}
-
-/// Our elements but the netns records, sorted (the previous layout had no records).
-fn mapping_elements(host: &Netns) -> Vec<String> {
-    let mut v: Vec<String> =
-        elements(host).unwrap().into_iter().filter(|e| !e.starts_with("netns ")).collect();
-    v.sort();
-    v
-}
-
-#[test]
-fn upgrade_from_the_previous_layout_keeps_live_mappings() {
-    let mut w = World::new();
-    let n = w.n;
-    let hip = w.host_ip();
-    let ctrs: Vec<Ctr> = (0..5).map(|_| w.container()).collect();
-    let [a, b, c, d, e] = &ctrs[..] else { unreachable!() };
-    let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE"];
-    let _servers: Vec<Server> =
-        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
-    // A: both families, snat; B: masqAll; C: IPv4 only
-    let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
-    let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
-    let cc = conf("pmnet", &w.prev(c, true, false), tcp(7603), json!({}));
-    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc)] {
-        run(&w, "ADD", x, cfg).ok();
-    }
-    let traffic = |w: &World| {
-        assert_eq!(
-            fetch(&w.outside, &hip, 7601),
-            format!("ctrA 10.250.{n}.2"),
-            "outside -> A keeps its source"
-        );
-        assert_eq!(
-            fetch(&e.ns, &hip, 7601),
-            format!("ctrA 10.{n}.0.1"),
-            "a container of the subnet is masqueraded"
-        );
-        assert_eq!(fetch(&e.ns, &format!("fd01:{n}::1"), 7601), format!("ctrA fd00:{n}::1"), "IPv6 too");
-        assert_eq!(fetch(&w.host, "127.0.0.1", 7601), format!("ctrA 10.{n}.0.1"), "localhost");
-        assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"), "masqAll masquerades everyone");
-    };
-    traffic(&w);
-    let before = mapping_elements(&w.host);
-    let fresh = conditions(&w.host);
-
-    // The host as the previous release left it, pods running.
-    downgrade_to_previous_layout(&w.host);
-    assert_eq!(mapping_elements(&w.host).len(), before.len(), "the previous layout holds every mapping");
-    assert!(conditions(&w.host).is_empty(), "the previous layout has no conditions map");
-    traffic(&w);
-    // CHECK reads the previous layout as it is, and changes nothing
-    let old = ns_state(&w.host);
-    run(&w, "CHECK", a, &ca).ok_silent();
-    run(&w, "CHECK", b, &cb).ok_silent();
-    assert_eq!(ns_state(&w.host), old);
-
-    // The first DEL migrates, in the transaction that deletes C: every other mapping is
-    // converted to exactly what this layout writes.
-    run(&w, "DEL", c, &cc).ok_silent();
-    let r = rules(&w.host);
-    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\""), "migrated:\n{r}");
-    let c_tag = format!("pmnet,{},eth0", c.id);
-    let without_c: Vec<String> = before.iter().filter(|x| !x.contains(&c_tag)).cloned().collect();
-    assert_eq!(mapping_elements(&w.host), without_c);
-    assert_eq!(conditions(&w.host), fresh, "the conditions map added from the installed gates");
-    assert_eq!(fetch(&w.outside, &hip, 7603), "", "C is gone");
-    traffic(&w);
-    run(&w, "CHECK", a, &ca).ok_silent();
-    run(&w, "CHECK", b, &cb).ok_silent();
-    // attachments of the previous layout have no netns record: DEL removes them all the same
-    run(&w, "DEL", a, &ca).ok_silent();
-    assert!(mapping_elements(&w.host).iter().all(|x| !x.contains(&a.id)));
-    assert_eq!(fetch(&w.outside, &hip, 7601), "");
-
-    // The first ADD migrates too, adding its own mapping in the same transaction.
-    let cd = conf("pmnet", &w.prev(d, true, false), tcp(7604), json!({}));
-    run(&w, "ADD", d, &cd).ok();
-    let before = mapping_elements(&w.host);
-    downgrade_to_previous_layout(&w.host);
-    let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
-    run(&w, "ADD", e, &ce).ok();
-    assert!(rules(&w.host).contains("\"@net4_32\""), "migrated");
-    assert_eq!(conditions(&w.host), fresh);
-    let e_tag = format!("pmnet,{},eth0", e.id);
-    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&e_tag)).collect();
-    assert_eq!(others, before, "nothing of B and D lost");
-    assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"));
-    assert_eq!(fetch(&w.outside, &hip, 7604), format!("ctrD 10.250.{n}.2"));
-    assert_eq!(fetch(&d.ns, &hip, 7605), format!("ctrE 10.{n}.0.1"));
-    for (x, cfg) in [(b, &cb), (d, &cd), (e, &ce)] {
-        run(&w, "CHECK", x, cfg).ok_silent();
-    }
-    // A holder from before the records existed counts as live: refused, naming it
-    let msg = run(&w, "ADD", e, &conf("pmnet", &w.prev(e, true, true), tcp(7602), json!({}))).err(7);
-    assert!(msg.contains(&b.id), "{msg}");
-    // GC migrates as well (here with nothing left to migrate) and removes the last mappings
-    let gc =
-        json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
-    downgrade_to_previous_layout(&w.host);
-    Exec::new("portmap")
-        .in_ns(&w.host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .run(&gc.to_string())
-        .ok_silent();
-    assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
-}
-
-/// A table as the layout before the `conditions` map left it (its fast ADD re-added the
-/// `gates` verdicts): this layout without that map.
-fn drop_conditions_map(host: &Netns) {
-    host.run("nft", &["delete", "map", "inet", "cni_portmap", "conditions"]);
-    assert!(conditions(host).is_empty());
-}
-
-#[test]
-fn upgrade_from_the_layout_without_a_conditions_map() {
-    // Tables of the layout released just before the `conditions` map get it from the first
-    // ADD (over netlink and alone, the rest of the table as it is: no nft needed even with
-    // conditions), or from a DEL or GC that reads the table; a fast DEL needs none of it.
-    let mut w = World::new();
-    let n = w.n;
-    let hip = w.host_ip();
-    let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
-    let [a, b, c, d] = &ctrs[..] else { unreachable!() };
-    let names = ["ctrA", "ctrB", "ctrC", "ctrD"];
-    let _servers: Vec<Server> =
-        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
-    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
-    let cfg = |x: &Ctr, port: u16| conf("pmnet", &w.prev(x, true, true), tcp(port), cond.clone());
-    let no_nft = |cmd: &str, x: &Ctr, stdin: &str| {
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .attachment(cmd, &x.id, x.ns.path_str(), "eth0", "/nonexistent")
-            .env("CNI_NFT", "/nonexistent/nft")
-            .run(stdin)
-    };
-    run(&w, "ADD", a, &cfg(a, 7621)).ok();
-    run(&w, "ADD", b, &cfg(b, 7622)).ok();
-    let fresh = conditions(&w.host);
-    assert_eq!(fresh.len(), 2, "{fresh:?}");
-    let a_works = |w: &World| {
-        assert_eq!(fetch(&w.outside, &hip, 7621), format!("ctrA 10.250.{n}.2"));
-        assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7621), "", "the conditions apply");
-        assert_eq!(fetch(&d.ns, &hip, 7621), format!("ctrA 10.{n}.0.1"), "hairpin masqueraded");
-        assert_eq!(fetch(&d.ns, &format!("fd01:{n}::1"), 7621), format!("ctrA fd00:{n}::1"));
-    };
-    a_works(&w);
-
-    drop_conditions_map(&w.host);
-    a_works(&w);
-    let old = ns_state(&w.host);
-    run(&w, "CHECK", a, &cfg(a, 7621)).ok_silent();
-    assert_eq!(ns_state(&w.host), old, "CHECK reads the table as it is");
-    // a fast DEL does not need the map
-    no_nft("DEL", b, &cfg(b, 7622)).ok_silent();
-    assert_eq!(fetch(&w.outside, &hip, 7622), "");
-    assert!(conditions(&w.host).is_empty(), "a fast DEL reads nothing and upgrades nothing");
-
-    // The first ADD: its fast path fails (no map), its slow path writes the map alone.
-    let rules_before = rules(&w.host);
-    no_nft("ADD", c, &cfg(c, 7623)).ok();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(rules(&w.host), rules_before, "nothing else rebuilt");
-    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
-    a_works(&w);
-    no_nft("CHECK", c, &cfg(c, 7623)).ok_silent();
-
-    // A map that names other gate chains (left by an older binary that rebuilt the DNAT
-    // part, or tampered with) fails the fast path; the slow path rewrites it.
-    w.host.run("nft", &["flush", "map", "inet", "cni_portmap", "conditions"]);
-    w.host.run("nft", &["add", "element", "inet", "cni_portmap", "conditions", "{ ipv4 : ::1, ipv6 : ::1 }"]);
-    no_nft("ADD", d, &cfg(d, 7624)).ok();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7624), format!("ctrD 10.250.{n}.2"));
-
-    // DEL and GC that read the table add the map too, stating what `gates` says.
-    drop_conditions_map(&w.host);
-    no_nft("DEL", a, &conf("pmnet", &Value::Null, tcp(7621), cond.clone())).ok_silent();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7621), "");
-    drop_conditions_map(&w.host);
-    let gc = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
-                    "cni.dev/valid-attachments": [{"containerID": c.id, "ifname": "eth0"}]});
-    Exec::new("portmap")
-        .in_ns(&w.host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .env("CNI_NFT", "/nonexistent/nft")
-        .run(&gc.to_string())
-        .ok_silent();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7624), "", "D collected");
-    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
-    run(&w, "CHECK", c, &cfg(c, 7623)).ok_silent();
+    assert_no_attachment_left(&w.host, "GC of the last attachment");
 }
 
 /// A namespace at a path whose previous namespace was deleted: removed on drop.
@@ -1243,11 +993,11 @@ fn del_and_gc_accept_what_add_would_refuse() {
         let out = run(&w, "DEL", &a, &bad);
         out.ok_silent();
         assert!(out.stderr.contains("DEL ignores"), "{what}: noted: {}", out.stderr);
-        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "{what}: DEL cleaned up");
+        assert_no_attachment_left(&w.host, &format!("{what}: DEL"));
         run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
         let out = gc(extra);
         out.ok_silent();
-        assert_eq!(elements(&w.host), None, "{what}: GC removed the mapping and the table");
+        assert_no_attachment_left(&w.host, &format!("{what}: GC"));
     }
     // hostile values are refused on every verb, before anything is touched
     run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
@@ -1300,32 +1050,4 @@ fn add_needs_a_container_address() {
     let msg = run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), v6_only, json!({}))).err(7);
     assert!(msg.contains("nothing would be forwarded"), "{msg}");
     assert_eq!(ns_state(&w.host), before, "refused ADDs leave the host as it was");
-}
-
-#[test]
-fn upgrade_by_an_add_with_conditions() {
-    // With conditions the DNAT part is rebuilt by `nft -f`: the migration of the masquerade
-    // part goes into the same script.
-    let mut w = World::new();
-    let n = w.n;
-    let hip = w.host_ip();
-    let a = w.container();
-    let b = w.container();
-    let _sa = Server::tcp(&a.ns, 80, "ctrA");
-    let _sb = Server::tcp(&b.ns, 80, "ctrB");
-    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), tcp(7611), json!({}))).ok();
-    let before = mapping_elements(&w.host);
-    downgrade_to_previous_layout(&w.host);
-    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
-    let cb = conf("pmnet", &w.prev(&b, true, false), tcp(7612), cond);
-    run(&w, "ADD", &b, &cb).ok();
-    let r = rules(&w.host);
-    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\"") && r.contains("gate4_"), "migrated:\n{r}");
-    let b_tag = format!("pmnet,{},eth0", b.id);
-    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&b_tag)).collect();
-    assert_eq!(others, before);
-    assert_eq!(fetch(&b.ns, &hip, 7611), format!("ctrA 10.{n}.0.1"), "A still masqueraded");
-    assert_eq!(fetch(&a.ns, &hip, 7612), format!("ctrB 10.{n}.0.1"));
-    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7612), "", "the conditions apply");
-    run(&w, "CHECK", &b, &cb).ok_silent();
 }
