@@ -13,9 +13,11 @@
 //! (UDP is answered by a thread of the test, not socat: that module says why).
 
 use cni_tests::leaks::PORTMAP_TABLE_LEVEL;
+use cni_tests::raw;
 use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -271,46 +273,67 @@ fn rules(host: &Netns) -> String {
     lines.join("\n")
 }
 
+/// The four ways into host port `port` of container `x`, which serves `name` on container port
+/// 80 and a decoy, `wrong<name>`, on the port number `port` itself (a DNAT that kept the host
+/// port would reach the decoy): from outside (the client's address kept), from the host to
+/// 127.0.0.1 (route_localnet on the bridge; masqueraded), from another container `other` and
+/// from `x` itself (hairpin; both masqueraded, else the reply would bypass NAT).
+fn four_ways(w: &World, x: &Ctr, other: &Ctr, port: u16, name: &str) {
+    let (n, hip) = (w.n, w.host_ip());
+    assert_eq!(fetch(&w.outside, &hip, port), format!("{name} 10.250.{n}.2"), "outside -> host:{port}");
+    assert_eq!(w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout, b"1\n");
+    assert_eq!(fetch(&w.host, "127.0.0.1", port), format!("{name} 10.{n}.0.1"), "host -> 127.0.0.1:{port}");
+    assert_eq!(fetch(&other.ns, &hip, port), format!("{name} 10.{n}.0.1"), "other container -> host:{port}");
+    assert_eq!(fetch(&x.ns, &hip, port), format!("{name} 10.{n}.0.1"), "hairpin to host:{port}");
+}
+
 #[test]
 fn tcp_forwarding_four_ways() {
+    // A's ADD is the first: it builds the table. B's is the common case, an ADD into an
+    // existing, intact table: a point read of its own keys and one add-only transaction. Both
+    // are reached the four ways, and A still is after B's ADD.
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _srv = Server::tcp(&a.ns, 80, "ctrA");
-    let prev = w.prev(&a, true, true);
-    let out = run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
-    assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
-    assert_eq!(out["interfaces"], prev["interfaces"]);
-    let hip = w.host_ip();
-
-    // 1. from an outside netns to the host address: the client address is preserved
-    let r = fetch(&w.outside, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.250.{}.2", w.n), "outside -> host:8080");
-    // 2. from the host to 127.0.0.1 (route_localnet on the bridge, masqueraded)
-    assert_eq!(w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout, b"1\n");
-    let r = fetch(&w.host, "127.0.0.1", 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "host -> 127.0.0.1:8080");
-    // 3. from a second container on the same bridge (masqueraded, else the reply would bypass NAT)
-    let r = fetch(&b.ns, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "second container -> host:8080");
-    // 4. hairpin: the container reaches itself through the host port
-    let r = fetch(&a.ns, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "hairpin");
+    let c = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&a.ns, 8080, "wrongctrA"),
+        Server::tcp(&b.ns, 80, "ctrB"),
+        Server::tcp(&b.ns, 8081, "wrongctrB"),
+    ];
+    let (pa, pb) = (w.prev(&a, true, true), w.prev(&b, true, true));
+    let (ca, cb) = (conf("pmnet", &pa, tcp(8080), json!({})), conf("pmnet", &pb, tcp(8081), json!({})));
+    let out = run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(out["ips"], pa["ips"], "prevResult is passed through");
+    assert_eq!(out["interfaces"], pa["interfaces"]);
+    four_ways(&w, &a, &c, 8080, "ctrA");
     // the container's own address still answers directly
     assert!(fetch(&w.outside, &w.ip4(&a), 80).starts_with("ctrA"));
+    let static_rules = rules(&w.host);
 
-    run(&w, "CHECK", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
+    let out = run(&w, "ADD", &b, &cb).ok();
+    assert_eq!(out["ips"], pb["ips"]);
+    assert_eq!(rules(&w.host), static_rules, "the second ADD adds elements only");
+    four_ways(&w, &b, &c, 8081, "ctrB");
+    four_ways(&w, &a, &b, 8080, "ctrA");
+
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "CHECK", &b, &cb).ok_silent();
     // a repeated ADD of the same attachment is fine and changes nothing
-    let before = rules(&w.host);
     let els = elements(&w.host).unwrap();
-    run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
+    run(&w, "ADD", &a, &ca).ok();
+    run(&w, "ADD", &b, &cb).ok();
     assert_eq!(elements(&w.host).unwrap(), els);
-    assert_eq!(rules(&w.host), before);
+    assert_eq!(rules(&w.host), static_rules);
 
-    run(&w, "DEL", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
-    assert_eq!(fetch(&w.outside, &hip, 8080), "", "nothing answers after DEL");
+    run(&w, "DEL", &a, &ca).ok_silent();
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 8080), "", "nothing answers after DEL");
+    four_ways(&w, &b, &c, 8081, "ctrB");
+    run(&w, "DEL", &b, &cb).ok_silent();
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 8081), "");
     assert_no_attachment_left(&w.host, "DEL");
-    assert_eq!(rules(&w.host), before, "the static rules are all that is left");
+    assert_eq!(rules(&w.host), static_rules, "the static rules are all that is left");
     // DEL is idempotent, also without prevResult and netns
     run(&w, "DEL", &a, &conf("pmnet", &Value::Null, tcp(8080), json!({}))).ok_silent();
     Exec::new("portmap")
@@ -1050,4 +1073,294 @@ fn add_needs_a_container_address() {
     let msg = run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), v6_only, json!({}))).err(7);
     assert!(msg.contains("nothing would be forwarded"), "{msg}");
     assert_eq!(ns_state(&w.host), before, "refused ADDs leave the host as it was");
+}
+
+/// [`fetch`] of each (namespace, address, port), all at once: for probes that wait for an
+/// answer that must not come.
+fn fetch_each(probes: &[(&Netns, &str, u16)]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> =
+            probes.iter().map(|(ns, addr, port)| s.spawn(move || fetch(ns, addr, *port))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `net.ipv4.conf.br0.route_localnet` in the host.
+fn route_localnet(w: &World) -> String {
+    String::from_utf8_lossy(&w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout)
+        .trim()
+        .to_string()
+}
+
+/// A configuration without `runtimeConfig` (cnitool without CAP_ARGS, a runtime that left it
+/// out of its cached configuration).
+fn conf_without_mappings(net: &str, prev: &Value) -> String {
+    json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "prevResult": prev}).to_string()
+}
+
+/// Records, in a container's namespace, the source address of every TCP packet to its port 80,
+/// before routing: what the container sees of a connection even when its answer never gets back
+/// to the client. The namespace goes with the container, and the table with it.
+struct Sources<'a>(&'a Netns);
+
+const SOURCES: &str = "table inet seen {
+    set src4 { type ipv4_addr; flags dynamic; }
+    set src6 { type ipv6_addr; flags dynamic; }
+    chain pre {
+        type filter hook prerouting priority -300; policy accept;
+        tcp dport 80 add @src4 { ip saddr }
+        tcp dport 80 add @src6 { ip6 saddr }
+    }
+}
+";
+
+impl<'a> Sources<'a> {
+    fn watch(ns: &'a Netns) -> Sources<'a> {
+        let dir = cni_tests::TempDir::new("pmseen");
+        std::fs::write(dir.join("seen.nft"), SOURCES).unwrap();
+        ns.run("nft", &["-f", dir.join("seen.nft").to_str().unwrap()]);
+        Sources(ns)
+    }
+
+    fn seen(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for set in ["src4", "src6"] {
+            let o = self.0.run("nft", &["-j", "list", "set", "inet", "seen", set]);
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            for s in v["nftables"].as_array().unwrap().iter().filter_map(|o| o.get("set")) {
+                out.extend(
+                    s["elem"].as_array().into_iter().flatten().map(|e| e.as_str().unwrap().to_string()),
+                );
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn snat_false_masquerades_nothing() {
+    // snat: false, as upstream: no masquerading at all (masqAll too: it applies only with
+    // snat) and no route_localnet. A host port works from outside as always, the client's
+    // address kept. A connection from a container of the bridge or from the container itself
+    // (hairpin) reaches the container with its real source, which the container answers
+    // directly, past the reverse NAT, so the client gets nothing: what upstream gives.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let c = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&a.ns, 8080, "wrongctrA"),
+        Server::tcp(&c.ns, 80, "ctrC"),
+    ];
+    let seen = Sources::watch(&a.ns);
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(8080), json!({"snat": false, "masqAll": true}));
+    run(&w, "ADD", &a, &ca).ok();
+    let masq: usize = set_sizes(&w.host)
+        .iter()
+        .filter(|(s, _)| s.starts_with("net4_") || s.starts_with("net6_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(masq, 0, "no masquerade element: {:?}", set_sizes(&w.host));
+    assert_eq!(route_localnet(&w), "0", "route_localnet is left alone");
+    assert_eq!(
+        fetch(&w.outside, &hip, 8080),
+        format!("ctrA 10.250.{n}.2"),
+        "outside, masqAll notwithstanding"
+    );
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 8080), format!("ctrA fd01:{n}::2"));
+    // from the host's 127.0.0.1 (may not leave the host: no route_localnet), from another
+    // container and from A itself (not masqueraded): nothing answers
+    let v6 = format!("fd01:{n}::1");
+    let probes = [(&w.host, "127.0.0.1", 8080), (&b.ns, &hip, 8080), (&b.ns, &v6, 8080), (&a.ns, &hip, 8080)];
+    assert_eq!(fetch_each(&probes), ["", "", "", ""]);
+    let (a4, b4, b6) = (w.ip4(&a), w.ip4(&b), format!("fd00:{n}::{}", b.idx));
+    let expect: BTreeSet<String> =
+        [format!("10.250.{n}.2"), format!("fd01:{n}::2"), b4, b6, a4].into_iter().collect();
+    assert_eq!(seen.seen(), expect, "A saw every connection with its real source");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+
+    // An attachment with snat (the default) sets route_localnet on the bridge; then a
+    // connection to 127.0.0.1:8080 leaves the host for A, still with its real source.
+    let cc = conf("pmnet", &w.prev(&c, true, true), tcp(8081), json!({}));
+    run(&w, "ADD", &c, &cc).ok();
+    assert_eq!(route_localnet(&w), "1");
+    assert_eq!(fetch(&c.ns, &hip, 8081), format!("ctrC 10.{n}.0.1"), "C's hairpin is masqueraded");
+    assert_eq!(fetch(&w.host, "127.0.0.1", 8081), format!("ctrC 10.{n}.0.1"));
+    assert_eq!(fetch(&w.host, "127.0.0.1", 8080), "");
+    let now = seen.seen();
+    assert!(now.contains("127.0.0.1"), "A saw 127.0.0.1 as the source: {now:?}");
+    assert!(!now.contains(&format!("10.{n}.0.1")) && !now.contains(&format!("fd00:{n}::1")), "{now:?}");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "DEL", &a, &ca).ok_silent();
+    run(&w, "DEL", &c, &cc).ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+}
+
+#[test]
+fn masq_all_masquerades_every_source_and_localhost_works() {
+    // masqAll (with snat, the default): connections from anywhere are masqueraded, and
+    // 127.0.0.1:hostPort works (route_localnet set on the bridge).
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let _servers = [Server::tcp(&a.ns, 80, "ctrA"), Server::tcp(&a.ns, 7311, "wrongctrA")];
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7311), json!({"masqAll": true}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(route_localnet(&w), "1");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7311), format!("ctrA 10.{n}.0.1"), "outside, masqueraded");
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 7311), format!("ctrA fd00:{n}::1"));
+    assert_eq!(fetch(&w.host, "127.0.0.1", 7311), format!("ctrA 10.{n}.0.1"), "127.0.0.1:hostPort");
+    let sizes = set_sizes(&w.host);
+    assert_eq!((sizes.get("net4_0"), sizes.get("net6_0")), (Some(&1), Some(&1)), "{sizes:?}");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "DEL", &a, &ca).ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7311), "");
+}
+
+#[test]
+fn del_removes_everything_whatever_its_configuration_says() {
+    // Issue 17, item 3: DEL removes every element of the attachment, also when the
+    // configuration it gets lists no mappings or other ones, with or without prevResult. The
+    // UDP flow's conntrack entry goes too: the same 5-tuple finds nothing after DEL.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let _ua = UdpServer::start(&a.ns, 53, "ctrA");
+    let pa = w.prev(&a, true, true);
+    let m = json!([{"hostPort": 7301, "containerPort": 80, "protocol": "tcp"},
+                   {"hostPort": 7302, "containerPort": 53, "protocol": "udp"}]);
+    let other = json!([{"hostPort": 9999, "containerPort": 99, "protocol": "tcp"}]);
+    let cases = [
+        ("no runtimeConfig", conf_without_mappings("pmnet", &pa)),
+        ("no runtimeConfig, no prevResult", conf_without_mappings("pmnet", &Value::Null)),
+        ("empty portMappings", conf("pmnet", &pa, json!([]), json!({}))),
+        ("other mappings", conf("pmnet", &pa, other.clone(), json!({}))),
+        ("other mappings, no prevResult", conf("pmnet", &Value::Null, other, json!({}))),
+        ("other snat and masqAll", conf("pmnet", &pa, m.clone(), json!({"snat": false, "masqAll": true}))),
+    ];
+    for (what, del) in cases {
+        run(&w, "ADD", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok();
+        assert_eq!(fetch(&w.outside, &hip, 7301), format!("ctrA 10.250.{n}.2"), "{what}");
+        assert_eq!(fetch_udp(&w.outside, &hip, 7302, 40302), format!("ctrA 10.250.{n}.2"), "{what}");
+        run(&w, "DEL", &a, &del).ok_silent();
+        assert_no_attachment_left(&w.host, what);
+        assert_eq!(fetch(&w.outside, &hip, 7301), "", "{what}");
+        assert_eq!(fetch_udp(&w.outside, &hip, 7302, 40302), "", "{what}: the UDP flow was flushed");
+    }
+}
+
+#[test]
+fn a_flushed_prerouting_chain_is_repaired_by_the_next_add() {
+    // Issue 17, item 5: someone flushes our hook; CHECK says so, and the next ADD (of another
+    // pod) puts the rules back, so the first pod's host port works again.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let _servers = [Server::tcp(&a.ns, 80, "ctrA"), Server::tcp(&b.ns, 80, "ctrB")];
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7321), json!({}));
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7322), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(fetch(&w.outside, &hip, 7321), format!("ctrA 10.250.{n}.2"));
+    let static_rules = rules(&w.host);
+    w.host.run("nft", &["flush", "chain", "inet", "cni_portmap", "prerouting"]);
+    assert_eq!(fetch(&w.outside, &hip, 7321), "", "the flush broke A's host port");
+    let msg = run(&w, "CHECK", &a, &ca).err(999);
+    assert!(msg.contains("chain prerouting does not hold the rules of this layout"), "{msg}");
+    run(&w, "ADD", &b, &cb).ok();
+    assert_eq!(rules(&w.host), static_rules, "the rules are back");
+    assert_eq!(fetch(&w.outside, &hip, 7321), format!("ctrA 10.250.{n}.2"), "A's host port works again");
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 7322), format!("ctrB fd01:{n}::2"));
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "CHECK", &b, &cb).ok_silent();
+}
+
+#[test]
+fn the_localhost_guard_keeps_containers_off_the_hosts_loopback() {
+    // Issue 18, item 1. route_localnet on the bridge (set for 127.0.0.1:hostPort) would let a
+    // container reach the host's 127.0.0.1-only services: with CAP_NET_ADMIN by routing
+    // 127.0.0.0/8 through its gateway (container A), with CAP_NET_RAW alone by writing the
+    // frame itself (container B). The `localnet` chain drops what arrives for the loopback
+    // addresses unless it was DNATed, so host ports keep working and nothing else gets in.
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&b.ns, 80, "ctrB"),
+        Server::socat(
+            &w.host,
+            "TCP4-LISTEN:9999,bind=127.0.0.1,fork,reuseaddr",
+            "src 127.0.0.1:9999",
+            "hostlo",
+        ),
+        Server::socat(
+            &w.host,
+            "TCP6-LISTEN:9999,bind=[::1],fork,reuseaddr,ipv6only=1",
+            "src [::1]:9999",
+            "hostlo6",
+        ),
+    ];
+    assert_eq!(fetch(&w.host, "127.0.0.1", 9999), "hostlo 127.0.0.1", "the host service answers the host");
+    assert_eq!(fetch(&w.host, "::1", 9999), "hostlo6 ::1");
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(8080), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(route_localnet(&w), "1");
+    // A gives up its own loopback addresses, sends the loopback prefixes to its gateway and
+    // accepts answers from them
+    a.ns.run("ip", &["addr", "del", "127.0.0.1/8", "dev", "lo"]);
+    a.ns.run("ip", &["-6", "addr", "del", "::1/128", "dev", "lo"]);
+    a.ns.run("ip", &["route", "add", "127.0.0.0/8", "via", &format!("10.{n}.0.1"), "dev", "eth0"]);
+    a.ns.run("ip", &["-6", "route", "add", "::1/128", "via", &format!("fd00:{n}::1"), "dev", "eth0"]);
+    a.ns.run("sysctl", &["-qw", "net.ipv4.conf.eth0.route_localnet=1"]);
+    let br0 = raw::mac_of(&w.host, "br0");
+    let (b4, b6) = (w.ip4(&b), format!("fd00:{n}::{}", b.idx));
+    let syn = |src: &str, dst: &str| raw::SynProbe {
+        ns: &b.ns,
+        ifname: "eth0",
+        dst_mac: br0,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        dport: 9999,
+    };
+    // (each probe waits for an answer that must not come: all four at once)
+    let blocked = |what: &str| {
+        std::thread::scope(|s| {
+            let v4 = s.spawn(|| syn(&b4, "127.0.0.1").answered(Duration::from_secs(3)));
+            let v6 = s.spawn(|| syn(&b6, "::1").answered(Duration::from_secs(3)));
+            let got = fetch_each(&[(&a.ns, "127.0.0.1", 9999), (&a.ns, "::1", 9999)]);
+            assert_eq!(got, ["", ""], "{what}: A's connections to 127.0.0.1 and ::1");
+            assert!(!v4.join().unwrap(), "{what}: B's SYN to 127.0.0.1 was answered");
+            assert!(!v6.join().unwrap(), "{what}: B's SYN to ::1 was answered");
+        });
+    };
+    blocked("with the guard");
+    // host ports work the four ways all the same
+    four_ways(&w, &a, &b, 8080, "ctrA");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+
+    // Without the guard, both get through (to 127.0.0.1; ::1 the kernel itself never accepts
+    // from an interface other than lo): the guard is what stops them.
+    w.host.run("nft", &["flush", "chain", "inet", "cni_portmap", "localnet"]);
+    let msg = run(&w, "CHECK", &a, &ca).err(999);
+    assert!(msg.contains("chain localnet"), "{msg}");
+    assert_eq!(fetch(&a.ns, "127.0.0.1", 9999), format!("hostlo {}", w.ip4(&a)), "no guard: A gets in");
+    assert!(syn(&b4, "127.0.0.1").answered(Duration::from_secs(10)), "no guard: B's SYN is answered");
+    assert_eq!(fetch(&a.ns, "::1", 9999), "");
+
+    // the next ADD repairs it
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(8081), json!({}));
+    run(&w, "ADD", &b, &cb).ok();
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "CHECK", &b, &cb).ok_silent();
+    blocked("after the repair");
+    four_ways(&w, &b, &a, 8081, "ctrB");
 }
