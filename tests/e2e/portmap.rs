@@ -1364,3 +1364,265 @@ fn the_localhost_guard_keeps_containers_off_the_hosts_loopback() {
     blocked("after the repair");
     four_ways(&w, &b, &a, 8081, "ctrB");
 }
+
+/// The commit whose portmap wrote the released layout (1): main before the rebuild.
+const RELEASED: &str = "5fca5c6";
+
+/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (which keeps its
+/// builds under target/baseline/: only the first call builds).
+fn released_portmap() -> String {
+    let root = cni_tests::workspace_root();
+    let out = std::process::Command::new(root.join("scripts/build-baseline.sh"))
+        .arg(RELEASED)
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/build-baseline.sh");
+    assert!(
+        out.status.success(),
+        "cannot build portmap of {RELEASED} with scripts/build-baseline.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8(out.stdout).unwrap().lines().last().expect("the directory").to_string();
+    format!("{dir}/portmap")
+}
+
+/// Whether anything of the attachment with tag `tag` and network namespace path `path` is
+/// left: elements carrying its tag, and its netns record (commented with the path).
+fn traces_of(host: &Netns, tag: &str, path: &str) -> Vec<String> {
+    let t = table(host).expect("table inet cni_portmap");
+    let mut out = Vec::new();
+    for (name, elems) in sets_of(&t) {
+        for e in elems.iter().filter(|e| comment_of(e) == Some(tag) || comment_of(e) == Some(path)) {
+            out.push(format!("{name} {e}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn upgrade_from_the_released_layout_with_live_traffic() {
+    // Pods made by the released portmap (layout 1: no `layout` set, `gates`/`conditions` maps,
+    // no `attachments` records, no guard), then this build: CHECK passes, DEL and GC change
+    // elements only, and the first ADD upgrades the table in place. Traffic to the old pods
+    // works before, in between and after.
+    let old = released_portmap();
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..6).map(|_| w.container()).collect();
+    let [a, b, c, d, e, f] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE", "ctrF"];
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
+    let _udp = UdpServer::start(&c.ns, 53, "ctrC");
+    // A: both families; B: masqAll; C: IPv4 only, TCP and UDP; D: on one host address;
+    // F: its pod goes without a DEL
+    let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
+    let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
+    let mc = json!([{"hostPort": 7603, "containerPort": 80, "protocol": "tcp"},
+                    {"hostPort": 7613, "containerPort": 53, "protocol": "udp"}]);
+    let cc = conf("pmnet", &w.prev(c, true, false), mc, json!({}));
+    let md = json!([{"hostPort": 7604, "containerPort": 80, "protocol": "tcp", "hostIP": format!("10.250.{n}.3")}]);
+    let cd = conf("pmnet", &w.prev(d, true, true), md, json!({}));
+    let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
+    let cf = conf("pmnet", &w.prev(f, true, false), tcp(7606), json!({}));
+    let released = |cmd: &str, x: &Ctr, stdin: &str| {
+        Exec::new(&old)
+            .in_ns(&w.host)
+            .attachment(cmd, &x.id, x.ns.path_str(), "eth0", "/nonexistent")
+            .run(stdin)
+    };
+    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc), (d, &cd), (f, &cf)] {
+        released("ADD", x, cfg).ok();
+    }
+    let layout_1 = |w: &World, what: &str| {
+        let t = table(&w.host).unwrap();
+        let sets: Vec<String> = sets_of(&t).into_iter().map(|(s, _)| s).collect();
+        assert!(
+            sets.iter().any(|s| s == "gates") && !sets.iter().any(|s| s == "layout" || s == "attachments"),
+            "{what}: the released layout: {sets:?}"
+        );
+        assert!(!chains_of(&t).iter().any(|c| c == "localnet"), "{what}: no guard");
+    };
+    layout_1(&w, "made by the released portmap");
+    let old_pods = |w: &World, what: &str| {
+        let probes = [
+            (&w.outside, hip.as_str(), 7601, format!("ctrA 10.250.{n}.2")),
+            (&w.outside, &format!("fd01:{n}::1"), 7601, format!("ctrA fd01:{n}::2")),
+            (&e.ns, hip.as_str(), 7601, format!("ctrA 10.{n}.0.1")),
+            (&w.host, "127.0.0.1", 7601, format!("ctrA 10.{n}.0.1")),
+            (&w.outside, hip.as_str(), 7602, format!("ctrB 10.{n}.0.1")),
+            (&w.outside, &format!("10.250.{n}.3"), 7604, format!("ctrD 10.250.{n}.2")),
+            (&w.outside, hip.as_str(), 7604, String::new()),
+        ];
+        for (ns, addr, port, want) in probes {
+            assert_eq!(fetch(ns, addr, port), want, "{what}: {addr}:{port}");
+        }
+    };
+    old_pods(&w, "before");
+    assert_eq!(fetch(&w.outside, &hip, 7603), format!("ctrC 10.250.{n}.2"));
+    assert_eq!(fetch_udp(&w.outside, &hip, 7613, 40613), format!("ctrC 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &hip, 7606), format!("ctrF 10.250.{n}.2"));
+
+    // CHECK by this build: the attachments' elements are checked, the earlier layout's static
+    // part is not (a note says so); nothing changes
+    let before = ns_state(&w.host);
+    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc), (d, &cd), (f, &cf)] {
+        let out = run(&w, "CHECK", x, cfg);
+        out.ok_silent();
+        assert!(out.stderr.contains("earlier layout"), "{}", out.stderr);
+    }
+    assert_eq!(ns_state(&w.host), before, "CHECK changes nothing");
+
+    // DEL of an old pod removes all of it, elements only
+    run(&w, "DEL", c, &cc).ok_silent();
+    let c_tag = format!("pmnet,{},eth0", c.id);
+    assert_eq!(traces_of(&w.host, &c_tag, c.ns.path_str()), Vec::<String>::new(), "nothing of C left");
+    assert_eq!(fetch(&w.outside, &hip, 7603), "");
+    assert_eq!(fetch_udp(&w.outside, &hip, 7613, 40613), "", "C's UDP flow was flushed");
+    layout_1(&w, "after a DEL");
+    old_pods(&w, "after a DEL");
+    // GC of F, whose pod went without a DEL
+    let valid = json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": b.id, "ifname": "eth0"},
+                       {"containerID": d.id, "ifname": "eth0"}]);
+    let gc = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": valid});
+    Exec::new("portmap")
+        .in_ns(&w.host)
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_PATH", "/x")
+        .run_json(&gc)
+        .ok_silent();
+    let f_tag = format!("pmnet,{},eth0", f.id);
+    assert_eq!(traces_of(&w.host, &f_tag, f.ns.path_str()), Vec::<String>::new(), "nothing of F left");
+    assert_eq!(fetch(&w.outside, &hip, 7606), "");
+    layout_1(&w, "after a GC");
+    old_pods(&w, "after a GC");
+
+    // The first ADD upgrades the table in place: the layout version, a record for every
+    // attachment, the guard, no `gates`/`conditions` maps; E's own mapping in the same run.
+    run(&w, "ADD", e, &ce).ok();
+    assert_eq!(layout_versions(&w.host), Some(vec![2]));
+    let t = table(&w.host).unwrap();
+    let sets = sets_of(&t);
+    assert!(!sets.iter().any(|(s, _)| s == "gates" || s == "conditions"), "retired maps gone");
+    assert!(chains_of(&t).iter().any(|c| c == "localnet"), "the guard");
+    let (_, records) = sets.iter().find(|(s, _)| s == "attachments").expect("set attachments");
+    let mut tags: Vec<&str> = records.iter().filter_map(comment_of).collect();
+    tags.sort();
+    let mut want: Vec<String> = [a, b, d, e].iter().map(|x| format!("pmnet,{},eth0", x.id)).collect();
+    want.sort();
+    assert_eq!(tags, want, "a record of every attachment");
+    old_pods(&w, "after the upgrade");
+    assert_eq!(fetch(&w.outside, &hip, 7605), format!("ctrE 10.250.{n}.2"));
+    assert_eq!(fetch(&a.ns, &hip, 7605), format!("ctrE 10.{n}.0.1"));
+    for (x, cfg) in [(a, &ca), (b, &cb), (d, &cd), (e, &ce)] {
+        let out = run(&w, "CHECK", x, cfg);
+        out.ok_silent();
+        assert!(!out.stderr.contains("earlier layout"), "{}", out.stderr);
+    }
+    for (x, cfg) in [(a, &ca), (b, &cb), (d, &cd), (e, &ce)] {
+        run(&w, "DEL", x, cfg).ok_silent();
+    }
+    assert_no_attachment_left(&w.host, "DEL of every pod");
+}
+
+/// One attachment (both families) with `count` mappings, alternately TCP and UDP, every tenth
+/// on 10.250.n.3 only and every tenth (other) on fd01:n::1 only, the last one TCP on
+/// 10.250.n.3: ADD, CHECK and DEL, the table's element counts, and traffic to the first and
+/// the last host port (and the first UDP one). Prints how long each verb took.
+fn many_mappings(count: usize) {
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let last = count - 1;
+    let v4_3 = format!("10.250.{n}.3");
+    let host_ip = |i: usize| match i % 10 {
+        _ if count > 1 && i == last => Some(v4_3.clone()),
+        3 => Some(v4_3.clone()),
+        7 => Some(format!("fd01:{n}::1")),
+        _ => None,
+    };
+    let proto = |i: usize| if i == last || i % 2 == 0 { "tcp" } else { "udp" };
+    let host_port = |i: usize| 20000 + i as u16;
+    let ctr_port = |i: usize| 40000 + i as u16;
+    let mut mappings = Vec::with_capacity(count);
+    let (mut e4, mut e6) = (0, 0);
+    for i in 0..count {
+        let mut m = json!({"hostPort": host_port(i), "containerPort": ctr_port(i), "protocol": proto(i)});
+        match host_ip(i) {
+            Some(ip) => {
+                if ip.contains(':') {
+                    e6 += 1
+                } else {
+                    e4 += 1
+                }
+                m["hostIP"] = json!(ip);
+            }
+            None => (e4, e6) = (e4 + 1, e6 + 1),
+        }
+        mappings.push(m);
+    }
+    let mut servers =
+        vec![Server::tcp(&a.ns, ctr_port(0), "first"), Server::tcp(&a.ns, host_port(0), "wrongfirst")];
+    if count > 1 {
+        servers.push(Server::tcp(&a.ns, ctr_port(last), "last"));
+    }
+    let first_udp = (0..count).find(|i| proto(*i) == "udp" && host_ip(*i).is_none());
+    let _udp = first_udp.map(|i| UdpServer::start(&a.ns, ctr_port(i), "udp"));
+    let ca = conf("pmnet", &w.prev(&a, true, true), Value::Array(mappings), json!({}));
+
+    let timed = |verb: &str| {
+        let t = std::time::Instant::now();
+        let out = run(&w, verb, &a, &ca);
+        (out, t.elapsed())
+    };
+    let (out, add) = timed("ADD");
+    out.ok();
+    let sizes = set_sizes(&w.host);
+    let size = |s: &str| sizes.get(s).copied().unwrap_or(0);
+    assert_eq!(size("hp4") + size("hip4"), e4, "IPv4 DNAT elements: {sizes:?}");
+    assert_eq!(size("hp6") + size("hip6"), e6, "IPv6 DNAT elements: {sizes:?}");
+    assert_eq!((size("owner"), size("claims")), (e4 + e6, e4 + e6), "{sizes:?}");
+    assert_eq!((size("net4_24"), size("net4_32"), size("net6_64")), (e4, e4, e6), "{sizes:?}");
+    assert_eq!((size("attachments"), size("netns")), (1, 1), "{sizes:?}");
+    assert_eq!(fetch(&w.outside, &hip, host_port(0)), format!("first 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), host_port(0)), format!("first fd01:{n}::2"));
+    if count > 1 {
+        assert_eq!(fetch(&w.outside, &v4_3, host_port(last)), format!("last 10.250.{n}.2"));
+        assert_eq!(fetch(&w.outside, &hip, host_port(last)), "", "the last one is on 10.250.{n}.3 only");
+    }
+    if let Some(i) = first_udp {
+        assert_eq!(fetch_udp(&w.outside, &hip, host_port(i), 41000), format!("udp 10.250.{n}.2"));
+    }
+    let (out, check) = timed("CHECK");
+    out.ok_silent();
+    let (out, del) = timed("DEL");
+    out.ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+    assert_eq!(fetch(&w.outside, &hip, host_port(0)), "");
+    println!(
+        "portmap with {count} mappings ({} DNAT elements): ADD {add:?}, CHECK {check:?}, DEL {del:?}",
+        e4 + e6
+    );
+}
+
+#[test]
+fn one_mapping() {
+    many_mappings(1);
+}
+
+#[test]
+fn mappings_150() {
+    many_mappings(150);
+}
+
+#[test]
+fn mappings_1_000() {
+    many_mappings(1_000);
+}
+
+#[test]
+fn mappings_10_000() {
+    many_mappings(10_000);
+}
