@@ -18,6 +18,7 @@ use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -1625,4 +1626,228 @@ fn mappings_1_000() {
 #[test]
 fn mappings_10_000() {
     many_mappings(10_000);
+}
+
+/// A FIFO made for a test. On drop a writer is opened without blocking, which releases a
+/// reader blocked in open(2), and the FIFO is removed.
+struct Fifo(PathBuf);
+
+impl Fifo {
+    fn new(path: PathBuf) -> Fifo {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(rc, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+        Fifo(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// inotify on a file: whether anything opened or read it since the watch began.
+struct Watch(std::os::fd::OwnedFd);
+
+impl Watch {
+    fn new(path: &str) -> Watch {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain inotify_init1; the descriptor is owned right away.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        // SAFETY: fd is a fresh descriptor nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let c = std::ffi::CString::new(path).unwrap();
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                c.as_ptr(),
+                libc::IN_OPEN | libc::IN_ACCESS,
+            )
+        };
+        assert!(wd >= 0, "inotify_add_watch {path}: {}", std::io::Error::last_os_error());
+        Watch(fd)
+    }
+
+    fn touched(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        // SAFETY: buf is writable for its length.
+        let n = unsafe {
+            libc::read(std::os::fd::AsRawFd::as_raw_fd(&self.0), buf.as_mut_ptr().cast(), buf.len())
+        };
+        n > 0
+    }
+}
+
+/// Point the netns record commented `from` (a holder's namespace path) at `to`, keeping its
+/// key and data: what someone with CAP_NET_ADMIN in the host could plant.
+fn retarget_netns_record(host: &Netns, from: &str, to: &str) {
+    let t = table(host).unwrap();
+    let (_, elems) = sets_of(&t).into_iter().find(|(s, _)| s == "netns").expect("map netns");
+    let e =
+        elems.iter().find(|e| comment_of(e) == Some(from)).unwrap_or_else(|| panic!("no record of {from}"));
+    let (key, data) = (e[0]["elem"]["val"].as_str().unwrap(), e[1].as_str().unwrap());
+    let script = format!(
+        "delete element inet cni_portmap netns {{ {key} }}\n\
+         add element inet cni_portmap netns {{ {key} comment \"{to}\" : {data} }}\n"
+    );
+    let dir = cni_tests::TempDir::new("pmrec");
+    std::fs::write(dir.join("retarget.nft"), script).unwrap();
+    host.run("nft", &["-f", dir.join("retarget.nft").to_str().unwrap()]);
+}
+
+/// Add a chain to our table over netlink, which takes any name (nft's parser would not).
+fn add_chain_by_netlink(host: &Netns, name: &str) {
+    use cni_common::netlink::nft::{NfTables, NftFamily, NftOp};
+    let f = std::fs::File::open(host.path()).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let op = NftOp::AddChain {
+                family: NftFamily::Inet,
+                table: "cni_portmap".into(),
+                chain: name.into(),
+                base: None,
+                comment: None,
+            };
+            NfTables::new()
+                .and_then(|mut nf| nf.apply(&[op]))
+                .unwrap_or_else(|e| panic!("add chain {name:?}: {e}"));
+        })
+        .join()
+        .unwrap()
+    });
+}
+
+#[test]
+fn what_the_table_holds_is_data_never_code_or_a_path_to_open() {
+    // Issue 18, items 2 and 3: chain names and element comments read back from the kernel are
+    // compared and quoted, never put into an nft script nor opened without checks. Planted
+    // here: chains named like gate chains (two with an nft `include` after a line break, which
+    // only netlink can create) and a holder's netns record pointing at /etc/shadow, a file of
+    // ours, a FIFO outside and one inside /run/netns. Every verb runs within a deadline (a
+    // blocked open fails the test), echoes neither file, and never opens ours (inotify).
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
+    let [h, x, y, z] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrH", "ctrX", "ctrY", "ctrZ"];
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
+    let dir = cni_tests::TempDir::new("pmsecret");
+    let secret = dir.join("secret").to_str().unwrap().to_string();
+    let marker = format!("cni-secret-marker-{}", std::process::id());
+    std::fs::write(&secret, format!("{marker}\n")).unwrap();
+    let watch = Watch::new(&secret);
+    let shadow: Vec<String> = std::fs::read_to_string("/etc/shadow")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.len() > 4)
+        .map(str::to_string)
+        .collect();
+    let verb = |cmd: &str, c: &Ctr, stdin: &str| {
+        let out = Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment(cmd, &c.id, c.ns.path_str(), "eth0", "/nonexistent")
+            .run_within(stdin, Duration::from_secs(60));
+        let text = format!("{}{}", out.stdout, out.stderr);
+        assert!(!text.contains(&marker), "{cmd} echoed our file: {text}");
+        assert!(!shadow.iter().any(|l| text.contains(l.as_str())), "{cmd} echoed /etc/shadow: {text}");
+        out
+    };
+    let ch = conf("pmnet", &w.prev(h, true, true), tcp(7501), json!({}));
+    verb("ADD", h, &ch).ok();
+
+    // chains that look like gate chains
+    w.host.run("nft", &["add", "chain", "inet", "cni_portmap", "gate4_zz"]);
+    w.host.run("nft", &["add", "rule", "inet", "cni_portmap", "gate4_zz", "counter"]);
+    let planted = [
+        "gate4_zz".to_string(),
+        "gate4_z\ninclude \"/etc/shadow\"".to_string(),
+        format!("gate6_{}\ninclude \"{secret}\"", "0".repeat(12)),
+    ];
+    for name in &planted[1..] {
+        add_chain_by_netlink(&w.host, name);
+    }
+    // an ADD with conditions (its gate chain written by nft -f), then one without (that gate
+    // chain deleted): both leave the planted chains alone
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    let cy = conf("pmnet", &w.prev(y, true, true), tcp(7502), cond);
+    verb("ADD", y, &cy).ok();
+    assert!(chains_of(&table(&w.host).unwrap()).iter().any(|c| c.starts_with("gate4_") && c.len() == 18));
+    let cz = conf("pmnet", &w.prev(z, true, true), tcp(7503), json!({}));
+    verb("ADD", z, &cz).ok();
+    let chains = chains_of(&table(&w.host).unwrap());
+    for p in &planted {
+        assert!(chains.contains(p), "{p:?} is still there: {chains:?}");
+    }
+    assert!(
+        !chains.iter().any(|c| c.starts_with("gate4_") && c.len() == 18),
+        "the conditions' chain went: {chains:?}"
+    );
+    verb("CHECK", h, &ch).ok_silent();
+    verb("CHECK", z, &cz).ok_silent();
+    assert_eq!(fetch(&w.outside, &hip, 7501), format!("ctrH 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7502), format!("ctrY 10.250.{n}.2"));
+
+    // H's netns record pointing elsewhere. Outside the places runtimes use, a path is never
+    // opened: H counts as alive, and X's ADD of H's port is refused, naming H, changing nothing.
+    let cx = conf("pmnet", &w.prev(x, true, true), tcp(7501), json!({}));
+    let fifo_elsewhere = Fifo::new(dir.join("holder.fifo"));
+    let mut current = h.ns.path_str().to_string();
+    for path in ["/etc/shadow", secret.as_str(), fifo_elsewhere.path()] {
+        retarget_netns_record(&w.host, &current, path);
+        current = path.to_string();
+        verb("CHECK", h, &ch).ok_silent();
+        let before = ns_state(&w.host);
+        let msg = verb("ADD", x, &cx).err(7);
+        assert!(
+            msg.contains(&format!("container \"{}\"", h.id)) && msg.contains("tcp/7501"),
+            "{path}: {msg}"
+        );
+        assert_eq!(ns_state(&w.host), before, "{path}: a refused ADD changes nothing");
+    }
+    // A FIFO where runtimes put namespaces is opened without blocking (O_PATH) and is no
+    // network namespace: H's pod is gone, and X takes the port.
+    let fifo_netns = Fifo::new(PathBuf::from("/run/netns").join(unique("pmfifo")));
+    retarget_netns_record(&w.host, &current, fifo_netns.path());
+    let out = verb("ADD", x, &cx);
+    out.ok();
+    assert!(out.stderr.contains(&h.id) && out.stderr.contains("no longer exists"), "{}", out.stderr);
+    assert_eq!(fetch(&w.outside, &hip, 7501), format!("ctrX 10.250.{n}.2"));
+    let h_tag = format!("pmnet,{},eth0", h.id);
+    assert_eq!(traces_of(&w.host, &h_tag, fifo_netns.path()), Vec::<String>::new(), "nothing of H left");
+    verb("CHECK", x, &cx).ok_silent();
+    assert!(!watch.touched(), "something opened or read {secret}");
+}
+
+#[test]
+fn a_table_of_a_newer_layout_is_refused_by_name_and_left_unchanged() {
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7511), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    w.host.run("nft", &["flush", "set", "inet", "cni_portmap", "layout"]);
+    w.host.run("nft", &["add", "element", "inet", "cni_portmap", "layout", "{ 3 }"]);
+    let before = ns_state(&w.host);
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7512), json!({}));
+    for (cmd, x, cfg) in [("ADD", &b, &cb), ("CHECK", &a, &ca)] {
+        let msg = run(&w, cmd, x, cfg).err(999);
+        assert!(msg.contains("inet cni_portmap") && msg.contains("version [3]"), "{cmd}: {msg}");
+    }
+    assert_eq!(ns_state(&w.host), before, "the table is left as it is");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7511), format!("ctrA 10.250.{n}.2"));
 }
