@@ -1544,7 +1544,7 @@ fn many_mappings(count: usize) {
         7 => Some(format!("fd01:{n}::1")),
         _ => None,
     };
-    let proto = |i: usize| if i == last || i % 2 == 0 { "tcp" } else { "udp" };
+    let proto = |i: usize| if i == last || i.is_multiple_of(2) { "tcp" } else { "udp" };
     let host_port = |i: usize| 20000 + i as u16;
     let ctr_port = |i: usize| 40000 + i as u16;
     let mut mappings = Vec::with_capacity(count);
@@ -1850,4 +1850,368 @@ fn a_table_of_a_newer_layout_is_refused_by_name_and_left_unchanged() {
     }
     assert_eq!(ns_state(&w.host), before, "the table is left as it is");
     assert_eq!(fetch(&w.outside, &w.host_ip(), 7511), format!("ctrA 10.250.{n}.2"));
+}
+
+/// One attachment of the stress test.
+struct Att {
+    net: &'static str,
+    ifname: &'static str,
+    /// Index of its container (attachments 0 and 1 are one container on two networks).
+    ctr: usize,
+    id: String,
+    ports: BTreeSet<(&'static str, u16)>,
+    cfg: String,
+    tag: String,
+    hash: String,
+}
+
+/// Where an attachment of the stress test is, as the runtime sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum St {
+    Absent,
+    Live,
+    /// Its pod went without a DEL: it holds its ports until a GC of its network.
+    Abandoned(u64),
+}
+
+/// When an attachment held its ports: possibly from `ps` to `pe`, certainly from `ds` to `de`
+/// (logical times; `u64::MAX`: still holding at the end).
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    ps: u64,
+    ds: u64,
+    de: u64,
+    pe: u64,
+}
+
+/// An ADD as it ran: attachment, start and end, and its CNI error (code and message).
+#[derive(Debug)]
+struct AddRun {
+    i: usize,
+    s: u64,
+    e: u64,
+    err: Option<(u64, String)>,
+}
+
+/// What the runtime knows, under one lock; `clock` orders every start and end.
+struct Model {
+    clock: u64,
+    state: Vec<St>,
+    /// In GC's valid list: its ADD started and its DEL did not (and its pod did not go).
+    valid: Vec<bool>,
+    holds: Vec<Vec<Hold>>,
+    adds: Vec<AddRun>,
+    /// GC runs: network, start, end.
+    gcs: Vec<(&'static str, u64, u64)>,
+    counts: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl Model {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+}
+
+/// The stress test's attachments: 24, two of them one container on two networks (same
+/// mappings, so they share their host ports), the others competing for a TCP and a UDP host
+/// port out of small pools, some with masqAll.
+fn stress_cast(w: &World, ctrs: &[Netns]) -> Vec<Att> {
+    let n = w.n;
+    let mut v = Vec::new();
+    for k in 0..24usize {
+        let (ctr, net, ifname) = match k {
+            0 => (0, "net1", "eth0"),
+            1 => (0, "net2", "eth1"),
+            _ => (k - 1, if k % 3 == 0 { "net2" } else { "net1" }, "eth0"),
+        };
+        let id = format!("stress{n}-{ctr}");
+        let (tcp_port, udp_port) =
+            if k < 2 { (7800, 7900) } else { (7800 + (k % 11) as u16, 7900 + (k % 13) as u16) };
+        let ports: BTreeSet<(&str, u16)> = [("tcp", tcp_port), ("udp", udp_port)].into();
+        let m = json!([{"hostPort": tcp_port, "containerPort": 80, "protocol": "tcp"},
+                       {"hostPort": udp_port, "containerPort": 53, "protocol": "udp"}]);
+        let subnet = if net == "net1" { 0 } else { 1 };
+        let host = 10 + ctr;
+        let prev = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": ifname, "sandbox": ctrs[ctr].path_str()}],
+            "ips": [{"address": format!("10.{n}.{subnet}.{host}/24"), "interface": 0},
+                    {"address": format!("fd00:{n}:{subnet}::{host}/64"), "interface": 0}]});
+        let cfg = conf(net, &prev, m, json!({"masqAll": k % 4 == 3}));
+        let a = cni_common::attachment::AttachmentId::new(net, &id, ifname);
+        v.push(Att {
+            net,
+            ifname,
+            ctr,
+            id,
+            ports,
+            cfg,
+            tag: a.portmap_tag(),
+            hash: a.portmap_hash().to_string(),
+        });
+    }
+    v
+}
+
+/// One verb of the stress test, run and recorded in the model. ADD registers in the valid
+/// list under its network's gate (read), GC takes its valid list under the gate (write) and
+/// holds it to the end: an ADD that started before a GC races it, one that did not waits.
+fn stress_verb(
+    w: &World,
+    ctrs: &[Netns],
+    cast: &[Att],
+    model: &std::sync::Mutex<Model>,
+    gates: &[std::sync::RwLock<()>; 2],
+    verb: &str,
+    i: usize,
+) {
+    let a = &cast[i];
+    let gate = |net: &str| &gates[usize::from(net == "net2")];
+    let exec = |cmd: &str| {
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment(cmd, &a.id, ctrs[a.ctr].path_str(), a.ifname, "/nonexistent")
+            .run(&a.cfg)
+    };
+    let err = |out: &PluginOutput| {
+        let v = out.json();
+        (v["code"].as_u64().unwrap_or(0), v["msg"].as_str().unwrap_or_default().to_string())
+    };
+    match verb {
+        "ADD" => {
+            let s = {
+                let _g = gate(a.net).read().unwrap();
+                let mut m = model.lock().unwrap();
+                m.valid[i] = true;
+                m.tick()
+            };
+            let out = exec("ADD");
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            if out.code == 0 && m.state[i] != St::Live {
+                m.state[i] = St::Live;
+                m.holds[i].push(Hold { ps: s, ds: e, de: u64::MAX, pe: u64::MAX });
+            }
+            let err = (out.code != 0).then(|| err(&out));
+            m.adds.push(AddRun { i, s, e, err });
+        }
+        "DEL" => {
+            let s = {
+                let mut m = model.lock().unwrap();
+                m.valid[i] = false;
+                m.tick()
+            };
+            let out = exec("DEL");
+            assert_eq!(out.code, 0, "DEL of {}: {} {}", a.tag, out.stdout, out.stderr);
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            if m.state[i] == St::Live {
+                let h = m.holds[i].last_mut().unwrap();
+                (h.de, h.pe) = (s, e);
+            }
+            m.state[i] = St::Absent;
+        }
+        "CHECK" => {
+            let live = model.lock().unwrap().state[i] == St::Live;
+            let out = exec("CHECK");
+            assert_eq!(
+                out.code == 0,
+                live,
+                "CHECK of {} (live: {live}): {} {}",
+                a.tag,
+                out.stdout,
+                out.stderr
+            );
+        }
+        "GONE" => {
+            let mut m = model.lock().unwrap();
+            let t = m.tick();
+            m.valid[i] = false;
+            m.state[i] = St::Abandoned(t);
+        }
+        "GC" => {
+            let net = a.net;
+            let _g = gate(net).write().unwrap();
+            let (valid, s) = {
+                let mut m = model.lock().unwrap();
+                let valid: Vec<Value> = (0..cast.len())
+                    .filter(|j| cast[*j].net == net && m.valid[*j])
+                    .map(|j| json!({"containerID": cast[j].id, "ifname": cast[j].ifname}))
+                    .collect();
+                (valid, m.tick())
+            };
+            let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
+            let out = Exec::new("portmap")
+                .in_ns(&w.host)
+                .env("CNI_COMMAND", "GC")
+                .env("CNI_PATH", "/x")
+                .run_json(&cfg);
+            assert_eq!(out.code, 0, "GC of {net}: {} {}", out.stdout, out.stderr);
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            m.gcs.push((net, s, e));
+            for j in (0..cast.len()).filter(|j| cast[*j].net == net) {
+                if let St::Abandoned(t) = m.state[j] {
+                    if t < s {
+                        let h = m.holds[j].last_mut().unwrap();
+                        (h.de, h.pe) = (s, e);
+                        m.state[j] = St::Absent;
+                    }
+                }
+            }
+        }
+        other => unreachable!("{other}"),
+    }
+    *model
+        .lock()
+        .unwrap()
+        .counts
+        .entry(match verb {
+            "ADD" => "ADD",
+            "DEL" => "DEL",
+            "CHECK" => "CHECK",
+            "GC" => "GC",
+            _ => "pod gone",
+        })
+        .or_default() += 1;
+}
+
+/// Judge every ADD against the holds of the others: refused (code 7, naming one of them)
+/// when an attachment of another container held one of its ports all along, successful when
+/// none held one at any moment of it; either in between.
+fn judge_adds(cast: &[Att], m: &Model) -> (usize, usize) {
+    let (mut ok, mut refused) = (0, 0);
+    for r in &m.adds {
+        let me = &cast[r.i];
+        let rivals: Vec<(usize, Hold)> = (0..cast.len())
+            .filter(|j| cast[*j].ctr != me.ctr && !cast[*j].ports.is_disjoint(&me.ports))
+            .flat_map(|j| m.holds[j].iter().map(move |h| (j, *h)))
+            .collect();
+        let certain = rivals.iter().any(|(_, h)| h.ds <= r.s && h.de >= r.e);
+        let possible: Vec<usize> =
+            rivals.iter().filter(|(_, h)| h.ps <= r.e && h.pe >= r.s).map(|(j, _)| *j).collect();
+        match &r.err {
+            None => {
+                assert!(!certain, "ADD of {} succeeded while a rival held its port: {r:?}", me.tag);
+                ok += 1;
+            }
+            Some((code, msg)) => {
+                assert_eq!(*code, 7, "ADD of {} failed: {r:?}", me.tag);
+                assert!(!possible.is_empty(), "ADD of {} refused with no rival holding: {r:?}", me.tag);
+                assert!(
+                    possible.iter().any(|j| msg.contains(&format!("container \"{}\"", cast[*j].id))),
+                    "the refusal names a holder: {msg}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    (ok, refused)
+}
+
+#[test]
+fn concurrent_verbs_keep_every_attachment_whole() {
+    // Issue 17, item 2 and the concurrency rule: ADD, DEL, GC and CHECK of 24 attachments run
+    // from several threads at once (a bounded number of verbs), pods also going without a DEL.
+    // Every DEL and GC succeeds, every CHECK says what the runtime knows, every ADD succeeds or
+    // is refused (code 7) as the holders of its ports at the time say, GC never removes an
+    // attachment in its valid list (every ADD that started, whose DEL did not), and at the end
+    // every live attachment passes CHECK and nothing of any other is left.
+    const THREADS: usize = 6;
+    const VERBS_PER_THREAD: usize = 150;
+    let w = World::new();
+    w.second_bridge();
+    let ctrs: Vec<Netns> = (0..23).map(|_| Netns::new("pms")).collect();
+    let cast = stress_cast(&w, &ctrs);
+    let model = std::sync::Mutex::new(Model {
+        clock: 0,
+        state: vec![St::Absent; cast.len()],
+        valid: vec![false; cast.len()],
+        holds: vec![Vec::new(); cast.len()],
+        adds: Vec::new(),
+        gcs: Vec::new(),
+        counts: Default::default(),
+    });
+    let gates = [std::sync::RwLock::new(()), std::sync::RwLock::new(())];
+    let locks: Vec<std::sync::Mutex<()>> = cast.iter().map(|_| std::sync::Mutex::new(())).collect();
+    let seed = u64::from(std::process::id());
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (w, ctrs, cast, model, gates, locks) = (&w, &ctrs, &cast, &model, &gates, &locks);
+            s.spawn(move || {
+                let mut r = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(t as u64) | 1;
+                let mut below = |k: usize| {
+                    r ^= r >> 12;
+                    r ^= r << 25;
+                    r ^= r >> 27;
+                    (r.wrapping_mul(0x2545_f491_4f6c_dd1d) % k as u64) as usize
+                };
+                let mut done = 0;
+                while done < VERBS_PER_THREAD {
+                    let i = below(cast.len());
+                    let roll = below(20);
+                    if roll >= 18 {
+                        stress_verb(w, ctrs, cast, model, gates, "GC", i);
+                        done += 1;
+                        continue;
+                    }
+                    // one verb at a time per attachment, as a runtime does
+                    let Ok(_held) = locks[i].try_lock() else { continue };
+                    let st = model.lock().unwrap().state[i];
+                    let verb = match (roll, st) {
+                        (_, St::Abandoned(_)) => continue, // until a GC collects it
+                        (0..=7, _) => "ADD",
+                        (8..=11, _) => "DEL",
+                        (12..=15, _) => "CHECK",
+                        (_, St::Live) => "GONE",
+                        _ => "CHECK",
+                    };
+                    stress_verb(w, ctrs, cast, model, gates, verb, i);
+                    done += 1;
+                }
+            });
+        }
+    });
+    // pods that went are collected by a last GC of each network
+    stress_verb(&w, &ctrs, &cast, &model, &gates, "GC", 0);
+    stress_verb(&w, &ctrs, &cast, &model, &gates, "GC", 1);
+    let m = model.into_inner().unwrap();
+    let (ok, refused) = judge_adds(&cast, &m);
+    let els = elements(&w.host).unwrap();
+    let mut live = 0;
+    for (i, a) in cast.iter().enumerate() {
+        let out = Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment("CHECK", &a.id, ctrs[a.ctr].path_str(), a.ifname, "/x")
+            .run(&a.cfg);
+        if m.state[i] == St::Live {
+            live += 1;
+            assert_eq!(out.code, 0, "live attachment {} fails CHECK: {}", a.tag, out.stdout);
+        } else {
+            assert_eq!(m.state[i], St::Absent);
+            let left: Vec<&String> =
+                els.iter().filter(|e| e.contains(&format!("\"{}\"", a.tag)) || e.contains(&a.hash)).collect();
+            assert!(left.is_empty(), "removed attachment {} left {left:?}", a.tag);
+            assert_ne!(out.code, 0, "CHECK of removed attachment {} passes", a.tag);
+        }
+    }
+    let raced = m
+        .adds
+        .iter()
+        .filter(|r| m.gcs.iter().any(|(net, s, e)| *net == cast[r.i].net && r.s < *e && *s < r.e))
+        .count();
+    println!(
+        "stress: {:?}; ADDs: {ok} succeeded, {refused} refused, {raced} overlapping a GC of their network; \
+         {live} attachments live at the end",
+        m.counts
+    );
+    assert!(ok > 0 && refused > 0, "the run had both outcomes: {ok} ADDs succeeded, {refused} refused");
+    for (_, a) in cast.iter().enumerate().filter(|(i, _)| m.state[*i] == St::Live) {
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment("DEL", &a.id, ctrs[a.ctr].path_str(), a.ifname, "/x")
+            .run(&a.cfg)
+            .ok_silent();
+    }
+    assert_no_attachment_left(&w.host, "DEL of every live attachment");
 }
