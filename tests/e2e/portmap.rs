@@ -188,6 +188,17 @@ fn tcp(p: u16) -> Value {
     json!([{"hostPort": p, "containerPort": 80, "protocol": "tcp"}])
 }
 
+/// GC of network `net` with the valid attachments `valid` and further configuration keys
+/// `extra`.
+fn gc(w: &World, net: &str, valid: Value, extra: Value) -> PluginOutput {
+    let mut c =
+        json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run_json(&c)
+}
+
 /// Our table as `nft -j list table` prints it, or None when it does not exist.
 fn table(host: &Netns) -> Option<Vec<Value>> {
     let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
@@ -565,15 +576,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     run(&w, "ADD", &a, &conf("net1", &w.prev(&a, true, true), tcp(5001), json!({}))).ok();
     run(&w, "ADD", &b, &conf("net1", &w.prev(&b, true, true), tcp(5002), json!({}))).ok();
     run(&w, "ADD", &c, &conf("net2", &w.prev(&c, true, false), tcp(5003), json!({}))).ok();
-    let gc = |net: &str, valid: Value| {
-        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .env("CNI_COMMAND", "GC")
-            .env("CNI_PATH", "/x")
-            .run(&cfg.to_string())
-            .ok_silent();
-    };
+    let gc = |net: &str, valid: Value| gc(&w, net, valid, json!({})).ok_silent();
     gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": c.id, "ifname": "eth0"}]));
     let els = elements(&w.host).unwrap();
     assert!(els.iter().all(|e| !e.contains(&b.id)), "B collected: {els:?}");
@@ -807,15 +810,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
     // prevResult), and through GC of one network.
     run_if(&w, "ADD", &a, net1.1, &net1.2).ok();
     run_if(&w, "ADD", &a, net2.1, &net2.2).ok();
-    let gc = |net: &str, valid: Value| {
-        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .env("CNI_COMMAND", "GC")
-            .env("CNI_PATH", "/x")
-            .run(&cfg.to_string())
-            .ok_silent();
-    };
+    let gc = |net: &str, valid: Value| gc(&w, net, valid, json!({})).ok_silent();
     // net1's attachment is still valid: GC keeps it; then it is not
     gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}]));
     assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet1 {outside_peer}"));
@@ -1003,13 +998,7 @@ fn del_and_gc_accept_what_add_would_refuse() {
             json!({}),
         ),
     ];
-    let gc = |extra: &Value| {
-        let mut c = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
-    };
+    let gc = |extra: &Value| gc(&w, "pmnet", json!([]), extra.clone());
     for (what, mappings, extra) in &cases {
         let bad = conf("pmnet", &p, mappings.clone(), extra.clone());
         assert_ne!(run(&w, "ADD", &a, &bad).code, 0, "{what}: ADD refuses it");
@@ -1486,13 +1475,7 @@ fn upgrade_from_the_released_layout_with_live_traffic() {
     // GC of F, whose pod went without a DEL
     let valid = json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": b.id, "ifname": "eth0"},
                        {"containerID": d.id, "ifname": "eth0"}]);
-    let gc = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": valid});
-    Exec::new("portmap")
-        .in_ns(&w.host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .run_json(&gc)
-        .ok_silent();
+    gc(&w, "pmnet", valid, json!({})).ok_silent();
     let f_tag = format!("pmnet,{},eth0", f.id);
     assert_eq!(traces_of(&w.host, &f_tag, f.ns.path_str()), Vec::<String>::new(), "nothing of F left");
     assert_eq!(fetch(&w.outside, &hip, 7606), "");
@@ -2040,12 +2023,7 @@ fn stress_verb(
                     .collect();
                 (valid, m.tick())
             };
-            let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
-            let out = Exec::new("portmap")
-                .in_ns(&w.host)
-                .env("CNI_COMMAND", "GC")
-                .env("CNI_PATH", "/x")
-                .run_json(&cfg);
+            let out = gc(w, net, Value::Array(valid), json!({}));
             assert_eq!(out.code, 0, "GC of {net}: {} {}", out.stdout, out.stderr);
             let mut m = model.lock().unwrap();
             let e = m.tick();
