@@ -1718,7 +1718,7 @@ fn what_the_table_holds_is_data_never_code_or_a_path_to_open() {
     // here: chains named like gate chains (two with an nft `include` after a line break, which
     // only netlink can create) and a holder's netns record pointing at /etc/shadow, a file of
     // ours, a FIFO outside and one inside /run/netns. Every verb runs within a deadline (a
-    // blocked open fails the test), echoes neither file, and never opens ours (inotify).
+    // blocked open fails the test), echoes neither file, and never opens ours to read it (inotify).
     let mut w = World::new();
     let n = w.n;
     let hip = w.host_ip();
