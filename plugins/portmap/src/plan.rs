@@ -483,6 +483,9 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
     if !s.found.table {
         return fail(format!("table {t} does not exist"));
     }
+    if !s.found.current && !s.complete {
+        return Ok(Checked::ReadAll); // an earlier layout, or a newer one: only a full read tells
+    }
     refuse_other_versions(s)?;
     let me = &want.owner;
     if s.found.current {

@@ -419,6 +419,9 @@ fn a_table_of_a_newer_layout_is_refused_by_name() {
     let e = add(&k, &pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")])).unwrap_err();
     assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
     assert_eq!(k.table(), before);
+    // CHECK too: its point read cannot tell a newer layout from an earlier one, a full read can
+    let e = check(&k, &a).unwrap_err();
+    assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
 }
 
 /// The previous release's table (layout 1): no `layout` set, no `attachments` records, no
