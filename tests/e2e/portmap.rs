@@ -1358,12 +1358,14 @@ fn the_localhost_guard_keeps_containers_off_the_hosts_loopback() {
 /// The commit whose portmap wrote the released layout (1): main before the rebuild.
 const RELEASED: &str = "5fca5c6";
 
-/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (which keeps its
-/// builds under target/baseline/: only the first call builds).
+/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (unoptimised: the
+/// layout it writes is what matters; it keeps its builds under target/baseline/, so only the
+/// first call builds).
 fn released_portmap() -> String {
     let root = cni_tests::workspace_root();
     let out = std::process::Command::new(root.join("scripts/build-baseline.sh"))
-        .arg(RELEASED)
+        .args([RELEASED, "portmap"])
+        .env("BASELINE_PROFILE", "dev")
         .current_dir(&root)
         .output()
         .expect("run scripts/build-baseline.sh");

@@ -134,13 +134,13 @@ pub fn add(k: &mut dyn Kernel, conf: &Conf, want: &Intent, judge: Judge<'_>) -> 
 
 /// DEL of attachment `me`; `intent` when the configuration names its elements.
 pub fn del(k: &mut dyn Kernel, me: &Owner, intent: Option<&Intent>) -> Result<Outcome> {
-    run(k, point_keys(me, None), "delete the port mappings", |s| Ok(plan::del(s, me, intent)))
+    run(k, point_keys(me, None), "delete the port mappings", |s| plan::del(s, me, intent))
 }
 
 /// GC of the attachments of a network (tag prefix `prefix`) not in `valid`.
 pub fn gc(k: &mut dyn Kernel, prefix: &str, valid: &BTreeSet<String>) -> Result<Outcome> {
     run(k, Scope::Full, "garbage-collect stale port mappings", |s| {
-        Ok(Step::Apply(plan::gc(s, prefix, valid)))
+        plan::gc(s, prefix, valid).map(Step::Apply)
     })
 }
 

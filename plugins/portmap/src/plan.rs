@@ -425,45 +425,48 @@ pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Re
 /// DEL of attachment `me`, whose elements `intent` names when the configuration and prevResult
 /// allow (then, when its record's fingerprint says they are all it has and it holds each of
 /// its host ports alone, they are deleted by key from a point read).
-pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Step {
+pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Result<Step> {
     if !s.found.table {
-        return Step::Apply(Plan::default());
+        return Ok(Step::Apply(Plan::default()));
     }
+    // a newer layout (a newer build made it): not ours to change, as for ADD
+    refuse_other_versions(s)?;
     if !s.complete {
         if !s.found.current {
-            return Step::ReadAll; // an earlier layout: no records to go by
+            return Ok(Step::ReadAll); // an earlier layout (or a newer one): a full read tells
         }
         let record = s.get(&Key::Attachment(me.hash));
         let netns = s.get(&Key::Netns(me.hash));
         let (w, mut ch) = match (record, intent) {
             (None, _) => (None, Change::default()),
             (Some(r), Some(w)) if r.elem.hash_data() == Some(w.fingerprint()) => (Some(w), sole_del(w).1),
-            (Some(_), _) => return Step::ReadAll,
+            (Some(_), _) => return Ok(Step::ReadAll),
         };
         if netns.is_some() {
             ch.delete.insert(Key::Netns(me.hash));
         } else {
             ch.delete.remove(&Key::Netns(me.hash));
         }
-        return Step::Apply(match w {
+        return Ok(Step::Apply(match w {
             Some(w) => sole_del_ops(w, ch),
             None => ch.into_plan(Plan { guarded: true, ..Default::default() }),
-        });
+        }));
     }
     let gone = Gone { tag: &|t| t == me.tag, hash: &|h| h == me.hash };
-    Step::Apply(
-        reconcile(s, &gone, None, s.found.current).into_plan(Plan { guarded: true, ..Default::default() }),
-    )
+    let plan =
+        reconcile(s, &gone, None, s.found.current).into_plan(Plan { guarded: true, ..Default::default() });
+    Ok(Step::Apply(plan))
 }
 
 /// GC of network `prefix` (the tag prefix of its attachments) keeping the attachments whose
 /// tags are `valid`. Needs a full read.
-pub fn gc(s: &State, prefix: &str, valid: &BTreeSet<String>) -> Plan {
+pub fn gc(s: &State, prefix: &str, valid: &BTreeSet<String>) -> Result<Plan> {
+    refuse_other_versions(s)?;
     let dead = |t: &str| t.starts_with(prefix) && !valid.contains(t);
     let held = s.held();
     let dead_hashes: BTreeSet<Hash> = held.iter().filter(|x| dead(&x.tag)).map(|x| x.hash).collect();
     let gone = Gone { tag: &dead, hash: &|h| dead_hashes.contains(&h) };
-    reconcile(s, &gone, None, s.found.current).into_plan(Plan { guarded: true, ..Default::default() })
+    Ok(reconcile(s, &gone, None, s.found.current).into_plan(Plan { guarded: true, ..Default::default() }))
 }
 
 /// The outcome of CHECK.

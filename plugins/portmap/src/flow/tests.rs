@@ -422,6 +422,11 @@ fn a_table_of_a_newer_layout_is_refused_by_name() {
     // CHECK too: its point read cannot tell a newer layout from an earlier one, a full read can
     let e = check(&k, &a).unwrap_err();
     assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
+    // and DEL and GC leave it alone (a newer build made it), saying why
+    for e in [del(&k, &a).unwrap_err(), flow::gc(&mut k.clone(), "n,", &BTreeSet::new()).unwrap_err()] {
+        assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
+    }
+    assert_eq!(k.table(), before);
 }
 
 /// The previous release's table (layout 1): no `layout` set, no `attachments` records, no
