@@ -12,8 +12,9 @@
 
 #![warn(clippy::too_many_lines)]
 
-mod config;
-mod shape;
+pub mod config;
+pub mod resync;
+pub mod shape;
 
 use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
 use cni_common::error_list::ErrorList;
@@ -24,7 +25,7 @@ use cni_common::{code, CniError, Plugin, Request, Result, Version};
 
 use shape::Plan;
 
-struct Bandwidth;
+pub struct Bandwidth;
 
 /// Upstream supports 0.3.0 and later (results need `interfaces`).
 const VERSIONS: [Version; 5] =
@@ -32,7 +33,11 @@ const VERSIONS: [Version; 5] =
 
 /// The host veth of the attachment (checked to be listed in `prev`), a host socket, and the
 /// buckets for `limits` on it: what ADD builds and CHECK compares.
-fn shaped_veth(req: &Request, prev: &CniResult, limits: &config::Limits) -> Result<(Netlink, Link, Plan)> {
+pub fn shaped_veth(
+    req: &Request,
+    prev: &CniResult,
+    limits: &config::Limits,
+) -> Result<(Netlink, Link, Plan)> {
     let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
     let ns = NetNs::open(path)?;
     let mut host = Netlink::new()?;
@@ -174,8 +179,4 @@ impl Plugin for Bandwidth {
             .map(drop)
             .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("cannot read /proc/net/psched: {e}")))
     }
-}
-
-fn main() {
-    cni_common::skel::run(&Bandwidth)
 }
