@@ -16,12 +16,12 @@
 #   10  something was rebuilt (--dry-run: would be); each line says what
 #    1  some attachment could not be judged or rebuilt (the others were); lines say why
 #    2  refused before looking (bad usage, not root, another resync held the lock 60 s)
-# The work is done by `cni-migrate resync` (tools/migrate), which scripts/install.sh installs
-# next to the plugins, together with the systemd unit that runs it whenever nftables.service
-# starts, restarts or reloads (scripts/systemd/cni-resync.service). CNI_MIGRATE=<path> picks
-# another binary. docs/node-operations.md has the details.
+# The work is done by `cni-migrate resync` (tools/migrate; found as scripts/migrate.sh finds
+# it: in --cni-bin-dir, /opt/cni/bin, CNI_MIGRATE=<path>, else the release build of this
+# checkout), which scripts/install.sh installs next to the plugins, together with the systemd
+# unit that runs it whenever nftables.service starts, restarts or reloads
+# (scripts/systemd/cni-resync.service). docs/node-operations.md has the details.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
 
 case "${1:-}" in
 -h | --help)
@@ -29,29 +29,4 @@ case "${1:-}" in
     exit 0
     ;;
 esac
-if [ "$(id -u)" != 0 ]; then
-    echo "scripts/resync.sh needs root (it reads and changes the firewall); nothing was changed" >&2
-    exit 2
-fi
-
-bin_dir=/opt/cni/bin
-prev=
-for a in "$@"; do
-    [ "$prev" = --cni-bin-dir ] && bin_dir=$a
-    prev=$a
-done
-
-tool=${CNI_MIGRATE:-}
-if [ -z "$tool" ]; then
-    for c in "$bin_dir/cni-migrate" /opt/cni/bin/cni-migrate; do
-        if [ -x "$c" ]; then
-            tool=$c
-            break
-        fi
-    done
-fi
-if [ -z "$tool" ]; then
-    # not installed: use (or make) the release build of this checkout
-    tool=$("$here/scripts/build-release.sh")/cni-migrate
-fi
-exec "$tool" resync --cni-bin-dir "$bin_dir" "$@"
+exec "$(dirname "$0")/migrate.sh" resync "$@"

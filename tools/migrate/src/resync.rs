@@ -19,7 +19,8 @@
 //! has the interface with the cached addresses. Otherwise it is skipped, with a line.
 //!
 //! Idempotent: an intact attachment is read, never written. With `dry_run` nothing is written
-//! at all; the lines say what would be rebuilt. Runs serialise on `<cacheDir>/resync.lock`.
+//! at all; the lines say what would be rebuilt. Runs that change something serialise on
+//! `resync.lock` in the first cache directory that exists.
 //! A runtime may delete an attachment while it is being rebuilt (its DEL before our rebuild):
 //! when its cache file is gone after the rebuild, what was rebuilt is removed again by the
 //! plugins' own DEL code. (A DEL that removes the plugins' state before the rebuild and the
@@ -37,6 +38,7 @@ use cni_common::spec::Command;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -340,12 +342,8 @@ fn attachment(
 /// How long a run waits for another run's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(60);
 
-/// Hold `<dir>/resync.lock` (exclusive), waiting at most [`LOCK_WAIT`]. None when `dir` does
-/// not exist (no cache: nothing to rebuild, nothing to serialise).
-fn lock(dir: &Path) -> Result<Option<File>> {
-    if !dir.is_dir() {
-        return Ok(None);
-    }
+/// Hold `<dir>/resync.lock` (exclusive), waiting at most [`LOCK_WAIT`].
+fn lock(dir: &Path) -> Result<File> {
     let path = dir.join("resync.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -357,7 +355,7 @@ fn lock(dir: &Path) -> Result<Option<File>> {
     let start = Instant::now();
     loop {
         match f.try_lock() {
-            Ok(()) => return Ok(Some(f)),
+            Ok(()) => return Ok(f),
             Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
                 std::thread::sleep(Duration::from_millis(100))
             }
@@ -375,13 +373,11 @@ fn lock(dir: &Path) -> Result<Option<File>> {
     }
 }
 
-use std::os::unix::fs::OpenOptionsExt;
-
 /// Resync every attachment of the caches in `cache_dirs`, judging installed plugins in
 /// `bin_dir`. Err: refused before anything was looked at.
 pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tally> {
-    let _lock = match (dry_run, cache_dirs.first()) {
-        (false, Some(d)) => lock(d)?,
+    let _lock = match (dry_run, cache_dirs.iter().find(|d| d.is_dir())) {
+        (false, Some(d)) => Some(lock(d)?),
         _ => None,
     };
     let inv = Inventory::load(cache_dirs, &[]);
