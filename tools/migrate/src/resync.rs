@@ -125,12 +125,14 @@ pub fn pod(c: &Cached) -> Pod {
     let Some(path) = c.sandbox() else {
         return Pod::Unknown("the cache names no network namespace".into());
     };
-    let ns = match NetNs::open_recorded(&path) {
+    let ns = NetNs::open_recorded(&path);
+    let path = path.escape_debug().to_string(); // read from disk: shown escaped
+    let ns = match ns {
         Ok(Some(ns)) => ns,
         Ok(None) => return Pod::Gone(format!("its network namespace {path} no longer exists")),
         Err(e) => {
             return Pod::Unknown(format!(
-                "cannot tell whether its network namespace {path:?} still exists: {}",
+                "cannot tell whether its network namespace {path} still exists: {}",
                 e.msg
             ))
         }
@@ -279,7 +281,10 @@ fn attachment(
     dry_run: bool,
     installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
 ) -> Done {
-    let who = format!("{}/{}/{}", c.network, c.container_id, c.ifname);
+    // names read from disk: shown with control characters escaped (validated later, by the
+    // request of each part)
+    let who =
+        format!("{}/{}/{}", c.network.escape_debug(), c.container_id.escape_debug(), c.ifname.escape_debug());
     let planned = plan(c, installed);
     for s in &planned.skipped {
         println!("{who}: {s}");
