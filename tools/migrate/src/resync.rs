@@ -144,7 +144,9 @@ pub fn pod(c: &Cached) -> Pod {
     };
     let link = match nl.link_by_name(&c.ifname) {
         Ok(Some(l)) => l,
-        Ok(None) => return Pod::Gone(format!("{path} has no interface {} any more", c.ifname)),
+        Ok(None) => {
+            return Pod::Gone(format!("{path} has no interface {} any more", c.ifname.escape_debug()))
+        }
         Err(e) => return unknown(&e),
     };
     let want = match c.result.as_ref().map(|r| container_addrs(r, &c.ifname)) {
@@ -157,7 +159,7 @@ pub fn pod(c: &Cached) -> Pod {
         Err(e) => return unknown(&e),
     };
     match want.iter().find(|w| !have.iter().any(|h| h.addr.addr() == w.addr())) {
-        Some(w) => Pod::Gone(format!("{} in {path} no longer has {}", c.ifname, w.addr())),
+        Some(w) => Pod::Gone(format!("{} in {path} no longer has {}", c.ifname.escape_debug(), w.addr())),
         None => Pod::Alive,
     }
 }
