@@ -19,7 +19,10 @@
 # Files are installed atomically (copy to a temporary name, then rename), so a runtime that
 # execs a plugin during the install sees either the old or the new binary, never a torn one.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
+# directories given relative to where the script was started
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac }
 
 force=0
 restore=0
@@ -35,7 +38,7 @@ while (($#)); do
             echo "$1 needs a directory" >&2
             exit 2
         fi
-        if [ "$1" = --from ]; then from=$2; else unit_dir=$2; fi
+        if [ "$1" = --from ]; then from=$(absolute "$2"); else unit_dir=$(absolute "$2"); fi
         shift
         ;;
     -h | --help)
@@ -46,7 +49,7 @@ while (($#)); do
         echo "unknown option $1" >&2
         exit 2
         ;;
-    *) dest=$1 ;;
+    *) dest=$(absolute "$1") ;;
     esac
     shift
 done
@@ -142,7 +145,7 @@ done
 if [ -x "$bin/cni-migrate" ]; then
     install -m 0755 "$bin/cni-migrate" "$dest/.cni-migrate.new"
     mv -f "$dest/.cni-migrate.new" "$dest/cni-migrate"
-    echo "installed $dest/cni-migrate (run by scripts/migrate.sh, never by a runtime)"
+    echo "installed $dest/cni-migrate (run by scripts/migrate.sh and resync.sh and the resync unit, never by a runtime)"
 fi
 
 # The resync unit, with this bin directory in its command lines (systemd wants an absolute
