@@ -73,6 +73,13 @@ fn source_dirs(name: &str) -> Vec<PathBuf> {
     if name == "bridge" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
     }
+    if name == "cni-migrate" {
+        // linked in: it reads and rebuilds their state with their own libraries
+        for p in ["bridge", "host-local", "portmap", "bandwidth"] {
+            dirs.push(root.join("plugins").join(p).join("src"));
+        }
+        dirs.push(root.join("tools/cnitool/src"));
+    }
     dirs
 }
 

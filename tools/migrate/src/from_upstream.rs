@@ -167,16 +167,6 @@ fn find_netns(cached: Option<String>, ifname: &str, ip: IpAddr) -> Option<String
     None
 }
 
-/// Whether `bin` is this suite's portmap (its banner names our version; upstream's says
-/// "version unknown" or "v1.x").
-fn is_ours(bin: &Path) -> bool {
-    let mut cmd = Command::new(bin);
-    cmd.env_clear();
-    let Ok(out) = child::run(&mut cmd, None, child::Use::Runner) else { return false };
-    let banner = String::from_utf8_lossy(&out.stderr);
-    banner.contains(&format!("CNI portmap plugin {} (", env!("CARGO_PKG_VERSION")))
-}
-
 /// Run our portmap with `cmd` for an attachment.
 fn portmap(bin: &Path, cmd: &str, net_ns: &str, id: &str, ifname: &str, conf: &Value) -> Result<()> {
     let dir = bin.parent().unwrap_or(Path::new("/"));
@@ -291,7 +281,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     }
     let portmap_bin = opts.bin_dir.join("portmap");
     let needs_portmap = found.values().any(|f| !f.mappings.is_empty());
-    if needs_portmap && !is_ours(&portmap_bin) {
+    if needs_portmap && crate::installed::ours(&opts.bin_dir, "portmap").is_err() {
         return Err(crate::refused(format!(
             "{} is not this suite's portmap (install ours first: scripts/install.sh --force, or give --cni-bin-dir); \
              nothing was changed",
