@@ -4,7 +4,7 @@
 
 use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::net::Family;
-use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
+use cni_common::netlink::conntrack;
 use cni_common::netlink::{Netlink, RouteKind, TABLE_MAIN};
 use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::CniResult;
@@ -65,20 +65,8 @@ fn enable_route_localnet(ctr: IpAddr) -> Result<()> {
     Ok(())
 }
 
-/// Forget UDP flows to the host ports: they would keep their old NAT binding (plugins#123).
-/// One conntrack dump for all of them.
 fn flush_udp(ports: &BTreeSet<(Family, u16)>) {
-    if ports.is_empty() {
-        return;
-    }
-    let targets: Vec<(Family, u16)> = ports.iter().copied().collect();
-    if let Err(e) = conntrack::delete_by_dst_ports(IPPROTO_UDP, &targets) {
-        let ports: Vec<String> = targets.iter().map(|(_, p)| p.to_string()).collect();
-        eprintln!(
-            "portmap: failed to delete stale UDP conntrack entries for ports {}: {e}",
-            ports.join(", ")
-        );
-    }
+    conntrack::flush_udp_ports("portmap", &ports.iter().copied().collect::<Vec<_>>());
 }
 
 fn notes(o: &flow::Outcome) {

@@ -29,8 +29,8 @@
 
 use crate::inventory::{Cached, Inventory};
 use cni_common::attachment::AttachmentId;
-use cni_common::net::{container_addrs, Family};
-use cni_common::netlink::conntrack::{self, IPPROTO_UDP};
+use cni_common::net::container_addrs;
+use cni_common::netlink::conntrack;
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::spec::env::Env;
@@ -227,12 +227,7 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
         for n in &done.notes {
             eprintln!("{n}");
         }
-        let udp: Vec<(Family, u16)> = done.udp.iter().copied().collect();
-        if !udp.is_empty() {
-            if let Err(e) = conntrack::delete_by_dst_ports(IPPROTO_UDP, &udp) {
-                eprintln!("portmap: cannot flush the conntrack entries of UDP host ports {udp:?}: {e}");
-            }
-        }
+        conntrack::flush_udp_ports("portmap", &done.udp.iter().copied().collect::<Vec<_>>());
         flow::check(&mut k, &conf, &intent, now)
             .map_err(|e| CniError::internal(format!("still missing after rebuilding it: {}", e.msg)))?;
     }
