@@ -19,6 +19,7 @@ pub mod error;
 pub mod error_list;
 pub mod ident;
 pub mod mac;
+pub mod net;
 pub mod netlink;
 pub mod netns;
 pub mod nft_cli;

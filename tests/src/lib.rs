@@ -73,6 +73,13 @@ fn source_dirs(name: &str) -> Vec<PathBuf> {
     if name == "bridge" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
     }
+    if name == "cni-migrate" {
+        // linked in: it reads and rebuilds their state with their own libraries
+        for p in ["bridge", "host-local", "portmap", "bandwidth"] {
+            dirs.push(root.join("plugins").join(p).join("src"));
+        }
+        dirs.push(root.join("tools/cnitool/src"));
+    }
     dirs
 }
 
@@ -497,6 +504,16 @@ impl<'a> Exec<'a> {
     }
 
     pub fn run(&self, stdin: &str) -> PluginOutput {
+        self.run_until(stdin, None)
+    }
+
+    /// [`Exec::run`], but a plugin still running after `limit` is killed and the test fails:
+    /// for inputs that could make a plugin block (a FIFO where it expects a file).
+    pub fn run_within(&self, stdin: &str, limit: std::time::Duration) -> PluginOutput {
+        self.run_until(stdin, Some(std::time::Instant::now() + limit))
+    }
+
+    fn run_until(&self, stdin: &str, deadline: Option<std::time::Instant>) -> PluginOutput {
         let mut cmd = self.command();
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Reaped below with wait4 (for the resource usage), not with Child::wait.
@@ -515,10 +532,36 @@ impl<'a> Exec<'a> {
             let _ = std::io::Read::read_to_end(&mut err_pipe, &mut v);
             v
         });
-        let mut out = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut child.stdout.take().expect("stdout"), &mut out);
+        let mut out_pipe = child.stdout.take().expect("stdout");
+        let out_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut out_pipe, &mut v);
+            v
+        });
+        let pid = child.id() as libc::pid_t;
+        let (code, max_rss_kib) = match deadline {
+            None => wait4(pid, 0).expect("a blocking wait4 returns the child"),
+            Some(end) => loop {
+                if let Some(done) = wait4(pid, libc::WNOHANG) {
+                    break done;
+                }
+                if std::time::Instant::now() >= end {
+                    let _ = child.kill();
+                    wait4(pid, 0);
+                    let (out, err) =
+                        (out_reader.join().unwrap_or_default(), err_reader.join().unwrap_or_default());
+                    panic!(
+                        "{} did not exit in time: killed; stdout {} stderr {}",
+                        self.plugin.display(),
+                        String::from_utf8_lossy(&out),
+                        String::from_utf8_lossy(&err)
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            },
+        };
+        let out = out_reader.join().expect("stdout reader");
         let err = err_reader.join().expect("stderr reader");
-        let (code, max_rss_kib) = wait4(child.id() as libc::pid_t);
         PluginOutput {
             code,
             stdout: String::from_utf8_lossy(&out).into_owned(),
@@ -528,22 +571,26 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// Reap `pid`: (exit code or -signal, peak RSS in KiB).
-fn wait4(pid: libc::pid_t) -> (i32, u64) {
+/// Reap `pid`: (exit code or -signal, peak RSS in KiB); None when `flags` has `WNOHANG` and it
+/// is still running.
+fn wait4(pid: libc::pid_t, flags: libc::c_int) -> Option<(i32, u64)> {
     let mut status = 0;
     // SAFETY: rusage is plain data; wait4 fills it for our own child.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: valid pointers to locals; pid is a child of this process not yet reaped.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        let r = unsafe { libc::wait4(pid, &mut status, flags, &mut ru) };
         if r == pid {
             break;
+        }
+        if r == 0 {
+            return None;
         }
         let e = std::io::Error::last_os_error();
         assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "wait4({pid}): {e}");
     }
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
-    (code, ru.ru_maxrss as u64)
+    Some((code, ru.ru_maxrss as u64))
 }
 
 /// Snapshot of everything a plugin could change in a namespace: links, addresses, routes
@@ -720,6 +767,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod raw;
 pub mod traffic;
 
 #[cfg(test)]

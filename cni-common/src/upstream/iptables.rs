@@ -20,29 +20,14 @@ pub enum Backend {
     Legacy,
 }
 
-/// IPv4 (`iptables`) or IPv6 (`ip6tables`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fam {
-    V4,
-    V6,
-}
+/// IPv4 (`iptables`) or IPv6 (`ip6tables`): the address family every layer shares.
+pub use crate::net::Family as Fam;
 
-impl Fam {
-    pub const BOTH: [Fam; 2] = [Fam::V4, Fam::V6];
-
-    pub fn of(ip: &IpAddr) -> Fam {
-        if ip.is_ipv4() {
-            Fam::V4
-        } else {
-            Fam::V6
-        }
-    }
-
-    fn cmd(self) -> &'static str {
-        match self {
-            Fam::V4 => "iptables",
-            Fam::V6 => "ip6tables",
-        }
+/// `iptables` or `ip6tables`.
+fn cmd(fam: Fam) -> &'static str {
+    match fam {
+        Fam::V4 => "iptables",
+        Fam::V6 => "ip6tables",
     }
 }
 
@@ -57,8 +42,8 @@ impl Backend {
     /// `iptables-nft-save`, `ip6tables-legacy-restore`, …
     pub fn tool(self, fam: Fam, what: &str) -> String {
         match what {
-            "" => format!("{}-{}", fam.cmd(), self.name()),
-            w => format!("{}-{}-{w}", fam.cmd(), self.name()),
+            "" => format!("{}-{}", cmd(fam), self.name()),
+            w => format!("{}-{}-{w}", cmd(fam), self.name()),
         }
     }
 }

@@ -5,11 +5,15 @@
 //! cookie (`SO_NETNS_COOKIE` of a socket made inside it: a 64-bit number the kernel never
 //! reuses while it runs; inode numbers are reused as soon as a namespace is freed). When
 //! another container's ADD wants a host port the attachment holds, the holder is **stale**
-//! when that path no longer exists, is no longer a network namespace, or is another namespace
-//! (inode or cookie differ): its pod is gone even if nobody ran DEL (a runtime that lost its
-//! state; containerd runs no CNI GC). Everything else counts as live: a recorded path that
-//! cannot be inspected, an attachment recorded without a path, and an attachment made before
-//! the records existed. Only the conflict path (slow ADD) inspects; the fast path just records.
+//! when that path no longer exists, is no longer a network namespace, or is another namespace:
+//! its pod is gone even if nobody ran DEL. Everything else counts as live: a recorded path
+//! that cannot be inspected, one outside the places runtimes put namespaces, an attachment
+//! recorded without a path.
+//!
+//! A recorded path is read back from the kernel, so it is never trusted: it is opened by
+//! [`NetNs::open_recorded`], only when it is `/run/netns/<name>`, `/var/run/netns/<name>` or
+//! `/proc/<pid>/ns/net`, with `O_PATH` (a FIFO or a device there cannot block or be opened for
+//! real), and used only once `fstatfs` says it is on nsfs.
 
 use crate::model::NsId;
 use cni_common::netns::NetNs;
@@ -53,8 +57,7 @@ fn id_of(ns: &NetNs) -> Result<NsId> {
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| CniError::io(format!("duplicate a netns handle: {e}")))?;
-    let file = std::fs::File::from(fd);
-    let ino = file
+    let ino = std::fs::File::from(fd)
         .metadata()
         .map_err(|e| CniError::io(format!("stat network namespace {}: {e}", ns.path().display())))?
         .ino();
@@ -62,8 +65,8 @@ fn id_of(ns: &NetNs) -> Result<NsId> {
     Ok(NsId { ino, cookie })
 }
 
-/// What ADD records for its namespace: its identity and its path (empty when the path cannot
-/// be recorded). None when there is no namespace to record.
+/// What ADD records for CNI_NETNS (already verified by the skeleton to be a network
+/// namespace): its identity and its path (empty when the path cannot be recorded).
 pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
     let Some(path) = path else { return Ok(None) };
     let Some(ns) = NetNs::open_if_exists(path)? else { return Ok(None) };
@@ -74,11 +77,11 @@ pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
 
 /// Whether the holder recorded with (`id`, `path`) is gone: Some(why) when its namespace no
 /// longer exists or is another one; None when it is, or may be, alive.
-pub fn gone(id: NsId, path: &str) -> Option<String> {
+pub fn gone(id: &NsId, path: &str) -> Option<String> {
     if path.is_empty() {
         return None;
     }
-    match NetNs::open_if_exists(path) {
+    match NetNs::open_recorded(path) {
         Ok(None) => Some(format!("its network namespace {path} no longer exists")),
         Ok(Some(ns)) => {
             let now = id_of(&ns).ok()?;
@@ -102,8 +105,27 @@ mod tests {
     }
 
     #[test]
+    fn only_known_places_are_opened() {
+        for bad in
+            ["/etc/shadow", "/run/netns/..", "/run/netns/a/b", "/proc/self/ns/net", "/dev/zero", "relative/x"]
+        {
+            assert_eq!(gone(&NsId::default(), bad), None, "{bad}: cannot tell, so alive");
+        }
+    }
+
+    #[test]
+    fn a_missing_namespace_is_gone_and_the_current_one_is_not() {
+        let missing = format!("/run/netns/cni-rs-test-missing-{}", std::process::id());
+        assert!(gone(&NsId::default(), &missing).is_some());
+        let pid = std::process::id();
+        let here = NetNs::current().unwrap();
+        let id = id_of(&here).unwrap();
+        assert_eq!(gone(&id, &format!("/proc/{pid}/ns/net")), None);
+        assert!(gone(&NsId { ino: id.ino + 1, cookie: 0 }, &format!("/proc/{pid}/ns/net")).is_some());
+    }
+
+    #[test]
     fn the_cookie_of_this_namespace_is_stable() {
-        // Linux >= 5.14 on these machines: a cookie, the same for two sockets.
         let a = cookie_here().expect("SO_NETNS_COOKIE");
         assert_ne!(a, 0);
         assert_eq!(cookie_here(), Some(a));
