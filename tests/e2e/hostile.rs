@@ -8,7 +8,7 @@
 //! Plugin-specific hostile configs live next to the generic ones below; each plugin brings
 //! its own list.
 
-use cni_tests::{cni_path_with, dir_state, ns_state, Exec, Netns, TempDir};
+use cni_tests::{cni_path_with, crafted_index_header, dir_state, ns_state, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 
 struct World {
@@ -327,6 +327,210 @@ fn host_local_rejects_hostile_input_without_side_effects() {
     cases.extend(specific);
     let n = run_cases(&w, "host-local", cases);
     assert!(n >= 70, "{n} cases");
+}
+
+/// One planted thing in or around host-local's store: how to plant and remove it, the call
+/// that meets it, and what that call must answer.
+struct Plant {
+    what: &'static str,
+    plant: Box<dyn Fn()>,
+    remove: Box<dyn Fn()>,
+    verb: &'static str,
+    stdin: String,
+    code: u64,
+    msg: &'static str,
+}
+
+/// Issue 18: the store and the files a configuration names are data, never followed, waited on
+/// or read without a cap. Each planted thing makes the call fail with its code, and the hosts,
+/// the store and everything outside it (a link's target, a victim file) stay as they were.
+#[test]
+fn host_local_refuses_a_hostile_store_without_side_effects() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let w = World::new(&["host-local"]);
+    let base = host_local_base(&w);
+    let store = w.data.join("hostile");
+    let outside = TempDir::new("hostile-outside");
+    std::fs::write(outside.join("victim"), "precious").unwrap();
+    // not part of the snapshots (they read every file)
+    let big = TempDir::new("hostile-big");
+    let huge = big.join("huge");
+    let (st, out) = (store.clone(), outside.path().to_path_buf());
+    let mkfifo = |p: std::path::PathBuf| {
+        cni_tests::sh("mkfifo", &[p.to_str().unwrap()]);
+    };
+    let with_resolv = |p: &str| ipam_set(&base, "resolvConf", json!(p));
+    let plants = vec![
+        Plant {
+            what: "lock is a symbolic link (root would create its target)",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::remove_file(st.join("lock")).unwrap();
+                    symlink(out.join("created-by-root"), st.join("lock")).unwrap();
+                }
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || {
+                    std::fs::remove_file(st.join("lock")).unwrap();
+                    std::fs::write(st.join("lock"), "").unwrap();
+                }
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "lock: a symbolic link, which is not followed",
+        },
+        Plant {
+            what: "last_reserved_ip.0 is a symbolic link to a victim file (it was truncated)",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || symlink(out.join("victim"), st.join("last_reserved_ip.0")).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join("last_reserved_ip.0")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "last_reserved_ip.0: a symbolic link, which is not followed",
+        },
+        Plant {
+            what: "a FIFO named like the requested address (blocked the scan with the lock held)",
+            plant: Box::new({
+                let st = st.clone();
+                move || mkfifo(st.join("10.77.0.5"))
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join("10.77.0.5")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: set(&base, "args", json!({"cni": {"ips": ["10.77.0.5"]}})),
+            code: 999,
+            msg: "requested IP address 10.77.0.5 is not available",
+        },
+        Plant {
+            what: "a crafted index header (wrapping size) on CHECK",
+            plant: Box::new({
+                let st = st.clone();
+                move || std::fs::write(st.join(".host-local-index"), crafted_index_header(1 << 59)).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join(".host-local-index")).unwrap()
+            }),
+            verb: "CHECK",
+            stdin: base.to_string(),
+            code: 999,
+            msg: "Failed to find address added by container hostile-ctr",
+        },
+        Plant {
+            what: "the store directory writable by others",
+            plant: Box::new({
+                let st = st.clone();
+                move || std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o777)).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o755)).unwrap()
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "is not safe to allocate from: group or others may write it (mode 0777)",
+        },
+        Plant {
+            what: "the store directory is a symbolic link",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::rename(&st, out.join("real-store")).unwrap();
+                    symlink(out.join("real-store"), &st).unwrap();
+                }
+            }),
+            remove: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::remove_file(&st).unwrap();
+                    std::fs::rename(out.join("real-store"), &st).unwrap();
+                }
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "is a symbolic link, not a directory",
+        },
+        Plant {
+            what: "a huge resolvConf (a sparse 4 GiB file)",
+            plant: Box::new({
+                let huge = huge.clone();
+                move || std::fs::File::create(&huge).unwrap().set_len(4 << 30).unwrap()
+            }),
+            remove: Box::new({
+                let huge = huge.clone();
+                move || std::fs::remove_file(&huge).unwrap()
+            }),
+            verb: "ADD",
+            stdin: with_resolv(huge.to_str().unwrap()),
+            code: 5,
+            msg: "larger than 1048576 bytes",
+        },
+        Plant {
+            what: "resolvConf is a FIFO",
+            plant: Box::new({
+                let out = out.clone();
+                move || mkfifo(out.join("fifo"))
+            }),
+            remove: Box::new({
+                let out = out.clone();
+                move || std::fs::remove_file(out.join("fifo")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: with_resolv(outside.join("fifo").to_str().unwrap()),
+            code: 7,
+            msg: "not a regular file but a FIFO",
+        },
+        Plant {
+            what: "resolvConf is /dev/zero",
+            plant: Box::new(|| {}),
+            remove: Box::new(|| {}),
+            verb: "ADD",
+            stdin: with_resolv("/dev/zero"),
+            code: 7,
+            msg: "not a regular file but a character device",
+        },
+    ];
+    let n = plants.len();
+    let mut failures = Vec::new();
+    for p in plants {
+        (p.plant)();
+        let before = format!("{}\n{:?}", w.snapshot(), dir_state(outside.path()));
+        let res = Exec::new("host-local")
+            .in_ns(&w.host)
+            .attachment(p.verb, "hostile-ctr", w.ctr.path_str(), "eth0", w.cni_path.str())
+            .run_within(&p.stdin, std::time::Duration::from_secs(30));
+        let after = format!("{}\n{:?}", w.snapshot(), dir_state(outside.path()));
+        (p.remove)();
+        let what = p.what;
+        if res.code == 0 {
+            failures.push(format!("{what}: succeeded: {}", res.stdout));
+            continue;
+        }
+        let doc = res.json();
+        let msg = doc["msg"].as_str().unwrap_or_default();
+        if doc["code"] != p.code || !msg.contains(p.msg) {
+            failures.push(format!("{what}: code {} {msg:?} (want {} {:?})", doc["code"], p.code, p.msg));
+        }
+        if before != after {
+            failures.push(format!("{what}: host or store changed"));
+        }
+    }
+    assert!(!outside.join("created-by-root").exists(), "root created a lock's link target");
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"precious");
+    assert!(failures.is_empty(), "{} of {n} cases wrong:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]

@@ -239,24 +239,10 @@ pub fn list_from_bytes(bytes: &[u8]) -> Result<NetConfList> {
 pub const FILE_MAX: usize = cni_common::skel::STDIN_MAX;
 
 /// Read a file whose name comes from the environment or a directory listing: only a regular
-/// file (opened with `O_NONBLOCK`, so a FIFO put there does not block the open), at most
-/// [`FILE_MAX`] bytes. (A private helper until cni-common has a shared bounded reader.)
+/// file (never a FIFO waited on or a device opened), at most [`FILE_MAX`] bytes
+/// (`cni_common::fsread`).
 pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    f.take(FILE_MAX as u64 + 1).read_to_end(&mut bytes)?;
-    if bytes.len() > FILE_MAX {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("larger than {FILE_MAX} bytes, the most cnitool reads of a file"),
-        ));
-    }
-    Ok(bytes)
+    cni_common::fsread::read_named_regular(path, FILE_MAX as u64)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
