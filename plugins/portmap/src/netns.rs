@@ -17,10 +17,7 @@
 
 use crate::model::NsId;
 use cni_common::netns::NetNs;
-use cni_common::{CniError, Result};
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::net::UnixDatagram;
+use cni_common::{nsident, Result};
 use std::path::Path;
 
 /// Paths longer than this, or with other characters than these, are not recorded: the comment
@@ -31,38 +28,10 @@ fn recordable(path: &str) -> bool {
     path.len() <= PATH_MAX && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-".contains(&b))
 }
 
-/// The netns cookie of the calling thread's network namespace; None when the kernel does not
-/// have `SO_NETNS_COOKIE` (before Linux 5.14).
-fn cookie_here() -> Option<u64> {
-    let sock = UnixDatagram::unbound().ok()?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, which lives across the call,
-    // on a socket `sock` keeps open.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
-}
-
-/// The identity of an open namespace.
+/// The identity of an open namespace (cni-common's, in portmap's element form).
 fn id_of(ns: &NetNs) -> Result<NsId> {
-    let fd = ns
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| CniError::io(format!("duplicate a netns handle: {e}")))?;
-    let ino = std::fs::File::from(fd)
-        .metadata()
-        .map_err(|e| CniError::io(format!("stat network namespace {}: {e}", ns.path().display())))?
-        .ino();
-    let cookie = ns.run(|| Ok(cookie_here()))?.unwrap_or(0);
-    Ok(NsId { ino, cookie })
+    let id = nsident::ident(ns)?;
+    Ok(NsId { ino: id.ino, cookie: id.cookie })
 }
 
 /// What ADD records for CNI_NETNS (already verified by the skeleton to be a network
@@ -122,12 +91,5 @@ mod tests {
         let id = id_of(&here).unwrap();
         assert_eq!(gone(&id, &format!("/proc/{pid}/ns/net")), None);
         assert!(gone(&NsId { ino: id.ino + 1, cookie: 0 }, &format!("/proc/{pid}/ns/net")).is_some());
-    }
-
-    #[test]
-    fn the_cookie_of_this_namespace_is_stable() {
-        let a = cookie_here().expect("SO_NETNS_COOKIE");
-        assert_ne!(a, 0);
-        assert_eq!(cookie_here(), Some(a));
     }
 }
