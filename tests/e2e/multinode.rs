@@ -111,6 +111,15 @@ fn full_size_ping(from: &Netns, to: &str) -> bool {
     from.try_run("ping", &[fam, "-c", "1", "-W", "3", "-M", "do", "-s", &size, to]).status.success()
 }
 
+/// The capability arguments of the pod on node `i + 1`: pod 1 publishes hostPort 8080 -> 80.
+fn caps(i: usize) -> Value {
+    if i == 0 {
+        json!({"portMappings": [{"hostPort": HOST_PORT, "containerPort": 80, "protocol": "tcp"}]})
+    } else {
+        json!({})
+    }
+}
+
 struct Pod {
     ns: Netns,
     id: String,
@@ -140,16 +149,12 @@ fn pods_on_three_nodes_reach_each_other_unnated_the_outside_masqueraded_and_a_re
     }
     let chains: Vec<Chain> = (1..=NODES).map(|n| kubenet_chain(n, data[n - 1].str(), bins.path())).collect();
 
-    // One pod per node; pod 1 publishes hostPort 8080 -> 80.
+    // One pod per node.
     let mut pods = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let ns = Netns::new("mnpod");
         let id = unique("mnpod");
-        let caps = if i == 0 {
-            json!({"portMappings": [{"hostPort": HOST_PORT, "containerPort": 80, "protocol": "tcp"}]})
-        } else {
-            json!({})
-        };
+        let caps = caps(i);
         let (result, _) =
             chains[i].add(&id, ns.path_str(), "eth0", &caps, Some(node)).unwrap_or_else(|steps| {
                 let last = steps.last().expect("a step");
@@ -186,20 +191,10 @@ fn pods_on_three_nodes_reach_each_other_unnated_the_outside_masqueraded_and_a_re
         pods.iter().enumerate().map(|(i, p)| Server::tcp(&p.ns, 80, &format!("pod{}", i + 1))).collect();
     for (a, from) in pods.iter().enumerate() {
         for (b, to) in pods.iter().enumerate().filter(|(b, _)| *b != a) {
-            assert_eq!(
-                fetch(&from.ns, &to.v4, 80),
-                format!("pod{} {}", b + 1, from.v4),
-                "IPv4 pod{} -> pod{}",
-                a + 1,
-                b + 1
-            );
-            assert_eq!(
-                fetch(&from.ns, &to.v6, 80),
-                format!("pod{} {}", b + 1, from.v6),
-                "IPv6 pod{} -> pod{}",
-                a + 1,
-                b + 1
-            );
+            for (fam, dst, src) in [("IPv4", &to.v4, &from.v4), ("IPv6", &to.v6, &from.v6)] {
+                let want = format!("pod{} {src}", b + 1);
+                assert_eq!(fetch(&from.ns, dst, 80), want, "{fam} pod{} -> pod{}", a + 1, b + 1);
+            }
         }
     }
 
@@ -234,11 +229,7 @@ fn pods_on_three_nodes_reach_each_other_unnated_the_outside_masqueraded_and_a_re
 
     // DEL leaves nothing on any node (the bridge stays, as upstream's).
     for (i, p) in pods.iter().enumerate() {
-        let caps = if i == 0 {
-            json!({"portMappings": [{"hostPort": HOST_PORT, "containerPort": 80, "protocol": "tcp"}]})
-        } else {
-            json!({})
-        };
+        let caps = caps(i);
         chains[i].del(&p.id, p.ns.path_str(), "eth0", &caps, Some(&p.result), Some(&nodes[i]));
     }
     for (i, node) in nodes.iter().enumerate() {
