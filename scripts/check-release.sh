@@ -114,7 +114,8 @@ for arch in amd64 arm64; do
     # Installed into a scratch root, beside Debian's containernetworking-plugins (any
     # architecture: the maintainer scripts are shell, run on this machine with DPKG_ROOT).
     if [ -z "$upstream_deb" ]; then
-        (cd "$scratch" && apt-get download -q -o APT::Sandbox::User=root containernetworking-plugins >/dev/null) ||
+        download() { (cd "$scratch" && apt-get download -q -o APT::Sandbox::User=root containernetworking-plugins >/dev/null); }
+        download || { apt-get update -qq && download; } ||
             fail "cannot download Debian's containernetworking-plugins (apt-get download)"
         upstream_deb=$(ls "$scratch"/containernetworking-plugins_*.deb)
     fi
