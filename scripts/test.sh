@@ -34,5 +34,10 @@ else
     CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
 
+# The release artifacts (both architectures, checked: scripts/check-release.sh), and the arm64
+# binaries under qemu (docs/packaging.md, docs/testing.md). The x86_64 build is the one above.
+scripts/release.sh
+scripts/test-arm64.sh
+
 # Bounded fuzzing of the parsers (config/skeleton, results, CNI_ARGS).
 scripts/fuzz.sh "${FUZZ_SECONDS:-20}"

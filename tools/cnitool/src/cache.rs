@@ -401,7 +401,7 @@ mod tests {
         std::fs::write(&legacy, r#"{"cniVersion":"0.3.1","ips":[{"version":"4","address":"10.0.0.2/24"}]}"#)
             .unwrap();
         let r = read_result(&legacy, Version::V1_0_0).unwrap().unwrap();
-        assert_eq!(r, json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}]}));
+        assert_eq!(r, json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}], "dns": {}}));
         std::fs::write(&legacy, "garbage").unwrap();
         assert!(read_result(&legacy, Version::V1_0_0).is_err());
 
@@ -420,6 +420,7 @@ mod tests {
     fn legacy_versions_without_ips_encode_as_empty() {
         let r = CniResult::default();
         assert_eq!(encode_result(&r, Version::V0_2_0).unwrap(), json!({"cniVersion": "0.2.0", "dns": {}}));
-        assert_eq!(encode_result(&r, Version::V1_0_0).unwrap(), json!({"cniVersion": "1.0.0"}));
+        assert_eq!(encode_result(&r, Version::V1_0_0).unwrap(), json!({"cniVersion": "1.0.0", "dns": {}}));
+        assert_eq!(encode_result(&r, Version::V1_1_0).unwrap(), json!({"cniVersion": "1.1.0"}));
     }
 }
