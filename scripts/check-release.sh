@@ -107,6 +107,7 @@ for arch in amd64 arm64; do
         for f in changelog.gz copyright; do echo "-rw-r--r-- root/root ./usr/share/doc/cni-rs/$f"; done
         echo "-rw-r--r-- root/root ./usr/share/lintian/overrides/cni-rs"
         echo "-rw-r--r-- root/root ./usr/share/man/man1/cnitool.1.gz"
+        echo "-rw-r--r-- root/root ./lib/systemd/system/cni-resync.service"
     )
     [ "$(sort <<<"$files")" = "$(sort <<<"$want_files")" ] || fail "$deb holds:"$'\n'"$files"
     lintian --fail-on error,warning --display-info --allow-root "$dist/$deb" || fail "$deb: lintian"

@@ -125,6 +125,10 @@ README
         install -m 0755 "$bin/$b" "$d/usr/lib/cni/$b"
     done
     install -m 0755 "$bin/cnitool" "$d/usr/bin/cnitool"
+    # the resync unit (docs/node-operations.md), shipped disabled: an operator enables it
+    mkdir -p "$d/lib/systemd/system"
+    sed 's|@BIN_DIR@|/usr/lib/cni|g' scripts/systemd/cni-resync.service >"$d/lib/systemd/system/cni-resync.service"
+    chmod 0644 "$d/lib/systemd/system/cni-resync.service"
     mkdir -p "$d/usr/share/man/man1"
     gzip -n -9 <packaging/deb/cnitool.1 >"$d/usr/share/man/man1/cnitool.1.gz"
     install -m 0644 packaging/deb/copyright "$d/usr/share/doc/cni-rs/copyright"
@@ -135,7 +139,7 @@ README
         gzip -n -9 >"$d/usr/share/doc/cni-rs/changelog.gz"
     install -m 0755 packaging/deb/preinst packaging/deb/postrm "$d/DEBIAN/"
     # dpkg-gencontrol's rule: 1 KiB per directory, each file rounded up to whole KiB
-    size=$(find "$d/usr" \( -type d -printf '1024\n' \) -o -printf '%s\n' |
+    size=$(find "$d/usr" "$d/lib" \( -type d -printf '1024\n' \) -o -printf '%s\n' |
         awk '{ s += int(($1 + 1023) / 1024) } END { print s }')
     sed "s/@VERSION@/$version/; s/@ARCH@/$arch/; s/@INSTALLED_SIZE@/$size/" packaging/deb/control.in >"$d/DEBIAN/control"
     (cd "$d" && find usr -type f | LC_ALL=C sort | xargs md5sum >DEBIAN/md5sums)
