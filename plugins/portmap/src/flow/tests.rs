@@ -525,6 +525,45 @@ fn status_dry_runs_the_layout() {
     assert_eq!(k.scripts().len(), 1, "checked by nft -c");
 }
 
+/// A kernel without nf_tables' nat or fib support: every transaction is refused.
+struct NoNat(Fake);
+
+impl crate::kernel::Kernel for NoNat {
+    fn read(&mut self, s: &Scope) -> std::result::Result<State, NlError> {
+        self.0.read(s)
+    }
+    fn apply(
+        &mut self,
+        _: &[cni_common::netlink::nft::NftOp],
+        _: Option<u32>,
+    ) -> std::result::Result<(), NlError> {
+        Err(NlError::new("nftables transaction", libc::EOPNOTSUPP))
+    }
+    fn validate(&mut self, _: &[cni_common::netlink::nft::NftOp]) -> std::result::Result<(), NlError> {
+        Err(NlError::new("nftables validation", libc::EOPNOTSUPP))
+    }
+    fn nft(&mut self, _: &str, _: bool) -> Result<()> {
+        Err(CniError::new(code::NOT_AVAILABLE, "nft binary not found"))
+    }
+}
+
+#[test]
+fn status_is_50_only_when_no_add_could_work() {
+    // nf_tables that cannot hold the layout: 50, naming why
+    let e = flow::status(&mut NoNat(Fake::new()), &conf(json!({}))).unwrap_err();
+    assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
+    assert!(e.msg.contains("cannot hold the portmap rules"), "{}", e.msg);
+    // conditions that need nft, without nft: 50 too
+    let with = conf(json!({"conditionsV4": ["ip", "saddr", "!=", "192.0.2.1"]}));
+    let mut k = NoNat(Fake::new());
+    assert_eq!(flow::status(&mut k, &with).unwrap_err().code, code::NOT_AVAILABLE);
+    // a healthy kernel: ready, whatever the table holds (a full table of conflicts is ADD's
+    // business, not STATUS's)
+    let k = Fake::new();
+    add(&k, &pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")])).unwrap();
+    flow::status(&mut k.clone(), &conf(json!({}))).unwrap();
+}
+
 // ---- random sequences ----
 
 /// xorshift64*: reproducible randomness without a crate.
