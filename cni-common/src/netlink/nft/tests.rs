@@ -691,3 +691,30 @@ fn reads_back_rules_written_by_nft() {
     nf.apply(&[]).unwrap();
     assert!(nf.rules(NftFamily::Bridge, "nat", Some("no-such-chain")).unwrap().is_empty());
 }
+
+/// `listed` says what the decoder reads back from the encoded expressions, for every kind.
+#[test]
+fn listed_is_what_the_decoder_reads_back() {
+    use super::expr::{expr_of, put_expr};
+    let all = vec![
+        RuleExpr::Meta { key: META_NFPROTO, dreg: REG_1 },
+        RuleExpr::Payload { base: PAYLOAD_NETWORK_HEADER, offset: 16, len: 4, dreg: REG_1 },
+        RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: vec![1, 2, 3] },
+        RuleExpr::Bitwise { sreg: REG_1, dreg: REG_1, mask: vec![255; 4], xor: vec![0; 4] },
+        RuleExpr::Fib { flags: 2, result: 3, dreg: REG_1 },
+        RuleExpr::Verdict(Verdict::Jump("c".into())),
+        RuleExpr::Verdict(Verdict::Drop),
+        RuleExpr::Masquerade,
+        RuleExpr::Lookup { sreg: REG_1, dreg: Some(REG_1), set: "s".into(), set_id: 3 },
+        RuleExpr::Dnat { family: 2, reg_addr: REG_1, reg_proto: REG32_00 + 1 },
+        RuleExpr::Ct { key: CT_STATUS, dreg: REG_1 },
+        RuleExpr::Hton { sreg: REG_1, dreg: REG_1, size: 2, len: 2 },
+    ];
+    for e in all {
+        let mut list = Vec::new();
+        put_expr(&mut list, &e);
+        let decoded: Vec<NftExpr> =
+            crate::netlink::nfnl::attrs(&list).filter_map(|(_, v)| expr_of(v)).collect();
+        assert_eq!(super::expr::listed(std::slice::from_ref(&e)), decoded, "{e:?}");
+    }
+}
