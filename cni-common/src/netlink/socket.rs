@@ -61,6 +61,10 @@ pub(crate) struct NlSocket {
     sock: Socket,
     seq: u32,
     rx: Vec<u8>,
+    /// Learn each datagram's size first (`MSG_PEEK`): rtnetlink replies can be larger than any
+    /// buffer set aside (a link with many VFs). nfnetlink's never exceed [`RX_BUFFER`] (dumps
+    /// are cut at 32 KiB, acknowledgements are capped), so those are received in one call.
+    peek: bool,
 }
 
 impl NlSocket {
@@ -87,7 +91,8 @@ impl NlSocket {
         let _ = sock.set_netlink_get_strict_chk(true);
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
-        let out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER] };
+        let peek = protocol == NETLINK_ROUTE;
+        let out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER], peek };
         out.set_recv_deadline(RECV_DEADLINE)?;
         Ok(out)
     }
@@ -359,9 +364,10 @@ impl NlSocket {
     /// Receive one datagram into `self.rx`, growing it first when the datagram is larger.
     fn recv(&mut self) -> Result<usize, NlError> {
         loop {
-            // Peek with MSG_TRUNC to learn the datagram's real size without consuming it.
+            // MSG_TRUNC: the datagram's real size, also when it did not fit.
+            let flags = if self.peek { libc::MSG_PEEK | libc::MSG_TRUNC } else { libc::MSG_TRUNC };
             let mut window: &mut [u8] = &mut self.rx[..];
-            let size = match self.sock.recv(&mut window, libc::MSG_PEEK | libc::MSG_TRUNC) {
+            let size = match self.sock.recv(&mut window, flags) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -372,6 +378,17 @@ impl NlSocket {
                 }
                 Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
             };
+            if !self.peek {
+                if size > self.rx.len() {
+                    let mut e = NlError::new("receive from netlink", libc::EMSGSIZE);
+                    e.detail = Some(format!(
+                        "a datagram of {size} bytes did not fit the {} of the buffer",
+                        self.rx.len()
+                    ));
+                    return Err(e);
+                }
+                return Ok(size);
+            }
             if size > self.rx.len() {
                 self.rx.resize(size.next_power_of_two(), 0);
             }

@@ -9,7 +9,7 @@ use crate::config::{Conf, Intent, Lens};
 use crate::kernel::Kernel;
 use crate::layout::declaration;
 use crate::model::{Key, NsId, Owner};
-use crate::plan::{self, point_keys, Checked, Judge, Plan, Step};
+use crate::plan::{self, Checked, Judge, Plan, Step};
 use crate::state::{Scope, State};
 use cni_common::net::Family;
 use cni_common::netlink::NlError;
@@ -127,14 +127,14 @@ fn nft_failed(what: &str, e: CniError) -> CniError {
 
 /// ADD.
 pub fn add(k: &mut dyn Kernel, conf: &Conf, want: &Intent, judge: Judge<'_>) -> Result<Outcome> {
-    run(k, point_keys(&want.owner, None), "install the port mappings", |s| {
+    run(k, plan::add_scope(want, &conf.conditions), "install the port mappings", |s| {
         plan::add(s, want, &conf.conditions, judge)
     })
 }
 
 /// DEL of attachment `me`; `intent` when the configuration names its elements.
 pub fn del(k: &mut dyn Kernel, me: &Owner, intent: Option<&Intent>) -> Result<Outcome> {
-    run(k, point_keys(me, None), "delete the port mappings", |s| plan::del(s, me, intent))
+    run(k, plan::del_scope(me), "delete the port mappings", |s| plan::del(s, me, intent))
 }
 
 /// GC of the attachments of a network (tag prefix `prefix`) not in `valid`.
@@ -165,7 +165,7 @@ pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
 /// CHECK (reads only).
 pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<NsId>) -> Result<()> {
     let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the port mappings", e));
-    let s = read(k, &point_keys(&want.owner, Some(want)))?;
+    let s = read(k, &plan::check_scope(want))?;
     if plan::check(&s, want, &conf.conditions, netns_now)? == Checked::Ok {
         return Ok(());
     }

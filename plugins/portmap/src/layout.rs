@@ -74,6 +74,8 @@ pub struct RuleDecl {
     pub nft: String,
     pub exprs: Option<Vec<RuleExpr>>,
     pub comment: Option<String>,
+    /// The chain the rule jumps to, if any.
+    pub jump: Option<String>,
 }
 
 /// The whole static part of the table for some masquerade prefix lengths and conditions.
@@ -199,7 +201,13 @@ impl Declaration {
     }
 
     fn rule(&mut self, chain: &str, nft: String, exprs: Option<Vec<RuleExpr>>, comment: Option<String>) {
-        self.rules.push(RuleDecl { chain: chain.into(), nft, exprs, comment });
+        let jump = exprs.as_ref().and_then(|e| {
+            e.iter().find_map(|x| match x {
+                RuleExpr::Verdict(Verdict::Jump(c) | Verdict::Goto(c)) => Some(c.clone()),
+                _ => None,
+            })
+        });
+        self.rules.push(RuleDecl { chain: chain.into(), nft, exprs, comment, jump });
     }
 
     /// The DNAT rules of a family's `hostports` chain.
@@ -356,6 +364,7 @@ pub fn declaration(lens: &Lens, conds: &Conditions) -> Declaration {
         });
         let conds_text: String = c.iter().map(|t| format!("{t} ")).collect();
         d.rule(gate, format!("meta nfproto {} {conds_text}jump {target}", fam.nft_keyword()), exprs, None);
+        d.rules.last_mut().expect("just added").jump = Some(target);
     }
     d.hostports(Family::V4);
     d.hostports(Family::V6);
@@ -382,6 +391,9 @@ pub struct Found {
     /// The version element of [`LAYOUT_SET`] is [`VERSION`].
     pub current: bool,
     pub rules: Vec<NftRule>,
+    /// Chains whose references were counted (a point read): name, and how many jumps lead to
+    /// it (None: no such chain).
+    pub uses: Vec<(String, Option<u32>)>,
     /// Set and chain names (None when not listed: a point read).
     pub sets: Option<Vec<String>>,
     pub chains: Option<Vec<String>>,
@@ -454,6 +466,33 @@ impl Declaration {
                         }
                     }
             })
+    }
+
+    /// How many jumps lead to each chain that is not a base chain, as declared: the gate chains
+    /// from both hooks, each family's `hostports` and `masquerade` chain from its gate and from
+    /// `masquerading`.
+    pub fn uses(&self) -> Vec<(String, u32)> {
+        self.chains
+            .iter()
+            .filter(|c| c.base.is_none())
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    self.rules.iter().filter(|r| r.jump.as_deref() == Some(c.name.as_str())).count() as u32,
+                )
+            })
+            .collect()
+    }
+
+    /// Whether a point read found the table of this layout with every jump in place (the hooks
+    /// into the gate chains of these conditions, the gates into `hostports`, `masquerading`
+    /// into `masquerade4`/`6`): what an ADD relies on, checked without reading the rules
+    /// (`NFTA_CHAIN_USE` of each chain). The rules themselves are compared by CHECK and by
+    /// every full read.
+    pub fn hooked(&self, found: &Found) -> bool {
+        found.table
+            && found.current
+            && self.uses().iter().all(|(name, n)| found.uses.iter().any(|(c, u)| c == name && *u == Some(*n)))
     }
 
     /// What is wrong with the static part found, one line each (empty: intact).

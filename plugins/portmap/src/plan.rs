@@ -55,19 +55,33 @@ pub enum Step {
     ReadAll,
 }
 
-/// What a point read of attachment `me` looks up: its record and its netns record (ADD and
-/// DEL: two keys, whatever the number of mappings), and for CHECK (`want`) every element it
-/// compares.
-pub fn point_keys(me: &Owner, want: Option<&Intent>) -> Scope {
-    let h = me.hash;
-    let mut keys = vec![Key::Attachment(h), Key::Netns(h)];
-    if let Some(w) = want {
-        keys.extend(w.ports().map(Key::Owner));
-        keys.extend(w.ports().map(Key::Dnat));
-        keys.extend(w.claims().map(|e| e.key));
-        keys.extend(w.masq_elems().map(|e| e.key));
+/// What ADD reads first: the attachment's record and netns record, and how many jumps lead to
+/// each of the layout's chains (for these conditions): a few look-ups, whatever the number of
+/// mappings or of attachments.
+pub fn add_scope(want: &Intent, conds: &Conditions) -> Scope {
+    let h = want.owner.hash;
+    let chains = declaration(&want.lens(), conds).uses().into_iter().map(|(c, _)| c).collect();
+    Scope::Point { keys: vec![Key::Attachment(h), Key::Netns(h)], chains, rules: false }
+}
+
+/// What DEL reads first: the attachment's record and netns record.
+pub fn del_scope(me: &Owner) -> Scope {
+    Scope::Point {
+        keys: vec![Key::Attachment(me.hash), Key::Netns(me.hash)],
+        chains: Vec::new(),
+        rules: false,
     }
-    Scope::Point(keys)
+}
+
+/// What CHECK reads first: every element it compares, and the rules.
+pub fn check_scope(want: &Intent) -> Scope {
+    let h = want.owner.hash;
+    let mut keys = vec![Key::Attachment(h), Key::Netns(h)];
+    keys.extend(want.ports().map(Key::Owner));
+    keys.extend(want.ports().map(Key::Dnat));
+    keys.extend(want.claims().map(|e| e.key));
+    keys.extend(want.masq_elems().map(|e| e.key));
+    Scope::Point { keys, chains: Vec::new(), rules: true }
 }
 
 /// Element deletions (keys in the table) and additions (with comments), in one transaction.
@@ -352,26 +366,26 @@ fn sole_del_ops(want: &Intent, ch: Change) -> Plan {
 /// ADD of `want` with conditions `conds`.
 pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Result<Step> {
     refuse_other_versions(s)?;
+    let me = &want.owner;
+    if !s.complete {
+        // a point read: the jumps ADD relies on are in place, and the attachment is new or
+        // unchanged; anything else is planned on a full read
+        if !declaration(&want.lens(), conds).hooked(&s.found) {
+            return Ok(Step::ReadAll);
+        }
+        if s.hash_at(&Key::Attachment(me.hash)).is_some_and(|fp| fp != want.fingerprint()) {
+            return Ok(Step::ReadAll);
+        }
+        let ch = fresh(want, s.get(&Key::Netns(me.hash)));
+        let guarded = !ch.delete.is_empty();
+        return Ok(Step::Apply(ch.into_plan(Plan { guarded, ..Default::default() })));
+    }
     let mut lens = lens_in(&s.found.rules);
     lens.extend(want.lens());
     let setup = declaration(&lens, conds).setup(&s.found);
-    if !setup.is_empty() && !s.complete {
-        return Ok(Step::ReadAll); // repairs are planned on a full read
-    }
     let mut plan = Plan { ops: setup.ops, nft: setup.nft, ..Default::default() };
     if plan.nft.is_some() {
         return Ok(Step::Apply(plan));
-    }
-    let me = &want.owner;
-    if !s.complete {
-        let netns_now = s.get(&Key::Netns(me.hash));
-        match s.hash_at(&Key::Attachment(me.hash)) {
-            Some(fp) if fp != want.fingerprint() => return Ok(Step::ReadAll),
-            _ => {}
-        }
-        let ch = fresh(want, netns_now);
-        plan.guarded = !ch.delete.is_empty();
-        return Ok(Step::Apply(ch.into_plan(plan)));
     }
     let held = s.held();
     let mine = |tag: &str| tag == me.tag || container_of(tag) == Some(me.container.as_str());

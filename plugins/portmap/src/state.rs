@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 /// What to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
-    /// The static part (the rules and the layout version) and these elements by key: a few
-    /// pipelined look-ups, whatever the size of the table.
-    Point(Vec<Key>),
+    /// The layout version, these elements by key, how many jumps lead to these chains, and
+    /// (with `rules`) every rule: one pipelined round trip whatever the size of the table.
+    Point { keys: Vec<Key>, chains: Vec<String>, rules: bool },
     /// Everything: every set and chain and every element of the table.
     Full,
 }
@@ -21,23 +21,32 @@ impl Scope {
     /// The keys to look up (the layout version first).
     pub fn keys(&self) -> Vec<(String, Vec<u8>)> {
         let mut v = vec![layout::version_key()];
-        if let Scope::Point(keys) = self {
+        if let Scope::Point { keys, .. } = self {
             v.extend(keys.iter().map(|k| (k.set().name(), Elem::encode_key(k).key)));
         }
         v
     }
 
+    /// The chains whose references a point read counts.
+    pub fn chains(&self) -> &[String] {
+        match self {
+            Scope::Point { chains, .. } => chains,
+            Scope::Full => &[],
+        }
+    }
+
     /// The snapshot request for this scope (keys as [`Scope::keys`] gives them).
     pub fn request<'a>(
-        &self,
+        &'a self,
         keys: &'a [(String, Vec<u8>)],
         accept: &'a dyn Fn(&str) -> bool,
     ) -> SnapshotRequest<'a> {
         SnapshotRequest {
             family: layout::FAMILY,
             table: layout::TABLE,
-            rules: true,
+            rules: !matches!(self, Scope::Point { rules: false, .. }),
             keys,
+            chains: self.chains(),
             listing: matches!(self, Scope::Full).then_some(accept),
         }
     }
@@ -92,13 +101,14 @@ impl State {
                 table: snap.table.is_some(),
                 current: snap.keys.first().is_some_and(Option::is_some),
                 rules: snap.rules.clone(),
+                uses: scope.chains().iter().cloned().zip(snap.chain_uses.iter().copied()).collect(),
                 sets: full.then(|| snap.sets.clone()),
                 chains: full.then(|| snap.chains.clone()),
             },
             complete: full || snap.table.is_none(),
             ..Default::default()
         };
-        if let Scope::Point(keys) = scope {
+        if let Scope::Point { keys, .. } = scope {
             for (k, e) in keys.iter().zip(snap.keys.iter().skip(1)) {
                 if let Some(l) = e.as_ref().and_then(|e| Elem::decode(k.set(), e)).filter(|l| l.key == *k) {
                     let comment = e.as_ref().and_then(|e| e.comment.clone());
@@ -194,7 +204,8 @@ mod tests {
         let hp = HostPort { fam: Family::V4, ip: None, proto: Proto::Tcp, port: 80 };
         let h = Hash([1; 16]);
         let owner = Elem::owner(hp, h);
-        let scope = Scope::Point(vec![owner.key, Key::Attachment(h)]);
+        let scope =
+            Scope::Point { keys: vec![owner.key, Key::Attachment(h)], chains: Vec::new(), rules: true };
         assert_eq!(scope.keys().len(), 3);
         let snap = Snapshot {
             generation: 7,

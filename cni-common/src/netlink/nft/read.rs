@@ -260,6 +260,8 @@ pub struct SnapshotRequest<'a> {
     pub rules: bool,
     /// Elements to get by key: (set, key bytes).
     pub keys: &'a [(String, Vec<u8>)],
+    /// Chains to get by name (their reference counts: how many jumps lead to each).
+    pub chains: &'a [String],
     /// List the table's sets and chains, and dump the elements of every set this accepts.
     pub listing: Option<&'a dyn Fn(&str) -> bool>,
 }
@@ -273,6 +275,9 @@ pub struct Snapshot {
     pub rules: Vec<NftRule>,
     /// The elements asked for by key, in the request's order (None: not there, or no such set).
     pub keys: Vec<Option<NftElem>>,
+    /// The chains asked for by name, in the request's order: how many references lead to each
+    /// (`NFTA_CHAIN_USE`); None when it does not exist.
+    pub chain_uses: Vec<Option<u32>>,
     /// With a listing: the names of the table's sets and chains, and the elements of each set
     /// the listing accepted.
     pub sets: Vec<String>,
@@ -284,10 +289,11 @@ pub struct Snapshot {
 const SNAPSHOT_ATTEMPTS: usize = 20;
 
 impl NfTables {
-    /// Read what `req` asks for in as few round trips as possible (the generation, the table,
-    /// the elements by key and the rules in pipelined datagrams; each dumped set in one dump),
-    /// between two readings of the ruleset generation, again until both agree: one consistent
-    /// state, whose generation a guarded transaction ([`NfTables::apply_guarded`]) can name.
+    /// Read what `req` asks for in as few round trips as possible (the generation, the
+    /// elements by key and the rules in one pipelined datagram; each dumped set in one dump),
+    /// again until every answer was built at the generation read first (each nf_tables message
+    /// carries it): one consistent state, whose generation a guarded transaction
+    /// ([`NfTables::apply_guarded`]) can name.
     pub fn snapshot(&mut self, req: &SnapshotRequest<'_>) -> Result<Snapshot, NlError> {
         let what = format!("read nftables table {} {}", req.family.keyword(), req.table);
         for _ in 0..SNAPSHOT_ATTEMPTS {
@@ -309,59 +315,104 @@ impl NfTables {
         let get = |msg: u16, family: u8, attrs: &[(u16, Vec<u8>)]| {
             (message(nft_msg(msg), NLM_F_REQUEST, family, 0, attrs), false)
         };
-        let gen_req = || get(NFT_MSG_GETGEN, 0, &[]);
-        let mut reqs =
-            vec![gen_req(), get(NFT_MSG_GETTABLE, req.family.proto(), &[(NFTA_TABLE_NAME, cstr(req.table))])];
+        let mut reqs = vec![get(NFT_MSG_GETGEN, 0, &[])];
+        if !req.rules {
+            // with the rules dumped, a missing table is the dump's ENOENT
+            reqs.push(get(NFT_MSG_GETTABLE, req.family.proto(), &[(NFTA_TABLE_NAME, cstr(req.table))]));
+        }
         reqs.extend(
             req.keys
                 .iter()
                 .map(|(set, key)| (super::set::get_element_request(req.family, req.table, set, key), false)),
         );
+        reqs.extend(req.chains.iter().map(|c| {
+            get(
+                NFT_MSG_GETCHAIN,
+                req.family.proto(),
+                &[(NFTA_CHAIN_TABLE, cstr(req.table)), (NFTA_CHAIN_NAME, cstr(c))],
+            )
+        }));
         if req.rules {
             reqs.push((dump_request(NFT_MSG_GETRULE, req.family, &[(NFTA_RULE_TABLE, req.table)]), true));
         }
-        let mut answers = self.sock.request_many(reqs)?.into_iter();
-        let generation = generation_of(answers.next())?;
-        let table = match answers.next().expect("asked") {
-            Ok(r) => r
-                .iter()
-                .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
-                .find_map(|r| table_of(&r.payload)),
-            Err(e) if e.errno == libc::ENOENT => {
-                return Ok(Some(Snapshot { generation, ..Default::default() }))
-            }
-            Err(e) => return Err(e),
+        let mut answers = self.sock.request_many(reqs)?;
+        let generation = generation_of(answers.first().cloned())?;
+        // Every nf_tables message carries the low 16 bits of the ruleset generation it was
+        // built at (nfgenmsg's res_id): all of them at `generation` make one consistent state.
+        let mut consistent = true;
+        let mut seen = |r: &[Reply]| {
+            consistent &= r.iter().all(|m| {
+                m.payload.get(2..4).is_some_and(|g| u16::from_be_bytes([g[0], g[1]]) == generation as u16)
+            });
         };
-        let mut s = Snapshot { generation, table, ..Default::default() };
+        let rules = if req.rules { answers.pop() } else { None };
+        let mut answers = answers.into_iter().skip(1);
+        let table = if req.rules {
+            match rules.expect("asked") {
+                Ok(r) => {
+                    seen(&r);
+                    let rules = r
+                        .iter()
+                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
+                        .filter_map(|r| parse_rule(&r.payload))
+                        .filter(|r| r.table == req.table)
+                        .collect();
+                    Some((NftTable { name: req.table.to_string(), comment: None }, rules))
+                }
+                Err(e) if e.errno == libc::ENOENT => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            match answers.next().expect("asked") {
+                Ok(r) => {
+                    seen(&r);
+                    r.iter()
+                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
+                        .find_map(|r| table_of(&r.payload))
+                        .map(|t| (t, Vec::new()))
+                }
+                Err(e) if e.errno == libc::ENOENT => None,
+                Err(e) => return Err(e),
+            }
+        };
+        let Some((table, rules)) = table else {
+            return Ok(Some(Snapshot { generation, ..Default::default() }));
+        };
+        let mut s = Snapshot { generation, table: Some(table), rules, ..Default::default() };
         for (set, _) in req.keys {
             s.keys.push(match answers.next().expect("asked") {
-                Ok(r) => r
-                    .iter()
-                    .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, set))
-                    .next(),
+                Ok(r) => {
+                    seen(&r);
+                    r.iter()
+                        .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, set))
+                        .next()
+                }
                 Err(e) if e.errno == libc::ENOENT => None,
                 Err(e) => return Err(e),
             });
         }
-        if req.rules {
-            s.rules = match answers.next().expect("asked") {
-                Ok(r) => r
-                    .iter()
-                    .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
-                    .filter_map(|r| parse_rule(&r.payload))
-                    .filter(|r| r.table == req.table)
-                    .collect(),
-                Err(e) if e.errno == libc::ENOENT => Vec::new(),
+        for _ in req.chains {
+            s.chain_uses.push(match answers.next().expect("asked") {
+                Ok(r) => {
+                    seen(&r);
+                    r.iter()
+                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWCHAIN))
+                        .find_map(|r| find_attr(r.payload.get(4..)?, NFTA_CHAIN_USE).and_then(decode_be32))
+                }
+                Err(e) if e.errno == libc::ENOENT => None,
                 Err(e) => return Err(e),
-            };
+            });
         }
         if let Some(accept) = req.listing {
             let sets = dump_request(NFT_MSG_GETSET, req.family, &[(NFTA_SET_TABLE, req.table)]);
             let chains = dump_request(NFT_MSG_GETCHAIN, req.family, &[(NFTA_CHAIN_TABLE, req.table)]);
-            let mut answers = self.sock.request_many(vec![(sets, true), (chains, true)])?.into_iter();
+            let mut lists = self.sock.request_many(vec![(sets, true), (chains, true)])?.into_iter();
             let mut listed = |payload_of: &dyn Fn(&[u8]) -> Option<String>| -> Result<Vec<String>, NlError> {
-                match answers.next().expect("asked") {
-                    Ok(r) => Ok(r.iter().filter_map(|r| payload_of(&r.payload)).collect()),
+                match lists.next().expect("asked") {
+                    Ok(r) => {
+                        seen(&r);
+                        Ok(r.iter().filter_map(|r| payload_of(&r.payload)).collect())
+                    }
                     Err(e) if e.errno == libc::ENOENT => Ok(Vec::new()),
                     Err(e) => Err(e),
                 }
@@ -376,19 +427,20 @@ impl NfTables {
                 );
                 let answer = self.sock.request_many(vec![(dump, true)])?.pop().expect("asked");
                 let elems = match answer {
-                    Ok(r) => r
-                        .iter()
-                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWSETELEM))
-                        .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, &set))
-                        .collect(),
+                    Ok(r) => {
+                        seen(&r);
+                        r.iter()
+                            .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWSETELEM))
+                            .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, &set))
+                            .collect()
+                    }
                     Err(e) if e.errno == libc::ENOENT => Vec::new(),
                     Err(e) => return Err(e),
                 };
                 s.dumped.push((set, elems));
             }
         }
-        let after = generation_of(self.sock.request_many(vec![gen_req()])?.pop())?;
-        Ok((after == generation).then_some(s))
+        Ok(consistent.then_some(s))
     }
 }
 

@@ -743,10 +743,38 @@ fn random_interleavings_keep_the_invariants() {
 #[test]
 fn point_reads_stay_small() {
     let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
-    match plan::point_keys(&a.intent.owner, None) {
-        Scope::Point(keys) => {
-            assert_eq!(keys.len(), 2, "the record and the netns record, whatever the mappings")
-        }
-        Scope::Full => unreachable!(),
+    let many = pod("n", "m", "10.0.0.6/24", &(1..=500).map(|p| (p, p, "tcp")).collect::<Vec<_>>());
+    for p in [&a, &many] {
+        let Scope::Point { keys, chains, rules } = plan::add_scope(&p.intent, &p.conf.conditions) else {
+            unreachable!()
+        };
+        assert_eq!(keys.len(), 2, "the record and the netns record, whatever the mappings");
+        assert_eq!(chains.len(), 6, "gate, hostports and masquerade chains of both families");
+        assert!(!rules, "no rule dump");
+        let Scope::Point { keys, rules, .. } = plan::del_scope(&p.intent.owner) else { unreachable!() };
+        assert_eq!((keys.len(), rules), (2, false));
     }
+}
+
+/// An ADD into an intact table reads no rule; a flushed hook is seen by its chain's reference
+/// count, and the ADD repairs it on a full read.
+#[test]
+fn point_reads_see_a_missing_jump() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let s =
+        crate::kernel::Kernel::read(&mut k.clone(), &plan::add_scope(&a.intent, &a.conf.conditions)).unwrap();
+    assert!(s.found.rules.is_empty());
+    assert!(layout::declaration(&a.intent.lens(), &a.conf.conditions).hooked(&s.found));
+    k.edit(|t| t.as_mut().unwrap().chains.iter_mut().find(|(n, _)| n == "output").unwrap().1.clear());
+    let s =
+        crate::kernel::Kernel::read(&mut k.clone(), &plan::add_scope(&a.intent, &a.conf.conditions)).unwrap();
+    assert!(
+        !layout::declaration(&a.intent.lens(), &a.conf.conditions).hooked(&s.found),
+        "gate4 has one jump, not two"
+    );
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    add(&k, &b).unwrap();
+    check(&k, &a).unwrap();
 }

@@ -146,7 +146,24 @@ impl Fake {
         let mut s = Snapshot { generation: w.generation, ..Default::default() };
         let Some(t) = &w.table else { return Ok(s) };
         s.table = Some(NftTable { name: crate::layout::TABLE.into(), comment: None });
-        s.rules = t.chains.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
+        if !matches!(scope, Scope::Point { rules: false, .. }) {
+            s.rules = t.chains.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
+        }
+        s.chain_uses = scope
+            .chains()
+            .iter()
+            .map(|c| {
+                t.has_chain(c).then(|| {
+                    t.chains
+                        .iter()
+                        .flat_map(|(_, r)| r)
+                        .filter(|r| {
+                            r.verdicts().any(|v| matches!(v, Verdict::Jump(x) | Verdict::Goto(x) if x == c))
+                        })
+                        .count() as u32
+                })
+            })
+            .collect();
         s.keys = scope
             .keys()
             .iter()

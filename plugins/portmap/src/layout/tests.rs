@@ -41,6 +41,7 @@ fn found_of(d: &Declaration) -> Found {
                 exprs: listed(r.exprs.as_ref().unwrap()),
             })
             .collect(),
+        uses: d.uses().into_iter().map(|(c, n)| (c, Some(n))).collect(),
         sets: Some(std::iter::once(LAYOUT_SET.to_string()).chain(d.sets.iter().map(Set::name)).collect()),
         chains: Some(d.chains.iter().map(|c| c.name.clone()).collect()),
     }
@@ -58,7 +59,11 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
     assert!(d.setup(&found).is_empty());
+    assert!(d.hooked(&found));
     assert_eq!(lens_in(&found.rules), lens);
+    let uses: std::collections::BTreeMap<String, u32> = d.uses().into_iter().collect();
+    assert_eq!(uses["gate4"], 2, "both hooks jump to the gate chain");
+    assert_eq!((uses["hostports6"], uses["masquerade4"]), (1, 1));
     // a flushed chain is refilled, and only it
     let mut flushed = found.clone();
     flushed.rules.retain(|r| r.chain != "prerouting");
