@@ -45,8 +45,8 @@ impl Netlink {
 
 impl Kernel for Netlink {
     fn read(&mut self, scope: &Scope) -> std::result::Result<State, NlError> {
-        let keys = scope.keys();
-        let snap = self.nf.snapshot(&scope.request(&keys, &dumped)).map_err(|e| self.after(e))?;
+        let (keys, chains) = (scope.keys(), scope.chains());
+        let snap = self.nf.snapshot(&scope.request(&keys, &chains, &dumped)).map_err(|e| self.after(e))?;
         Ok(State::decode(scope, &snap))
     }
 

@@ -391,12 +391,26 @@ pub struct Found {
     /// The version element of [`LAYOUT_SET`] is [`VERSION`].
     pub current: bool,
     pub rules: Vec<NftRule>,
-    /// Chains whose references were counted (a point read): name, and how many jumps lead to
-    /// it (None: no such chain).
-    pub uses: Vec<(String, Option<u32>)>,
+    /// Chains whose references were counted (a point read): name, the count the declaration
+    /// expects, and the count found (None: no such chain).
+    pub uses: Vec<(String, u32, Option<u32>)>,
     /// Set and chain names (None when not listed: a point read).
     pub sets: Option<Vec<String>>,
     pub chains: Option<Vec<String>>,
+}
+
+impl Found {
+    /// Whether a point read found the table of this layout with every chain in place, the
+    /// hooks included (the jumps of `prerouting` and `output` into the gate chains of the
+    /// conditions read for, the gates' jumps into `hostports4`/`6`, the guard's rules): by the
+    /// kernel's reference counts, no rule read. What an ADD relies on; every rule is compared
+    /// by CHECK and by every full read.
+    pub fn hooked(&self) -> bool {
+        self.table
+            && self.current
+            && !self.uses.is_empty()
+            && self.uses.iter().all(|(_, want, got)| *got == Some(*want))
+    }
 }
 
 /// What the static part needs: netlink operations, and an `nft -f` script to run before them
@@ -468,31 +482,20 @@ impl Declaration {
             })
     }
 
-    /// How many jumps lead to each chain that is not a base chain, as declared: the gate chains
-    /// from both hooks, each family's `hostports` and `masquerade` chain from its gate and from
-    /// `masquerading`.
+    /// The reference count the kernel keeps for each chain whose rules do not depend on the
+    /// prefix lengths in use (all but `masquerade4`/`6`): its rules plus the jumps into it
+    /// (`NFTA_CHAIN_USE` counts both), as declared.
     pub fn uses(&self) -> Vec<(String, u32)> {
+        let count = |f: &dyn Fn(&RuleDecl) -> bool| self.rules.iter().filter(|r| f(r)).count() as u32;
         self.chains
             .iter()
-            .filter(|c| c.base.is_none())
+            .filter(|c| !c.name.starts_with("masquerade") || c.name == "masquerading")
             .map(|c| {
-                (
-                    c.name.clone(),
-                    self.rules.iter().filter(|r| r.jump.as_deref() == Some(c.name.as_str())).count() as u32,
-                )
+                let n =
+                    count(&|r| r.chain == c.name) + count(&|r| r.jump.as_deref() == Some(c.name.as_str()));
+                (c.name.clone(), n)
             })
             .collect()
-    }
-
-    /// Whether a point read found the table of this layout with every jump in place (the hooks
-    /// into the gate chains of these conditions, the gates into `hostports`, `masquerading`
-    /// into `masquerade4`/`6`): what an ADD relies on, checked without reading the rules
-    /// (`NFTA_CHAIN_USE` of each chain). The rules themselves are compared by CHECK and by
-    /// every full read.
-    pub fn hooked(&self, found: &Found) -> bool {
-        found.table
-            && found.current
-            && self.uses().iter().all(|(name, n)| found.uses.iter().any(|(c, u)| c == name && *u == Some(*n)))
     }
 
     /// What is wrong with the static part found, one line each (empty: intact).

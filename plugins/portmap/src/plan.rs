@@ -60,7 +60,7 @@ pub enum Step {
 /// mappings or of attachments.
 pub fn add_scope(want: &Intent, conds: &Conditions) -> Scope {
     let h = want.owner.hash;
-    let chains = declaration(&want.lens(), conds).uses().into_iter().map(|(c, _)| c).collect();
+    let chains = declaration(&want.lens(), conds).uses();
     Scope::Point { keys: vec![Key::Attachment(h), Key::Netns(h)], chains, rules: false }
 }
 
@@ -370,7 +370,7 @@ pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Re
     if !s.complete {
         // a point read: the jumps ADD relies on are in place, and the attachment is new or
         // unchanged; anything else is planned on a full read
-        if !declaration(&want.lens(), conds).hooked(&s.found) {
+        if !s.found.hooked() {
             return Ok(Step::ReadAll);
         }
         if s.hash_at(&Key::Attachment(me.hash)).is_some_and(|fp| fp != want.fingerprint()) {

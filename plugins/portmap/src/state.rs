@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 /// What to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
-    /// The layout version, these elements by key, how many jumps lead to these chains, and
-    /// (with `rules`) every rule: one pipelined round trip whatever the size of the table.
-    Point { keys: Vec<Key>, chains: Vec<String>, rules: bool },
+    /// The layout version, these elements by key, the reference counts of these chains (with
+    /// the count the layout expects), and (with `rules`) every rule: one pipelined round trip
+    /// whatever the size of the table.
+    Point { keys: Vec<Key>, chains: Vec<(String, u32)>, rules: bool },
     /// Everything: every set and chain and every element of the table.
     Full,
 }
@@ -28,10 +29,10 @@ impl Scope {
     }
 
     /// The chains whose references a point read counts.
-    pub fn chains(&self) -> &[String] {
+    pub fn chains(&self) -> Vec<String> {
         match self {
-            Scope::Point { chains, .. } => chains,
-            Scope::Full => &[],
+            Scope::Point { chains, .. } => chains.iter().map(|(c, _)| c.clone()).collect(),
+            Scope::Full => Vec::new(),
         }
     }
 
@@ -39,6 +40,7 @@ impl Scope {
     pub fn request<'a>(
         &'a self,
         keys: &'a [(String, Vec<u8>)],
+        chains: &'a [String],
         accept: &'a dyn Fn(&str) -> bool,
     ) -> SnapshotRequest<'a> {
         SnapshotRequest {
@@ -46,7 +48,7 @@ impl Scope {
             table: layout::TABLE,
             rules: !matches!(self, Scope::Point { rules: false, .. }),
             keys,
-            chains: self.chains(),
+            chains,
             listing: matches!(self, Scope::Full).then_some(accept),
         }
     }
@@ -101,7 +103,14 @@ impl State {
                 table: snap.table.is_some(),
                 current: snap.keys.first().is_some_and(Option::is_some),
                 rules: snap.rules.clone(),
-                uses: scope.chains().iter().cloned().zip(snap.chain_uses.iter().copied()).collect(),
+                uses: match scope {
+                    Scope::Point { chains, .. } => chains
+                        .iter()
+                        .zip(&snap.chain_uses)
+                        .map(|((c, want), got)| (c.clone(), *want, *got))
+                        .collect(),
+                    Scope::Full => Vec::new(),
+                },
                 sets: full.then(|| snap.sets.clone()),
                 chains: full.then(|| snap.chains.clone()),
             },

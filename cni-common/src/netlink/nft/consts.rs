@@ -36,7 +36,7 @@ pub(crate) const NFTA_CHAIN_HOOK: u16 = 4;
 pub(crate) const NFTA_CHAIN_POLICY: u16 = 5;
 pub(crate) const NFTA_CHAIN_TYPE: u16 = 7;
 /// `NFTA_CHAIN_USE`: how many references (jumps, gotos, verdict map elements) lead to a chain.
-pub(crate) const NFTA_CHAIN_USE: u16 = 8;
+pub(crate) const NFTA_CHAIN_USE: u16 = 6;
 pub(crate) const NFTA_CHAIN_USERDATA: u16 = 12;
 pub(crate) const NFTA_HOOK_HOOKNUM: u16 = 1;
 pub(crate) const NFTA_HOOK_PRIORITY: u16 = 2;

@@ -718,3 +718,31 @@ fn listed_is_what_the_decoder_reads_back() {
         assert_eq!(super::expr::listed(std::slice::from_ref(&e)), decoded, "{e:?}");
     }
 }
+
+/// A snapshot reads a chain's reference count (`NFTA_CHAIN_USE`: its rules and the jumps into
+/// it, a base chain its hook too): what portmap's ADD checks instead of reading every rule.
+#[test]
+fn snapshots_count_the_jumps_into_a_chain() {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    nft.apply(
+        "table inet snap {\n  chain target { }\n  chain pre { type nat hook prerouting priority dstnat; }\n  chain out { type nat hook output priority -100; }\n}\n\
+         add rule inet snap pre meta nfproto ipv4 jump target\nadd rule inet snap out meta nfproto ipv4 jump target\n",
+    )
+    .unwrap();
+    let mut nf = NfTables::new().unwrap();
+    let chains = ["target".to_string(), "pre".to_string(), "missing".to_string()];
+    let req = SnapshotRequest {
+        family: NftFamily::Inet,
+        table: "snap",
+        rules: false,
+        keys: &[],
+        chains: &chains,
+        listing: None,
+    };
+    let s = nf.snapshot(&req).unwrap();
+    assert_eq!(s.chain_uses, [Some(2), Some(1), None], "a chain counts the jumps into it and its own rules");
+    assert!(s.table.is_some() && s.rules.is_empty());
+    nft.apply("flush chain inet snap out\n").unwrap();
+    assert_eq!(nf.snapshot(&req).unwrap().chain_uses[0], Some(1));
+}

@@ -149,21 +149,13 @@ impl Fake {
         if !matches!(scope, Scope::Point { rules: false, .. }) {
             s.rules = t.chains.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
         }
-        s.chain_uses = scope
-            .chains()
-            .iter()
-            .map(|c| {
-                t.has_chain(c).then(|| {
-                    t.chains
-                        .iter()
-                        .flat_map(|(_, r)| r)
-                        .filter(|r| {
-                            r.verdicts().any(|v| matches!(v, Verdict::Jump(x) | Verdict::Goto(x) if x == c))
-                        })
-                        .count() as u32
-                })
-            })
-            .collect();
+        // as the kernel counts (NFTA_CHAIN_USE): the chain's own rules and the jumps into it
+        let uses = |c: &String| {
+            let own = t.chains.iter().find(|(n, _)| n == c).map(|(_, r)| r.len() as u32)?;
+            let jump = |v: &Verdict| matches!(v, Verdict::Jump(x) | Verdict::Goto(x) if x == c);
+            Some(own + t.chains.iter().flat_map(|(_, r)| r).filter(|r| r.verdicts().any(jump)).count() as u32)
+        };
+        s.chain_uses = scope.chains().iter().map(uses).collect();
         s.keys = scope
             .keys()
             .iter()

@@ -41,7 +41,7 @@ fn found_of(d: &Declaration) -> Found {
                 exprs: listed(r.exprs.as_ref().unwrap()),
             })
             .collect(),
-        uses: d.uses().into_iter().map(|(c, n)| (c, Some(n))).collect(),
+        uses: d.uses().into_iter().map(|(c, n)| (c, n, Some(n))).collect(),
         sets: Some(std::iter::once(LAYOUT_SET.to_string()).chain(d.sets.iter().map(Set::name)).collect()),
         chains: Some(d.chains.iter().map(|c| c.name.clone()).collect()),
     }
@@ -59,11 +59,13 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
     assert!(d.setup(&found).is_empty());
-    assert!(d.hooked(&found));
+    assert!(found.hooked());
     assert_eq!(lens_in(&found.rules), lens);
     let uses: std::collections::BTreeMap<String, u32> = d.uses().into_iter().collect();
-    assert_eq!(uses["gate4"], 2, "both hooks jump to the gate chain");
-    assert_eq!((uses["hostports6"], uses["masquerade4"]), (1, 1));
+    assert_eq!(uses["gate4"], 3, "its rule, and both hooks jumping to it");
+    assert_eq!(uses["hostports6"], 3, "its two rules and the gate's jump");
+    assert!(!uses.contains_key("masquerade4"), "its rules follow the prefix lengths in use");
+    assert_eq!((uses["localnet"], uses["prerouting"]), (2, 2), "a base chain: its rules");
     // a flushed chain is refilled, and only it
     let mut flushed = found.clone();
     flushed.rules.retain(|r| r.chain != "prerouting");
