@@ -6,7 +6,8 @@
 //! dataDir and caches. Everything is removed when the guards drop, also when a test fails.
 //!
 //! Tests need root. They do not skip: if a namespace cannot be made, the test fails and says
-//! why.
+//! why. The one exception is a kernel feature some machines lack, and that skip is visible:
+//! [`skip_unless`] (module `skip`).
 
 use serde_json::Value;
 use std::ffi::OsStr;
@@ -703,24 +704,16 @@ pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// Probe a kernel feature by running a command in a scratch namespace. Returns Err(reason)
-/// when the feature is missing, so a test can print one line and cover the logic elsewhere.
-pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
-    let ns = Netns::new("probe");
-    let out = ns.try_run(args[0], &args[1..]);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
 pub mod bench;
 pub mod chain;
 pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod skip;
 pub mod traffic;
+
+pub use skip::{skip_if_present, skip_unless, Feature};
 
 #[cfg(test)]
 mod tests {
