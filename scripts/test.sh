@@ -16,7 +16,7 @@ scripts/install-deps.sh
 # and listed at the end, pass or fail: nextest hides the output of passing tests. Features these
 # machines have (/work/shared/DESIGN.md section 5) are required: their tests fail rather than skip.
 export CNI_TEST_SKIP_LOG="$PWD/target/cni-test-skips.log"
-export CNI_TEST_REQUIRE="${CNI_TEST_REQUIRE-iptables-legacy}"
+export CNI_TEST_REQUIRE="${CNI_TEST_REQUIRE-iptables-legacy,br_netfilter}"
 mkdir -p target
 : >"$CNI_TEST_SKIP_LOG"
 report_skips() {

@@ -942,6 +942,27 @@ fn kubenet_non_masquerade_cidrs_auto_mtu_and_bridge_nf_call() {
     assert!(!nft_ruleset(&w.host).contains(&ctr_ip));
 }
 
+/// `bridgeNfCallIptables` without br_netfilter (its /proc/sys/net/bridge hidden by a tmpfs in a
+/// private mount namespace of the plugin's own; the module stays loaded for everyone else): ADD
+/// refuses with code 50 before anything is reserved or created. Without the key, the same ADD
+/// works in that same setting.
+#[test]
+fn bridge_nf_call_iptables_is_refused_with_code_50_without_br_netfilter() {
+    let w = World::new();
+    let hide = "mount -t tmpfs none /proc/sys/net/bridge";
+    let conf = w.conf("1.0.0", json!({"isGateway": true, "bridgeNfCallIptables": true}));
+    let ctr = Netns::new("brc");
+    let (host0, ctr0, data0) = (bridge_ns_state(&w.host), bridge_ns_state(&ctr), dir_state(w.data.path()));
+    let msg = w.exec("ADD", "nobrnf", &ctr, "eth0").in_private_mounts(hide).run(&conf.to_string()).err(50);
+    assert!(msg.contains("br_netfilter"), "{msg}");
+    assert_eq!(bridge_ns_state(&w.host), host0, "the host changed");
+    assert_eq!(bridge_ns_state(&ctr), ctr0, "the container changed");
+    assert_eq!(dir_state(w.data.path()), data0, "IPAM ran");
+    let plain = w.conf("1.0.0", json!({"isGateway": true}));
+    w.exec("ADD", "nobrnf", &ctr, "eth0").in_private_mounts(hide).run(&plain.to_string()).ok();
+    w.exec("DEL", "nobrnf", &ctr, "eth0").run(&plain.to_string()).ok_silent();
+}
+
 // ---------------------------------------------------------------------------------------------
 // DEL, GC, STATUS, bad input
 

@@ -426,13 +426,36 @@ pub struct Exec<'a> {
     plugin: PathBuf,
     env: Vec<(String, String)>,
     in_ns: Option<&'a Netns>,
+    /// A command the plugin runs under (`program args… <plugin>`), see [`Exec::under`].
+    wrapper: Vec<String>,
 }
 
 impl<'a> Exec<'a> {
     /// `plugin` is a binary name (resolved with [`bin`]) or a path.
     pub fn new(plugin: &str) -> Exec<'a> {
         let plugin = if plugin.contains('/') { PathBuf::from(plugin) } else { bin(plugin) };
-        Exec { plugin, env: Vec::new(), in_ns: None }
+        Exec { plugin, env: Vec::new(), in_ns: None, wrapper: Vec::new() }
+    }
+
+    /// Run the plugin as the last argument of `command` (e.g. `unshare -m sh -c '… exec "$0"'`),
+    /// which must exec it with the environment and stdio it got.
+    pub fn under(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Run the plugin in a private mount namespace in which `script` (sh) ran first, e.g. to hide
+    /// a /proc/sys directory with a tmpfs. Nothing of it reaches the machine's mounts.
+    pub fn in_private_mounts(self, script: &str) -> Self {
+        self.under(&[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-ec",
+            &format!("{script}; exec \"$0\""),
+        ])
     }
 
     /// Run inside `ns` (normally the fake host namespace).
@@ -465,10 +488,14 @@ impl<'a> Exec<'a> {
 
     /// The command with the plugin's CNI environment (only what the test set), in the namespace.
     fn command(&self) -> Command {
+        let program = self.wrapper.first().map(PathBuf::from).unwrap_or_else(|| self.plugin.clone());
         let mut cmd = match self.in_ns {
-            Some(ns) => ns.command(&self.plugin),
-            None => Command::new(&self.plugin),
+            Some(ns) => ns.command(&program),
+            None => Command::new(&program),
         };
+        if !self.wrapper.is_empty() {
+            cmd.args(&self.wrapper[1..]).arg(&self.plugin);
+        }
         for (k, _) in std::env::vars() {
             if k.starts_with("CNI_") && k != KEPT_ENV {
                 cmd.env_remove(k);

@@ -29,12 +29,12 @@ pub enum Feature {
     Vlan8021q,
     /// SCTP sockets (`socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)`).
     SctpSockets,
+    /// br_netfilter (`/proc/sys/net/bridge/bridge-nf-call-iptables`; scripts/install-deps.sh
+    /// loads the module where it exists).
+    BrNetfilter,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 4] =
-        [Feature::IptablesLegacyNat, Feature::BridgeVlanFiltering, Feature::Vlan8021q, Feature::SctpSockets];
-
     /// The name used in `CNI_TEST_REQUIRE` and in the skip log.
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +42,7 @@ impl Feature {
             Feature::BridgeVlanFiltering => "vlan-filtering",
             Feature::Vlan8021q => "8021q",
             Feature::SctpSockets => "sctp",
+            Feature::BrNetfilter => "br_netfilter",
         }
     }
 
@@ -70,6 +71,9 @@ impl Feature {
                 "-c",
                 "ip link add v0 type veth peer name v1 && ip link add link v0 name v0.7 type vlan id 7",
             ]),
+            Feature::BrNetfilter => {
+                in_scratch_ns(&["test", "-e", "/proc/sys/net/bridge/bridge-nf-call-iptables"])
+            }
             Feature::SctpSockets => {
                 // SAFETY: plain socket(2); the descriptor is closed right away.
                 let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
