@@ -2,13 +2,15 @@
 # Install the plugins into a CNI bin directory, /opt/cni/bin by default (cnitool is a user
 # tool, not a plugin: copy it from the build directory to your PATH if you want it), and
 # cni-migrate next to them (scripts/migrate.sh runs it; no runtime ever does).
-#   scripts/install.sh [--force] [DIR]
+#   scripts/install.sh [--force] [--from BUILD_DIR] [DIR]
 #   scripts/install.sh --restore [DIR]
 # Refuses to replace existing files (e.g. the upstream Go plugins) unless --force is given;
 # with --force each replaced file is kept as <name>.orig once, so the switch can be undone.
 # --restore puts every <name>.orig back (our binary is dropped), then tells you to run
 # `scripts/migrate.sh to-upstream` so upstream's plugins find their own form of the running
 # pods (docs/switching.md). cni-migrate stays for that.
+# --from takes the binaries from BUILD_DIR (e.g. what scripts/build-release.sh printed on a build
+# machine) instead of building them here.
 # Files are installed atomically (copy to a temporary name, then rename), so a runtime that
 # execs a plugin during the install sees either the old or the new binary, never a torn one.
 set -euo pipefail
@@ -16,11 +18,18 @@ cd "$(dirname "$0")/.."
 
 force=0
 restore=0
+from=
 dest=/opt/cni/bin
-for a in "$@"; do
+while (($#)); do
+    a=$1
+    shift
     case "$a" in
     --force) force=1 ;;
     --restore) restore=1 ;;
+    --from)
+        from=${1:?--from needs a directory}
+        shift
+        ;;
     -h | --help)
         sed -n '2,/^set -/p' "$0" | grep '^#'
         exit 0
@@ -67,12 +76,24 @@ MSG
     exit 0
 fi
 
-bin=$(scripts/build-release.sh)
+if [ -n "$from" ]; then
+    bin=$from
+    [ -d "$bin" ] || {
+        echo "--from $bin: not a directory" >&2
+        exit 2
+    }
+else
+    bin=$(scripts/build-release.sh)
+fi
 present=()
 for n in "${names[@]}"; do
     [ -x "$bin/$n" ] && present+=("$n")
 done
 
+if ((${#present[@]} == 0)); then
+    echo "no plugin binaries in $bin" >&2
+    exit 1
+fi
 mkdir -p "$dest"
 clash=()
 for n in "${present[@]}"; do
