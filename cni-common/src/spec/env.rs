@@ -416,4 +416,11 @@ mod tests {
         // order does not matter: IgnoreUnknown may come last
         assert!(CniArgs::parse("X=1;IgnoreUnknown=1").unwrap().validate(&[]).is_ok());
     }
+
+    #[test]
+    fn command_names_round_trip() {
+        for name in ["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"] {
+            assert_eq!(Command::parse(name).map(Command::as_str), Some(name));
+        }
+    }
 }
