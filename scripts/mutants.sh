@@ -6,7 +6,9 @@
 # entry in the reviewed list of equivalent mutants (.cargo/mutants.toml, exclude_re).
 #
 #   scripts/mutants.sh                the whole set (docs/testing.md gives the measured time)
-#   scripts/mutants.sh --sample       a fixed 1/MUTANTS_SHARDS of it (default 1/30), what CI runs
+#   scripts/mutants.sh --sample       a fixed 1/MUTANTS_SHARDS of it (default 1/60), what
+#                                     scripts/test.sh runs: one job, in place (it mutates the
+#                                     work tree and restores it; reuses target/ as built)
 #   scripts/mutants.sh --in-diff REF  only mutants in lines changed since git REF (e.g. main)
 #   scripts/mutants.sh [...] -- ARGS  extra cargo-mutants arguments (e.g. -- --file 'plugins/bridge/src/config.rs')
 #
@@ -45,9 +47,12 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
 
-common=(--jobs "${MUTANTS_JOBS:-2}" --copy-target true --colors never)
+common=(--colors never)
 case $mode in
-    sample) common+=(--shard "1/${MUTANTS_SHARDS:-30}" --sharding round-robin) ;;
+    sample) common+=(--in-place --shard "0/${MUTANTS_SHARDS:-60}" --sharding round-robin) ;;
+    *) common+=(--jobs "${MUTANTS_JOBS:-2}" --copy-target true) ;;
+esac
+case $mode in
     diff)
         diff=$(mktemp)
         trap 'rm -f "$diff"' EXIT

@@ -52,5 +52,9 @@ else
     CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
 
+# A fixed sample of the mutation tests (docs/testing.md, "Mutation testing"; the whole set is
+# scripts/mutants.sh). In place: it mutates the tree, restores it and reuses target/ as built.
+scripts/mutants.sh --sample
+
 # Bounded fuzzing of the parsers (config/skeleton, results, CNI_ARGS).
 scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
