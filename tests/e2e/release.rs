@@ -23,15 +23,11 @@ fn without_os_randomness<'a>(e: Exec<'a>) -> Exec<'a> {
         Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()),
         "strace missing: scripts/install-deps.sh installs it"
     );
-    e.under(&[
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-ec",
+    // The script execs strace, which runs the plugin ("$0"): the harness's own exec after it is
+    // never reached.
+    e.in_private_mounts(
         r#"mount -t tmpfs none /dev; exec strace -f -qq -o /dev/strace.log -e inject=getrandom:error=ENOSYS "$0""#,
-    ])
+    )
 }
 
 /// Whether the binaries under test are the release builds (`panic = "abort"`).
