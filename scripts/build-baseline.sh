@@ -5,13 +5,25 @@
 # touched) and built there with its own target directory, kept under target/baseline/ so that
 # a second run for the same commit builds nothing.
 #   scripts/build-baseline.sh <git ref>
+#   BASELINE_PROFILE=dev scripts/build-baseline.sh <git ref> <plugin>…
+#       a quick unoptimised build of those plugins only (tests that need an earlier build's
+#       behaviour, not its speed: tests/e2e/portmap.rs upgrades the released layout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ref=${1:?usage: scripts/build-baseline.sh <git ref>}
-rev=$(git rev-parse --verify "$ref^{commit}")
+ref=${1:?usage: scripts/build-baseline.sh <git ref> [plugin…]}
+shift
+rev=$(git rev-parse --verify "$ref^{commit}") || {
+    echo "build-baseline: commit $ref is not in this checkout (a shallow clone? fetch its history)" >&2
+    exit 1
+}
 root=$PWD/target/baseline
+profile=${BASELINE_PROFILE:-release}
+plugins=${*:-loopback bridge host-local portmap bandwidth}
 out=$root/$rev
-if [ -x "$out/bridge" ] && [ -x "$out/portmap" ]; then
+[ "$profile" = dev ] && out=$root/$rev-dev
+ready=1
+for p in $plugins; do [ -x "$out/$p" ] || ready=0; done
+if [ "$ready" = 1 ]; then
     echo "$out"
     exit 0
 fi
@@ -23,7 +35,10 @@ git worktree add --detach "$src" "$rev" >&2
 cleanup() { git worktree remove --force "$src" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 export CARGO_TARGET_DIR=$root/target
-if [ -x "$src/scripts/build-release.sh" ]; then
+if [ "$profile" = dev ]; then
+    (cd "$src" && for p in $plugins; do cargo build -p "$p" --bins >&2; done)
+    bin=$CARGO_TARGET_DIR/debug
+elif [ -x "$src/scripts/build-release.sh" ]; then
     # it prints <its checkout>/target/<triple>/release; the build went to CARGO_TARGET_DIR
     triple=$(basename "$(dirname "$("$src/scripts/build-release.sh")")")
     bin=$CARGO_TARGET_DIR/$triple/release
@@ -35,7 +50,7 @@ else
     bin=$CARGO_TARGET_DIR/$target/release
 fi
 mkdir -p "$out.tmp"
-for p in loopback bridge host-local portmap bandwidth; do
+for p in $plugins; do
     cp "$bin/$p" "$out.tmp/$p"
 done
 rm -rf "$out"

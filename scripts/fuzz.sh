@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz the parsers (config + whole skeleton, results of every version, CNI_ARGS) with cargo fuzz
+# Fuzz the parsers (config + whole skeleton, results of every version, CNI_ARGS, host-local's
+# store files and index header) with cargo fuzz
 # (libFuzzer, nightly toolchain) for a bounded time each, starting from the seed corpus in
 # fuzz/corpus. A crash fails the script and leaves the reproducer in fuzz/artifacts/.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 20; CI uses the default)
@@ -16,7 +17,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 cd fuzz
 cargo +nightly fuzz build -O
-for t in config result cni_args; do
+for t in config result cni_args host_local_store; do
     work=$(mktemp -d)
     cp -r "corpus/$t/." "$work/"
     echo "fuzzing $t for ${secs}s" >&2

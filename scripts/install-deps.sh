@@ -12,10 +12,20 @@
 #                               iptables-nft-restore/-save for kube-proxy's rules (tests/e2e/kubeproxy.rs,
 #                               the kube-proxy-loaded benchmark)
 #   strace                      scripts/bench.sh: where the time beyond the kernel floor goes
+#   systemd                     systemd-analyze verify and systemctl --root of the resync unit
+#                               (tests/e2e/resync.rs; nothing is started)
+#   lintian, qemu-user-static   release checks (scripts/check-release.sh, scripts/test-arm64.sh):
+#                               asked for with --only, so the release scripts install no more
+# Usage: scripts/install-deps.sh [PACKAGE...]   the list above plus these
+#        scripts/install-deps.sh --only PACKAGE...
 set -euo pipefail
 
 packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod curl
-    podman containerd runc busybox-static util-linux iptables strace)
+    podman containerd runc busybox-static util-linux iptables strace systemd)
+if [ "${1:-}" = --only ]; then
+    shift
+    packages=()
+fi
 missing=()
 for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

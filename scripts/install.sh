@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
 # Install the plugins into a CNI bin directory, /opt/cni/bin by default (cnitool is a user
 # tool, not a plugin: copy it from the build directory to your PATH if you want it), and
-# cni-migrate next to them (scripts/migrate.sh runs it; no runtime ever does).
-#   scripts/install.sh [--force] [--from BUILD_DIR] [DIR]
-#   scripts/install.sh --restore [DIR]
+# cni-migrate next to them (scripts/migrate.sh and scripts/resync.sh run it; no runtime ever
+# does), and the systemd unit that runs `cni-migrate resync` after nftables.service starts or
+# reloads (cni-resync.service; docs/node-operations.md).
+#   scripts/install.sh [--force] [--from BUILD_DIR] [--unit-dir UNIT_DIR] [DIR]
+#   scripts/install.sh --restore [--unit-dir UNIT_DIR] [DIR]
 # Refuses to replace existing files (e.g. the upstream Go plugins) unless --force is given;
 # with --force each replaced file is kept as <name>.orig once, so the switch can be undone.
-# --restore puts every <name>.orig back (our binary is dropped), then tells you to run
-# `scripts/migrate.sh to-upstream` so upstream's plugins find their own form of the running
-# pods (docs/switching.md). cni-migrate stays for that.
-# --from takes the binaries from BUILD_DIR (e.g. what scripts/build-release.sh printed on a build
-# machine) instead of building them here.
+# --from takes the binaries from BUILD_DIR instead of building them (scripts/build-release.sh).
+# The unit goes to UNIT_DIR (default /etc/systemd/system, when that exists; given explicitly it
+# is created) with DIR in its command lines; it is not enabled: enable it with
+#   systemctl daemon-reload && systemctl enable --now cni-resync.service
+# --restore puts every <name>.orig back (our binary is dropped), removes the unit (disabled
+# first where systemd runs: it would rebuild our tables after to-upstream removed them), then
+# tells you to run `scripts/migrate.sh to-upstream` so upstream's plugins find their own form of
+# the running pods (docs/switching.md). cni-migrate stays for that.
 # Files are installed atomically (copy to a temporary name, then rename), so a runtime that
 # execs a plugin during the install sees either the old or the new binary, never a torn one.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
+# directories given relative to where the script was started
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac }
 
 force=0
 restore=0
-from=
 dest=/opt/cni/bin
+from=
+unit_dir=
 while (($#)); do
-    a=$1
-    shift
-    case "$a" in
+    case "$1" in
     --force) force=1 ;;
     --restore) restore=1 ;;
-    --from)
-        from=${1:?--from needs a directory}
+    --from | --unit-dir)
+        if (($# < 2)); then
+            echo "$1 needs a directory" >&2
+            exit 2
+        fi
+        if [ "$1" = --from ]; then from=$(absolute "$2"); else unit_dir=$(absolute "$2"); fi
         shift
         ;;
     -h | --help)
@@ -35,12 +46,38 @@ while (($#)); do
         exit 0
         ;;
     -*)
-        echo "unknown option $a" >&2
+        echo "unknown option $1" >&2
         exit 2
         ;;
-    *) dest=$a ;;
+    *) dest=$(absolute "$1") ;;
     esac
+    shift
 done
+
+unit=cni-resync.service
+# systemctl only for the machine's own unit directory, and only where systemd runs
+if [ -z "$unit_dir" ]; then
+    unit_dir=/etc/systemd/system
+    [ -d "$unit_dir" ] || unit_dir=
+    systemd_here=0
+    [ -n "$unit_dir" ] && [ -d /run/systemd/system ] && systemd_here=1
+else
+    systemd_here=0
+fi
+
+# Remove the unit and the links `systemctl enable` made for it.
+remove_unit() {
+    [ -n "$unit_dir" ] && [ -e "$unit_dir/$unit" ] || return 1
+    if ((systemd_here)); then
+        systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    fi
+    find "$unit_dir" -maxdepth 2 -path "$unit_dir/*.wants/$unit" -type l -delete
+    rm -f "$unit_dir/$unit"
+    if ((systemd_here)); then
+        systemctl daemon-reload || true
+    fi
+    echo "removed $unit_dir/$unit"
+}
 
 names=(loopback bridge host-local portmap bandwidth)
 
@@ -58,7 +95,9 @@ if ((restore)); then
             echo "kept $dest/$n (no $n.orig to put back)"
         fi
     done
-    if ((${#restored[@]} == 0)); then
+    unit_removed=0
+    remove_unit && unit_removed=1
+    if ((${#restored[@]} == 0 && !unit_removed)); then
         echo "nothing to restore in $dest (no <name>.orig files)" >&2
         exit 1
     fi
@@ -77,11 +116,7 @@ MSG
 fi
 
 if [ -n "$from" ]; then
-    bin=$from
-    [ -d "$bin" ] || {
-        echo "--from $bin: not a directory" >&2
-        exit 2
-    }
+    bin=$(cd "$from" && pwd)
 else
     bin=$(scripts/build-release.sh)
 fi
@@ -90,10 +125,6 @@ for n in "${names[@]}"; do
     [ -x "$bin/$n" ] && present+=("$n")
 done
 
-if ((${#present[@]} == 0)); then
-    echo "no plugin binaries in $bin" >&2
-    exit 1
-fi
 mkdir -p "$dest"
 clash=()
 for n in "${present[@]}"; do
@@ -114,5 +145,26 @@ done
 if [ -x "$bin/cni-migrate" ]; then
     install -m 0755 "$bin/cni-migrate" "$dest/.cni-migrate.new"
     mv -f "$dest/.cni-migrate.new" "$dest/cni-migrate"
-    echo "installed $dest/cni-migrate (run by scripts/migrate.sh, never by a runtime)"
+    echo "installed $dest/cni-migrate (run by scripts/migrate.sh and resync.sh and the resync unit, never by a runtime)"
+fi
+
+# The resync unit, with this bin directory in its command lines (systemd wants an absolute
+# path without specifiers or quoting: anything else is refused and the unit left out).
+if [ -n "$unit_dir" ] && [ -x "$dest/cni-migrate" ]; then
+    abs=$(cd "$dest" && pwd)
+    if [[ ! "$abs" =~ ^/[A-Za-z0-9/._+-]*$ ]]; then
+        echo "not installing $unit: $abs has characters a systemd command line would need quoted" >&2
+    else
+        mkdir -p "$unit_dir"
+        sed "s|@BIN_DIR@|$abs|g" scripts/systemd/$unit >"$unit_dir/.$unit.new"
+        chmod 0644 "$unit_dir/.$unit.new"
+        mv -f "$unit_dir/.$unit.new" "$unit_dir/$unit"
+        echo "installed $unit_dir/$unit (runs cni-migrate resync after nftables.service starts or reloads)"
+        if ((systemd_here)); then
+            systemctl daemon-reload || true
+        fi
+        if [ ! -L "$unit_dir/nftables.service.wants/$unit" ]; then
+            echo "  not enabled; to enable: systemctl daemon-reload && systemctl enable --now $unit"
+        fi
+    fi
 fi

@@ -11,19 +11,22 @@
 #       state (optional: our DEL, CHECK and GC handle upstream's form anyway).
 # --cache-dir: libcni's cache (default /var/lib/cni); --data-dir: host-local's stores (default
 # /var/lib/cni/networks); --cni-bin-dir: where our plugins are (default /opt/cni/bin).
+#   scripts/migrate.sh resync [--dry-run] [--cache-dir DIR]... [--cni-bin-dir DIR]
+#       what scripts/resync.sh runs: see there.
 # The work is done by cni-migrate (tools/migrate), which scripts/install.sh installs next to
 # the plugins; CNI_MIGRATE=<path> picks another one. docs/switching.md has the details.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-case "${1:-}" in
-to-upstream | from-upstream) ;;
+cmd=${1:-}
+case "$cmd" in
+to-upstream | from-upstream | resync) ;;
 -h | --help | "")
     sed -n '2,/^set -/p' "$0" | grep '^#'
     exit 0
     ;;
 *)
-    echo "unknown command ${1}: use to-upstream or from-upstream" >&2
+    echo "unknown command ${1}: use to-upstream, from-upstream or resync" >&2
     exit 2
     ;;
 esac
@@ -32,6 +35,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 have_iptables=0
+[ "$cmd" = resync ] && have_iptables=1 # resync touches only our own state
 for c in "$(command -v iptables 2>/dev/null || true)" /usr/sbin/iptables /sbin/iptables; do
     if [ -n "$c" ] && [ -f "$c" ] && [ -x "$c" ]; then
         have_iptables=1
@@ -64,5 +68,9 @@ fi
 if [ -z "$tool" ]; then
     # not installed: use (or make) the release build of this checkout
     tool=$("$here/scripts/build-release.sh")/cni-migrate
+fi
+if [ "$cmd" = resync ]; then
+    # judge the plugins a runtime runs, not those next to a build of cni-migrate
+    exec "$tool" "$@" --cni-bin-dir "$bin_dir"
 fi
 exec "$tool" "$@"

@@ -52,6 +52,11 @@ else
     CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
 
+# The release artifacts (both architectures, checked: scripts/check-release.sh), and the arm64
+# binaries under qemu (docs/packaging.md, docs/testing.md). The x86_64 build is the one above.
+scripts/release.sh
+scripts/test-arm64.sh
+
 # A fixed sample of the mutation tests (docs/testing.md, "Mutation testing"; the whole set is
 # scripts/mutants.sh). In place: it mutates the tree, restores it and reuses target/ as built.
 scripts/mutants.sh --sample

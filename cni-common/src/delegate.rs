@@ -34,13 +34,14 @@
 //!
 //! `CNI_IPAM_EXEC=1` in the environment forces the exec path (debugging, tests).
 
+use crate::child::{self, Use};
 use crate::error::{CniError, Result};
-use crate::skel::{InThread, Outcome, Plugin};
+use crate::skel::{InThread, Plugin};
 use crate::spec::config::validate_plugin_type;
 use crate::spec::env::Command;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command as Process, Stdio};
+use std::process::Command as Process;
 use std::sync::OnceLock;
 
 pub mod ipam;
@@ -129,7 +130,7 @@ impl Delegate {
     /// when in-process; spawning a child blocks until the child has exec'd).
     pub fn start(&self, command: Command, stdin: &[u8]) -> Result<Pending> {
         match self.in_process {
-            None => spawn_plugin(&self.path, command, &[], stdin),
+            None => spawn_plugin(&self.path, command, &[], stdin, Use::Delegate),
             Some(p) => {
                 let run = InThread::start(p.plugin, command, stdin.to_vec()).map_err(|e| {
                     CniError::internal(format!("exec {}: start in-process thread: {e}", self.path.display()))
@@ -152,24 +153,27 @@ pub struct Pending {
 }
 
 enum Running {
-    Child(std::process::Child),
+    Child(Box<child::Running>),
     Thread(InThread),
 }
 
 /// Start the plugin binary at `path` with `command` and `stdin`, without waiting for it. Its
 /// environment is ours with `CNI_COMMAND` set to `command` and each of `env` set on top. Always
-/// an exec (see [`Delegate`] for the in-process fast path).
-pub fn spawn_plugin(path: &Path, command: Command, env: &[(&str, &str)], stdin: &[u8]) -> Result<Pending> {
+/// an exec (see [`Delegate`] for the in-process fast path), under the deadline of `use_`
+/// ([`child`]: past it the plugin is killed and [`Pending::wait`] reports code 11).
+pub fn spawn_plugin(
+    path: &Path,
+    command: Command,
+    env: &[(&str, &str)],
+    stdin: &[u8],
+    use_: Use,
+) -> Result<Pending> {
+    let timeout = child::timeout(use_)?;
     let mut attempt = 0;
-    let mut child = loop {
-        let spawned = Process::new(path)
-            .env("CNI_COMMAND", command.as_str())
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        match spawned {
+    let running = loop {
+        let mut cmd = Process::new(path);
+        cmd.env("CNI_COMMAND", command.as_str()).envs(env.iter().copied());
+        match child::spawn(&mut cmd, Some(stdin), timeout, use_) {
             Ok(c) => break c,
             // The binary is being replaced right now: libcni retries too.
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 5 => {
@@ -179,17 +183,7 @@ pub fn spawn_plugin(path: &Path, command: Command, env: &[(&str, &str)], stdin: 
             Err(e) => return Err(CniError::internal(format!("exec {}: {e}", path.display()))),
         }
     };
-    if let Some(mut input) = child.stdin.take() {
-        // A plugin may exit without reading stdin (e.g. on an env error): ignore EPIPE.
-        if let Err(e) = input.write_all(stdin) {
-            if e.kind() != std::io::ErrorKind::BrokenPipe {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(CniError::io(format!("write stdin of {}: {e}", path.display())));
-            }
-        }
-    }
-    Ok(Pending { path: path.to_path_buf(), running: Running::Child(child) })
+    Ok(Pending { path: path.to_path_buf(), running: Running::Child(Box::new(running)) })
 }
 
 impl Pending {
@@ -198,12 +192,7 @@ impl Pending {
         let Pending { path, running } = self;
         let path = path.as_path();
         let out = match running {
-            Running::Child(child) => {
-                let out = child
-                    .wait_with_output()
-                    .map_err(|e| CniError::internal(format!("wait for {}: {e}", path.display())))?;
-                Outcome { status: out.status, stdout: out.stdout, stderr: out.stderr }
-            }
+            Running::Child(child) => child.wait()?,
             Running::Thread(run) => run.wait().ok_or_else(|| {
                 CniError::internal(format!(
                     "wait for {}: the in-process run ended without a result",

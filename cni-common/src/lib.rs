@@ -9,18 +9,25 @@
 //!   namespaces, synchronous netlink (rtnetlink, nf_tables, conntrack), `/proc/sys` access, and
 //!   the `nft` command-line tool for the one input that is nft syntax. Netlink message types
 //!   never leave the [`netlink`] module.
+//! - files: [`fsread`] (bounded, non-blocking reads of regular files only) and [`filelock`]
+//!   (`flock` with a deadline); [`nsident`] tells one network namespace from a later one.
 //! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
 pub mod attachment;
+pub mod child;
 pub mod delegate;
 pub mod error;
 pub mod error_list;
+pub mod filelock;
+pub mod fsread;
 pub mod ident;
 pub mod mac;
+pub mod net;
 pub mod netlink;
 pub mod netns;
 pub mod nft_cli;
+pub mod nsident;
 pub mod skel;
 pub mod spec;
 pub mod sysctl;

@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::sched::{setns, CloneFlags};
-use nix::sys::statfs::{fstatfs, NSFS_MAGIC, PROC_SUPER_MAGIC};
+use nix::sys::statfs::{fstatfs, NSFS_MAGIC};
 
 use crate::{CniError, Result};
 
@@ -39,42 +39,122 @@ enum Probe {
     NetNs(NetNs),
     /// Not a namespace file (e.g. the empty mount point left after the bind mount went away).
     NotANamespace,
+    /// Nothing at the path.
+    Missing,
+}
+
+/// Open `path` with `O_PATH`: no open(2) side effect of the file itself happens (a FIFO does
+/// not block waiting for a writer, a device driver's open is not called), whatever is there.
+/// `nofollow`: a symlink as the last component is opened itself, not followed.
+fn open_o_path(path: &Path, nofollow: bool) -> io::Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    let flags = libc::O_PATH | if nofollow { libc::O_NOFOLLOW } else { 0 };
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, flags);
+    o.open(path)
+}
+
+/// Whether the open file is on nsfs, the filesystem of namespace files (Linux 3.19 and
+/// later). `fstatfs` works on `O_PATH` descriptors.
+fn on_nsfs(file: &File) -> io::Result<bool> {
+    Ok(fstatfs(file).map_err(io::Error::from)?.filesystem_type() == NSFS_MAGIC)
+}
+
+/// The error of an open that means "nothing is there" (ESRCH: `/proc/<pid>` of a process
+/// that is exiting).
+fn is_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ESRCH))
+}
+
+impl Probe {
+    fn found(self) -> Option<NetNs> {
+        match self {
+            Probe::NetNs(ns) => Some(ns),
+            Probe::NotANamespace | Probe::Missing => None,
+        }
+    }
 }
 
 impl NetNs {
     /// Open the network namespace at `path`. Fails with code 5 (I/O) naming the path when it does
     /// not exist or is not a network namespace.
+    ///
+    /// Whatever is at `path` is opened with `O_PATH` first and must be on nsfs before it is
+    /// opened for real (through `/proc/thread-self/fd/N`, so it is the very file checked): a
+    /// FIFO, a device or any other file never sees an open(2).
     pub fn open(path: impl AsRef<Path>) -> Result<NetNs> {
         let path = path.as_ref();
-        let fail = |why: &dyn std::fmt::Display| {
-            CniError::io(format!("failed to open network namespace {}: {why}", path.display()))
+        let why = match Self::open_checked(path, false)? {
+            Probe::NetNs(ns) => return Ok(ns),
+            Probe::NotANamespace => "not a network namespace (nsfs) file",
+            Probe::Missing => "No such file or directory",
         };
-        let file = File::open(path).map_err(|e| fail(&e))?;
-        match Self::probe(file, path).map_err(|e| fail(&e))? {
-            Probe::NetNs(ns) => Ok(ns),
-            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
-        }
+        Err(CniError::io(format!("failed to open network namespace {}: {why}", path.display())))
     }
 
     /// Like [`NetNs::open`], but `Ok(None)` when the namespace is gone: the path does not exist
     /// (ENOENT/ENOTDIR) or is no longer a namespace (the bind mount was removed and only the
     /// empty mount point is left). DEL uses this to treat a vanished netns as success.
     pub fn open_if_exists(path: impl AsRef<Path>) -> Result<Option<NetNs>> {
-        let path = path.as_ref();
+        Self::open_checked(path.as_ref(), false).map(Probe::found)
+    }
+
+    /// Open a namespace path read back from a record (an element comment, a file of a store):
+    /// data, not a path to trust. Only `/run/netns/<name>` and `/var/run/netns/<name>` (`name`
+    /// without `/`, not `.` or `..`; a symlink there is not followed) and `/proc/<pid>/ns/net`
+    /// (`pid` decimal digits) are opened, with `O_PATH`, and used only when on nsfs and a
+    /// network namespace (see [`NetNs::open`]). `Ok(None)`: the namespace recorded there is
+    /// gone (nothing there, the process exited, an empty mount point, or something that is no
+    /// namespace now). `Err`: cannot tell (a path of another shape, a namespace of another
+    /// type, an unexpected error), which callers must treat as "maybe alive".
+    pub fn open_recorded(path: &str) -> Result<Option<NetNs>> {
+        let refuse = |why: &str| {
+            CniError::io(format!("refusing to open recorded network namespace path {path:?}: {why}"))
+        };
+        let named = ["/run/netns/", "/var/run/netns/"].iter().find_map(|p| path.strip_prefix(p));
+        let nofollow = match named {
+            Some(name) => {
+                if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+                    return Err(refuse("not a namespace name under /run/netns"));
+                }
+                true
+            }
+            None => {
+                let pid = path.strip_prefix("/proc/").and_then(|r| r.strip_suffix("/ns/net"));
+                let digits = pid.is_some_and(|p| {
+                    (1..=10).contains(&p.len())
+                        && !p.starts_with('0')
+                        && p.bytes().all(|b| b.is_ascii_digit())
+                });
+                if !digits {
+                    return Err(refuse(
+                        "only /run/netns/<name>, /var/run/netns/<name> and /proc/<pid>/ns/net are opened",
+                    ));
+                }
+                false // the magic link of /proc/<pid>/ns/net must be followed
+            }
+        };
+        Self::open_checked(Path::new(path), nofollow).map(Probe::found)
+    }
+
+    /// Open what is at `path` with `O_PATH` (optionally not following a symlink there), and
+    /// only when it is on nsfs open that very file for real (through
+    /// `/proc/thread-self/fd/N`) and classify it.
+    fn open_checked(path: &Path, nofollow: bool) -> Result<Probe> {
         let fail = |why: &dyn std::fmt::Display| {
             CniError::io(format!("failed to open network namespace {}: {why}", path.display()))
         };
-        let file = match File::open(path) {
+        let file = match open_o_path(path, nofollow) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
-                return Ok(None)
-            }
+            Err(e) if is_gone(&e) => return Ok(Probe::Missing),
             Err(e) => return Err(fail(&e)),
         };
-        match Self::probe(file, path).map_err(|e| fail(&e))? {
-            Probe::NetNs(ns) => Ok(Some(ns)),
-            Probe::NotANamespace => Ok(None),
+        if !on_nsfs(&file).map_err(|e| fail(&e))? {
+            return Ok(Probe::NotANamespace);
         }
+        let fd_path = format!("/proc/thread-self/fd/{}", file.as_raw_fd());
+        let real = File::open(&fd_path).map_err(|e| fail(&format_args!("reopen through {fd_path}: {e}")))?;
+        Self::probe(real, path).map_err(|e| fail(&e))
     }
 
     /// A handle on the namespace behind an already open namespace file (duplicates the fd).
@@ -84,10 +164,10 @@ impl NetNs {
             CniError::io(format!("failed to use network namespace {}: {why}", path.display()))
         };
         let file = File::from(fd.try_clone_to_owned().map_err(|e| fail(&e))?);
-        match Self::probe(file, &path).map_err(|e| fail(&e))? {
-            Probe::NetNs(ns) => Ok(ns),
-            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
-        }
+        Self::probe(file, &path)
+            .map_err(|e| fail(&e))?
+            .found()
+            .ok_or_else(|| fail(&"not a network namespace (nsfs) file"))
     }
 
     /// The network namespace of the calling thread.
@@ -110,10 +190,10 @@ impl NetNs {
         }
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
         let file = File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-        match Self::probe(file, &path).map_err(|e| fail(&e))? {
-            Probe::NetNs(ns) => Ok(ns),
-            Probe::NotANamespace => Err(fail(&"not a network namespace (nsfs) file")),
-        }
+        Self::probe(file, &path)
+            .map_err(|e| fail(&e))?
+            .found()
+            .ok_or_else(|| fail(&"not a network namespace (nsfs) file"))
     }
 
     /// A second handle on the same namespace (the descriptor duplicated).
@@ -127,18 +207,15 @@ impl NetNs {
         Ok(NetNs { file, path: self.path.clone(), id: self.id })
     }
 
-    /// Classify an open file: a network namespace, some other file, or (error) a namespace of
-    /// another type (mount, uts, …), which is a caller mistake rather than a vanished netns.
+    /// Classify an open (not `O_PATH`) file: a network namespace, some other file, or (error) a
+    /// namespace of another type (mount, uts, …), which is a caller mistake rather than a
+    /// vanished netns.
     fn probe(file: File, path: &Path) -> io::Result<Probe> {
-        let fs = fstatfs(&file).map_err(io::Error::from)?;
-        let fs_type = fs.filesystem_type();
-        // nsfs since Linux 3.19; before that namespace files lived on procfs.
-        if fs_type != NSFS_MAGIC && fs_type != PROC_SUPER_MAGIC {
+        if !on_nsfs(&file)? {
             return Ok(Probe::NotANamespace);
         }
-        // Ask the kernel which kind of namespace this is. ENOTTY means either an old kernel
-        // without NS_GET_NSTYPE or a procfs file that is not a namespace at all; setns() would
-        // reject the latter, so only a definite "other type" answer is an error here.
+        // Ask the kernel which kind of namespace this is (NS_GET_NSTYPE, Linux 4.11; ENOTTY
+        // before, when setns() still refuses another type with EINVAL).
         //
         // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
         let nstype = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
@@ -147,9 +224,6 @@ impl NetNs {
                 io::ErrorKind::InvalidInput,
                 "a namespace file, but not a network namespace",
             ));
-        }
-        if nstype < 0 && fs_type == PROC_SUPER_MAGIC {
-            return Ok(Probe::NotANamespace);
         }
         let meta = file.metadata()?;
         Ok(Probe::NetNs(NetNs { id: (meta.dev(), meta.ino()), file, path: path.to_path_buf() }))
@@ -270,6 +344,141 @@ mod tests {
         assert!(gone.is_none());
         assert_eq!(err.code, code::IO);
         assert!(err.msg.contains("not a network namespace"), "{}", err.msg);
+    }
+
+    /// A scratch directory removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(what: &str) -> Scratch {
+            let p = std::env::temp_dir().join(format!("cni-netns-{what}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Scratch(p)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", p.display());
+    }
+
+    /// Files that must be refused without being opened for real: a FIFO (an open would block
+    /// until a writer comes), a directory, a regular file, /dev/null, symlinks to each. Every
+    /// call returns (a hang fails the test by the runner's timeout).
+    #[test]
+    fn what_is_not_a_namespace_is_never_opened() {
+        let d = Scratch::new("hostile");
+        let fifo = d.0.join("fifo");
+        mkfifo(&fifo);
+        let file = d.0.join("file");
+        std::fs::write(&file, b"").unwrap();
+        let mut paths = vec![fifo.clone(), file.clone(), d.0.clone(), PathBuf::from("/dev/null")];
+        for (i, target) in paths.clone().iter().enumerate() {
+            let link = d.0.join(format!("link{i}"));
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            paths.push(link);
+        }
+        for p in &paths {
+            assert!(NetNs::open_if_exists(p).unwrap().is_none(), "{}", p.display());
+            let e = NetNs::open(p).unwrap_err();
+            assert_eq!(e.code, code::IO);
+            assert!(e.msg.contains("not a network namespace"), "{}: {}", p.display(), e.msg);
+        }
+        // A dangling symlink is a missing namespace.
+        let dangling = d.0.join("dangling");
+        std::os::unix::fs::symlink(d.0.join("nothing"), &dangling).unwrap();
+        assert!(NetNs::open_if_exists(&dangling).unwrap().is_none());
+        assert!(NetNs::open(&dangling).unwrap_err().msg.contains("No such file"));
+    }
+
+    #[test]
+    fn recorded_paths_of_other_shapes_are_refused() {
+        for bad in [
+            "/etc/passwd",
+            "",
+            "run/netns/x",
+            "/run/netns/",
+            "/run/netns/.",
+            "/run/netns/..",
+            "/run/netns/../../etc/passwd",
+            "/run/netns/a/b",
+            "/var/run/netns/",
+            "/run/netnsx",
+            "/run//netns/x",
+            "/proc/self/ns/net",
+            "/proc/thread-self/ns/net",
+            "/proc/01/ns/net",
+            "/proc//ns/net",
+            "/proc/1/ns/uts",
+            "/proc/1/ns/net/",
+            "/proc/1/../1/ns/net",
+            "/proc/12345678901/ns/net",
+            "/proc/-1/ns/net",
+            "/tmp/fifo",
+        ] {
+            let e = NetNs::open_recorded(bad).unwrap_err();
+            assert_eq!(e.code, code::IO, "{bad:?}");
+            assert!(e.msg.contains("refusing to open recorded network namespace path"), "{bad:?}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn recorded_paths_that_are_gone() {
+        let pid = std::process::id();
+        for gone in [
+            format!("/run/netns/cni-no-such-ns-{pid}"),
+            format!("/var/run/netns/cni-no-such-ns-{pid}"),
+            // beyond pid_max (at most 2^22): never a process
+            "/proc/4999999999/ns/net".to_string(),
+        ] {
+            assert!(NetNs::open_recorded(&gone).unwrap().is_none(), "{gone}");
+        }
+        let mine = NetNs::open_recorded(&format!("/proc/{pid}/ns/net")).unwrap().expect("our own netns");
+        // The process's (main thread's) namespace; this test thread has not left it.
+        assert!(mine.same_as(&NetNs::current().unwrap()));
+    }
+
+    /// A named namespace in /run/netns (root): found; a symlink to it, a FIFO and a regular
+    /// file under the same prefix are not followed or opened and count as gone.
+    #[test]
+    fn recorded_named_namespaces_are_opened_without_following_links() {
+        struct Named(String);
+        impl Drop for Named {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+                for extra in ["link", "fifo", "file"] {
+                    let _ = std::fs::remove_file(format!("/run/netns/{}-{extra}", self.0));
+                }
+            }
+        }
+        let n = Named(format!("cni-rec-{}", std::process::id()));
+        let st = std::process::Command::new("ip").args(["netns", "add", &n.0]).status().expect("run ip");
+        assert!(st.success(), "ip netns add {} failed: this test needs root and iproute2", n.0);
+        let path = format!("/run/netns/{}", n.0);
+        let ns = NetNs::open_recorded(&path).unwrap().expect("the named namespace");
+        assert!(ns.same_as(&NetNs::open(&path).unwrap()));
+        assert!(!ns.same_as(&NetNs::current().unwrap()));
+        let via_var = NetNs::open_recorded(&format!("/var/run/netns/{}", n.0)).unwrap();
+        assert!(via_var.expect("same namespace through /var/run").same_as(&ns));
+
+        let link = format!("{path}-link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(NetNs::open_if_exists(&link).unwrap().is_some(), "CNI_NETNS may be a symlink");
+        assert!(NetNs::open_recorded(&link).unwrap().is_none(), "a recorded path's symlink is not followed");
+        let fifo = PathBuf::from(format!("{path}-fifo"));
+        mkfifo(&fifo);
+        assert!(NetNs::open_recorded(fifo.to_str().unwrap()).unwrap().is_none());
+        let file = format!("{path}-file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(NetNs::open_recorded(&file).unwrap().is_none());
     }
 
     #[test]

@@ -7,12 +7,12 @@
 //! an address we formatted, or text passed through [`quote`], which only lets through a
 //! conservative character set, so a hostile ifname or network name cannot inject syntax.
 
+use crate::child::{self, Use};
 use crate::error::{code, CniError, Result};
 #[cfg(test)]
 use serde_json::Value;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// A located `nft` binary.
 #[derive(Debug, Clone)]
@@ -60,16 +60,9 @@ impl Nft {
         &self.program
     }
 
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<std::process::Output> {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-        let mut child =
-            cmd.spawn().map_err(|e| CniError::internal(format!("exec {}: {e}", self.program.display())))?;
-        if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
-            input.write_all(text.as_bytes()).map_err(|e| CniError::io(format!("write to nft: {e}")))?;
-        }
-        child.wait_with_output().map_err(|e| CniError::internal(format!("wait for nft: {e}")))
+    /// Run `nft args` under the deadline of [`Use::Nft`] ([`crate::child`]).
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<child::Output> {
+        child::run(Command::new(&self.program).args(args), stdin.map(str::as_bytes), Use::Nft)
     }
 
     /// Apply `script` as one transaction.

@@ -101,6 +101,28 @@ impl Request {
     }
 }
 
+/// The most a plugin reads from stdin: 8 MiB. A configuration is kilobytes; the largest real
+/// input is a GC's list of valid attachments (about 90 bytes per attachment, so some 90 000
+/// of them fit), and a larger stdin is a runtime bug or an attack (`/dev/zero` as stdin would
+/// otherwise grow the process until the OOM killer ends it).
+pub const STDIN_MAX: usize = 8 << 20;
+
+/// Read stdin to its end, refusing more than [`STDIN_MAX`] bytes with code 5 (the read is
+/// what failed, before anything was decoded; the same code as any other input over its cap).
+fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    stdin
+        .take(STDIN_MAX as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| CniError::io(format!("error reading from stdin: {e}")))?;
+    if bytes.len() > STDIN_MAX {
+        return Err(CniError::io(format!(
+            "stdin holds more than {STDIN_MAX} bytes (8 MiB), the most a plugin reads: nothing was done"
+        )));
+    }
+    Ok(bytes)
+}
+
 /// Stdin must be one JSON object.
 fn parse_stdin(bytes: &[u8]) -> Result<Value> {
     let config: Value = serde_json::from_slice(bytes)
@@ -241,11 +263,7 @@ pub fn run(plugin: &impl Plugin) -> ! {
 }
 
 /// What a finished plugin run leaves: what a caller sees of a child process.
-pub(crate) struct Outcome {
-    pub(crate) status: ExitStatus,
-    pub(crate) stdout: Vec<u8>,
-    pub(crate) stderr: Vec<u8>,
-}
+pub(crate) type Outcome = crate::child::Output;
 
 thread_local! {
     /// On a thread running a plugin in-process: where its outcome goes, and whether the run
@@ -410,8 +428,7 @@ fn dispatch(
         return Ok(());
     }
 
-    let mut bytes = Vec::new();
-    stdin.read_to_end(&mut bytes).map_err(|e| CniError::io(format!("error reading from stdin: {e}")))?;
+    let bytes = read_stdin(stdin)?;
     let config = parse_stdin(&bytes)?;
     // Report errors in the config's version when it is a string we know.
     if let Some(v) = config.get("cniVersion").and_then(Value::as_str).and_then(Version::from_str_exact) {
@@ -466,7 +483,10 @@ fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Versi
 }
 
 /// CNI_NETNS must exist, be a network namespace and not be the plugin's own. DEL accepts an
-/// empty, vanished or unmounted path (the container is gone; cleanup continues).
+/// empty, vanished or unmounted path (the container is gone; cleanup continues). Whatever is
+/// at the path is looked at through an `O_PATH` descriptor and opened for real only when it is
+/// on nsfs ([`NetNs::open_if_exists`]): a FIFO or a device there is refused (code 4) without
+/// blocking and without the side effects of opening it.
 fn check_netns(command: Command, netns: &str) -> Result<()> {
     if netns.is_empty() {
         return Ok(()); // only DEL gets here: ADD/CHECK require the variable

@@ -145,23 +145,64 @@ fn pretty_output_is_go_style_and_key_ordered() {
     let text = r.to_pretty(Version::V1_0_0).unwrap();
     assert_eq!(
         text,
-        "{\n    \"cniVersion\": \"1.0.0\",\n    \"interfaces\": [\n        {\n            \"name\": \"lo\",\n            \"mac\": \"00:00:00:00:00:00\",\n            \"sandbox\": \"/n\"\n        }\n    ],\n    \"ips\": [\n        {\n            \"interface\": 0,\n            \"address\": \"127.0.0.1/8\"\n        }\n    ]\n}"
+        "{\n    \"cniVersion\": \"1.0.0\",\n    \"interfaces\": [\n        {\n            \"name\": \"lo\",\n            \"mac\": \"00:00:00:00:00:00\",\n            \"sandbox\": \"/n\"\n        }\n    ],\n    \"ips\": [\n        {\n            \"interface\": 0,\n            \"address\": \"127.0.0.1/8\"\n        }\n    ],\n    \"dns\": {}\n}"
     );
 }
 
 #[test]
-fn empty_dns_is_printed_for_0x_and_omitted_for_1x() {
+fn empty_dns_is_printed_up_to_1_0_0_and_omitted_at_1_1_0() {
     let r = CniResult {
         ips: vec![IpConfig { interface: None, address: "10.0.0.2/24".parse().unwrap(), gateway: None }],
         ..Default::default()
     };
     for v in Version::ALL {
         let got = r.encode(v).unwrap();
-        assert_eq!(got.get("dns").is_some(), v < Version::V1_0_0, "{v}: {got}");
-        if v < Version::V1_0_0 {
+        assert_eq!(got.get("dns").is_some(), v < Version::V1_1_0, "{v}: {got}");
+        if v < Version::V1_1_0 {
             assert_eq!(got["dns"], json!({}));
+            assert!(pretty(&got).ends_with("\n    \"dns\": {}\n}"), "{v}: the last key, Go's text");
         }
     }
+}
+
+/// What Debian's containernetworking-plugins 1.1.1 printed for ADD, every plugin and every
+/// version it speaks (captured by `tests/data/capture-upstream-results.sh`): decoded and
+/// encoded again in the same version, ours is the same text byte for byte, `"dns": {}` included.
+/// The one deliberate difference is upstream loopback below 1.0.0, which prints its 1.0.0
+/// document under the config's version label (no `ip4`/`ip6` at 0.1.0/0.2.0, no
+/// `ips[].version` at 0.3.x/0.4.0); ours encodes those versions by the spec, `"dns": {}` too.
+#[test]
+fn upstream_1_1_1_output_is_reproduced_for_every_plugin_and_version() {
+    let text = include_str!("data/upstream-1.1.1-results.json");
+    let captured: serde_json::Map<String, Value> = serde_json::from_str(text).unwrap();
+    let mut seen = Vec::new();
+    for (key, out) in &captured {
+        let (plugin, version) = key.split_once(' ').unwrap();
+        let v = Version::from_str_exact(version).unwrap();
+        let out = out.as_str().unwrap();
+        let doc: Value = serde_json::from_str(out).unwrap();
+        if plugin == "loopback" && v < Version::V1_0_0 {
+            let mut as_100 = doc.clone();
+            as_100["cniVersion"] = json!("1.0.0");
+            let r = CniResult::decode(&as_100, Version::V1_0_0).unwrap();
+            let relabelled = pretty(&r.encode(Version::V1_0_0).unwrap()).replacen(
+                "\"1.0.0\"",
+                &format!("\"{version}\""),
+                1,
+            );
+            assert_eq!(relabelled, out, "{key}: upstream prints its 1.0.0 document");
+            let ours = r.encode(v).unwrap();
+            assert_ne!(ours, doc, "{key}");
+            assert_eq!(ours["dns"], json!({}), "{key}");
+            seen.push(key.clone());
+            continue;
+        }
+        let r = CniResult::decode(&doc, v).unwrap();
+        assert_eq!(r.to_pretty(v).unwrap(), out, "{key}");
+        seen.push(key.clone());
+    }
+    // every plugin at every version upstream 1.1.1 speaks (bandwidth: 0.3.0 and later)
+    assert_eq!(seen.len(), 4 * 6 + 4, "{seen:?}");
 }
 
 #[test]

@@ -408,3 +408,52 @@ fn unconvertible_result_is_an_error_not_a_mislabelled_document() {
     assert_eq!(v["cniVersion"], "0.2.0");
     stop.send(()).unwrap();
 }
+
+#[test]
+fn stdin_beyond_the_cap_is_refused_before_anything_runs() {
+    use cni_common::skel::STDIN_MAX;
+    let (_h, ns, stop) = other_netns();
+    // A valid configuration padded with whitespace: only the size is wrong.
+    let at_cap = format!("{CONF}{}", " ".repeat(STDIN_MAX - CONF.len()));
+    let m = Mock::default();
+    assert_eq!(run(&m, &base_env("ADD", &ns), &at_cap).code, 0, "exactly the cap is read");
+    for cmd in ["ADD", "DEL", "CHECK"] {
+        let m = Mock::default();
+        let o = run(&m, &base_env(cmd, &ns), &format!("{at_cap} "));
+        let (code, msg) = o.err();
+        assert_eq!(code, 5, "{cmd}: {msg}");
+        assert!(msg.contains("more than 8388608 bytes"), "{msg}");
+        assert!(o.calls.is_empty(), "{cmd}: the plugin ran");
+    }
+    // An endless stdin ends at the cap too.
+    let m = Mock::default();
+    let mut out = Vec::new();
+    let env = base_env("ADD", &ns);
+    let code = run_with(&m, |k| env.get(k).cloned(), &mut std::io::repeat(b' '), &mut out, &mut Vec::new());
+    assert_eq!(code, 1);
+    assert!(String::from_utf8(out).unwrap().contains("\"code\": 5"));
+    stop.send(()).unwrap();
+}
+
+#[test]
+fn a_malformed_child_deadline_is_refused_before_anything_runs() {
+    let (_h, ns, stop) = other_netns();
+    for bad in ["0", "soon", "-5", "1e3"] {
+        let mut env = base_env("ADD", &ns);
+        env.insert("CNI_CHILD_TIMEOUT_MS".into(), bad.into());
+        let m = Mock::default();
+        let o = run(&m, &env, CONF);
+        let (code, msg) = o.err();
+        assert_eq!(code, 4, "{bad}: {msg}");
+        assert!(msg.contains("CNI_CHILD_TIMEOUT_MS"), "{msg}");
+        assert!(o.calls.is_empty());
+    }
+    let mut env = base_env("ADD", &ns);
+    env.insert("CNI_CHILD_TIMEOUT_MS".into(), "1500".into());
+    assert_eq!(run(&Mock::default(), &env, CONF).code, 0);
+    // VERSION never runs anything: the variable is not looked at.
+    env.insert("CNI_COMMAND".into(), "VERSION".into());
+    env.insert("CNI_CHILD_TIMEOUT_MS".into(), "soon".into());
+    assert_eq!(run(&Mock::default(), &env, CONF).code, 0);
+    stop.send(()).unwrap();
+}

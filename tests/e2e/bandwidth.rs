@@ -647,6 +647,42 @@ fn gc_removes_only_this_networks_dead_attachments() {
     assert_eq!(ns_state(&host), before, "DEL and GC leave nothing");
 }
 
+/// GC and DEL of one attachment in either order, and its shaping partly removed by someone
+/// else first: whatever is already gone is success, and nothing is left (the churn suite races
+/// them for real).
+#[test]
+fn gc_and_del_each_succeed_on_what_the_other_removed() {
+    let host = Netns::new("bwh");
+    let p = pod(&host);
+    let with_veth = ns_state(&host);
+    let c = conf("1.1.0", NET, both(p.prev(&host)));
+    let gc = || {
+        let c =
+            json!({"cniVersion": "1.1.0", "name": NET, "type": "bandwidth", "cni.dev/valid-attachments": []});
+        Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
+    };
+    let ifb = ifb_name(NET, &p.id);
+    // GC first (the attachment's DEL has started, so it is not valid any more), then DEL.
+    p.exec(&host, "ADD").run(&c).ok();
+    gc().ok_silent();
+    assert!(host.link(&ifb).is_none(), "GC removes the ifb");
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    assert_eq!(ns_state(&host), with_veth);
+    // DEL first, then GC.
+    p.exec(&host, "ADD").run(&c).ok();
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    gc().ok_silent();
+    assert_eq!(ns_state(&host), with_veth);
+    // The qdiscs and the ifb removed by someone else between ADD and DEL.
+    p.exec(&host, "ADD").run(&c).ok();
+    host.run("tc", &["qdisc", "del", "dev", &p.veth, "root"]);
+    host.run("tc", &["qdisc", "del", "dev", &p.veth, "ingress"]);
+    host.run("ip", &["link", "del", &ifb]);
+    p.exec(&host, "DEL").run(&c).ok_silent();
+    gc().ok_silent();
+    assert_eq!(ns_state(&host), with_veth);
+}
+
 #[test]
 fn gc_removes_an_ifb_whose_add_was_killed_before_the_alias_was_written() {
     // The kernel applies the device group in the create request, the alias only afterwards:

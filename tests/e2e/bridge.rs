@@ -1041,19 +1041,36 @@ fn gc_removes_rules_of_dead_attachments_and_forwards_to_ipam() {
         "this network's spoof rules of a live veth go too: {rules}"
     );
     assert!(rules.contains("id: other") && rules.contains("macspoofchk-other-eth0"), "{rules}");
+    // The attachment's DEL after GC took its rules and address: already gone is success.
+    w.exec("DEL", "live", &live, "eth0").run(&conf.to_string()).ok_silent();
+    assert!(host_veths(&w.host).len() == 1, "DEL removed live's veth");
 }
 
 #[test]
 fn status_forwards_to_ipam() {
     let w = World::new();
     w.global("STATUS").run(&w.conf("1.1.0", json!({})).to_string()).ok_silent();
-    // A /30 with its only address taken: host-local reports it cannot serve ADD.
+    // A /30 with its only address taken: host-local's exhaustion reaches STATUS only when the
+    // configuration asks for it (plugins/host-local/README.md, "STATUS"), and bridge passes
+    // host-local's answer on either way.
     let mut tiny = w.conf("1.1.0", json!({}));
     tiny["ipam"] = w.ipam(&["10.30.0.0/30"], json!([]));
     let ctr = Netns::new("brc");
     w.exec("ADD", "t1", &ctr, "eth0").run(&tiny.to_string()).ok();
+    w.global("STATUS").run(&tiny.to_string()).ok_silent();
+    tiny["ipam"]["reportExhaustionInStatus"] = json!(true);
     let out: PluginOutput = w.global("STATUS").run(&tiny.to_string());
-    out.err(50);
+    assert!(out.err(50).contains("no IP addresses available in range set 0"), "{}", out.stdout);
+    // An unusable store is code 50 whatever the configuration says.
+    let mut broken = w.conf("1.1.0", json!({}));
+    let file = w.data.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    broken["ipam"]["dataDir"] = json!(file);
+    assert!(w
+        .global("STATUS")
+        .run(&broken.to_string())
+        .err(50)
+        .contains("store of network brtest is not usable"));
     // L2: nothing to forward to.
     w.global("STATUS")
         .run(&json!({"cniVersion": "1.1.0", "name": "l2", "type": "bridge"}).to_string())

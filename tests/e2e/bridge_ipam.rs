@@ -281,7 +281,11 @@ fn in_process_and_exec_give_identical_answers() {
     let t2 = Netns::new("bic");
     let full = both_ways(|v| w.bridge(&path, "ADD", "t2", Some(&t2), v).run(&tiny.to_string()));
     assert!(full.err(999).contains("no IP addresses available"), "{}", full.stdout);
-    both_ways(|v| w.bridge(&path, "STATUS", "", None, v).run(&tiny.to_string())).err(50);
+    // exhaustion is ADD's to report; STATUS says so only when asked (host-local's README)
+    both_ways(|v| w.bridge(&path, "STATUS", "", None, v).run(&tiny.to_string())).ok_silent();
+    let mut asked = tiny.clone();
+    asked["ipam"]["reportExhaustionInStatus"] = json!(true);
+    both_ways(|v| w.bridge(&path, "STATUS", "", None, v).run(&asked.to_string())).err(50);
     let mut outside = tiny.clone();
     outside["args"] = json!({"cni": {"ips": ["10.99.0.5"]}});
     both_ways(|v| w.bridge(&path, "ADD", "t2", Some(&t2), v).run(&outside.to_string())).err(7);

@@ -13,7 +13,7 @@ use cni_tests::clients::{
 use cni_tests::cri::{self, pb, Call, CriClient};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The image the sandboxes ("pause") and the containers run: busybox-static, built here.
@@ -588,4 +588,184 @@ fn cri_page_hostport_example_alone() {
 #[test]
 fn cri_page_bandwidth_example_alone() {
     page_example_alone("k8s-bandwidth.conflist", &["bridge", "bandwidth"]);
+}
+
+/// Issue 21: a firewall reload cuts every running pod's host ports and masquerading (Debian's
+/// `/etc/nftables.conf` starts with `flush ruleset`), and no runtime notices. Three pods
+/// through the CRI with a TCP and a UDP hostPort each and the page's masquerading, the third
+/// also shaped (and its ifb deleted by someone as well) → `nft flush ruleset` in the node's
+/// namespace → CHECK fails, nothing is forwarded or masqueraded → scripts/resync.sh rebuilds
+/// from containerd's libcni cache → every port reached from outside, egress masqueraded, CHECK
+/// passes → a second resync changes nothing (`nft -j list ruleset` identical).
+#[test]
+fn cri_pods_survive_a_firewall_reload_through_resync() {
+    use cni_tests::clients::OUTSIDE_ADDR;
+    use cni_tests::traffic::{fetch_udp, Server, UdpServer};
+    const TCP_PORT: u16 = 30180;
+    const UDP_PORT: u16 = 30190;
+    const POD_UDP: u16 = 5353;
+    const OUTSIDE_PORT: u16 = 9000;
+    let tag = cni_tests::unique("rsy");
+    let tokens = [tag.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let mut node = Node::start(&sb, "k8s-hostport-bandwidth.conflist");
+        let _outside = Server::tcp4(&sb.outside, OUTSIDE_PORT, "outside");
+        struct Pod {
+            name: String,
+            id: String,
+            web: String,
+            caps: Value,
+            netns: String,
+            _udp: UdpServer,
+        }
+        let mut pods = Vec::new();
+        for i in 0..3u16 {
+            let name = format!("{tag}-{i}");
+            let uid = format!("{tag}-0000-4000-8000-00000000002{i}");
+            let mut config = node.pod_config(&name, &uid, 0, i == 2);
+            config.port_mappings = vec![
+                pb::PortMapping {
+                    protocol: pb::PROTOCOL_TCP,
+                    container_port: CONTAINER_PORT.into(),
+                    host_port: (TCP_PORT + i).into(),
+                    host_ip: String::new(),
+                },
+                pb::PortMapping {
+                    protocol: pb::PROTOCOL_UDP,
+                    container_port: POD_UDP.into(),
+                    host_port: (UDP_PORT + i).into(),
+                    host_ip: String::new(),
+                },
+            ];
+            let (id, ip) = node.run_pod(&config);
+            let web = node.run_web(&id, &config, &ip);
+            node.exec(&web, &["/bin/sh", "-c", &format!("echo {name} > /www/who")]);
+            // busybox has no UDP server: a responder in the pod's namespace, through its pause process
+            let st = node.cri.pod_sandbox_status(&id).expect("PodSandboxStatus");
+            let info: Value = serde_json::from_str(st.info.get("info").expect("verbose info")).unwrap();
+            let pid = info["pid"].as_u64().unwrap_or_else(|| panic!("no sandbox pid in {info}"));
+            let udp = UdpServer::start_at(Path::new(&format!("/proc/{pid}/ns/net")), POD_UDP, &name);
+            let cache = cached(&sb, &id);
+            // libcni 1.1 (containerd 1.6) caches no netns: the result's sandbox names it
+            let netns = cache["result"]["interfaces"]
+                .as_array()
+                .and_then(|a| a.iter().find_map(|i| i["sandbox"].as_str().filter(|s| !s.is_empty())))
+                .expect("a sandbox in the cached result")
+                .to_string();
+            pods.push(Pod { name, id, web, caps: cache["capabilityArgs"].clone(), netns, _udp: udp });
+        }
+        // What each pod gives: (TCP host port from outside, UDP host port from outside, whom
+        // the outside sees when the pod connects to it).
+        let probe = |node: &mut Node, sport: u16| -> Vec<(String, String, String)> {
+            let mut out = Vec::new();
+            for (i, p) in pods.iter().enumerate() {
+                let i = i as u16;
+                let tcp = Sandbox::http_get(&sb.outside, &format!("http://{HOST_ADDR}:{}/who", TCP_PORT + i))
+                    .unwrap_or_default();
+                let udp = fetch_udp(&sb.outside, HOST_ADDR, UDP_PORT + i, sport + i);
+                let cmd = format!("nc -w 3 {OUTSIDE_ADDR} {OUTSIDE_PORT} </dev/null");
+                let (_, seen, _) =
+                    node.cri.exec_sync(&p.web, &["/bin/sh", "-c", &cmd], 30).expect("ExecSync");
+                out.push((tcp.trim().to_string(), udp, seen.trim().to_string()));
+            }
+            out
+        };
+        let working: Vec<(String, String, String)> = pods
+            .iter()
+            .map(|p| (p.name.clone(), format!("{} {OUTSIDE_ADDR}", p.name), format!("outside {HOST_ADDR}")))
+            .collect();
+        // CHECK of the pod network's chain, as libcni runs it: our cnitool in the node, with
+        // containerd's cache (prevResult) and the capability arguments containerd passed.
+        let check = |p: &Pod| -> Result<(), String> {
+            let out = sb
+                .command(120, cni_tests::bin("cnitool").to_str().unwrap())
+                .args(["check", NET, &p.netns])
+                .env("CNI_CONTAINERID", &p.id)
+                .env("CNI_IFNAME", "eth0")
+                .env("NETCONFPATH", sb.dir.join("criconf"))
+                .env("CNI_PATH", sb.dir.join("bin"))
+                .env("CAP_ARGS", p.caps.to_string())
+                .output()
+                .expect("run cnitool");
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        };
+        let resync = || {
+            let out = sb
+                .command(300, cni_tests::workspace_root().join("scripts/resync.sh").to_str().unwrap())
+                .args(["--cni-bin-dir", sb.dir.join("bin").to_str().unwrap()])
+                .env("CNI_MIGRATE", cni_tests::bin("cni-migrate"))
+                .output()
+                .expect("run scripts/resync.sh");
+            let text =
+                format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            eprintln!("--- scripts/resync.sh:\n{text}");
+            (out.status.code(), text)
+        };
+        let ruleset = || String::from_utf8(sb.host.run("nft", &["-j", "list", "ruleset"]).stdout).unwrap();
+
+        assert_eq!(probe(&mut node, 41000), working, "before the reload");
+        for p in &pods {
+            check(p).unwrap_or_else(|e| panic!("CHECK {} before the reload: {e}", p.name));
+        }
+
+        // ---- the firewall reload, and an ifb of the shaped pod deleted by someone
+        sb.host.run("nft", &["flush", "ruleset"]);
+        let ifb = cached(&sb, &pods[2].id)["result"]["interfaces"]
+            .as_array()
+            .and_then(|a| a.iter().find_map(|i| i["name"].as_str().filter(|n| n.starts_with("bwp"))))
+            .expect("the shaped pod's ifb in its result")
+            .to_string();
+        sb.host.run("ip", &["link", "del", &ifb]);
+        for p in &pods {
+            let e = check(p).expect_err("CHECK must fail after the reload");
+            assert!(!e.trim().is_empty(), "CHECK {} says why", p.name);
+        }
+        let cut = probe(&mut node, 42000);
+        for (got, want) in cut.iter().zip(&working) {
+            assert_ne!(got.0, want.0, "after the reload the TCP host port is cut: {cut:?}");
+            assert_eq!((got.1.as_str(), got.2.as_str()), ("", ""), "UDP and egress cut: {cut:?}");
+        }
+
+        // ---- resync
+        let (code, text) = resync();
+        assert_eq!(code, Some(10), "something was rebuilt: exit 10\n{text}");
+        for p in &pods {
+            for part in ["bridge", "portmap"] {
+                let line = format!("{NET}/{}/eth0: {part}: repaired", p.id);
+                assert!(text.contains(&line), "{line}:\n{text}");
+            }
+        }
+        let shaped = format!("{NET}/{}/eth0: bandwidth: repaired", pods[2].id);
+        assert!(text.contains(&shaped), "{shaped}:\n{text}");
+        assert!(text.contains(" 0 failed"), "{text}");
+        assert_eq!(
+            probe(&mut node, 43000),
+            working,
+            "after resync: every port from outside, egress masqueraded"
+        );
+        for p in &pods {
+            check(p).unwrap_or_else(|e| panic!("CHECK {} after resync: {e}", p.name));
+        }
+
+        // ---- a second resync changes nothing
+        let before = ruleset();
+        let (code, text) = resync();
+        assert_eq!(code, Some(0), "everything intact: exit 0\n{text}");
+        assert_eq!(ruleset(), before, "the second resync changed the ruleset");
+
+        for p in &pods {
+            node.stop(&p.id);
+            node.remove(&p.id);
+        }
+        assert!(node.cri.list_pod_sandbox().expect("ListPodSandbox").is_empty());
+        assert_eq!(reservations(&sb), Vec::<String>::new(), "host-local reservations left");
+        drop(node);
+    }
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }

@@ -3,8 +3,9 @@
 //! pass the skeleton's real checks. Scenario names follow upstream's host_local_test.go
 //! (reference §4.2).
 
-use cni_tests::{dir_state, reservations, result_ips, Exec, Netns, PluginOutput, TempDir};
+use cni_tests::{dir_state, reservations, result_ips, Exec, Netns, PluginOutput, PodNetns, TempDir};
 use serde_json::{json, Value};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 const ALL_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -359,15 +360,22 @@ fn exhaustion_and_status() {
         d.path(),
         json!({"ranges": [[{"subnet": "2001:db8:1::/64"}], [{"subnet": "10.1.2.0/30"}]]}),
     );
+    let mut opt_in = c.clone();
+    opt_in["ipam"]["reportExhaustionInStatus"] = json!(true);
     // a fresh network: ready, and STATUS creates nothing
-    hl("STATUS", "", &ns).run_json(&c).success();
+    hl("STATUS", "", &ns).run_json(&c).ok_silent();
+    hl("STATUS", "", &ns).run_json(&opt_in).ok_silent();
     assert!(dir_state(d.path()).is_empty());
     hl("ADD", "a", &ns).run_json(&c).success();
+    let before = dir_state(d.path());
+    // Exhausted: ADD says so (below); STATUS says the plugin can serve the node's pods unless
+    // the configuration asks for exhaustion to be reported (README.md, "STATUS").
+    hl("STATUS", "", &ns).run_json(&c).ok_silent();
     let out = hl("STATUS", "", &ns)
-        .run_json(&c)
+        .run_json(&opt_in)
         .err_with(50, "no IP addresses available in range set 1: 10.1.2.1-10.1.2.2");
     assert_eq!(out.stdout.matches('{').count(), 1, "one JSON document");
-    let before = dir_state(d.path());
+    assert_store_unchanged(&before, &dir_state(d.path()));
     hl("ADD", "b", &ns).run_json(&c).err_with(
         999,
         "failed to allocate for range 1: no IP addresses available in range set: 10.1.2.1-10.1.2.2",
@@ -375,7 +383,7 @@ fn exhaustion_and_status() {
     // the v6 address reserved before the v4 set failed was rolled back, cursor included
     assert_store_unchanged(&before, &dir_state(d.path()));
     hl("DEL", "a", &ns).run_json(&c).success();
-    let ok = hl("STATUS", "", &ns).run_json(&c).success();
+    let ok = hl("STATUS", "", &ns).run_json(&opt_in).success();
     assert_eq!(ok.stdout, "", "STATUS success prints nothing");
     // STATUS before 1.1.0 is a version error
     let mut old = c.clone();
@@ -645,6 +653,27 @@ fn version_command_and_about_banner() {
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("CNI host-local plugin"));
 }
 
+/// The state letter of process `pid` (`/proc/<pid>/stat`), `None` once it is reaped.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Whether the stopped process `pid` is in the middle of writing the store under `net`: it
+/// holds an unnamed file there (`O_TMPFILE`: a reservation or record being written or linked)
+/// or our named temporary files.
+fn writing_store(pid: u32, net: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    let prefix = net.to_string_lossy().into_owned();
+    fds.flatten().any(|fd| {
+        let link = std::fs::read_link(fd.path()).unwrap_or_default().to_string_lossy().into_owned();
+        link.starts_with(&prefix)
+            && (link.ends_with(" (deleted)")
+                || link.contains(".host-local-tmp-")
+                || link.ends_with(".host-local-index.tmp"))
+    })
+}
+
 #[test]
 fn killed_adds_never_leave_partial_files_and_the_store_stays_usable() {
     let ns = Netns::new("hl");
@@ -652,27 +681,71 @@ fn killed_adds_never_leave_partial_files_and_the_store_stays_usable() {
     let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.0.0/16"}));
     let text = c.to_string();
     let net = d.path().join("mynet");
-    for round in 0..5 {
+    let (mut kills, mut mid_write) = (0usize, 0usize);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    // Rounds of 20 concurrent ADDs: half are killed after a random delay wherever they are,
+    // half are stopped (SIGSTOP) again and again until one is caught with a reservation or
+    // record half written, and killed there. At least 5 rounds, and until a kill landed
+    // mid-write (bounded).
+    for round in 0..60 {
         let mut children = Vec::new();
         for i in 0..20 {
-            let id = format!("k{round}-{i}");
-            children.push(hl("ADD", &id, &ns).spawn(&text));
+            children.push(hl("ADD", &format!("k{round}-{i}"), &ns).spawn(&text));
         }
-        // kill them wherever they are: before, during or after their reservation
-        std::thread::sleep(std::time::Duration::from_millis(2 * round));
-        for ch in &mut children {
-            let _ = ch.kill();
+        for (i, ch) in children.iter_mut().enumerate() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let pid = ch.id();
+            if i % 2 == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(rng % 3000));
+                let _ = ch.kill();
+                kills += 1;
+                continue;
+            }
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::time::Instant::now() < end && matches!(ch.try_wait(), Ok(None)) {
+                // SAFETY: signals to our own child, not yet reaped.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+                while !matches!(proc_state(pid), Some('T' | 't' | 'Z') | None)
+                    && std::time::Instant::now() < end
+                {
+                    std::hint::spin_loop();
+                }
+                if writing_store(pid, &net) {
+                    let _ = ch.kill();
+                    kills += 1;
+                    mid_write += 1;
+                    break;
+                }
+                // SAFETY: as above.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+            }
         }
         for mut ch in children {
+            let _ = ch.kill();
             let _ = ch.wait();
+        }
+        if round >= 4 && mid_write > 0 {
+            break;
         }
     }
     let files = reservations(&net);
-    eprintln!("{} of 100 killed ADDs left a reservation", files.len());
+    eprintln!(
+        "{kills} ADDs killed, {mid_write} of them in the middle of a store write; {} reservations left",
+        files.len()
+    );
+    assert!(mid_write > 0, "no kill landed while an ADD was writing the store");
     for (ip, content) in &files {
         assert!(
             content.starts_with('k') && content.ends_with("\r\neth0"),
             "{ip} holds {content:?}: a reservation file must appear complete or not at all"
+        );
+    }
+    for (ip, rec) in records(&net) {
+        assert!(
+            rec.starts_with("cni-rs host-local netns record v1\n") && rec.ends_with('\n'),
+            "{ip}: {rec:?}"
         );
     }
     // the index may be stale after the kills; every surviving reservation can still be found
@@ -749,4 +822,545 @@ fn del_keeps_the_code_of_what_failed() {
     assert!(file.exists());
     hl("DEL", "busy", &ns).run_json(&c).success();
     assert!(reservations(&d.path().join("mynet")).is_empty());
+}
+
+// ---- reclaiming dead reservations (issue 21) ----
+
+/// One call of our host-local for container `id` whose namespace is at `netns`.
+fn hl_at(command: &str, id: &str, netns: &str) -> Exec<'static> {
+    Exec::new("host-local")
+        .env("CNI_COMMAND", command)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_NETNS", netns)
+}
+
+/// The netns records of a network directory (our `.host-local-ns/<ip>` files), by address.
+fn records(net: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(net.join(".host-local-ns"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    name.parse::<std::net::IpAddr>().ok()?;
+                    Some((name, std::fs::read_to_string(e.path()).ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn boot_id_hex() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim().replace('-', "")
+}
+
+#[test]
+fn add_records_the_namespace_beside_each_reservation() {
+    let d = TempDir::new("hl");
+    let pod = PodNetns::new("hlr");
+    let c = dual("1.1.0", d.path());
+    hl_at("ADD", "rec", pod.path()).run_json(&c).success();
+    let net = d.path().join("mynet");
+    // the reservations are upstream's, byte for byte; the records sit beside them
+    assert_eq!(
+        reservations(&net),
+        [("10.1.2.2".into(), "rec\r\neth0".into()), ("2001:db8:1::2".into(), "rec\r\neth0".into())]
+    );
+    let recs = records(&net);
+    assert_eq!(recs.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["10.1.2.2", "2001:db8:1::2"]);
+    let ino = std::fs::metadata(pod.path()).unwrap().ino();
+    for (ip, text) in &recs {
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "cni-rs host-local netns record v1", "{ip}: {text}");
+        assert!(lines[1].starts_with(&format!("file {} ", std::fs::metadata(net.join(ip)).unwrap().ino())));
+        assert_eq!(lines[2], format!("boot {}", boot_id_hex()));
+        let ns: Vec<&str> = lines[3].split(' ').collect();
+        assert_eq!((ns[0], ns[1], ns[3]), ("netns", ino.to_string().as_str(), pod.path()), "{text}");
+        assert_ne!(ns[2], "0", "a netns cookie");
+    }
+    // DEL takes the records with the reservations
+    hl_at("DEL", "rec", pod.path()).run_json(&c).success();
+    assert!(reservations(&net).is_empty() && records(&net).is_empty());
+}
+
+#[test]
+fn reservations_of_an_earlier_boot_are_released_by_the_first_add_after_it() {
+    let d = TempDir::new("hl");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24"}));
+    let net = d.path().join("mynet");
+    let (a, b) = (PodNetns::new("hlb"), PodNetns::new("hlb"));
+    hl_at("ADD", "a", a.path()).run_json(&c).success();
+    hl_at("ADD", "b", b.path()).run_json(&c).success();
+    std::fs::write(net.join("10.1.2.50"), "upstream\r\neth0").unwrap(); // no record: live
+                                                                        // A reboot, as the store sees it: every record and the marker carry another boot id.
+    let other = "0123456789abcdef0123456789abcdef";
+    for entry in std::fs::read_dir(net.join(".host-local-ns")).unwrap() {
+        let p = entry.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, text.replace(&boot_id_hex(), other)).unwrap();
+    }
+    let c3 = PodNetns::new("hlb");
+    let out = hl_at("ADD", "c", c3.path()).run_json(&c).success();
+    for (ip, id) in [("10.1.2.2", "a"), ("10.1.2.3", "b")] {
+        let line = format!(
+            "network mynet: first ADD since a reboot: released {ip} of container {id} interface eth0: it was made before the last reboot"
+        );
+        assert!(out.stderr.contains(&line), "{}", out.stderr);
+    }
+    let left: Vec<String> = reservations(&net).into_iter().map(|(ip, c)| format!("{ip}={c}")).collect();
+    assert_eq!(left, ["10.1.2.4=c\r\neth0", "10.1.2.50=upstream\r\neth0"]);
+    let marker = std::fs::read_to_string(net.join(".host-local-ns/boot")).unwrap();
+    assert!(marker.ends_with(&format!("{}\n", boot_id_hex())), "{marker}");
+    // once per boot: the next ADD does not look again
+    let d4 = PodNetns::new("hlb");
+    let out = hl_at("ADD", "d", d4.path()).run_json(&c).success();
+    assert_eq!(out.stderr, "");
+}
+
+#[test]
+fn a_late_del_never_frees_what_a_new_incarnation_holds() {
+    let d = TempDir::new("hl");
+    // one address: 10.1.2.2
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/30"}));
+    let net = d.path().join("mynet");
+    let first = PodNetns::new("hli");
+    let first_path = first.path().to_string();
+    hl_at("ADD", "x", &first_path).run_json(&c).success();
+    // The container's namespace goes without a DEL; the runtime starts it again under the
+    // same id: its earlier reservation is provably dead and is released for it.
+    first.delete();
+    let second = PodNetns::new("hli");
+    let out = hl_at("ADD", "x", second.path()).run_json(&c).success();
+    assert_eq!(result_ips(&out.json()), ["10.1.2.2"]);
+    assert!(
+        out.stderr.contains("released 10.1.2.2 of an earlier incarnation of container x interface eth0"),
+        "{}",
+        out.stderr
+    );
+    let before = dir_state(d.path());
+    // The late DEL of the first incarnation names its (gone) namespace: nothing is freed.
+    let late = hl_at("DEL", "x", &first_path).run_json(&c).success();
+    assert!(late.stderr.contains("10.1.2.2 left alone"), "{}", late.stderr);
+    assert_store_unchanged(&before, &dir_state(d.path()));
+    // With a live holder the same applies to a DEL naming any other namespace.
+    let stranger = PodNetns::new("hli");
+    hl_at("DEL", "x", stranger.path()).run_json(&c).success();
+    assert_store_unchanged(&before, &dir_state(d.path()));
+    // The DEL of the live incarnation releases it.
+    hl_at("DEL", "x", second.path()).run_json(&c).success();
+    assert!(reservations(&net).is_empty());
+}
+
+#[test]
+fn a_live_namespace_is_never_reclaimed_whoever_holds_it() {
+    let d = TempDir::new("hl");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/29"})); // .2 … .6
+    let net = d.path().join("mynet");
+    // Three pods whose bind mounts go away, each kept alive another way: a process inside it,
+    // a second bind mount elsewhere, and a bind mount under another name in /run/netns.
+    let pods: Vec<PodNetns> = (0..5).map(|_| PodNetns::new("hll")).collect();
+    for (i, p) in pods.iter().enumerate() {
+        hl_at("ADD", &format!("p{i}"), p.path()).run_json(&c).success();
+    }
+    let elsewhere = TempDir::new("hll-mnt");
+    let pin = elsewhere.join("pinned");
+    std::fs::write(&pin, "").unwrap();
+    cni_tests::sh("mount", &["--bind", pods[1].path(), pin.to_str().unwrap()]);
+    let alias = format!("{}-alias", pods[2].name());
+    std::fs::write(format!("/run/netns/{alias}"), "").unwrap();
+    cni_tests::sh("mount", &["--bind", pods[2].path(), &format!("/run/netns/{alias}")]);
+    let mut sleeper = std::process::Command::new("ip")
+        .args(["netns", "exec", pods[0].name(), "sleep", "60"])
+        .spawn()
+        .unwrap();
+    cni_tests::wait_until("the sleeper to enter its namespace", std::time::Duration::from_secs(10), || {
+        let link = std::fs::read_link(format!("/proc/{}/ns/net", sleeper.id())).unwrap_or_default();
+        link != std::fs::read_link("/proc/self/ns/net").unwrap()
+    });
+    let mut it = pods.into_iter();
+    let (p0, p1, p2, p3, p4) =
+        (it.next().unwrap(), it.next().unwrap(), it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    p0.delete();
+    p1.delete();
+    p2.delete();
+    p3.delete(); // the only dead one
+    let before: Vec<(String, String)> =
+        reservations(&net).into_iter().filter(|r| r.1 != "p3\r\neth0").collect();
+    let newcomer = PodNetns::new("hll");
+    let out = hl_at("ADD", "new", newcomer.path()).run_json(&c).success();
+    assert_eq!(result_ips(&out.json()), ["10.1.2.5"], "p3's address");
+    assert_eq!(out.stderr.matches("released").count(), 1, "{}", out.stderr);
+    let after: Vec<(String, String)> =
+        reservations(&net).into_iter().filter(|r| r.1 != "new\r\neth0").collect();
+    assert_eq!(after, before, "the pods held by a process or a mount keep their addresses");
+    // full again, nothing else is dead
+    let late = PodNetns::new("hll");
+    hl_at("ADD", "late", late.path()).run_json(&c).err_with(999, "no IP addresses available");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    cni_tests::sh("umount", &[pin.to_str().unwrap()]);
+    cni_tests::sh("umount", &[&format!("/run/netns/{alias}")]);
+    let _ = std::fs::remove_file(format!("/run/netns/{alias}"));
+    drop(p4);
+}
+
+#[test]
+fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_namespaces() {
+    let cycles: usize = std::env::var("CNI_HL_CHURN_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(240);
+    let workers = 4;
+    let d = TempDir::new("hl");
+    // 13 addresses; at most 4 workers x 3 live pods = 12 live at once, the rest leak by dying
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/28"}));
+    let net = d.path().join("mynet");
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let live: std::sync::Mutex<std::collections::HashMap<String, String>> = Default::default();
+    let (reclaimed, deleted) =
+        (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for w in 0..workers {
+            let (c, net, next, live, reclaimed, deleted) = (&c, &net, &next, &live, &reclaimed, &deleted);
+            s.spawn(move || {
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+                let mut mine: std::collections::VecDeque<(String, String, PodNetns)> = Default::default();
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if k >= cycles {
+                        break;
+                    }
+                    let ns = PodNetns::new("hlc");
+                    let id = format!("churn-{w}-{k}");
+                    let out = hl_at("ADD", &id, ns.path()).run_json(c);
+                    assert_eq!(out.code, 0, "cycle {k}: {} {}", out.stdout, out.stderr);
+                    reclaimed.fetch_add(
+                        out.stderr.matches("released").count(),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    let ip = result_ips(&out.json())[0].clone();
+                    if let Some(other) = live.lock().unwrap().insert(ip.clone(), id.clone()) {
+                        panic!("{ip} given to {id} while {other}'s namespace is alive");
+                    }
+                    mine.push_back((id, ip, ns));
+                    if mine.len() < 3 {
+                        continue;
+                    }
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let (id, ip, ns) = mine.pop_front().unwrap();
+                    // no longer live before its namespace goes: its address may be reused from then on
+                    live.lock().unwrap().remove(&ip);
+                    match rng % 3 {
+                        0 => {
+                            hl_at("DEL", &id, ns.path()).run_json(c).success();
+                            ns.delete();
+                        }
+                        1 => {
+                            ns.delete(); // died without a DEL
+                            deleted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        _ => {
+                            // died without a DEL, and another namespace took its name
+                            let name = ns.name().to_string();
+                            ns.delete();
+                            let _again = PodNetns::named(&name);
+                            deleted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+                // the pods still alive hold what they were given
+                for (id, ip, ns) in mine {
+                    assert_eq!(std::fs::read_to_string(net.join(&ip)).unwrap(), format!("{id}\r\neth0"));
+                    hl_at("DEL", &id, ns.path()).run_json(c).success();
+                    live.lock().unwrap().remove(&ip);
+                }
+            });
+        }
+    });
+    let (r, dd) = (reclaimed.into_inner(), deleted.into_inner());
+    eprintln!("churn: {cycles} ADDs, {dd} pods died without DEL, {r} of their addresses reclaimed");
+    assert!(r > 0 && dd > 0, "the pool never ran out: nothing was reclaimed");
+    assert!(live.lock().unwrap().is_empty());
+}
+
+// ---- full, read-only and hostile stores (issues 18 and 21) ----
+
+/// A filesystem mounted on a scratch directory for one test, unmounted on drop.
+struct Mount(TempDir);
+
+impl Mount {
+    /// A tmpfs of `size` (`mount -t tmpfs -o size=…`).
+    fn tmpfs(size: &str) -> Mount {
+        let m = TempDir::new("hl-mnt");
+        cni_tests::sh("mount", &["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs", m.str()]);
+        Mount(m)
+    }
+
+    /// `src` again, read-only.
+    fn read_only(src: &Path) -> Mount {
+        let m = TempDir::new("hl-ro");
+        cni_tests::sh("mount", &["--bind", src.to_str().unwrap(), m.str()]);
+        cni_tests::sh("mount", &["-o", "remount,bind,ro", m.str()]);
+        Mount(m)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.0.path()).output();
+    }
+}
+
+/// Fill the filesystem of `dir` with a file `name` until it has no space left.
+fn fill(dir: &Path, name: &str) -> std::path::PathBuf {
+    use std::io::Write;
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    p
+}
+
+#[test]
+fn a_full_store_still_serves_del_check_and_gc() {
+    let ns = Netns::new("hl");
+    let m = Mount::tmpfs("256k");
+    let c = conf("1.1.0", m.path(), json!({"subnet": "10.1.2.0/24"}));
+    let net = m.path().join("mynet");
+    let mut results = Vec::new();
+    for id in ["a", "b", "c"] {
+        results.push(hl("ADD", id, &ns).run_json(&c).success().json());
+    }
+    // Another program changed the store: the index is no longer trusted and would be rebuilt.
+    std::fs::write(net.join("10.1.2.99"), "upstream\r\neth0").unwrap();
+    let filler = fill(m.path(), "filler");
+    let before = dir_state(&net);
+    // CHECK, with and without prevResult: succeeds and writes nothing
+    let mut chk = c.clone();
+    chk["prevResult"] = results[1].clone();
+    hl("CHECK", "b", &ns).run_json(&chk).success();
+    hl("CHECK", "b", &ns).run_json(&c).success();
+    assert_store_unchanged(&before, &dir_state(&net));
+    // DEL removes its file and record, nothing else (no index could be written)
+    hl("DEL", "a", &ns).run_json(&c).success();
+    let gone: Vec<String> = ["10.1.2.2", ".host-local-ns/10.1.2.2"].iter().map(|f| f.to_string()).collect();
+    let expect: Vec<(String, Vec<u8>)> = before.iter().filter(|(n, _)| !gone.contains(n)).cloned().collect();
+    assert_store_unchanged(&expect, &dir_state(&net));
+    // GC too
+    let mut gc = c.clone();
+    gc["cni.dev/valid-attachments"] =
+        json!([{"containerID": "b", "ifname": "eth0"}, {"containerID": "upstream", "ifname": "eth0"}]);
+    hl("GC", "", &ns).run_json(&gc).success();
+    let left: Vec<String> = reservations(&net).into_iter().map(|(ip, _)| ip).collect();
+    assert_eq!(left, ["10.1.2.3", "10.1.2.99"]);
+    // ADD needs space (the removals above freed some: fill it again): code 5 naming the
+    // reason, and the store as it was
+    let filler2 = fill(m.path(), "filler2");
+    let before = dir_state(&net);
+    hl("ADD", "d", &ns).run_json(&c).err_with(5, "No space left on device");
+    assert_store_unchanged(&before, &dir_state(&net));
+    // A full disk is not an unusable store (README.md, "STATUS")
+    hl("STATUS", "", &ns).run_json(&c).ok_silent();
+    // With room again everything works, and the index is rebuilt
+    std::fs::remove_file(filler).unwrap();
+    std::fs::remove_file(filler2).unwrap();
+    hl("ADD", "d", &ns).run_json(&c).success();
+    hl("DEL", "b", &ns).run_json(&c).success();
+    hl("DEL", "d", &ns).run_json(&c).success();
+    assert_eq!(reservations(&net), [("10.1.2.99".into(), "upstream\r\neth0".into())]);
+    assert!(net.join(".host-local-index").exists());
+}
+
+#[test]
+fn a_read_only_store_serves_check_and_whatever_needs_no_write() {
+    let ns = Netns::new("hl");
+    let d = TempDir::new("hl");
+    let rw = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24"}));
+    let a = hl("ADD", "a", &ns).run_json(&rw).success().json();
+    hl("ADD", "b", &ns).run_json(&rw).success();
+    std::fs::write(d.join("mynet/10.1.2.99"), "upstream\r\neth0").unwrap(); // index untrusted
+    let ro = Mount::read_only(d.path());
+    let c = conf("1.1.0", ro.path(), json!({"subnet": "10.1.2.0/24"}));
+    let before = dir_state(d.path());
+    let mut chk = c.clone();
+    chk["prevResult"] = a;
+    hl("CHECK", "a", &ns).run_json(&chk).success();
+    hl("CHECK", "a", &ns).run_json(&c).success();
+    hl("DEL", "nobody", &ns).run_json(&c).success();
+    let mut gc = c.clone();
+    gc["cni.dev/valid-attachments"] = json!([
+        {"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth0"},
+        {"containerID": "upstream", "ifname": "eth0"}
+    ]);
+    hl("GC", "", &ns).run_json(&gc).success();
+    assert_store_unchanged(&before, &dir_state(d.path()));
+    // What needs a write fails with code 5 naming the file; STATUS says no ADD can work.
+    hl("DEL", "a", &ns).run_json(&c).err_with(5, "10.1.2.2: Read-only file system");
+    hl("ADD", "c", &ns).run_json(&c).err_with(5, "Read-only file system");
+    hl("STATUS", "", &ns).run_json(&c).err_with(50, "is not writable: Read-only file system");
+    assert_store_unchanged(&before, &dir_state(d.path()));
+}
+
+#[test]
+fn check_and_status_never_write() {
+    let ns = Netns::new("hl");
+    let d = TempDir::new("hl");
+    let net = d.path().join("mynet");
+    // as upstream leaves a store (no index of ours), but without its lock file
+    std::fs::create_dir_all(&net).unwrap();
+    std::fs::write(net.join("10.1.2.2"), "a\r\neth0").unwrap();
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24", "reportExhaustionInStatus": true}));
+    let before = dir_state(d.path());
+    hl("CHECK", "a", &ns).run_json(&c).success();
+    let mut chk = c.clone();
+    chk["prevResult"] = json!({"cniVersion": "1.1.0", "ips": [{"address": "10.1.2.2/24"}]});
+    hl("CHECK", "a", &ns).run_json(&chk).success();
+    hl("CHECK", "z", &ns).run_json(&c).err_with(999, "Failed to find address");
+    hl("STATUS", "", &ns).run_json(&c).ok_silent();
+    assert_store_unchanged(&before, &dir_state(d.path()));
+}
+
+#[test]
+fn nothing_in_the_store_is_followed_or_waited_on() {
+    let ns = Netns::new("hl");
+    let d = TempDir::new("hl");
+    let net = d.path().join("mynet");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24"}));
+    hl("ADD", "a", &ns).run_json(&c).success();
+    let limit = std::time::Duration::from_secs(20);
+    // A FIFO named like an address: the scan of a rebuild (foreign change) skips it without
+    // blocking, ADD passes over it, GC leaves it, CHECK and DEL finish.
+    cni_tests::sh("mkfifo", &[net.join("10.1.2.3").to_str().unwrap()]);
+    let out = hl("ADD", "b", &ns).run_within(&c.to_string(), limit).success();
+    assert_eq!(result_ips(&out.json()), ["10.1.2.4"]);
+    assert!(
+        out.stderr.contains("skipping") && out.stderr.contains("not a regular file but a FIFO"),
+        "{}",
+        out.stderr
+    );
+    let mut gc = c.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "b", "ifname": "eth0"}]);
+    hl("GC", "", &ns).run_within(&gc.to_string(), limit).success();
+    hl("CHECK", "b", &ns).run_within(&c.to_string(), limit).success();
+    hl("DEL", "b", &ns).run_within(&c.to_string(), limit).success();
+    let mut req = c.clone();
+    req["args"] = json!({"cni": {"ips": ["10.1.2.3"]}});
+    let taken = hl("ADD", "c", &ns).run_within(&req.to_string(), limit).err_with(999, "is not available");
+    assert_eq!(
+        taken.json()["details"],
+        "10.1.2.3 is reserved by no reservation file (not a regular file but a FIFO)"
+    );
+    assert!(std::fs::symlink_metadata(net.join("10.1.2.3")).unwrap().file_type().is_fifo());
+    assert!(reservations(&net).is_empty());
+    // A crafted index header (valid checksum, a slot count whose size wraps): ignored and
+    // replaced by a rebuilt index.
+    std::fs::write(net.join(".host-local-index"), cni_tests::crafted_index_header(1 << 59)).unwrap();
+    hl("ADD", "d", &ns).run_json(&c).success();
+    hl("DEL", "d", &ns).run_json(&c).success();
+    assert!(std::fs::metadata(net.join(".host-local-index")).unwrap().len() > 4096, "rebuilt");
+}
+
+#[test]
+fn a_held_lock_is_waited_for_until_the_deadline() {
+    let ns = Netns::new("hl");
+    let d = TempDir::new("hl");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24", "lockTimeout": 1}));
+    hl("ADD", "a", &ns).run_json(&c).success();
+    let lock = std::fs::File::open(d.join("mynet/lock")).unwrap();
+    lock.lock().unwrap();
+    let before = dir_state(d.path());
+    let msg = format!("lock {}: still held by another process after 1s", d.join("mynet/lock").display());
+    hl("ADD", "b", &ns).run_json(&c).err_with(11, &msg);
+    hl("DEL", "a", &ns).run_json(&c).err_with(11, &msg);
+    assert_store_unchanged(&before, &dir_state(d.path()));
+    drop(lock);
+    hl("DEL", "a", &ns).run_json(&c).success();
+    let mut bad = c.clone();
+    bad["ipam"]["lockTimeout"] = json!(0);
+    hl("ADD", "b", &ns).run_json(&bad).err_with(7, "ipam.lockTimeout 0 is out of range");
+}
+
+#[test]
+fn status_fails_only_when_no_add_could_work() {
+    use std::os::unix::fs::PermissionsExt;
+    let ns = Netns::new("hl");
+    let d = TempDir::new("hl");
+    let status = |c: &Value| hl("STATUS", "", &ns).run_json(c);
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/24"}));
+    status(&c).ok_silent(); // not created yet: the parent takes it
+    hl("ADD", "a", &ns).run_json(&c).success();
+    status(&c).ok_silent();
+    let net = d.path().join("mynet");
+    // what STATUS must name, how to break the store, how to repair it
+    type Breakage<'a> = (&'a str, Box<dyn Fn() + 'a>, Box<dyn Fn() + 'a>);
+    let cases: Vec<Breakage> = vec![
+        (
+            "group or others may write it (mode 0777)",
+            Box::new(|| std::fs::set_permissions(&net, std::fs::Permissions::from_mode(0o777)).unwrap()),
+            Box::new(|| std::fs::set_permissions(&net, std::fs::Permissions::from_mode(0o755)).unwrap()),
+        ),
+        (
+            "lock is a FIFO, not a regular file",
+            Box::new(|| {
+                std::fs::remove_file(net.join("lock")).unwrap();
+                cni_tests::sh("mkfifo", &[net.join("lock").to_str().unwrap()]);
+            }),
+            Box::new(|| {
+                std::fs::remove_file(net.join("lock")).unwrap();
+                std::fs::write(net.join("lock"), "").unwrap();
+            }),
+        ),
+        (
+            "last_reserved_ip.0 is a symbolic link, not a regular file",
+            Box::new(|| {
+                std::fs::remove_file(net.join("last_reserved_ip.0")).unwrap();
+                std::os::unix::fs::symlink("/etc/hostname", net.join("last_reserved_ip.0")).unwrap();
+            }),
+            Box::new(|| {
+                std::fs::remove_file(net.join("last_reserved_ip.0")).unwrap();
+                std::fs::write(net.join("last_reserved_ip.0"), "10.1.2.2").unwrap();
+            }),
+        ),
+    ];
+    for (why, break_it, repair) in cases {
+        break_it();
+        let before = dir_state(d.path());
+        status(&c).err_with(50, why);
+        hl("ADD", "b", &ns).run_json(&c).err(5);
+        assert_store_unchanged(&before, &dir_state(d.path()));
+        repair();
+        status(&c).ok_silent();
+    }
+    // a store directory that is a symbolic link, or a file
+    let real = TempDir::new("hl-real");
+    let linked = TempDir::new("hl-link");
+    std::os::unix::fs::symlink(real.path(), linked.join("mynet")).unwrap();
+    status(&conf("1.1.0", linked.path(), json!({"subnet": "10.1.2.0/24"})))
+        .err_with(50, "is a symbolic link, not a directory");
+    let file = TempDir::new("hl-file");
+    std::fs::write(file.join("mynet"), "").unwrap();
+    status(&conf("1.1.0", file.path(), json!({"subnet": "10.1.2.0/24"})))
+        .err_with(50, "is a regular file, not a directory");
+    // an exhausted pool is ADD's to report, unless asked for
+    let tiny = conf("1.1.0", d.path(), json!({"subnet": "10.1.3.0/30"}));
+    hl("ADD", "t", &ns).run_json(&tiny).success();
+    status(&tiny).ok_silent();
+    let mut opt_in = tiny.clone();
+    opt_in["ipam"]["reportExhaustionInStatus"] = json!(true);
+    status(&opt_in).err_with(50, "no IP addresses available in range set 0");
+    // ... and not when a reservation is provably dead (ADD would reclaim it)
+    hl("DEL", "t", &ns).run_json(&tiny).success();
+    let pod = PodNetns::new("hls");
+    hl_at("ADD", "gone", pod.path()).run_json(&tiny).success();
+    status(&opt_in).err_with(50, "no IP addresses available in range set 0");
+    pod.delete();
+    let before = dir_state(d.path());
+    status(&opt_in).ok_silent();
+    assert_store_unchanged(&before, &dir_state(d.path()));
 }

@@ -1,7 +1,7 @@
 //! Upstream's Go host-local (/usr/lib/cni/host-local, Debian containernetworking-plugins
 //! 1.1.1) and ours on the same dataDir: each must see, respect and delete what the other wrote.
 
-use cni_tests::{bin, reservations, result_ips, upstream_bin, Exec, Netns, TempDir};
+use cni_tests::{bin, dir_state, reservations, result_ips, upstream_bin, Exec, Netns, PodNetns, TempDir};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -140,8 +140,103 @@ fn upstream_never_mistakes_our_index_for_a_reservation() {
     assert!(net.join(".host-local-index").exists(), "upstream left the index alone");
     let names: Vec<String> =
         std::fs::read_dir(&net).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert_eq!(names.len(), 4, "lock, 2 cursors, index: {names:?}");
+    assert_eq!(names.len(), 5, "lock, 2 cursors, index, netns records: {names:?}");
     // and ours, after upstream changed everything behind its back, agrees
     let again = call(&ours(), "ADD", "c0", &ns).run_json(&c).success();
     assert_eq!(result_ips(&again.json()), ["10.20.0.7", "fd20::7"], "round-robin continues");
+}
+
+/// One call of `bin` for container `id` whose namespace is at `netns`.
+fn call_at(bin: &str, command: &str, id: &str, netns: &str) -> Exec<'static> {
+    Exec::new(bin)
+        .env("CNI_COMMAND", command)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_NETNS", netns)
+}
+
+/// Issue 21: a small pool filled completely by pods in their own namespaces and one
+/// reservation Debian's host-local made; two namespaces deleted without DEL, a third deleted
+/// and another created under its name. The next ADD gets a dead pod's address; every other
+/// file stays byte for byte; a late DEL of a reclaimed attachment frees nothing; upstream's
+/// binary keeps working on the store.
+#[test]
+fn an_exhausted_pool_takes_back_only_what_is_provably_dead() {
+    let up = upstream();
+    let ours = ours();
+    let d = TempDir::new("hlu");
+    let c = json!({"cniVersion": "1.0.0", "name": "small", "type": "bridge", "ipam": {
+        "type": "host-local", "dataDir": d.path(), "ranges": [[{"subnet": "10.21.0.0/29"}]]
+    }}); // .2 … .6
+    let net = d.path().join("small");
+    let debian = PodNetns::new("hlud");
+    let made = call_at(&up, "ADD", "debian", debian.path()).run_json(&c).success();
+    assert_eq!(result_ips(&made.json()), ["10.21.0.2"]);
+    let pods: Vec<PodNetns> = (0..4).map(|_| PodNetns::new("hlup")).collect();
+    for (i, p) in pods.iter().enumerate() {
+        let out = call_at(&ours, "ADD", &format!("pod{i}"), p.path()).run_json(&c).success();
+        assert_eq!(result_ips(&out.json()), [format!("10.21.0.{}", i + 3)]);
+    }
+    // Full, and nothing is dead: ADD fails and changes nothing.
+    let full = dir_state(d.path());
+    let waiting = PodNetns::new("hlun");
+    call_at(&ours, "ADD", "new", waiting.path()).run_json(&c).err_with(999, "no IP addresses available");
+    assert_eq!(dir_state(d.path()), full);
+
+    let mut it = pods.into_iter();
+    let (p0, p1, p2, p3) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    let (p0_path, p2_name) = (p0.path().to_string(), p2.name().to_string());
+    p0.delete();
+    p1.delete();
+    p2.delete();
+    let _p2_successor = PodNetns::named(&p2_name);
+    // Debian's pod dies too: its reservation has no record, so it counts as live.
+    debian.delete();
+    let keep: Vec<(String, Vec<u8>)> = full
+        .iter()
+        .filter(|(n, _)| {
+            n == "small/10.21.0.2" || n == "small/10.21.0.6" || n == "small/.host-local-ns/10.21.0.6"
+        })
+        .cloned()
+        .collect();
+    assert_eq!(keep.len(), 3);
+
+    let out = call_at(&ours, "ADD", "new", waiting.path()).run_json(&c).success();
+    let got = result_ips(&out.json())[0].clone();
+    assert!(["10.21.0.3", "10.21.0.4", "10.21.0.5"].contains(&got.as_str()), "{got}");
+    for (ip, id, why) in [
+        ("10.21.0.3", "pod0", "no longer exists"),
+        ("10.21.0.4", "pod1", "no longer exists"),
+        ("10.21.0.5", "pod2", "is another namespace now"),
+    ] {
+        let line = format!("network small: the pool is exhausted: released {ip} of container {id} interface eth0: its network namespace");
+        assert!(out.stderr.lines().any(|l| l.contains(&line) && l.contains(why)), "{id}: {}", out.stderr);
+    }
+    let now = dir_state(d.path());
+    for f in &keep {
+        assert!(now.contains(f), "{} changed", f.0);
+    }
+    let mut want = vec![
+        format!("{got}=new\r\neth0"),
+        "10.21.0.2=debian\r\neth0".into(),
+        "10.21.0.6=pod3\r\neth0".into(),
+    ];
+    want.sort();
+    let left: Vec<String> = reservations(&net).into_iter().map(|(ip, c)| format!("{ip}={c}")).collect();
+    assert_eq!(left, want);
+
+    // The late DEL of a reclaimed pod frees nothing that a pod holds now.
+    let before = dir_state(d.path());
+    call_at(&ours, "DEL", "pod0", &p0_path).run_json(&c).success();
+    assert_eq!(dir_state(d.path()), before);
+    // Upstream's binary on the same store: CHECK and DEL of our pods, ADD of its own.
+    call_at(&up, "CHECK", "pod3", p3.path()).run_json(&c).success();
+    call_at(&up, "DEL", "new", "").run_json(&c).success();
+    let again = PodNetns::new("hlua");
+    call_at(&up, "ADD", "up2", again.path()).run_json(&c).success();
+    call_at(&ours, "DEL", "debian", "").run_json(&c).success();
+    call_at(&up, "DEL", "pod3", "").run_json(&c).success();
+    call_at(&ours, "DEL", "up2", again.path()).run_json(&c).success();
+    assert!(reservations(&net).is_empty(), "{:?}", reservations(&net));
 }

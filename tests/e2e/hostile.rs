@@ -8,7 +8,7 @@
 //! Plugin-specific hostile configs live next to the generic ones below; each plugin brings
 //! its own list.
 
-use cni_tests::{cni_path_with, dir_state, ns_state, Exec, Netns, TempDir};
+use cni_tests::{cni_path_with, crafted_index_header, dir_state, ns_state, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 
 struct World {
@@ -16,6 +16,17 @@ struct World {
     ctr: Netns,
     data: TempDir,
     cni_path: TempDir,
+    /// Files that are no network namespace, for CNI_NETNS: kept out of `data`, whose snapshot
+    /// reads every file (and would block on the FIFO).
+    odd: TempDir,
+}
+
+/// Make a FIFO or a character device (1:3, what /dev/null is) at `path`.
+fn mknod(path: &std::path::Path, kind: libc::mode_t) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; makedev is plain arithmetic.
+    let r = unsafe { libc::mknod(c.as_ptr(), kind | 0o600, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod {}: {}", path.display(), std::io::Error::last_os_error());
 }
 
 impl World {
@@ -25,7 +36,15 @@ impl World {
             ctr: Netns::new("hc"),
             data: TempDir::new("hostile-data"),
             cni_path: cni_path_with(plugins),
+            odd: TempDir::new("hostile-netns"),
         };
+        mknod(&w.odd.join("fifo"), libc::S_IFIFO);
+        mknod(&w.odd.join("chardev"), libc::S_IFCHR);
+        std::fs::write(w.odd.join("file"), "not a namespace").unwrap();
+        for t in ["fifo", "chardev", "file"] {
+            std::os::unix::fs::symlink(w.odd.join(t), w.odd.join(format!("link-to-{t}"))).unwrap();
+        }
+        std::os::unix::fs::symlink(w.odd.join("nothing"), w.odd.join("dangling")).unwrap();
         // Some pre-existing state that must survive untouched.
         w.host.run("ip", &["link", "set", "lo", "up"]);
         w.host.run("ip", &["link", "add", "hbr0", "type", "bridge"]);
@@ -121,6 +140,19 @@ fn generic_cases(base: &Value, w: &World) -> Vec<Case> {
         with_env(case("netns directory", ok.clone(), 4), "CNI_NETNS", Some("/tmp")),
         with_env(case("netns is the plugin's own", ok.clone(), 8), "CNI_NETNS", Some(w.host.path_str())),
         with_env(
+            case("netns dangling symlink", ok.clone(), 3),
+            "CNI_NETNS",
+            Some(w.odd.join("dangling").to_str().unwrap()),
+        ),
+        with_env(
+            case("CNI_CHILD_TIMEOUT_MS not a number", ok.clone(), 4),
+            "CNI_CHILD_TIMEOUT_MS",
+            Some("soon"),
+        ),
+        with_env(case("CNI_CHILD_TIMEOUT_MS zero", ok.clone(), 4), "CNI_CHILD_TIMEOUT_MS", Some("0")),
+        // A valid configuration made one byte longer than the skeleton reads (8 MiB).
+        case("stdin beyond 8 MiB", format!("{ok}{}", " ".repeat((8 << 20) + 1 - ok.len())), 5),
+        with_env(
             case("CHECK below 0.4.0", set(base, "cniVersion", json!("0.3.1")), 1),
             "CNI_COMMAND",
             Some("CHECK"),
@@ -158,6 +190,15 @@ fn generic_cases(base: &Value, w: &World) -> Vec<Case> {
             6,
         ),
     ];
+    // What is at CNI_NETNS is looked at without being opened: a FIFO does not block ADD or
+    // CHECK, a device's open is never called. (A hang fails the suite by its timeout.)
+    for name in ["fifo", "chardev", "file", "link-to-fifo", "link-to-chardev", "link-to-file"] {
+        let path = w.odd.join(name).to_str().unwrap().to_string();
+        v.push(with_env(case(format!("netns {name}"), ok.clone(), 4), "CNI_NETNS", Some(&path)));
+        let check =
+            with_env(case(format!("CHECK netns {name}"), ok.clone(), 4), "CNI_COMMAND", Some("CHECK"));
+        v.push(with_env(check, "CNI_NETNS", Some(&path)));
+    }
     // Every variable missing at once: one error naming them all.
     let mut all = case("every variable missing but the verb", ok, 4);
     for k in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"] {
@@ -286,6 +327,210 @@ fn host_local_rejects_hostile_input_without_side_effects() {
     cases.extend(specific);
     let n = run_cases(&w, "host-local", cases);
     assert!(n >= 70, "{n} cases");
+}
+
+/// One planted thing in or around host-local's store: how to plant and remove it, the call
+/// that meets it, and what that call must answer.
+struct Plant {
+    what: &'static str,
+    plant: Box<dyn Fn()>,
+    remove: Box<dyn Fn()>,
+    verb: &'static str,
+    stdin: String,
+    code: u64,
+    msg: &'static str,
+}
+
+/// Issue 18: the store and the files a configuration names are data, never followed, waited on
+/// or read without a cap. Each planted thing makes the call fail with its code, and the hosts,
+/// the store and everything outside it (a link's target, a victim file) stay as they were.
+#[test]
+fn host_local_refuses_a_hostile_store_without_side_effects() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let w = World::new(&["host-local"]);
+    let base = host_local_base(&w);
+    let store = w.data.join("hostile");
+    let outside = TempDir::new("hostile-outside");
+    std::fs::write(outside.join("victim"), "precious").unwrap();
+    // not part of the snapshots (they read every file)
+    let big = TempDir::new("hostile-big");
+    let huge = big.join("huge");
+    let (st, out) = (store.clone(), outside.path().to_path_buf());
+    let mkfifo = |p: std::path::PathBuf| {
+        cni_tests::sh("mkfifo", &[p.to_str().unwrap()]);
+    };
+    let with_resolv = |p: &str| ipam_set(&base, "resolvConf", json!(p));
+    let plants = vec![
+        Plant {
+            what: "lock is a symbolic link (root would create its target)",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::remove_file(st.join("lock")).unwrap();
+                    symlink(out.join("created-by-root"), st.join("lock")).unwrap();
+                }
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || {
+                    std::fs::remove_file(st.join("lock")).unwrap();
+                    std::fs::write(st.join("lock"), "").unwrap();
+                }
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "lock: a symbolic link, which is not followed",
+        },
+        Plant {
+            what: "last_reserved_ip.0 is a symbolic link to a victim file (it was truncated)",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || symlink(out.join("victim"), st.join("last_reserved_ip.0")).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join("last_reserved_ip.0")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "last_reserved_ip.0: a symbolic link, which is not followed",
+        },
+        Plant {
+            what: "a FIFO named like the requested address (blocked the scan with the lock held)",
+            plant: Box::new({
+                let st = st.clone();
+                move || mkfifo(st.join("10.77.0.5"))
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join("10.77.0.5")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: set(&base, "args", json!({"cni": {"ips": ["10.77.0.5"]}})),
+            code: 999,
+            msg: "requested IP address 10.77.0.5 is not available",
+        },
+        Plant {
+            what: "a crafted index header (wrapping size) on CHECK",
+            plant: Box::new({
+                let st = st.clone();
+                move || std::fs::write(st.join(".host-local-index"), crafted_index_header(1 << 59)).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::remove_file(st.join(".host-local-index")).unwrap()
+            }),
+            verb: "CHECK",
+            stdin: base.to_string(),
+            code: 999,
+            msg: "Failed to find address added by container hostile-ctr",
+        },
+        Plant {
+            what: "the store directory writable by others",
+            plant: Box::new({
+                let st = st.clone();
+                move || std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o777)).unwrap()
+            }),
+            remove: Box::new({
+                let st = st.clone();
+                move || std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o755)).unwrap()
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "is not safe to allocate from: group or others may write it (mode 0777)",
+        },
+        Plant {
+            what: "the store directory is a symbolic link",
+            plant: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::rename(&st, out.join("real-store")).unwrap();
+                    symlink(out.join("real-store"), &st).unwrap();
+                }
+            }),
+            remove: Box::new({
+                let (st, out) = (st.clone(), out.clone());
+                move || {
+                    std::fs::remove_file(&st).unwrap();
+                    std::fs::rename(out.join("real-store"), &st).unwrap();
+                }
+            }),
+            verb: "ADD",
+            stdin: base.to_string(),
+            code: 5,
+            msg: "is a symbolic link, not a directory",
+        },
+        Plant {
+            what: "a huge resolvConf (a sparse 4 GiB file)",
+            plant: Box::new({
+                let huge = huge.clone();
+                move || std::fs::File::create(&huge).unwrap().set_len(4 << 30).unwrap()
+            }),
+            remove: Box::new({
+                let huge = huge.clone();
+                move || std::fs::remove_file(&huge).unwrap()
+            }),
+            verb: "ADD",
+            stdin: with_resolv(huge.to_str().unwrap()),
+            code: 5,
+            msg: "larger than 1048576 bytes",
+        },
+        Plant {
+            what: "resolvConf is a FIFO",
+            plant: Box::new({
+                let out = out.clone();
+                move || mkfifo(out.join("fifo"))
+            }),
+            remove: Box::new({
+                let out = out.clone();
+                move || std::fs::remove_file(out.join("fifo")).unwrap()
+            }),
+            verb: "ADD",
+            stdin: with_resolv(outside.join("fifo").to_str().unwrap()),
+            code: 7,
+            msg: "not a regular file but a FIFO",
+        },
+        Plant {
+            what: "resolvConf is /dev/zero",
+            plant: Box::new(|| {}),
+            remove: Box::new(|| {}),
+            verb: "ADD",
+            stdin: with_resolv("/dev/zero"),
+            code: 7,
+            msg: "not a regular file but a character device",
+        },
+    ];
+    let n = plants.len();
+    let mut failures = Vec::new();
+    for p in plants {
+        (p.plant)();
+        let before = format!("{}\n{:?}", w.snapshot(), dir_state(outside.path()));
+        let res = Exec::new("host-local")
+            .in_ns(&w.host)
+            .attachment(p.verb, "hostile-ctr", w.ctr.path_str(), "eth0", w.cni_path.str())
+            .run_within(&p.stdin, std::time::Duration::from_secs(30));
+        let after = format!("{}\n{:?}", w.snapshot(), dir_state(outside.path()));
+        (p.remove)();
+        let what = p.what;
+        if res.code == 0 {
+            failures.push(format!("{what}: succeeded: {}", res.stdout));
+            continue;
+        }
+        let doc = res.json();
+        let msg = doc["msg"].as_str().unwrap_or_default();
+        if doc["code"] != p.code || !msg.contains(p.msg) {
+            failures.push(format!("{what}: code {} {msg:?} (want {} {:?})", doc["code"], p.code, p.msg));
+        }
+        if before != after {
+            failures.push(format!("{what}: host or store changed"));
+        }
+    }
+    assert!(!outside.join("created-by-root").exists(), "root created a lock's link target");
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"precious");
+    assert!(failures.is_empty(), "{} of {n} cases wrong:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -589,4 +834,156 @@ fn cnitool_rejects_hostile_input_without_side_effects() {
         assert!(before == after, "cnitool: {what}: state changed");
     }
     assert!(n >= 24, "{n} cases");
+}
+
+/// DEL accepts a CNI_NETNS that is no namespace (the container is gone) and goes on cleaning
+/// up: a FIFO or a device there must neither block it nor be opened, and with nothing to
+/// clean up nothing changes.
+#[test]
+fn del_with_a_netns_that_is_no_namespace_returns_and_changes_nothing() {
+    let w = World::new(&["loopback", "bridge", "host-local", "bandwidth", "portmap"]);
+    let configs = [
+        ("loopback", json!({"cniVersion": "1.1.0", "name": "hostile", "type": "loopback"})),
+        ("host-local", host_local_base(&w)),
+        ("bridge", bridge_base(&w)),
+        ("bandwidth", json!({"cniVersion": "1.1.0", "name": "hostile", "type": "bandwidth"})),
+        ("portmap", json!({"cniVersion": "1.1.0", "name": "hostile", "type": "portmap"})),
+    ];
+    let mut failures = Vec::new();
+    for (plugin, conf) in &configs {
+        // A first DEL without a netns: whatever a DEL writes anyway (host-local's index of a
+        // store it has not seen yet) is not what this test is about.
+        Exec::new(plugin)
+            .in_ns(&w.host)
+            .attachment("DEL", "hostile-ctr", "", "eth0", w.cni_path.str())
+            .run(&conf.to_string())
+            .success();
+        for name in ["fifo", "chardev", "link-to-fifo", "link-to-chardev"] {
+            let before = w.snapshot();
+            let path = w.odd.join(name);
+            let out = Exec::new(plugin)
+                .in_ns(&w.host)
+                .attachment("DEL", "hostile-ctr", path.to_str().unwrap(), "eth0", w.cni_path.str())
+                .run(&conf.to_string());
+            if out.code != 0 {
+                failures.push(format!("{plugin} DEL netns {name}: {}{}", out.stdout, out.stderr));
+            }
+            if before != w.snapshot() {
+                failures.push(format!("{plugin} DEL netns {name}: host state changed"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A fake plugin on CNI_PATH that never answers: it records its pid and that of a child it
+/// starts (as a wrapper script would), then waits for ever.
+fn never_answering_plugin(dir: &std::path::Path, name: &str, pids: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script =
+        format!("#!/bin/sh\necho $$ >> {p}\nsleep 100000 &\necho $! >> {p}\nwait\n", p = pids.display());
+    let path = dir.join(name);
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Every pid listed in `pids` is gone (or a zombie waiting for init): nothing left running.
+fn assert_all_gone(pids: &std::path::Path) {
+    let text = std::fs::read_to_string(pids).expect("the fake plugin ran and wrote its pids");
+    let list: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    assert!(list.len() >= 2, "pids: {text:?}");
+    for pid in &list {
+        // SIGKILL was sent before the plugin returned; the kernel finishes the exit on its own.
+        cni_tests::wait_until(
+            &format!("process {pid} to be gone"),
+            std::time::Duration::from_secs(10),
+            || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => true,
+                Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+            },
+        );
+    }
+}
+
+/// bridge's IPAM delegate never answers: past the deadline (CNI_CHILD_TIMEOUT_MS, low here)
+/// the delegate's process group is killed, ADD fails with code 11 naming it, everything ADD
+/// had built is taken down again, and no process is left.
+#[test]
+fn bridge_add_with_an_ipam_that_never_answers_fails_with_11_and_leaves_nothing() {
+    let w = World::new(&["bridge"]);
+    let pids = w.odd.join("pids");
+    never_answering_plugin(w.cni_path.path(), "stuck-ipam", &pids);
+    let mut conf = bridge_base(&w);
+    conf["ipam"]["type"] = json!("stuck-ipam");
+    let before = w.snapshot();
+    let out = Exec::new("bridge")
+        .in_ns(&w.host)
+        .attachment("ADD", "hostile-ctr", w.ctr.path_str(), "eth0", w.cni_path.str())
+        .env("CNI_CHILD_TIMEOUT_MS", "700")
+        .run(&conf.to_string());
+    let msg = out.err(11);
+    assert!(msg.contains("stuck-ipam did not finish within 700 ms"), "{msg}");
+    assert_eq!(before, w.snapshot(), "host state changed");
+    assert_all_gone(&pids);
+}
+
+/// cnitool's runner: a plugin of the list that never answers is killed at the deadline and
+/// the verb fails with code 11; nothing is cached, no process is left.
+#[test]
+fn cnitool_plugin_that_never_answers_is_killed_at_the_deadline() {
+    let w = World::new(&[]);
+    let pids = w.odd.join("pids");
+    never_answering_plugin(w.cni_path.path(), "stuck", &pids);
+    let conf = TempDir::new("hostile-conf");
+    let cache = TempDir::new("hostile-cache");
+    let list = json!({"cniVersion": "1.1.0", "name": "stuck", "plugins": [{"type": "stuck"}]});
+    std::fs::write(conf.join("10-stuck.conflist"), list.to_string()).unwrap();
+    let before = format!("{}\n{:?}", w.snapshot(), dir_state(cache.path()));
+    let out = w
+        .host
+        .command(cni_tests::bin("cnitool"))
+        .args(["add", "stuck", w.ctr.path_str()])
+        .env("CNI_PATH", w.cni_path.path())
+        .env("NETCONFPATH", conf.path())
+        .env("CNI_CACHE_DIR", cache.path())
+        .env("CNI_CHILD_TIMEOUT_MS", "500")
+        .output()
+        .expect("run cnitool");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("stuck did not finish within 500 ms"), "{stderr}");
+    assert_eq!(before, format!("{}\n{:?}", w.snapshot(), dir_state(cache.path())), "state changed");
+    assert_all_gone(&pids);
+}
+
+/// cnitool reads configuration files only when they are regular files, and at most 8 MiB: a
+/// FIFO named like a configuration does not block it, a huge one is refused.
+#[test]
+fn cnitool_refuses_fifo_and_huge_configuration_files() {
+    let w = World::new(&["loopback"]);
+    let tool = cni_tests::bin("cnitool");
+    for (what, make) in [
+        ("FIFO", Box::new(|p: &std::path::Path| mknod(p, libc::S_IFIFO)) as Box<dyn Fn(&std::path::Path)>),
+        ("huge", Box::new(|p: &std::path::Path| std::fs::write(p, vec![b' '; (8 << 20) + 1]).unwrap())),
+    ] {
+        let conf = TempDir::new("hostile-conf");
+        let cache = TempDir::new("hostile-cache");
+        make(&conf.join("10-odd.conflist"));
+        let before = w.snapshot();
+        let out = w
+            .host
+            .command(&tool)
+            .args(["add", "odd", w.ctr.path_str()])
+            .env("CNI_PATH", w.cni_path.path())
+            .env("NETCONFPATH", conf.path())
+            .env("CNI_CACHE_DIR", cache.path())
+            .output()
+            .expect("run cnitool");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: succeeded");
+        let want = if what == "FIFO" { "not a regular file" } else { "larger than 8388608 bytes" };
+        assert!(stderr.contains(want), "{what}: {stderr}");
+        assert_eq!(before, w.snapshot(), "{what}: host state changed");
+        assert!(dir_state(cache.path()).is_empty(), "{what}: something cached");
+    }
 }

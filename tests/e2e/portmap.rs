@@ -12,9 +12,13 @@
 //! a reply says which container a host port led to and whether the connection was masqueraded
 //! (UDP is answered by a thread of the test, not socat: that module says why).
 
+use cni_tests::leaks::PORTMAP_TABLE_LEVEL;
+use cni_tests::raw;
 use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Netns, PluginOutput};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -184,45 +188,82 @@ fn tcp(p: u16) -> Value {
     json!([{"hostPort": p, "containerPort": 80, "protocol": "tcp"}])
 }
 
-/// Elements of our table (`set key` strings), or None when the table does not exist.
-fn elements(host: &Netns) -> Option<Vec<String>> {
+/// GC of network `net` with the valid attachments `valid` and further configuration keys
+/// `extra`.
+fn gc(w: &World, net: &str, valid: Value, extra: Value) -> PluginOutput {
+    let mut c =
+        json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run_json(&c)
+}
+
+/// Our table as `nft -j list table` prints it, or None when it does not exist.
+fn table(host: &Netns) -> Option<Vec<Value>> {
     let out = host.try_run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
     if !out.status.success() {
         return None;
     }
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    Some(v["nftables"].as_array().unwrap().clone())
+}
+
+/// The sets and maps of a listed table: (name, elements).
+fn sets_of(t: &[Value]) -> Vec<(String, Vec<Value>)> {
+    t.iter()
+        .filter_map(|o| o.get("set").or_else(|| o.get("map")))
+        .map(|s| (s["name"].as_str().unwrap().to_string(), s["elem"].as_array().cloned().unwrap_or_default()))
+        .collect()
+}
+
+/// The chain names of a listed table.
+fn chains_of(t: &[Value]) -> Vec<String> {
+    t.iter().filter_map(|o| o.get("chain")).map(|c| c["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// The comment of a listed element (set element, or the key of a map element).
+fn comment_of(e: &Value) -> Option<&str> {
+    let key = if e.is_array() { &e[0] } else { e };
+    key["elem"]["comment"].as_str()
+}
+
+/// Elements of attachments in our table (`set element-json` strings), or None when the table
+/// does not exist.
+fn elements(host: &Netns) -> Option<Vec<String>> {
+    let t = table(host)?;
     let mut els = Vec::new();
-    for o in v["nftables"].as_array().unwrap() {
-        let s = o.get("set").or_else(|| o.get("map"));
-        if let Some(s) = s {
-            if s["name"] == "gates" || s["name"] == "conditions" {
-                continue; // table-level: which conditions the DNAT part carries
-            }
-            for e in s["elem"].as_array().into_iter().flatten() {
-                els.push(format!("{} {}", s["name"].as_str().unwrap(), e));
-            }
+    for (name, elems) in sets_of(&t) {
+        if PORTMAP_TABLE_LEVEL.contains(&name.as_str()) {
+            continue;
         }
+        els.extend(elems.iter().map(|e| format!("{name} {e}")));
     }
     Some(els)
 }
 
-/// The `conditions` map as `<nfproto> : <value>` lines, sorted (empty when the map is missing).
-fn conditions(host: &Netns) -> Vec<String> {
-    let out = host.try_run("nft", &["-j", "list", "map", "inet", "cni_portmap", "conditions"]);
-    if !out.status.success() {
-        return Vec::new();
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut els: Vec<String> = v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|o| o.get("map"))
-        .flat_map(|m| m["elem"].as_array().cloned().unwrap_or_default())
-        .map(|e| format!("{} : {}", e[0].as_str().unwrap(), e[1].as_str().unwrap()))
-        .collect();
-    els.sort();
-    els
+/// The number of elements of each attachment set of our table.
+fn set_sizes(host: &Netns) -> std::collections::BTreeMap<String, usize> {
+    let t = table(host).expect("table inet cni_portmap");
+    sets_of(&t)
+        .into_iter()
+        .filter(|(n, _)| !PORTMAP_TABLE_LEVEL.contains(&n.as_str()))
+        .map(|(n, e)| (n, e.len()))
+        .collect()
+}
+
+/// The elements of set `layout` (the layout version), None when the table has no such set.
+fn layout_versions(host: &Netns) -> Option<Vec<u64>> {
+    let t = table(host)?;
+    let (_, elems) = sets_of(&t).into_iter().find(|(n, _)| n == "layout")?;
+    Some(elems.iter().map(|e| e["elem"]["val"].as_u64().or_else(|| e.as_u64()).unwrap()).collect())
+}
+
+/// What the table holds when no attachment is left: it still exists (never dropped, so a
+/// concurrent ADD can rely on it), at layout version 2, with no element of any attachment.
+fn assert_no_attachment_left(host: &Netns, what: &str) {
+    assert_eq!(elements(host), Some(vec![]), "{what}: no element of any attachment");
+    assert_eq!(layout_versions(host), Some(vec![2]), "{what}: the layout version stays");
 }
 
 /// Chains and rules of our table (no elements), as JSON lines.
@@ -244,46 +285,67 @@ fn rules(host: &Netns) -> String {
     lines.join("\n")
 }
 
+/// The four ways into host port `port` of container `x`, which serves `name` on container port
+/// 80 and a decoy, `wrong<name>`, on the port number `port` itself (a DNAT that kept the host
+/// port would reach the decoy): from outside (the client's address kept), from the host to
+/// 127.0.0.1 (route_localnet on the bridge; masqueraded), from another container `other` and
+/// from `x` itself (hairpin; both masqueraded, else the reply would bypass NAT).
+fn four_ways(w: &World, x: &Ctr, other: &Ctr, port: u16, name: &str) {
+    let (n, hip) = (w.n, w.host_ip());
+    assert_eq!(fetch(&w.outside, &hip, port), format!("{name} 10.250.{n}.2"), "outside -> host:{port}");
+    assert_eq!(w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout, b"1\n");
+    assert_eq!(fetch(&w.host, "127.0.0.1", port), format!("{name} 10.{n}.0.1"), "host -> 127.0.0.1:{port}");
+    assert_eq!(fetch(&other.ns, &hip, port), format!("{name} 10.{n}.0.1"), "other container -> host:{port}");
+    assert_eq!(fetch(&x.ns, &hip, port), format!("{name} 10.{n}.0.1"), "hairpin to host:{port}");
+}
+
 #[test]
 fn tcp_forwarding_four_ways() {
+    // A's ADD is the first: it builds the table. B's is the common case, an ADD into an
+    // existing, intact table: a point read of its own keys and one add-only transaction. Both
+    // are reached the four ways, and A still is after B's ADD.
     let mut w = World::new();
     let a = w.container();
     let b = w.container();
-    let _srv = Server::tcp(&a.ns, 80, "ctrA");
-    let prev = w.prev(&a, true, true);
-    let out = run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
-    assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
-    assert_eq!(out["interfaces"], prev["interfaces"]);
-    let hip = w.host_ip();
-
-    // 1. from an outside netns to the host address: the client address is preserved
-    let r = fetch(&w.outside, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.250.{}.2", w.n), "outside -> host:8080");
-    // 2. from the host to 127.0.0.1 (route_localnet on the bridge, masqueraded)
-    assert_eq!(w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout, b"1\n");
-    let r = fetch(&w.host, "127.0.0.1", 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "host -> 127.0.0.1:8080");
-    // 3. from a second container on the same bridge (masqueraded, else the reply would bypass NAT)
-    let r = fetch(&b.ns, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "second container -> host:8080");
-    // 4. hairpin: the container reaches itself through the host port
-    let r = fetch(&a.ns, &hip, 8080);
-    assert_eq!(r, format!("ctrA 10.{}.0.1", w.n), "hairpin");
+    let c = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&a.ns, 8080, "wrongctrA"),
+        Server::tcp(&b.ns, 80, "ctrB"),
+        Server::tcp(&b.ns, 8081, "wrongctrB"),
+    ];
+    let (pa, pb) = (w.prev(&a, true, true), w.prev(&b, true, true));
+    let (ca, cb) = (conf("pmnet", &pa, tcp(8080), json!({})), conf("pmnet", &pb, tcp(8081), json!({})));
+    let out = run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(out["ips"], pa["ips"], "prevResult is passed through");
+    assert_eq!(out["interfaces"], pa["interfaces"]);
+    four_ways(&w, &a, &c, 8080, "ctrA");
     // the container's own address still answers directly
     assert!(fetch(&w.outside, &w.ip4(&a), 80).starts_with("ctrA"));
+    let static_rules = rules(&w.host);
 
-    run(&w, "CHECK", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
+    let out = run(&w, "ADD", &b, &cb).ok();
+    assert_eq!(out["ips"], pb["ips"]);
+    assert_eq!(rules(&w.host), static_rules, "the second ADD adds elements only");
+    four_ways(&w, &b, &c, 8081, "ctrB");
+    four_ways(&w, &a, &b, 8080, "ctrA");
+
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "CHECK", &b, &cb).ok_silent();
     // a repeated ADD of the same attachment is fine and changes nothing
-    let before = rules(&w.host);
     let els = elements(&w.host).unwrap();
-    run(&w, "ADD", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok();
+    run(&w, "ADD", &a, &ca).ok();
+    run(&w, "ADD", &b, &cb).ok();
     assert_eq!(elements(&w.host).unwrap(), els);
-    assert_eq!(rules(&w.host), before);
+    assert_eq!(rules(&w.host), static_rules);
 
-    run(&w, "DEL", &a, &conf("pmnet", &prev, tcp(8080), json!({}))).ok_silent();
-    assert_eq!(fetch(&w.outside, &hip, 8080), "", "nothing answers after DEL");
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "DEL leaves no element");
-    assert_eq!(rules(&w.host), before, "the static rules are all that is left");
+    run(&w, "DEL", &a, &ca).ok_silent();
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 8080), "", "nothing answers after DEL");
+    four_ways(&w, &b, &c, 8081, "ctrB");
+    run(&w, "DEL", &b, &cb).ok_silent();
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 8081), "");
+    assert_no_attachment_left(&w.host, "DEL");
+    assert_eq!(rules(&w.host), static_rules, "the static rules are all that is left");
     // DEL is idempotent, also without prevResult and netns
     run(&w, "DEL", &a, &conf("pmnet", &Value::Null, tcp(8080), json!({}))).ok_silent();
     Exec::new("portmap")
@@ -445,7 +507,7 @@ fn sctp_mapping_is_installed_checked_and_removed() {
         ),
     }
     run(&w, "DEL", &a, &conf("pmnet", &pa, m, json!({}))).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "DEL leaves no element");
+    assert_no_attachment_left(&w.host, "DEL");
 }
 
 #[test]
@@ -499,7 +561,7 @@ fn check_notices_tampering() {
     assert!(msg.contains("hostports4"), "{msg}");
     w.host.run("nft", &["delete", "element", "inet", "cni_portmap", "hp4", "{ tcp . 6060 }"]);
     run(&w, "DEL", &a, &c).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
+    assert_no_attachment_left(&w.host, "DEL of a half-deleted attachment");
     // CHECK needs prevResult
     let msg = run(&w, "CHECK", &a, &conf("pmnet", &Value::Null, tcp(6060), json!({}))).err(7);
     assert!(msg.contains("prevResult"), "{msg}");
@@ -514,15 +576,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     run(&w, "ADD", &a, &conf("net1", &w.prev(&a, true, true), tcp(5001), json!({}))).ok();
     run(&w, "ADD", &b, &conf("net1", &w.prev(&b, true, true), tcp(5002), json!({}))).ok();
     run(&w, "ADD", &c, &conf("net2", &w.prev(&c, true, false), tcp(5003), json!({}))).ok();
-    let gc = |net: &str, valid: Value| {
-        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .env("CNI_COMMAND", "GC")
-            .env("CNI_PATH", "/x")
-            .run(&cfg.to_string())
-            .ok_silent();
-    };
+    let gc = |net: &str, valid: Value| gc(&w, net, valid, json!({})).ok_silent();
     gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": c.id, "ifname": "eth0"}]));
     let els = elements(&w.host).unwrap();
     assert!(els.iter().all(|e| !e.contains(&b.id)), "B collected: {els:?}");
@@ -532,7 +586,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     gc("net1", json!([{"containerID": a.id, "ifname": "eth1"}]));
     assert!(elements(&w.host).unwrap().iter().all(|e| !e.contains(&a.id)));
     gc("net2", json!([]));
-    assert_eq!(elements(&w.host), None, "no mapping of any network is left: the table is gone");
+    assert_no_attachment_left(&w.host, "GC of the last attachment of each network");
     gc("net2", json!([])); // nothing to do
 }
 
@@ -736,7 +790,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
         );
         run_if(&w, "CHECK", &a, second.1, &second.2).ok_silent();
         let msg = run_if(&w, "CHECK", &a, first.1, &first.2).err(999);
-        assert!(msg.contains("claims") && msg.contains("missing"), "{msg}");
+        assert!(msg.contains("no record of this attachment in inet cni_portmap"), "{msg}");
         // DEL is idempotent, also without prevResult
         run_if(&w, "DEL", &a, first.1, &first.2).ok_silent();
         let no_prev = conf(first.0, &Value::Null, m.clone(), json!({}));
@@ -747,7 +801,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
 
         // DEL of the last claimant removes everything
         run_if(&w, "DEL", &a, second.1, &second.2).ok_silent();
-        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "no element left");
+        assert_no_attachment_left(&w.host, "DEL of the last claimant");
         assert_eq!(rules(&w.host), static_rules, "only the static rules are left");
         assert_eq!(fetch(&w.outside, &hip, 18090), "", "nothing answers");
     }
@@ -756,15 +810,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
     // prevResult), and through GC of one network.
     run_if(&w, "ADD", &a, net1.1, &net1.2).ok();
     run_if(&w, "ADD", &a, net2.1, &net2.2).ok();
-    let gc = |net: &str, valid: Value| {
-        let cfg = json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "cni.dev/valid-attachments": valid});
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .env("CNI_COMMAND", "GC")
-            .env("CNI_PATH", "/x")
-            .run(&cfg.to_string())
-            .ok_silent();
-    };
+    let gc = |net: &str, valid: Value| gc(&w, net, valid, json!({})).ok_silent();
     // net1's attachment is still valid: GC keeps it; then it is not
     gc("net1", json!([{"containerID": a.id, "ifname": "eth0"}]));
     assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet1 {outside_peer}"));
@@ -772,7 +818,7 @@ fn one_container_on_two_networks_shares_its_host_port() {
     assert_eq!(fetch(&w.outside, &hip, 18090), format!("viaNet2 {outside_peer}"), "GC switched over");
     run_if(&w, "CHECK", &a, net2.1, &net2.2).ok_silent();
     run_if(&w, "DEL", &a, net2.1, &conf("net2", &Value::Null, m.clone(), json!({}))).ok_silent();
-    assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new());
+    assert_no_attachment_left(&w.host, "DEL of the last claimant without prevResult");
 }
 
 #[test]
@@ -802,7 +848,7 @@ fn steady_state_verbs_exec_no_nft() {
     assert_eq!(ns_state(&w.host), before, "nothing half-built");
     no_nft("ADD", &a, "eth0", &ca).ok(); // builds the table over netlink
     let r = rules(&w.host);
-    for set in ["gates", "hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
+    for set in ["hip4", "hp4", "hip6", "hp6", "net4_24", "net4_32", "net6_64"] {
         assert!(r.contains(&format!("\"@{set}\"")), "no rule uses @{set}:\n{r}");
     }
 
@@ -840,284 +886,7 @@ fn steady_state_verbs_exec_no_nft() {
         .env("CNI_NFT", "/nonexistent/nft")
         .run(&json!({"cniVersion": "1.1.0", "name": "pmnet2", "type": "portmap", "cni.dev/valid-attachments": []}).to_string());
     gc.ok_silent();
-    assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
-}
-
-/// The static part as the previous release wrote it (plugins/portmap/src/ruleset.rs at commit
-/// 80fb070: masquerade elements in the concatenated interval sets masq4/masq6, no netns
-/// records), for tables made before the hash-set layout.
-const PREVIOUS_LAYOUT: &str = "table inet cni_portmap {
-\tmap hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }
-\tmap hip4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }
-\tmap hp6 { type inet_proto . inet_service : ipv6_addr . inet_service; }
-\tmap hip6 { type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }
-\tmap owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }
-\tmap claims { type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }
-\tset masq4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }
-\tset masq6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags interval; }
-\tmap gates { type nf_proto : verdict; }
-\tchain prerouting { type nat hook prerouting priority dstnat; policy accept; }
-\tchain output { type nat hook output priority -100; policy accept; }
-\tchain masquerading { type nat hook postrouting priority srcnat; policy accept; }
-\tchain hostports4 { }
-\tchain hostports6 { }
-\tchain gate4 { }
-\tchain gate6 { }
-}
-add rule inet cni_portmap prerouting fib daddr type local meta nfproto vmap @gates
-add rule inet cni_portmap output fib daddr type local meta nfproto vmap @gates
-add rule inet cni_portmap hostports4 dnat ip to ip daddr . meta l4proto . th dport map @hip4
-add rule inet cni_portmap hostports4 dnat ip to meta l4proto . th dport map @hp4
-add rule inet cni_portmap hostports6 dnat ip6 to ip6 daddr . meta l4proto . th dport map @hip6
-add rule inet cni_portmap hostports6 dnat ip6 to meta l4proto . th dport map @hp6
-add rule inet cni_portmap masquerading ct status dnat ip saddr . ip daddr . meta l4proto . th dport @masq4 masquerade
-add rule inet cni_portmap masquerading ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @masq6 masquerade
-add rule inet cni_portmap gate4 meta nfproto ipv4 jump hostports4
-add rule inet cni_portmap gate6 meta nfproto ipv6 jump hostports6
-add element inet cni_portmap gates { ipv4 : jump gate4, ipv6 : jump gate6 }
-";
-
-/// Rewrite our table into the previous layout, keeping every mapping: what a host upgraded
-/// with pods running has. The DNAT, owner and claims maps are copied as nft lists them; each
-/// masquerade element `net4_<len> { <source> . <container> . <proto> . <port> }` becomes
-/// `masq4 { <source>/<len> . <container> . <proto> . <port> }` with its comment.
-fn downgrade_to_previous_layout(host: &Netns) {
-    let mut script = PREVIOUS_LAYOUT.to_string();
-    for map in ["hp4", "hip4", "hp6", "hip6", "owner", "claims"] {
-        let out = host.run("nft", &["list", "map", "inet", "cni_portmap", map]);
-        script.push_str(&String::from_utf8_lossy(&out.stdout));
-    }
-    let out = host.run("nft", &["-j", "list", "table", "inet", "cni_portmap"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for o in v["nftables"].as_array().unwrap() {
-        let Some(set) = o.get("set") else { continue };
-        let name = set["name"].as_str().unwrap();
-        let Some((fam, len)) = name.strip_prefix("net").and_then(|r| r.split_once('_')) else { continue };
-        let len: u8 = len.parse().unwrap();
-        for e in set["elem"].as_array().into_iter().flatten() {
-            let parts: Vec<String> = e["elem"]["val"]["concat"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_str().map(str::to_string).unwrap_or_else(|| p.to_string()))
-                .collect();
-            let comment = e["elem"]["comment"].as_str().unwrap();
-            let key = match (len, parts.as_slice()) {
-                (0, [ctr, proto, port]) => {
-                    let any = if fam == "4" { "0.0.0.0/0" } else { "::/0" };
-                    format!("{any} . {ctr} . {proto} . {port}")
-                }
-                (32 | 128, [src, ctr, proto, port]) => format!("{src} . {ctr} . {proto} . {port}"),
-                (_, [src, ctr, proto, port]) => format!("{src}/{len} . {ctr} . {proto} . {port}"),
-                other => panic!("unexpected element {other:?}"),
-            };
-            script.push_str(&format!(
-                "add element inet cni_portmap masq{fam} {{ {key} comment \"{comment}\" }}\n"
-            ));
-        }
-    }
-    let dir = cni_tests::TempDir::new("pmdown");
-    std::fs::write(dir.join("previous.nft"), &script).unwrap();
-    host.run("nft", &["delete", "table", "inet", "cni_portmap"]);
-    host.run("nft", &["-f", dir.join("previous.nft").to_str().unwrap()]);
-    let r = rules(host);
-    assert!(r.contains("\"@masq4\"") && !r.contains("masquerade4"), "the previous layout:\n{r}");
-}
-
-/// Our elements but the netns records, sorted (the previous layout had no records).
-fn mapping_elements(host: &Netns) -> Vec<String> {
-    let mut v: Vec<String> =
-        elements(host).unwrap().into_iter().filter(|e| !e.starts_with("netns ")).collect();
-    v.sort();
-    v
-}
-
-#[test]
-fn upgrade_from_the_previous_layout_keeps_live_mappings() {
-    let mut w = World::new();
-    let n = w.n;
-    let hip = w.host_ip();
-    let ctrs: Vec<Ctr> = (0..5).map(|_| w.container()).collect();
-    let [a, b, c, d, e] = &ctrs[..] else { unreachable!() };
-    let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE"];
-    let _servers: Vec<Server> =
-        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
-    // A: both families, snat; B: masqAll; C: IPv4 only
-    let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
-    let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
-    let cc = conf("pmnet", &w.prev(c, true, false), tcp(7603), json!({}));
-    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc)] {
-        run(&w, "ADD", x, cfg).ok();
-    }
-    let traffic = |w: &World| {
-        assert_eq!(
-            fetch(&w.outside, &hip, 7601),
-            format!("ctrA 10.250.{n}.2"),
-            "outside -> A keeps its source"
-        );
-        assert_eq!(
-            fetch(&e.ns, &hip, 7601),
-            format!("ctrA 10.{n}.0.1"),
-            "a container of the subnet is masqueraded"
-        );
-        assert_eq!(fetch(&e.ns, &format!("fd01:{n}::1"), 7601), format!("ctrA fd00:{n}::1"), "IPv6 too");
-        assert_eq!(fetch(&w.host, "127.0.0.1", 7601), format!("ctrA 10.{n}.0.1"), "localhost");
-        assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"), "masqAll masquerades everyone");
-    };
-    traffic(&w);
-    let before = mapping_elements(&w.host);
-    let fresh = conditions(&w.host);
-
-    // The host as the previous release left it, pods running.
-    downgrade_to_previous_layout(&w.host);
-    assert_eq!(mapping_elements(&w.host).len(), before.len(), "the previous layout holds every mapping");
-    assert!(conditions(&w.host).is_empty(), "the previous layout has no conditions map");
-    traffic(&w);
-    // CHECK reads the previous layout as it is, and changes nothing
-    let old = ns_state(&w.host);
-    run(&w, "CHECK", a, &ca).ok_silent();
-    run(&w, "CHECK", b, &cb).ok_silent();
-    assert_eq!(ns_state(&w.host), old);
-
-    // The first DEL migrates, in the transaction that deletes C: every other mapping is
-    // converted to exactly what this layout writes.
-    run(&w, "DEL", c, &cc).ok_silent();
-    let r = rules(&w.host);
-    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\""), "migrated:\n{r}");
-    let c_tag = format!("pmnet,{},eth0", c.id);
-    let without_c: Vec<String> = before.iter().filter(|x| !x.contains(&c_tag)).cloned().collect();
-    assert_eq!(mapping_elements(&w.host), without_c);
-    assert_eq!(conditions(&w.host), fresh, "the conditions map added from the installed gates");
-    assert_eq!(fetch(&w.outside, &hip, 7603), "", "C is gone");
-    traffic(&w);
-    run(&w, "CHECK", a, &ca).ok_silent();
-    run(&w, "CHECK", b, &cb).ok_silent();
-    // attachments of the previous layout have no netns record: DEL removes them all the same
-    run(&w, "DEL", a, &ca).ok_silent();
-    assert!(mapping_elements(&w.host).iter().all(|x| !x.contains(&a.id)));
-    assert_eq!(fetch(&w.outside, &hip, 7601), "");
-
-    // The first ADD migrates too, adding its own mapping in the same transaction.
-    let cd = conf("pmnet", &w.prev(d, true, false), tcp(7604), json!({}));
-    run(&w, "ADD", d, &cd).ok();
-    let before = mapping_elements(&w.host);
-    downgrade_to_previous_layout(&w.host);
-    let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
-    run(&w, "ADD", e, &ce).ok();
-    assert!(rules(&w.host).contains("\"@net4_32\""), "migrated");
-    assert_eq!(conditions(&w.host), fresh);
-    let e_tag = format!("pmnet,{},eth0", e.id);
-    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&e_tag)).collect();
-    assert_eq!(others, before, "nothing of B and D lost");
-    assert_eq!(fetch(&w.outside, &hip, 7602), format!("ctrB 10.{n}.0.1"));
-    assert_eq!(fetch(&w.outside, &hip, 7604), format!("ctrD 10.250.{n}.2"));
-    assert_eq!(fetch(&d.ns, &hip, 7605), format!("ctrE 10.{n}.0.1"));
-    for (x, cfg) in [(b, &cb), (d, &cd), (e, &ce)] {
-        run(&w, "CHECK", x, cfg).ok_silent();
-    }
-    // A holder from before the records existed counts as live: refused, naming it
-    let msg = run(&w, "ADD", e, &conf("pmnet", &w.prev(e, true, true), tcp(7602), json!({}))).err(7);
-    assert!(msg.contains(&b.id), "{msg}");
-    // GC migrates as well (here with nothing left to migrate) and removes the last mappings
-    let gc =
-        json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
-    downgrade_to_previous_layout(&w.host);
-    Exec::new("portmap")
-        .in_ns(&w.host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .run(&gc.to_string())
-        .ok_silent();
-    assert_eq!(elements(&w.host), None, "GC removed the last mapping and the table");
-}
-
-/// A table as the layout before the `conditions` map left it (its fast ADD re-added the
-/// `gates` verdicts): this layout without that map.
-fn drop_conditions_map(host: &Netns) {
-    host.run("nft", &["delete", "map", "inet", "cni_portmap", "conditions"]);
-    assert!(conditions(host).is_empty());
-}
-
-#[test]
-fn upgrade_from_the_layout_without_a_conditions_map() {
-    // Tables of the layout released just before the `conditions` map get it from the first
-    // ADD (over netlink and alone, the rest of the table as it is: no nft needed even with
-    // conditions), or from a DEL or GC that reads the table; a fast DEL needs none of it.
-    let mut w = World::new();
-    let n = w.n;
-    let hip = w.host_ip();
-    let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
-    let [a, b, c, d] = &ctrs[..] else { unreachable!() };
-    let names = ["ctrA", "ctrB", "ctrC", "ctrD"];
-    let _servers: Vec<Server> =
-        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
-    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
-    let cfg = |x: &Ctr, port: u16| conf("pmnet", &w.prev(x, true, true), tcp(port), cond.clone());
-    let no_nft = |cmd: &str, x: &Ctr, stdin: &str| {
-        Exec::new("portmap")
-            .in_ns(&w.host)
-            .attachment(cmd, &x.id, x.ns.path_str(), "eth0", "/nonexistent")
-            .env("CNI_NFT", "/nonexistent/nft")
-            .run(stdin)
-    };
-    run(&w, "ADD", a, &cfg(a, 7621)).ok();
-    run(&w, "ADD", b, &cfg(b, 7622)).ok();
-    let fresh = conditions(&w.host);
-    assert_eq!(fresh.len(), 2, "{fresh:?}");
-    let a_works = |w: &World| {
-        assert_eq!(fetch(&w.outside, &hip, 7621), format!("ctrA 10.250.{n}.2"));
-        assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7621), "", "the conditions apply");
-        assert_eq!(fetch(&d.ns, &hip, 7621), format!("ctrA 10.{n}.0.1"), "hairpin masqueraded");
-        assert_eq!(fetch(&d.ns, &format!("fd01:{n}::1"), 7621), format!("ctrA fd00:{n}::1"));
-    };
-    a_works(&w);
-
-    drop_conditions_map(&w.host);
-    a_works(&w);
-    let old = ns_state(&w.host);
-    run(&w, "CHECK", a, &cfg(a, 7621)).ok_silent();
-    assert_eq!(ns_state(&w.host), old, "CHECK reads the table as it is");
-    // a fast DEL does not need the map
-    no_nft("DEL", b, &cfg(b, 7622)).ok_silent();
-    assert_eq!(fetch(&w.outside, &hip, 7622), "");
-    assert!(conditions(&w.host).is_empty(), "a fast DEL reads nothing and upgrades nothing");
-
-    // The first ADD: its fast path fails (no map), its slow path writes the map alone.
-    let rules_before = rules(&w.host);
-    no_nft("ADD", c, &cfg(c, 7623)).ok();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(rules(&w.host), rules_before, "nothing else rebuilt");
-    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
-    a_works(&w);
-    no_nft("CHECK", c, &cfg(c, 7623)).ok_silent();
-
-    // A map that names other gate chains (left by an older binary that rebuilt the DNAT
-    // part, or tampered with) fails the fast path; the slow path rewrites it.
-    w.host.run("nft", &["flush", "map", "inet", "cni_portmap", "conditions"]);
-    w.host.run("nft", &["add", "element", "inet", "cni_portmap", "conditions", "{ ipv4 : ::1, ipv6 : ::1 }"]);
-    no_nft("ADD", d, &cfg(d, 7624)).ok();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7624), format!("ctrD 10.250.{n}.2"));
-
-    // DEL and GC that read the table add the map too, stating what `gates` says.
-    drop_conditions_map(&w.host);
-    no_nft("DEL", a, &conf("pmnet", &Value::Null, tcp(7621), cond.clone())).ok_silent();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7621), "");
-    drop_conditions_map(&w.host);
-    let gc = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
-                    "cni.dev/valid-attachments": [{"containerID": c.id, "ifname": "eth0"}]});
-    Exec::new("portmap")
-        .in_ns(&w.host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .env("CNI_NFT", "/nonexistent/nft")
-        .run(&gc.to_string())
-        .ok_silent();
-    assert_eq!(conditions(&w.host), fresh);
-    assert_eq!(fetch(&w.outside, &hip, 7624), "", "D collected");
-    assert_eq!(fetch(&w.outside, &hip, 7623), format!("ctrC 10.250.{n}.2"));
-    run(&w, "CHECK", c, &cfg(c, 7623)).ok_silent();
+    assert_no_attachment_left(&w.host, "GC of the last attachment");
 }
 
 /// A namespace at a path whose previous namespace was deleted: removed on drop.
@@ -1229,13 +998,7 @@ fn del_and_gc_accept_what_add_would_refuse() {
             json!({}),
         ),
     ];
-    let gc = |extra: &Value| {
-        let mut c = json!({"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap", "cni.dev/valid-attachments": []});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        Exec::new("portmap").in_ns(&w.host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&c.to_string())
-    };
+    let gc = |extra: &Value| gc(&w, "pmnet", json!([]), extra.clone());
     for (what, mappings, extra) in &cases {
         let bad = conf("pmnet", &p, mappings.clone(), extra.clone());
         assert_ne!(run(&w, "ADD", &a, &bad).code, 0, "{what}: ADD refuses it");
@@ -1243,11 +1006,11 @@ fn del_and_gc_accept_what_add_would_refuse() {
         let out = run(&w, "DEL", &a, &bad);
         out.ok_silent();
         assert!(out.stderr.contains("DEL ignores"), "{what}: noted: {}", out.stderr);
-        assert_eq!(elements(&w.host).unwrap(), Vec::<String>::new(), "{what}: DEL cleaned up");
+        assert_no_attachment_left(&w.host, &format!("{what}: DEL"));
         run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
         let out = gc(extra);
         out.ok_silent();
-        assert_eq!(elements(&w.host), None, "{what}: GC removed the mapping and the table");
+        assert_no_attachment_left(&w.host, &format!("{what}: GC"));
     }
     // hostile values are refused on every verb, before anything is touched
     run(&w, "ADD", &a, &conf("pmnet", &p, valid.clone(), json!({}))).ok();
@@ -1302,30 +1065,1133 @@ fn add_needs_a_container_address() {
     assert_eq!(ns_state(&w.host), before, "refused ADDs leave the host as it was");
 }
 
+/// [`fetch`] of each (namespace, address, port), all at once: for probes that wait for an
+/// answer that must not come.
+fn fetch_each(probes: &[(&Netns, &str, u16)]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> =
+            probes.iter().map(|(ns, addr, port)| s.spawn(move || fetch(ns, addr, *port))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `net.ipv4.conf.br0.route_localnet` in the host.
+fn route_localnet(w: &World) -> String {
+    String::from_utf8_lossy(&w.host.run("sysctl", &["-n", "net.ipv4.conf.br0.route_localnet"]).stdout)
+        .trim()
+        .to_string()
+}
+
+/// A configuration without `runtimeConfig` (cnitool without CAP_ARGS, a runtime that left it
+/// out of its cached configuration).
+fn conf_without_mappings(net: &str, prev: &Value) -> String {
+    json!({"cniVersion": "1.1.0", "name": net, "type": "portmap", "prevResult": prev}).to_string()
+}
+
+/// Records, in a container's namespace, the source address of every TCP packet to its port 80,
+/// before routing: what the container sees of a connection even when its answer never gets back
+/// to the client. The namespace goes with the container, and the table with it.
+struct Sources<'a>(&'a Netns);
+
+const SOURCES: &str = "table inet seen {
+    set src4 { type ipv4_addr; flags dynamic; }
+    set src6 { type ipv6_addr; flags dynamic; }
+    chain pre {
+        type filter hook prerouting priority -300; policy accept;
+        tcp dport 80 add @src4 { ip saddr }
+        tcp dport 80 add @src6 { ip6 saddr }
+    }
+}
+";
+
+impl<'a> Sources<'a> {
+    fn watch(ns: &'a Netns) -> Sources<'a> {
+        let dir = cni_tests::TempDir::new("pmseen");
+        std::fs::write(dir.join("seen.nft"), SOURCES).unwrap();
+        ns.run("nft", &["-f", dir.join("seen.nft").to_str().unwrap()]);
+        Sources(ns)
+    }
+
+    fn seen(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for set in ["src4", "src6"] {
+            let o = self.0.run("nft", &["-j", "list", "set", "inet", "seen", set]);
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            for s in v["nftables"].as_array().unwrap().iter().filter_map(|o| o.get("set")) {
+                out.extend(
+                    s["elem"].as_array().into_iter().flatten().map(|e| e.as_str().unwrap().to_string()),
+                );
+            }
+        }
+        out
+    }
+}
+
 #[test]
-fn upgrade_by_an_add_with_conditions() {
-    // With conditions the DNAT part is rebuilt by `nft -f`: the migration of the masquerade
-    // part goes into the same script.
+fn snat_false_masquerades_nothing() {
+    // snat: false, as upstream: no masquerading at all (masqAll too: it applies only with
+    // snat) and no route_localnet. A host port works from outside as always, the client's
+    // address kept. A connection from a container of the bridge or from the container itself
+    // (hairpin) reaches the container with its real source, which the container answers
+    // directly, past the reverse NAT, so the client gets nothing: what upstream gives.
     let mut w = World::new();
     let n = w.n;
     let hip = w.host_ip();
     let a = w.container();
     let b = w.container();
+    let c = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&a.ns, 8080, "wrongctrA"),
+        Server::tcp(&c.ns, 80, "ctrC"),
+    ];
+    let seen = Sources::watch(&a.ns);
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(8080), json!({"snat": false, "masqAll": true}));
+    run(&w, "ADD", &a, &ca).ok();
+    let masq: usize = set_sizes(&w.host)
+        .iter()
+        .filter(|(s, _)| s.starts_with("net4_") || s.starts_with("net6_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(masq, 0, "no masquerade element: {:?}", set_sizes(&w.host));
+    assert_eq!(route_localnet(&w), "0", "route_localnet is left alone");
+    assert_eq!(
+        fetch(&w.outside, &hip, 8080),
+        format!("ctrA 10.250.{n}.2"),
+        "outside, masqAll notwithstanding"
+    );
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 8080), format!("ctrA fd01:{n}::2"));
+    // from the host's 127.0.0.1 (may not leave the host: no route_localnet), from another
+    // container and from A itself (not masqueraded): nothing answers
+    let v6 = format!("fd01:{n}::1");
+    let probes = [(&w.host, "127.0.0.1", 8080), (&b.ns, &hip, 8080), (&b.ns, &v6, 8080), (&a.ns, &hip, 8080)];
+    assert_eq!(fetch_each(&probes), ["", "", "", ""]);
+    let (a4, b4, b6) = (w.ip4(&a), w.ip4(&b), format!("fd00:{n}::{}", b.idx));
+    let expect: BTreeSet<String> =
+        [format!("10.250.{n}.2"), format!("fd01:{n}::2"), b4, b6, a4].into_iter().collect();
+    assert_eq!(seen.seen(), expect, "A saw every connection with its real source");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+
+    // An attachment with snat (the default) sets route_localnet on the bridge; then a
+    // connection to 127.0.0.1:8080 leaves the host for A, still with its real source.
+    let cc = conf("pmnet", &w.prev(&c, true, true), tcp(8081), json!({}));
+    run(&w, "ADD", &c, &cc).ok();
+    assert_eq!(route_localnet(&w), "1");
+    assert_eq!(fetch(&c.ns, &hip, 8081), format!("ctrC 10.{n}.0.1"), "C's hairpin is masqueraded");
+    assert_eq!(fetch(&w.host, "127.0.0.1", 8081), format!("ctrC 10.{n}.0.1"));
+    assert_eq!(fetch(&w.host, "127.0.0.1", 8080), "");
+    let now = seen.seen();
+    assert!(now.contains("127.0.0.1"), "A saw 127.0.0.1 as the source: {now:?}");
+    assert!(!now.contains(&format!("10.{n}.0.1")) && !now.contains(&format!("fd00:{n}::1")), "{now:?}");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "DEL", &a, &ca).ok_silent();
+    run(&w, "DEL", &c, &cc).ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+}
+
+#[test]
+fn masq_all_masquerades_every_source_and_localhost_works() {
+    // masqAll (with snat, the default): connections from anywhere are masqueraded, and
+    // 127.0.0.1:hostPort works (route_localnet set on the bridge).
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let _servers = [Server::tcp(&a.ns, 80, "ctrA"), Server::tcp(&a.ns, 7311, "wrongctrA")];
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7311), json!({"masqAll": true}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(route_localnet(&w), "1");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7311), format!("ctrA 10.{n}.0.1"), "outside, masqueraded");
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 7311), format!("ctrA fd00:{n}::1"));
+    assert_eq!(fetch(&w.host, "127.0.0.1", 7311), format!("ctrA 10.{n}.0.1"), "127.0.0.1:hostPort");
+    let sizes = set_sizes(&w.host);
+    assert_eq!((sizes.get("net4_0"), sizes.get("net6_0")), (Some(&1), Some(&1)), "{sizes:?}");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "DEL", &a, &ca).ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7311), "");
+}
+
+#[test]
+fn del_removes_everything_whatever_its_configuration_says() {
+    // Issue 17, item 3: DEL removes every element of the attachment, also when the
+    // configuration it gets lists no mappings or other ones, with or without prevResult. The
+    // UDP flow's conntrack entry goes too: the same 5-tuple finds nothing after DEL.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
     let _sa = Server::tcp(&a.ns, 80, "ctrA");
-    let _sb = Server::tcp(&b.ns, 80, "ctrB");
-    run(&w, "ADD", &a, &conf("pmnet", &w.prev(&a, true, false), tcp(7611), json!({}))).ok();
-    let before = mapping_elements(&w.host);
-    downgrade_to_previous_layout(&w.host);
-    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
-    let cb = conf("pmnet", &w.prev(&b, true, false), tcp(7612), cond);
+    let _ua = UdpServer::start(&a.ns, 53, "ctrA");
+    let pa = w.prev(&a, true, true);
+    let m = json!([{"hostPort": 7301, "containerPort": 80, "protocol": "tcp"},
+                   {"hostPort": 7302, "containerPort": 53, "protocol": "udp"}]);
+    let other = json!([{"hostPort": 9999, "containerPort": 99, "protocol": "tcp"}]);
+    let cases = [
+        ("no runtimeConfig", conf_without_mappings("pmnet", &pa)),
+        ("no runtimeConfig, no prevResult", conf_without_mappings("pmnet", &Value::Null)),
+        ("empty portMappings", conf("pmnet", &pa, json!([]), json!({}))),
+        ("other mappings", conf("pmnet", &pa, other.clone(), json!({}))),
+        ("other mappings, no prevResult", conf("pmnet", &Value::Null, other, json!({}))),
+        ("other snat and masqAll", conf("pmnet", &pa, m.clone(), json!({"snat": false, "masqAll": true}))),
+    ];
+    for (what, del) in cases {
+        run(&w, "ADD", &a, &conf("pmnet", &pa, m.clone(), json!({}))).ok();
+        assert_eq!(fetch(&w.outside, &hip, 7301), format!("ctrA 10.250.{n}.2"), "{what}");
+        assert_eq!(fetch_udp(&w.outside, &hip, 7302, 40302), format!("ctrA 10.250.{n}.2"), "{what}");
+        run(&w, "DEL", &a, &del).ok_silent();
+        assert_no_attachment_left(&w.host, what);
+        assert_eq!(fetch(&w.outside, &hip, 7301), "", "{what}");
+        assert_eq!(fetch_udp(&w.outside, &hip, 7302, 40302), "", "{what}: the UDP flow was flushed");
+    }
+}
+
+#[test]
+fn a_flushed_prerouting_chain_is_repaired_by_the_next_add() {
+    // Issue 17, item 5: someone flushes our hook; CHECK says so, and the next ADD (of another
+    // pod) puts the rules back, so the first pod's host port works again.
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let b = w.container();
+    let _servers = [Server::tcp(&a.ns, 80, "ctrA"), Server::tcp(&b.ns, 80, "ctrB")];
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7321), json!({}));
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7322), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(fetch(&w.outside, &hip, 7321), format!("ctrA 10.250.{n}.2"));
+    let static_rules = rules(&w.host);
+    w.host.run("nft", &["flush", "chain", "inet", "cni_portmap", "prerouting"]);
+    assert_eq!(fetch(&w.outside, &hip, 7321), "", "the flush broke A's host port");
+    let msg = run(&w, "CHECK", &a, &ca).err(999);
+    assert!(msg.contains("chain prerouting does not hold the rules of this layout"), "{msg}");
     run(&w, "ADD", &b, &cb).ok();
-    let r = rules(&w.host);
-    assert!(!r.contains("masq4\"") && r.contains("\"@net4_24\"") && r.contains("gate4_"), "migrated:\n{r}");
-    let b_tag = format!("pmnet,{},eth0", b.id);
-    let others: Vec<String> = mapping_elements(&w.host).into_iter().filter(|x| !x.contains(&b_tag)).collect();
-    assert_eq!(others, before);
-    assert_eq!(fetch(&b.ns, &hip, 7611), format!("ctrA 10.{n}.0.1"), "A still masqueraded");
-    assert_eq!(fetch(&a.ns, &hip, 7612), format!("ctrB 10.{n}.0.1"));
-    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7612), "", "the conditions apply");
+    assert_eq!(rules(&w.host), static_rules, "the rules are back");
+    assert_eq!(fetch(&w.outside, &hip, 7321), format!("ctrA 10.250.{n}.2"), "A's host port works again");
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), 7322), format!("ctrB fd01:{n}::2"));
+    run(&w, "CHECK", &a, &ca).ok_silent();
     run(&w, "CHECK", &b, &cb).ok_silent();
+}
+
+#[test]
+fn the_localhost_guard_keeps_containers_off_the_hosts_loopback() {
+    // Issue 18, item 1. route_localnet on the bridge (set for 127.0.0.1:hostPort) would let a
+    // container reach the host's 127.0.0.1-only services: with CAP_NET_ADMIN by routing
+    // 127.0.0.0/8 through its gateway (container A), with CAP_NET_RAW alone by writing the
+    // frame itself (container B). The `localnet` chain drops what arrives for the loopback
+    // addresses unless it was DNATed, so host ports keep working and nothing else gets in.
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _servers = [
+        Server::tcp(&a.ns, 80, "ctrA"),
+        Server::tcp(&b.ns, 80, "ctrB"),
+        Server::socat(
+            &w.host,
+            "TCP4-LISTEN:9999,bind=127.0.0.1,fork,reuseaddr",
+            "src 127.0.0.1:9999",
+            "hostlo",
+        ),
+        Server::socat(
+            &w.host,
+            "TCP6-LISTEN:9999,bind=[::1],fork,reuseaddr,ipv6only=1",
+            "src [::1]:9999",
+            "hostlo6",
+        ),
+    ];
+    assert_eq!(fetch(&w.host, "127.0.0.1", 9999), "hostlo 127.0.0.1", "the host service answers the host");
+    assert_eq!(fetch(&w.host, "::1", 9999), "hostlo6 ::1");
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(8080), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(route_localnet(&w), "1");
+    // A gives up its own loopback addresses, sends the loopback prefixes to its gateway and
+    // accepts answers from them
+    a.ns.run("ip", &["addr", "del", "127.0.0.1/8", "dev", "lo"]);
+    a.ns.run("ip", &["-6", "addr", "del", "::1/128", "dev", "lo"]);
+    a.ns.run("ip", &["route", "add", "127.0.0.0/8", "via", &format!("10.{n}.0.1"), "dev", "eth0"]);
+    a.ns.run("ip", &["-6", "route", "add", "::1/128", "via", &format!("fd00:{n}::1"), "dev", "eth0"]);
+    a.ns.run("sysctl", &["-qw", "net.ipv4.conf.eth0.route_localnet=1"]);
+    let br0 = raw::mac_of(&w.host, "br0");
+    let (b4, b6) = (w.ip4(&b), format!("fd00:{n}::{}", b.idx));
+    let syn = |src: &str, dst: &str| raw::SynProbe {
+        ns: &b.ns,
+        ifname: "eth0",
+        dst_mac: br0,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        dport: 9999,
+    };
+    // (each probe waits for an answer that must not come: all four at once)
+    let blocked = |what: &str| {
+        std::thread::scope(|s| {
+            let v4 = s.spawn(|| syn(&b4, "127.0.0.1").answered(Duration::from_secs(3)));
+            let v6 = s.spawn(|| syn(&b6, "::1").answered(Duration::from_secs(3)));
+            let got = fetch_each(&[(&a.ns, "127.0.0.1", 9999), (&a.ns, "::1", 9999)]);
+            assert_eq!(got, ["", ""], "{what}: A's connections to 127.0.0.1 and ::1");
+            assert!(!v4.join().unwrap(), "{what}: B's SYN to 127.0.0.1 was answered");
+            assert!(!v6.join().unwrap(), "{what}: B's SYN to ::1 was answered");
+        });
+    };
+    blocked("with the guard");
+    // host ports work the four ways all the same
+    four_ways(&w, &a, &b, 8080, "ctrA");
+    run(&w, "CHECK", &a, &ca).ok_silent();
+
+    // Without the guard, both get through (to 127.0.0.1; ::1 the kernel itself never accepts
+    // from an interface other than lo): the guard is what stops them.
+    w.host.run("nft", &["flush", "chain", "inet", "cni_portmap", "localnet"]);
+    let msg = run(&w, "CHECK", &a, &ca).err(999);
+    assert!(msg.contains("chain localnet"), "{msg}");
+    assert_eq!(fetch(&a.ns, "127.0.0.1", 9999), format!("hostlo {}", w.ip4(&a)), "no guard: A gets in");
+    assert!(syn(&b4, "127.0.0.1").answered(Duration::from_secs(10)), "no guard: B's SYN is answered");
+    assert_eq!(fetch(&a.ns, "::1", 9999), "");
+
+    // the next ADD repairs it
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(8081), json!({}));
+    run(&w, "ADD", &b, &cb).ok();
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    run(&w, "CHECK", &b, &cb).ok_silent();
+    blocked("after the repair");
+    four_ways(&w, &b, &a, 8081, "ctrB");
+}
+
+/// The commit whose portmap wrote the released layout (1): main before the rebuild.
+const RELEASED: &str = "5fca5c6";
+
+/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (unoptimised: the
+/// layout it writes is what matters; it keeps its builds under target/baseline/, so only the
+/// first call builds).
+fn released_portmap() -> String {
+    let root = cni_tests::workspace_root();
+    let out = std::process::Command::new(root.join("scripts/build-baseline.sh"))
+        .args([RELEASED, "portmap"])
+        .env("BASELINE_PROFILE", "dev")
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/build-baseline.sh");
+    assert!(
+        out.status.success(),
+        "cannot build portmap of {RELEASED} with scripts/build-baseline.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8(out.stdout).unwrap().lines().last().expect("the directory").to_string();
+    format!("{dir}/portmap")
+}
+
+/// Whether anything of the attachment with tag `tag` and network namespace path `path` is
+/// left: elements carrying its tag, and its netns record (commented with the path).
+fn traces_of(host: &Netns, tag: &str, path: &str) -> Vec<String> {
+    let t = table(host).expect("table inet cni_portmap");
+    let mut out = Vec::new();
+    for (name, elems) in sets_of(&t) {
+        for e in elems.iter().filter(|e| comment_of(e) == Some(tag) || comment_of(e) == Some(path)) {
+            out.push(format!("{name} {e}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn upgrade_from_the_released_layout_with_live_traffic() {
+    // Pods made by the released portmap (layout 1: no `layout` set, `gates`/`conditions` maps,
+    // no `attachments` records, no guard), then this build: CHECK passes, DEL and GC change
+    // elements only, and the first ADD upgrades the table in place. Traffic to the old pods
+    // works before, in between and after.
+    let old = released_portmap();
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..6).map(|_| w.container()).collect();
+    let [a, b, c, d, e, f] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrA", "ctrB", "ctrC", "ctrD", "ctrE", "ctrF"];
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
+    let _udp = UdpServer::start(&c.ns, 53, "ctrC");
+    // A: both families; B: masqAll; C: IPv4 only, TCP and UDP; D: on one host address;
+    // F: its pod goes without a DEL
+    let ca = conf("pmnet", &w.prev(a, true, true), tcp(7601), json!({}));
+    let cb = conf("pmnet", &w.prev(b, true, false), tcp(7602), json!({"masqAll": true}));
+    let mc = json!([{"hostPort": 7603, "containerPort": 80, "protocol": "tcp"},
+                    {"hostPort": 7613, "containerPort": 53, "protocol": "udp"}]);
+    let cc = conf("pmnet", &w.prev(c, true, false), mc, json!({}));
+    let md = json!([{"hostPort": 7604, "containerPort": 80, "protocol": "tcp", "hostIP": format!("10.250.{n}.3")}]);
+    let cd = conf("pmnet", &w.prev(d, true, true), md, json!({}));
+    let ce = conf("pmnet", &w.prev(e, true, true), tcp(7605), json!({}));
+    let cf = conf("pmnet", &w.prev(f, true, false), tcp(7606), json!({}));
+    let released = |cmd: &str, x: &Ctr, stdin: &str| {
+        Exec::new(&old)
+            .in_ns(&w.host)
+            .attachment(cmd, &x.id, x.ns.path_str(), "eth0", "/nonexistent")
+            .run(stdin)
+    };
+    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc), (d, &cd), (f, &cf)] {
+        released("ADD", x, cfg).ok();
+    }
+    let layout_1 = |w: &World, what: &str| {
+        let t = table(&w.host).unwrap();
+        let sets: Vec<String> = sets_of(&t).into_iter().map(|(s, _)| s).collect();
+        assert!(
+            sets.iter().any(|s| s == "gates") && !sets.iter().any(|s| s == "layout" || s == "attachments"),
+            "{what}: the released layout: {sets:?}"
+        );
+        assert!(!chains_of(&t).iter().any(|c| c == "localnet"), "{what}: no guard");
+    };
+    layout_1(&w, "made by the released portmap");
+    let old_pods = |w: &World, what: &str| {
+        let probes = [
+            (&w.outside, hip.as_str(), 7601, format!("ctrA 10.250.{n}.2")),
+            (&w.outside, &format!("fd01:{n}::1"), 7601, format!("ctrA fd01:{n}::2")),
+            (&e.ns, hip.as_str(), 7601, format!("ctrA 10.{n}.0.1")),
+            (&w.host, "127.0.0.1", 7601, format!("ctrA 10.{n}.0.1")),
+            (&w.outside, hip.as_str(), 7602, format!("ctrB 10.{n}.0.1")),
+            (&w.outside, &format!("10.250.{n}.3"), 7604, format!("ctrD 10.250.{n}.2")),
+            (&w.outside, hip.as_str(), 7604, String::new()),
+        ];
+        for (ns, addr, port, want) in probes {
+            assert_eq!(fetch(ns, addr, port), want, "{what}: {addr}:{port}");
+        }
+    };
+    old_pods(&w, "before");
+    assert_eq!(fetch(&w.outside, &hip, 7603), format!("ctrC 10.250.{n}.2"));
+    assert_eq!(fetch_udp(&w.outside, &hip, 7613, 40613), format!("ctrC 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &hip, 7606), format!("ctrF 10.250.{n}.2"));
+
+    // CHECK by this build: the attachments' elements are checked, the earlier layout's static
+    // part is not (a note says so); nothing changes
+    let before = ns_state(&w.host);
+    for (x, cfg) in [(a, &ca), (b, &cb), (c, &cc), (d, &cd), (f, &cf)] {
+        let out = run(&w, "CHECK", x, cfg);
+        out.ok_silent();
+        assert!(out.stderr.contains("earlier layout"), "{}", out.stderr);
+    }
+    assert_eq!(ns_state(&w.host), before, "CHECK changes nothing");
+
+    // DEL of an old pod removes all of it, elements only
+    run(&w, "DEL", c, &cc).ok_silent();
+    let c_tag = format!("pmnet,{},eth0", c.id);
+    assert_eq!(traces_of(&w.host, &c_tag, c.ns.path_str()), Vec::<String>::new(), "nothing of C left");
+    assert_eq!(fetch(&w.outside, &hip, 7603), "");
+    assert_eq!(fetch_udp(&w.outside, &hip, 7613, 40613), "", "C's UDP flow was flushed");
+    layout_1(&w, "after a DEL");
+    old_pods(&w, "after a DEL");
+    // GC of F, whose pod went without a DEL
+    let valid = json!([{"containerID": a.id, "ifname": "eth0"}, {"containerID": b.id, "ifname": "eth0"},
+                       {"containerID": d.id, "ifname": "eth0"}]);
+    gc(&w, "pmnet", valid, json!({})).ok_silent();
+    let f_tag = format!("pmnet,{},eth0", f.id);
+    assert_eq!(traces_of(&w.host, &f_tag, f.ns.path_str()), Vec::<String>::new(), "nothing of F left");
+    assert_eq!(fetch(&w.outside, &hip, 7606), "");
+    layout_1(&w, "after a GC");
+    old_pods(&w, "after a GC");
+
+    // The first ADD upgrades the table in place: the layout version, a record for every
+    // attachment, the guard, no `gates`/`conditions` maps; E's own mapping in the same run.
+    run(&w, "ADD", e, &ce).ok();
+    assert_eq!(layout_versions(&w.host), Some(vec![2]));
+    let t = table(&w.host).unwrap();
+    let sets = sets_of(&t);
+    assert!(!sets.iter().any(|(s, _)| s == "gates" || s == "conditions"), "retired maps gone");
+    assert!(chains_of(&t).iter().any(|c| c == "localnet"), "the guard");
+    let (_, records) = sets.iter().find(|(s, _)| s == "attachments").expect("set attachments");
+    let mut tags: Vec<&str> = records.iter().filter_map(comment_of).collect();
+    tags.sort();
+    let mut want: Vec<String> = [a, b, d, e].iter().map(|x| format!("pmnet,{},eth0", x.id)).collect();
+    want.sort();
+    assert_eq!(tags, want, "a record of every attachment");
+    old_pods(&w, "after the upgrade");
+    assert_eq!(fetch(&w.outside, &hip, 7605), format!("ctrE 10.250.{n}.2"));
+    assert_eq!(fetch(&a.ns, &hip, 7605), format!("ctrE 10.{n}.0.1"));
+    for (x, cfg) in [(a, &ca), (b, &cb), (d, &cd), (e, &ce)] {
+        let out = run(&w, "CHECK", x, cfg);
+        out.ok_silent();
+        assert!(!out.stderr.contains("earlier layout"), "{}", out.stderr);
+    }
+    for (x, cfg) in [(a, &ca), (b, &cb), (d, &cd), (e, &ce)] {
+        run(&w, "DEL", x, cfg).ok_silent();
+    }
+    assert_no_attachment_left(&w.host, "DEL of every pod");
+}
+
+/// One attachment (both families) with `count` mappings, alternately TCP and UDP, every tenth
+/// on 10.250.n.3 only and every tenth (other) on fd01:n::1 only, the last one TCP on
+/// 10.250.n.3: ADD, CHECK and DEL, the table's element counts, and traffic to the first and
+/// the last host port (and the first UDP one). Prints how long each verb took.
+fn many_mappings(count: usize) {
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let a = w.container();
+    let last = count - 1;
+    let v4_3 = format!("10.250.{n}.3");
+    let host_ip = |i: usize| match i % 10 {
+        _ if count > 1 && i == last => Some(v4_3.clone()),
+        3 => Some(v4_3.clone()),
+        7 => Some(format!("fd01:{n}::1")),
+        _ => None,
+    };
+    let proto = |i: usize| if i == last || i.is_multiple_of(2) { "tcp" } else { "udp" };
+    let host_port = |i: usize| 20000 + i as u16;
+    let ctr_port = |i: usize| 40000 + i as u16;
+    let mut mappings = Vec::with_capacity(count);
+    let (mut e4, mut e6) = (0, 0);
+    for i in 0..count {
+        let mut m = json!({"hostPort": host_port(i), "containerPort": ctr_port(i), "protocol": proto(i)});
+        match host_ip(i) {
+            Some(ip) => {
+                if ip.contains(':') {
+                    e6 += 1
+                } else {
+                    e4 += 1
+                }
+                m["hostIP"] = json!(ip);
+            }
+            None => (e4, e6) = (e4 + 1, e6 + 1),
+        }
+        mappings.push(m);
+    }
+    let mut servers =
+        vec![Server::tcp(&a.ns, ctr_port(0), "first"), Server::tcp(&a.ns, host_port(0), "wrongfirst")];
+    if count > 1 {
+        servers.push(Server::tcp(&a.ns, ctr_port(last), "last"));
+    }
+    let first_udp = (0..count).find(|i| proto(*i) == "udp" && host_ip(*i).is_none());
+    let _udp = first_udp.map(|i| UdpServer::start(&a.ns, ctr_port(i), "udp"));
+    let ca = conf("pmnet", &w.prev(&a, true, true), Value::Array(mappings), json!({}));
+
+    let timed = |verb: &str| {
+        let t = std::time::Instant::now();
+        let out = run(&w, verb, &a, &ca);
+        (out, t.elapsed())
+    };
+    let (out, add) = timed("ADD");
+    out.ok();
+    let sizes = set_sizes(&w.host);
+    let size = |s: &str| sizes.get(s).copied().unwrap_or(0);
+    assert_eq!(size("hp4") + size("hip4"), e4, "IPv4 DNAT elements: {sizes:?}");
+    assert_eq!(size("hp6") + size("hip6"), e6, "IPv6 DNAT elements: {sizes:?}");
+    assert_eq!((size("owner"), size("claims")), (e4 + e6, e4 + e6), "{sizes:?}");
+    assert_eq!((size("net4_24"), size("net4_32"), size("net6_64")), (e4, e4, e6), "{sizes:?}");
+    assert_eq!((size("attachments"), size("netns")), (1, 1), "{sizes:?}");
+    assert_eq!(fetch(&w.outside, &hip, host_port(0)), format!("first 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &format!("fd01:{n}::1"), host_port(0)), format!("first fd01:{n}::2"));
+    if count > 1 {
+        assert_eq!(fetch(&w.outside, &v4_3, host_port(last)), format!("last 10.250.{n}.2"));
+        assert_eq!(fetch(&w.outside, &hip, host_port(last)), "", "the last one is on 10.250.{n}.3 only");
+    }
+    if let Some(i) = first_udp {
+        assert_eq!(fetch_udp(&w.outside, &hip, host_port(i), 41000), format!("udp 10.250.{n}.2"));
+    }
+    let (out, check) = timed("CHECK");
+    out.ok_silent();
+    let (out, del) = timed("DEL");
+    out.ok_silent();
+    assert_no_attachment_left(&w.host, "DEL");
+    assert_eq!(fetch(&w.outside, &hip, host_port(0)), "");
+    println!(
+        "portmap with {count} mappings ({} DNAT elements): ADD {add:?}, CHECK {check:?}, DEL {del:?}",
+        e4 + e6
+    );
+}
+
+#[test]
+fn one_mapping() {
+    many_mappings(1);
+}
+
+#[test]
+fn mappings_150() {
+    many_mappings(150);
+}
+
+#[test]
+fn mappings_1_000() {
+    many_mappings(1_000);
+}
+
+#[test]
+fn mappings_10_000() {
+    many_mappings(10_000);
+}
+
+/// A FIFO made for a test. On drop a writer is opened without blocking, which releases a
+/// reader blocked in open(2), and the FIFO is removed.
+struct Fifo(PathBuf);
+
+impl Fifo {
+    fn new(path: PathBuf) -> Fifo {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(rc, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+        Fifo(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// inotify on a file: whether anything opened or read it since the watch began.
+struct Watch(std::os::fd::OwnedFd);
+
+impl Watch {
+    fn new(path: &str) -> Watch {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain inotify_init1; the descriptor is owned right away.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        // SAFETY: fd is a fresh descriptor nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let c = std::ffi::CString::new(path).unwrap();
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                c.as_ptr(),
+                libc::IN_OPEN | libc::IN_ACCESS,
+            )
+        };
+        assert!(wd >= 0, "inotify_add_watch {path}: {}", std::io::Error::last_os_error());
+        Watch(fd)
+    }
+
+    fn touched(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        // SAFETY: buf is writable for its length.
+        let n = unsafe {
+            libc::read(std::os::fd::AsRawFd::as_raw_fd(&self.0), buf.as_mut_ptr().cast(), buf.len())
+        };
+        n > 0
+    }
+}
+
+/// Point the netns record commented `from` (a holder's namespace path) at `to`, keeping its
+/// key and data: what someone with CAP_NET_ADMIN in the host could plant.
+fn retarget_netns_record(host: &Netns, from: &str, to: &str) {
+    let t = table(host).unwrap();
+    let (_, elems) = sets_of(&t).into_iter().find(|(s, _)| s == "netns").expect("map netns");
+    let e =
+        elems.iter().find(|e| comment_of(e) == Some(from)).unwrap_or_else(|| panic!("no record of {from}"));
+    let (key, data) = (e[0]["elem"]["val"].as_str().unwrap(), e[1].as_str().unwrap());
+    let script = format!(
+        "delete element inet cni_portmap netns {{ {key} }}\n\
+         add element inet cni_portmap netns {{ {key} comment \"{to}\" : {data} }}\n"
+    );
+    let dir = cni_tests::TempDir::new("pmrec");
+    std::fs::write(dir.join("retarget.nft"), script).unwrap();
+    host.run("nft", &["-f", dir.join("retarget.nft").to_str().unwrap()]);
+}
+
+/// Add a chain to our table over netlink, which takes any name (nft's parser would not).
+fn add_chain_by_netlink(host: &Netns, name: &str) {
+    use cni_common::netlink::nft::{NfTables, NftFamily, NftOp};
+    let f = std::fs::File::open(host.path()).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let op = NftOp::AddChain {
+                family: NftFamily::Inet,
+                table: "cni_portmap".into(),
+                chain: name.into(),
+                base: None,
+                comment: None,
+            };
+            NfTables::new()
+                .and_then(|mut nf| nf.apply(&[op]))
+                .unwrap_or_else(|e| panic!("add chain {name:?}: {e}"));
+        })
+        .join()
+        .unwrap()
+    });
+}
+
+#[test]
+fn what_the_table_holds_is_data_never_code_or_a_path_to_open() {
+    // Issue 18, items 2 and 3: chain names and element comments read back from the kernel are
+    // compared and quoted, never put into an nft script nor opened without checks. Planted
+    // here: chains named like gate chains (two with an nft `include` after a line break, which
+    // only netlink can create) and a holder's netns record pointing at /etc/shadow, a file of
+    // ours, a FIFO outside and one inside /run/netns. Every verb runs within a deadline (a
+    // blocked open fails the test), echoes neither file, and never opens ours to read it (inotify).
+    let mut w = World::new();
+    let n = w.n;
+    let hip = w.host_ip();
+    let ctrs: Vec<Ctr> = (0..4).map(|_| w.container()).collect();
+    let [h, x, y, z] = &ctrs[..] else { unreachable!() };
+    let names = ["ctrH", "ctrX", "ctrY", "ctrZ"];
+    let _servers: Vec<Server> =
+        ctrs.iter().zip(names).map(|(c, name)| Server::tcp(&c.ns, 80, name)).collect();
+    let dir = cni_tests::TempDir::new("pmsecret");
+    let secret = dir.join("secret").to_str().unwrap().to_string();
+    let marker = format!("cni-secret-marker-{}", std::process::id());
+    std::fs::write(&secret, format!("{marker}\n")).unwrap();
+    let watch = Watch::new(&secret);
+    let shadow: Vec<String> = std::fs::read_to_string("/etc/shadow")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.len() > 4)
+        .map(str::to_string)
+        .collect();
+    let verb = |cmd: &str, c: &Ctr, stdin: &str| {
+        let out = Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment(cmd, &c.id, c.ns.path_str(), "eth0", "/nonexistent")
+            .run_within(stdin, Duration::from_secs(60));
+        let text = format!("{}{}", out.stdout, out.stderr);
+        assert!(!text.contains(&marker), "{cmd} echoed our file: {text}");
+        assert!(!shadow.iter().any(|l| text.contains(l.as_str())), "{cmd} echoed /etc/shadow: {text}");
+        out
+    };
+    let ch = conf("pmnet", &w.prev(h, true, true), tcp(7501), json!({}));
+    verb("ADD", h, &ch).ok();
+
+    // chains that look like gate chains
+    w.host.run("nft", &["add", "chain", "inet", "cni_portmap", "gate4_zz"]);
+    w.host.run("nft", &["add", "rule", "inet", "cni_portmap", "gate4_zz", "counter"]);
+    let planted = [
+        "gate4_zz".to_string(),
+        "gate4_z\ninclude \"/etc/shadow\"".to_string(),
+        format!("gate6_{}\ninclude \"{secret}\"", "0".repeat(12)),
+    ];
+    for name in &planted[1..] {
+        add_chain_by_netlink(&w.host, name);
+    }
+    // an ADD with conditions (its gate chain written by nft -f), then one without (that gate
+    // chain deleted): both leave the planted chains alone
+    let cond = json!({"conditionsV4": ["ip", "daddr", "!=", format!("10.250.{n}.3")]});
+    let cy = conf("pmnet", &w.prev(y, true, true), tcp(7502), cond);
+    verb("ADD", y, &cy).ok();
+    assert!(chains_of(&table(&w.host).unwrap()).iter().any(|c| c.starts_with("gate4_") && c.len() == 18));
+    let cz = conf("pmnet", &w.prev(z, true, true), tcp(7503), json!({}));
+    verb("ADD", z, &cz).ok();
+    let chains = chains_of(&table(&w.host).unwrap());
+    for p in &planted {
+        assert!(chains.contains(p), "{p:?} is still there: {chains:?}");
+    }
+    assert!(
+        !chains.iter().any(|c| c.starts_with("gate4_") && c.len() == 18),
+        "the conditions' chain went: {chains:?}"
+    );
+    verb("CHECK", h, &ch).ok_silent();
+    verb("CHECK", z, &cz).ok_silent();
+    assert_eq!(fetch(&w.outside, &hip, 7501), format!("ctrH 10.250.{n}.2"));
+    assert_eq!(fetch(&w.outside, &format!("10.250.{n}.3"), 7502), format!("ctrY 10.250.{n}.2"));
+
+    // H's netns record pointing elsewhere. Outside the places runtimes use, a path is never
+    // opened: H counts as alive, and X's ADD of H's port is refused, naming H, changing nothing.
+    let cx = conf("pmnet", &w.prev(x, true, true), tcp(7501), json!({}));
+    let fifo_elsewhere = Fifo::new(dir.join("holder.fifo"));
+    let mut current = h.ns.path_str().to_string();
+    for path in ["/etc/shadow", secret.as_str(), fifo_elsewhere.path()] {
+        retarget_netns_record(&w.host, &current, path);
+        current = path.to_string();
+        verb("CHECK", h, &ch).ok_silent();
+        let before = ns_state(&w.host);
+        let msg = verb("ADD", x, &cx).err(7);
+        assert!(
+            msg.contains(&format!("container \"{}\"", h.id)) && msg.contains("tcp/7501"),
+            "{path}: {msg}"
+        );
+        assert_eq!(ns_state(&w.host), before, "{path}: a refused ADD changes nothing");
+    }
+    // A FIFO where runtimes put namespaces is opened without blocking (O_PATH) and is no
+    // network namespace: H's pod is gone, and X takes the port.
+    let fifo_netns = Fifo::new(PathBuf::from("/run/netns").join(unique("pmfifo")));
+    retarget_netns_record(&w.host, &current, fifo_netns.path());
+    let out = verb("ADD", x, &cx);
+    out.ok();
+    assert!(out.stderr.contains(&h.id) && out.stderr.contains("no longer exists"), "{}", out.stderr);
+    assert_eq!(fetch(&w.outside, &hip, 7501), format!("ctrX 10.250.{n}.2"));
+    let h_tag = format!("pmnet,{},eth0", h.id);
+    assert_eq!(traces_of(&w.host, &h_tag, fifo_netns.path()), Vec::<String>::new(), "nothing of H left");
+    verb("CHECK", x, &cx).ok_silent();
+    assert!(!watch.touched(), "something opened or read {secret}");
+}
+
+#[test]
+fn a_table_of_a_newer_layout_is_refused_by_name_and_left_unchanged() {
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7511), json!({}));
+    run(&w, "ADD", &a, &ca).ok();
+    w.host.run("nft", &["flush", "set", "inet", "cni_portmap", "layout"]);
+    w.host.run("nft", &["add", "element", "inet", "cni_portmap", "layout", "{ 3 }"]);
+    let before = ns_state(&w.host);
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7512), json!({}));
+    for (cmd, x, cfg) in [("ADD", &b, &cb), ("CHECK", &a, &ca)] {
+        let msg = run(&w, cmd, x, cfg).err(999);
+        assert!(msg.contains("inet cni_portmap") && msg.contains("version [3]"), "{cmd}: {msg}");
+    }
+    assert_eq!(ns_state(&w.host), before, "the table is left as it is");
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7511), format!("ctrA 10.250.{n}.2"));
+}
+
+/// One attachment of the stress test.
+struct Att {
+    net: &'static str,
+    ifname: &'static str,
+    /// Index of its container (attachments 0 and 1 are one container on two networks).
+    ctr: usize,
+    id: String,
+    ports: BTreeSet<(&'static str, u16)>,
+    cfg: String,
+    tag: String,
+    hash: String,
+}
+
+/// Where an attachment of the stress test is, as the runtime sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum St {
+    Absent,
+    Live,
+    /// Its pod went without a DEL: it holds its ports until a GC of its network.
+    Abandoned(u64),
+}
+
+/// When an attachment held its ports: possibly from `ps` to `pe`, certainly from `ds` to `de`
+/// (logical times; `u64::MAX`: still holding at the end).
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    ps: u64,
+    ds: u64,
+    de: u64,
+    pe: u64,
+}
+
+/// An ADD as it ran: attachment, start and end, and its CNI error (code and message).
+#[derive(Debug)]
+struct AddRun {
+    i: usize,
+    s: u64,
+    e: u64,
+    err: Option<(u64, String)>,
+}
+
+/// What the runtime knows, under one lock; `clock` orders every start and end.
+struct Model {
+    clock: u64,
+    state: Vec<St>,
+    /// In GC's valid list: its ADD started and its DEL did not (and its pod did not go).
+    valid: Vec<bool>,
+    holds: Vec<Vec<Hold>>,
+    adds: Vec<AddRun>,
+    /// GC runs: network, start, end.
+    gcs: Vec<(&'static str, u64, u64)>,
+    counts: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl Model {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+}
+
+/// The stress test's attachments: 24, two of them one container on two networks (same
+/// mappings, so they share their host ports), the others competing for a TCP and a UDP host
+/// port out of small pools, some with masqAll.
+fn stress_cast(w: &World, ctrs: &[Netns]) -> Vec<Att> {
+    let n = w.n;
+    let mut v = Vec::new();
+    for k in 0..24usize {
+        let (ctr, net, ifname) = match k {
+            0 => (0, "net1", "eth0"),
+            1 => (0, "net2", "eth1"),
+            _ => (k - 1, if k % 3 == 0 { "net2" } else { "net1" }, "eth0"),
+        };
+        let id = format!("stress{n}-{ctr}");
+        let (tcp_port, udp_port) =
+            if k < 2 { (7800, 7900) } else { (7800 + (k % 11) as u16, 7900 + (k % 13) as u16) };
+        let ports: BTreeSet<(&str, u16)> = [("tcp", tcp_port), ("udp", udp_port)].into();
+        let m = json!([{"hostPort": tcp_port, "containerPort": 80, "protocol": "tcp"},
+                       {"hostPort": udp_port, "containerPort": 53, "protocol": "udp"}]);
+        let subnet = if net == "net1" { 0 } else { 1 };
+        let host = 10 + ctr;
+        let prev = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": ifname, "sandbox": ctrs[ctr].path_str()}],
+            "ips": [{"address": format!("10.{n}.{subnet}.{host}/24"), "interface": 0},
+                    {"address": format!("fd00:{n}:{subnet}::{host}/64"), "interface": 0}]});
+        let cfg = conf(net, &prev, m, json!({"masqAll": k % 4 == 3}));
+        let a = cni_common::attachment::AttachmentId::new(net, &id, ifname);
+        v.push(Att {
+            net,
+            ifname,
+            ctr,
+            id,
+            ports,
+            cfg,
+            tag: a.portmap_tag(),
+            hash: a.portmap_hash().to_string(),
+        });
+    }
+    v
+}
+
+/// One verb of the stress test, run and recorded in the model. ADD registers in the valid
+/// list under its network's gate (read), GC takes its valid list under the gate (write) and
+/// holds it to the end: an ADD that started before a GC races it, one that did not waits.
+fn stress_verb(
+    w: &World,
+    ctrs: &[Netns],
+    cast: &[Att],
+    model: &std::sync::Mutex<Model>,
+    gates: &[std::sync::RwLock<()>; 2],
+    verb: &str,
+    i: usize,
+) {
+    let a = &cast[i];
+    let gate = |net: &str| &gates[usize::from(net == "net2")];
+    let exec = |cmd: &str| {
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment(cmd, &a.id, ctrs[a.ctr].path_str(), a.ifname, "/nonexistent")
+            .run(&a.cfg)
+    };
+    let err = |out: &PluginOutput| {
+        let v = out.json();
+        (v["code"].as_u64().unwrap_or(0), v["msg"].as_str().unwrap_or_default().to_string())
+    };
+    match verb {
+        "ADD" => {
+            let s = {
+                let _g = gate(a.net).read().unwrap();
+                let mut m = model.lock().unwrap();
+                m.valid[i] = true;
+                m.tick()
+            };
+            let out = exec("ADD");
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            if out.code == 0 && m.state[i] != St::Live {
+                m.state[i] = St::Live;
+                m.holds[i].push(Hold { ps: s, ds: e, de: u64::MAX, pe: u64::MAX });
+            }
+            let err = (out.code != 0).then(|| err(&out));
+            m.adds.push(AddRun { i, s, e, err });
+        }
+        "DEL" => {
+            let s = {
+                let mut m = model.lock().unwrap();
+                m.valid[i] = false;
+                m.tick()
+            };
+            let out = exec("DEL");
+            assert_eq!(out.code, 0, "DEL of {}: {} {}", a.tag, out.stdout, out.stderr);
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            if m.state[i] == St::Live {
+                let h = m.holds[i].last_mut().unwrap();
+                (h.de, h.pe) = (s, e);
+            }
+            m.state[i] = St::Absent;
+        }
+        "CHECK" => {
+            let live = model.lock().unwrap().state[i] == St::Live;
+            let out = exec("CHECK");
+            assert_eq!(
+                out.code == 0,
+                live,
+                "CHECK of {} (live: {live}): {} {}",
+                a.tag,
+                out.stdout,
+                out.stderr
+            );
+        }
+        "GONE" => {
+            let mut m = model.lock().unwrap();
+            let t = m.tick();
+            m.valid[i] = false;
+            m.state[i] = St::Abandoned(t);
+        }
+        "GC" => {
+            let net = a.net;
+            let _g = gate(net).write().unwrap();
+            let (valid, s) = {
+                let mut m = model.lock().unwrap();
+                let valid: Vec<Value> = (0..cast.len())
+                    .filter(|j| cast[*j].net == net && m.valid[*j])
+                    .map(|j| json!({"containerID": cast[j].id, "ifname": cast[j].ifname}))
+                    .collect();
+                (valid, m.tick())
+            };
+            let out = gc(w, net, Value::Array(valid), json!({}));
+            assert_eq!(out.code, 0, "GC of {net}: {} {}", out.stdout, out.stderr);
+            let mut m = model.lock().unwrap();
+            let e = m.tick();
+            m.gcs.push((net, s, e));
+            for j in (0..cast.len()).filter(|j| cast[*j].net == net) {
+                if let St::Abandoned(t) = m.state[j] {
+                    if t < s {
+                        let h = m.holds[j].last_mut().unwrap();
+                        (h.de, h.pe) = (s, e);
+                        m.state[j] = St::Absent;
+                    }
+                }
+            }
+        }
+        other => unreachable!("{other}"),
+    }
+    *model
+        .lock()
+        .unwrap()
+        .counts
+        .entry(match verb {
+            "ADD" => "ADD",
+            "DEL" => "DEL",
+            "CHECK" => "CHECK",
+            "GC" => "GC",
+            _ => "pod gone",
+        })
+        .or_default() += 1;
+}
+
+/// Judge every ADD against the holds of the others: refused (code 7, naming one of them)
+/// when an attachment of another container held one of its ports all along, successful when
+/// none held one at any moment of it; either in between.
+fn judge_adds(cast: &[Att], m: &Model) -> (usize, usize) {
+    let (mut ok, mut refused) = (0, 0);
+    for r in &m.adds {
+        let me = &cast[r.i];
+        let rivals: Vec<(usize, Hold)> = (0..cast.len())
+            .filter(|j| cast[*j].ctr != me.ctr && !cast[*j].ports.is_disjoint(&me.ports))
+            .flat_map(|j| m.holds[j].iter().map(move |h| (j, *h)))
+            .collect();
+        let certain = rivals.iter().any(|(_, h)| h.ds <= r.s && h.de >= r.e);
+        let possible: Vec<usize> =
+            rivals.iter().filter(|(_, h)| h.ps <= r.e && h.pe >= r.s).map(|(j, _)| *j).collect();
+        match &r.err {
+            None => {
+                assert!(!certain, "ADD of {} succeeded while a rival held its port: {r:?}", me.tag);
+                ok += 1;
+            }
+            Some((code, msg)) => {
+                assert_eq!(*code, 7, "ADD of {} failed: {r:?}", me.tag);
+                assert!(!possible.is_empty(), "ADD of {} refused with no rival holding: {r:?}", me.tag);
+                assert!(
+                    possible.iter().any(|j| msg.contains(&format!("container \"{}\"", cast[*j].id))),
+                    "the refusal names a holder: {msg}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    (ok, refused)
+}
+
+#[test]
+fn concurrent_verbs_keep_every_attachment_whole() {
+    // Issue 17, item 2 and the concurrency rule: ADD, DEL, GC and CHECK of 24 attachments run
+    // from several threads at once (a bounded number of verbs), pods also going without a DEL.
+    // Every DEL and GC succeeds, every CHECK says what the runtime knows, every ADD succeeds or
+    // is refused (code 7) as the holders of its ports at the time say, GC never removes an
+    // attachment in its valid list (every ADD that started, whose DEL did not), and at the end
+    // every live attachment passes CHECK and nothing of any other is left.
+    const THREADS: usize = 6;
+    const VERBS_PER_THREAD: usize = 150;
+    let w = World::new();
+    w.second_bridge();
+    let ctrs: Vec<Netns> = (0..23).map(|_| Netns::new("pms")).collect();
+    let cast = stress_cast(&w, &ctrs);
+    let model = std::sync::Mutex::new(Model {
+        clock: 0,
+        state: vec![St::Absent; cast.len()],
+        valid: vec![false; cast.len()],
+        holds: vec![Vec::new(); cast.len()],
+        adds: Vec::new(),
+        gcs: Vec::new(),
+        counts: Default::default(),
+    });
+    let gates = [std::sync::RwLock::new(()), std::sync::RwLock::new(())];
+    let locks: Vec<std::sync::Mutex<()>> = cast.iter().map(|_| std::sync::Mutex::new(())).collect();
+    let seed = u64::from(std::process::id());
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (w, ctrs, cast, model, gates, locks) = (&w, &ctrs, &cast, &model, &gates, &locks);
+            s.spawn(move || {
+                let mut r = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(t as u64) | 1;
+                let mut below = |k: usize| {
+                    r ^= r >> 12;
+                    r ^= r << 25;
+                    r ^= r >> 27;
+                    (r.wrapping_mul(0x2545_f491_4f6c_dd1d) % k as u64) as usize
+                };
+                let mut done = 0;
+                while done < VERBS_PER_THREAD {
+                    let i = below(cast.len());
+                    let roll = below(20);
+                    if roll >= 18 {
+                        stress_verb(w, ctrs, cast, model, gates, "GC", i);
+                        done += 1;
+                        continue;
+                    }
+                    // one verb at a time per attachment, as a runtime does
+                    let Ok(_held) = locks[i].try_lock() else { continue };
+                    let st = model.lock().unwrap().state[i];
+                    let verb = match (roll, st) {
+                        (_, St::Abandoned(_)) => continue, // until a GC collects it
+                        (0..=7, _) => "ADD",
+                        (8..=11, _) => "DEL",
+                        (12..=15, _) => "CHECK",
+                        (_, St::Live) => "GONE",
+                        _ => "CHECK",
+                    };
+                    stress_verb(w, ctrs, cast, model, gates, verb, i);
+                    done += 1;
+                }
+            });
+        }
+    });
+    // pods that went are collected by a last GC of each network
+    stress_verb(&w, &ctrs, &cast, &model, &gates, "GC", 0);
+    stress_verb(&w, &ctrs, &cast, &model, &gates, "GC", 1);
+    let m = model.into_inner().unwrap();
+    let (ok, refused) = judge_adds(&cast, &m);
+    let els = elements(&w.host).unwrap();
+    let mut live = 0;
+    for (i, a) in cast.iter().enumerate() {
+        let out = Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment("CHECK", &a.id, ctrs[a.ctr].path_str(), a.ifname, "/x")
+            .run(&a.cfg);
+        if m.state[i] == St::Live {
+            live += 1;
+            assert_eq!(out.code, 0, "live attachment {} fails CHECK: {}", a.tag, out.stdout);
+        } else {
+            assert_eq!(m.state[i], St::Absent);
+            let left: Vec<&String> =
+                els.iter().filter(|e| e.contains(&format!("\"{}\"", a.tag)) || e.contains(&a.hash)).collect();
+            assert!(left.is_empty(), "removed attachment {} left {left:?}", a.tag);
+            assert_ne!(out.code, 0, "CHECK of removed attachment {} passes", a.tag);
+        }
+    }
+    let raced = m
+        .adds
+        .iter()
+        .filter(|r| m.gcs.iter().any(|(net, s, e)| *net == cast[r.i].net && r.s < *e && *s < r.e))
+        .count();
+    println!(
+        "stress: {:?}; ADDs: {ok} succeeded, {refused} refused, {raced} overlapping a GC of their network; \
+         {live} attachments live at the end",
+        m.counts
+    );
+    assert!(ok > 0 && refused > 0, "the run had both outcomes: {ok} ADDs succeeded, {refused} refused");
+    for (_, a) in cast.iter().enumerate().filter(|(i, _)| m.state[*i] == St::Live) {
+        Exec::new("portmap")
+            .in_ns(&w.host)
+            .attachment("DEL", &a.id, ctrs[a.ctr].path_str(), a.ifname, "/x")
+            .run(&a.cfg)
+            .ok_silent();
+    }
+    assert_no_attachment_left(&w.host, "DEL of every live attachment");
 }

@@ -75,10 +75,14 @@ fn build_dir() -> PathBuf {
     bin_dir()
 }
 
-fn install(from: &Path, args: &[&str]) -> (i32, String, String) {
+/// install.sh with the binaries of `from` and the systemd unit into `units` (scratch: without
+/// `--unit-dir` it would go to the machine's /etc/systemd/system).
+fn install(from: &Path, units: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(workspace_root().join("scripts/install.sh"))
         .arg("--from")
         .arg(from)
+        .arg("--unit-dir")
+        .arg(units)
         .args(args)
         .output()
         .expect("run install.sh");
@@ -109,22 +113,24 @@ fn mode(p: &Path) -> u32 {
 fn install_refuses_then_force_keeps_the_originals_and_restore_puts_them_back() {
     let rel = build_dir();
     let d = TempDir::new("install");
+    let units = TempDir::new("units");
+    let unit = units.join("cni-resync.service");
     let dest = d.str();
     let lo_orig = upstream_stub(d.path(), "loopback");
     let br_orig = upstream_stub(d.path(), "bridge");
     let before = dir_state(d.path());
 
     // Refused without --force: nothing changes.
-    let (code, _, err) = install(&rel, &[dest]);
+    let (code, _, err) = install(&rel, units.path(), &[dest]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("refusing to overwrite") && err.contains("loopback bridge"), "{err}");
     assert_eq!(dir_state(d.path()), before, "a refused install changed the directory");
-    let (code, _, err) = install(&rel, &["--bogus", dest]);
+    let (code, _, err) = install(&rel, units.path(), &["--bogus", dest]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(dir_state(d.path()), before);
 
     // --force: every plugin and cni-migrate are ours, the originals kept as <name>.orig.
-    let (code, out, err) = install(&rel, &["--force", dest]);
+    let (code, out, err) = install(&rel, units.path(), &["--force", dest]);
     assert_eq!(code, 0, "{out}{err}");
     for n in PLUGINS.iter().chain(&["cni-migrate"]) {
         let p = d.join(n);
@@ -133,6 +139,7 @@ fn install_refuses_then_force_keeps_the_originals_and_restore_puts_them_back() {
     }
     assert_eq!(read(&d.join("loopback.orig")), lo_orig);
     assert_eq!(read(&d.join("bridge.orig")), br_orig);
+    assert!(unit.is_file(), "the resync unit is installed");
     let mut names: Vec<String> = dir_state(d.path()).into_iter().map(|(n, _)| n).collect();
     names.sort();
     let mut want: Vec<String> = PLUGINS
@@ -147,12 +154,12 @@ fn install_refuses_then_force_keeps_the_originals_and_restore_puts_them_back() {
     assert!(v["supportedVersions"].as_array().is_some_and(|a| a.contains(&json!("1.1.0"))), "{v}");
 
     // --force again: the originals stay the upstream ones (kept once, never overwritten by ours).
-    let (code, _, err) = install(&rel, &["--force", dest]);
+    let (code, _, err) = install(&rel, units.path(), &["--force", dest]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(read(&d.join("loopback.orig")), lo_orig);
 
     // --restore: the originals are back, ours stay where there was nothing to put back.
-    let (code, out, err) = install(&rel, &["--restore", dest]);
+    let (code, out, err) = install(&rel, units.path(), &["--restore", dest]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(read(&d.join("loopback")), lo_orig);
     assert_eq!(read(&d.join("bridge")), br_orig);
@@ -162,9 +169,10 @@ fn install_refuses_then_force_keeps_the_originals_and_restore_puts_them_back() {
         assert_eq!(read(&d.join(n)), read(&rel.join(n)), "{n} kept");
     }
     assert!(out.contains("scripts/migrate.sh to-upstream"), "{out}");
+    assert!(!unit.exists(), "--restore removes the resync unit");
     // Nothing left to restore: said so, exit 1, nothing changed.
     let after = dir_state(d.path());
-    let (code, _, err) = install(&rel, &["--restore", dest]);
+    let (code, _, err) = install(&rel, units.path(), &["--restore", dest]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("nothing to restore"), "{err}");
     assert_eq!(dir_state(d.path()), after);

@@ -155,9 +155,35 @@ impl Chain {
         steps
     }
 
-    /// GC on every plugin with the given valid attachments.
+    /// CHECK through the whole list in order, each plugin with the cached final result as
+    /// prevResult (libcni's `CheckNetworkList`). Every step, whether it failed or not.
+    pub fn check(
+        &self,
+        id: &str,
+        netns: &str,
+        ifname: &str,
+        caps: &Value,
+        result: &Value,
+        host: Option<&Netns>,
+    ) -> Vec<Step> {
+        (0..self.plugins.len())
+            .map(|i| self.exec(i, "CHECK", id, netns, ifname, caps, Some(result), host))
+            .collect()
+    }
+
+    /// GC on every plugin with the given valid attachments. Panics naming the plugin that
+    /// failed.
     pub fn gc(&self, valid: &[(&str, &str)], host: Option<&Netns>) {
+        for s in self.try_gc(valid, host) {
+            assert_eq!(s.out.code, 0, "GC {} failed: {}{}", s.plugin, s.out.stdout, s.out.stderr);
+        }
+    }
+
+    /// GC on every plugin with the given valid attachments: every step, whether it failed or
+    /// not.
+    pub fn try_gc(&self, valid: &[(&str, &str)], host: Option<&Netns>) -> Vec<Step> {
         let list: Vec<Value> = valid.iter().map(|(c, i)| json!({"containerID": c, "ifname": i})).collect();
+        let mut steps = Vec::new();
         for i in 0..self.plugins.len() {
             let mut c = self.plugins[i].clone();
             c["cniVersion"] = json!("1.1.0");
@@ -171,8 +197,10 @@ impl Chain {
             if let Some(h) = host {
                 e = e.in_ns(h);
             }
+            let t = Instant::now();
             let out = e.run(&c.to_string());
-            assert_eq!(out.code, 0, "GC {} failed: {}{}", self.plugin_type(i), out.stdout, out.stderr);
+            steps.push(Step { plugin: self.plugin_type(i).to_string(), out, elapsed: t.elapsed() });
         }
+        steps
     }
 }

@@ -77,6 +77,7 @@ pub mod pb {
 
     /// `Protocol` enum: TCP = 0, UDP = 1, SCTP = 2.
     pub const PROTOCOL_TCP: i32 = 0;
+    pub const PROTOCOL_UDP: i32 = 1;
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct PortMapping {

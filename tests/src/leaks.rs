@@ -6,6 +6,9 @@ use crate::Netns;
 use serde_json::Value;
 use std::path::Path;
 
+/// Sets of portmap's table that are not state of an attachment.
+pub const PORTMAP_TABLE_LEVEL: [&str; 3] = ["layout", "gates", "conditions"];
+
 /// Problems found; empty means clean. `keep_links` are host links that legitimately stay
 /// (the bridge itself, lo).
 pub fn leaks(host: &Netns, network: &str, data_dir: &Path, keep_links: &[&str]) -> Vec<String> {
@@ -21,9 +24,12 @@ pub fn leaks(host: &Netns, network: &str, data_dir: &Path, keep_links: &[&str]) 
         for o in v["nftables"].as_array().into_iter().flatten() {
             // set/map elements, and rules whose comment names the network
             if let Some(set) = o.get("set").or_else(|| o.get("map")) {
-                // portmap's `gates` and `conditions` record which conditions its rules
-                // carry: table-level bookkeeping, not state of an attachment
-                if set["table"] == "cni_portmap" && (set["name"] == "gates" || set["name"] == "conditions") {
+                // portmap's `layout` holds the table's layout version (the table is never
+                // dropped), and the released layout's `gates` and `conditions` record which
+                // conditions its rules carry: table-level bookkeeping, not state of an attachment
+                if set["table"] == "cni_portmap"
+                    && PORTMAP_TABLE_LEVEL.contains(&set["name"].as_str().unwrap_or(""))
+                {
                     continue;
                 }
                 let n = set.get("elem").and_then(Value::as_array).map(|a| a.len()).unwrap_or(0);

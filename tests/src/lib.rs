@@ -74,6 +74,13 @@ fn source_dirs(name: &str) -> Vec<PathBuf> {
     if name == "bridge" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
     }
+    if name == "cni-migrate" {
+        // linked in: it reads and rebuilds their state with their own libraries
+        for p in ["bridge", "host-local", "portmap", "bandwidth"] {
+            dirs.push(root.join("plugins").join(p).join("src"));
+        }
+        dirs.push(root.join("tools/cnitool/src"));
+    }
     dirs
 }
 
@@ -283,6 +290,49 @@ impl Drop for Netns {
     }
 }
 
+/// A named network namespace held only by its bind mount in `/run/netns` (this harness keeps
+/// no descriptor of it, unlike [`Netns`]), as a runtime leaves a pod's namespace: after
+/// [`PodNetns::delete`] (`ip netns del`) it is gone. Deleted on drop if still there.
+pub struct PodNetns {
+    name: String,
+    path: String,
+}
+
+impl PodNetns {
+    pub fn new(prefix: &str) -> PodNetns {
+        PodNetns::named(&unique(prefix))
+    }
+
+    /// A namespace with exactly this name (e.g. a new namespace under a deleted one's name).
+    pub fn named(name: &str) -> PodNetns {
+        sh("ip", &["netns", "add", name]);
+        PodNetns { name: name.to_string(), path: format!("/run/netns/{name}") }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Remove the namespace (its bind mount), as a pod's namespace goes when the runtime
+    /// tears the sandbox down or the node loses it.
+    pub fn delete(mut self) {
+        sh("ip", &["netns", "del", &self.name]);
+        self.name.clear();
+    }
+}
+
+impl Drop for PodNetns {
+    fn drop(&mut self) {
+        if !self.name.is_empty() {
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        }
+    }
+}
+
 /// A scratch directory removed on drop.
 pub struct TempDir(PathBuf);
 
@@ -395,6 +445,8 @@ pub fn reservations(netdir: &Path) -> Vec<(String, String)> {
                 let e = e.ok()?;
                 let name = e.file_name().into_string().ok()?;
                 name.parse::<std::net::IpAddr>().ok()?;
+                // only regular files: a FIFO planted by a test would block the read
+                std::fs::symlink_metadata(e.path()).ok()?.is_file().then_some(())?;
                 Some((name, std::fs::read_to_string(e.path()).ok()?))
             })
             .collect()
@@ -402,6 +454,21 @@ pub fn reservations(netdir: &Path) -> Vec<(String, String)> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// A host-local index header (plugins/host-local/src/index.rs has the layout) with a valid
+/// checksum claiming `slots` slots: `1 << 59` makes `4096 + slots * 32` wrap to 4096, the
+/// header's own length, which release builds once accepted.
+pub fn crafted_index_header(slots: u64) -> Vec<u8> {
+    let mut h = vec![0u8; 4096];
+    h[..64].copy_from_slice(b"cni-rs host-local attachment index v1: not a reservation file.\n\n");
+    h[64..72].copy_from_slice(&slots.to_le_bytes());
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a of the fields, then the part separator
+    for b in h[64..136].iter().copied().chain([0xff]) {
+        x = (x ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h[136..144].copy_from_slice(&x.to_le_bytes());
+    h
 }
 
 /// Path of one of Debian's upstream plugins (`CNI_UPSTREAM_DIR`, default `/usr/lib/cni`);
@@ -525,6 +592,16 @@ impl<'a> Exec<'a> {
     }
 
     pub fn run(&self, stdin: &str) -> PluginOutput {
+        self.run_until(stdin, None)
+    }
+
+    /// [`Exec::run`], but a plugin still running after `limit` is killed and the test fails:
+    /// for inputs that could make a plugin block (a FIFO where it expects a file).
+    pub fn run_within(&self, stdin: &str, limit: std::time::Duration) -> PluginOutput {
+        self.run_until(stdin, Some(std::time::Instant::now() + limit))
+    }
+
+    fn run_until(&self, stdin: &str, deadline: Option<std::time::Instant>) -> PluginOutput {
         let mut cmd = self.command();
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Reaped below with wait4 (for the resource usage), not with Child::wait.
@@ -543,10 +620,36 @@ impl<'a> Exec<'a> {
             let _ = std::io::Read::read_to_end(&mut err_pipe, &mut v);
             v
         });
-        let mut out = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut child.stdout.take().expect("stdout"), &mut out);
+        let mut out_pipe = child.stdout.take().expect("stdout");
+        let out_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut out_pipe, &mut v);
+            v
+        });
+        let pid = child.id() as libc::pid_t;
+        let (code, max_rss_kib) = match deadline {
+            None => wait4(pid, 0).expect("a blocking wait4 returns the child"),
+            Some(end) => loop {
+                if let Some(done) = wait4(pid, libc::WNOHANG) {
+                    break done;
+                }
+                if std::time::Instant::now() >= end {
+                    let _ = child.kill();
+                    wait4(pid, 0);
+                    let (out, err) =
+                        (out_reader.join().unwrap_or_default(), err_reader.join().unwrap_or_default());
+                    panic!(
+                        "{} did not exit in time: killed; stdout {} stderr {}",
+                        self.plugin.display(),
+                        String::from_utf8_lossy(&out),
+                        String::from_utf8_lossy(&err)
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            },
+        };
+        let out = out_reader.join().expect("stdout reader");
         let err = err_reader.join().expect("stderr reader");
-        let (code, max_rss_kib) = wait4(child.id() as libc::pid_t);
         PluginOutput {
             code,
             stdout: String::from_utf8_lossy(&out).into_owned(),
@@ -556,22 +659,26 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// Reap `pid`: (exit code or -signal, peak RSS in KiB).
-fn wait4(pid: libc::pid_t) -> (i32, u64) {
+/// Reap `pid`: (exit code or -signal, peak RSS in KiB); None when `flags` has `WNOHANG` and it
+/// is still running.
+fn wait4(pid: libc::pid_t, flags: libc::c_int) -> Option<(i32, u64)> {
     let mut status = 0;
     // SAFETY: rusage is plain data; wait4 fills it for our own child.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: valid pointers to locals; pid is a child of this process not yet reaped.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        let r = unsafe { libc::wait4(pid, &mut status, flags, &mut ru) };
         if r == pid {
             break;
+        }
+        if r == 0 {
+            return None;
         }
         let e = std::io::Error::last_os_error();
         assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "wait4({pid}): {e}");
     }
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -libc::WTERMSIG(status) };
-    (code, ru.ru_maxrss as u64)
+    Some((code, ru.ru_maxrss as u64))
 }
 
 /// Snapshot of everything a plugin could change in a namespace: links, addresses, routes
@@ -711,15 +818,27 @@ pub fn wait_until(what: &str, limit: std::time::Duration, mut cond: impl FnMut()
 }
 
 /// Files (relative path and content) below `dir`, sorted: to compare stores before/after.
+/// Symbolic links are not followed (their target is the content, after `-> `), FIFOs, sockets
+/// and devices are not opened (their kind is the content), and a directory's mode is part of
+/// its entry.
 pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
         let Ok(rd) = std::fs::read_dir(dir) else { return };
         for e in rd.flatten() {
             let p = e.path();
             let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                out.push((format!("{rel}/"), Vec::new()));
+            let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+            let t = meta.file_type();
+            if t.is_symlink() {
+                let target = std::fs::read_link(&p).unwrap_or_default();
+                out.push((rel, format!("-> {}", target.display()).into_bytes()));
+            } else if t.is_dir() {
+                let mode = format!("mode {:o}", meta.permissions().mode() & 0o7777);
+                out.push((format!("{rel}/"), mode.into_bytes()));
                 walk(base, &p, out);
+            } else if t.is_fifo() || t.is_socket() || t.is_char_device() || t.is_block_device() {
+                out.push((rel, format!("special {:?}", t).into_bytes()));
             } else {
                 out.push((rel, std::fs::read(&p).unwrap_or_default()));
             }
@@ -737,6 +856,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod raw;
 pub mod skip;
 pub mod traffic;
 

@@ -136,10 +136,15 @@ impl UdpServer {
     /// Listen on `[::]:port` in `ns` (dual-stack: bindv6only is 0 in a fresh namespace);
     /// returns once the socket is bound.
     pub fn start(ns: &Netns, port: u16, name: &str) -> UdpServer {
+        UdpServer::start_at(ns.path(), port, name)
+    }
+
+    /// [`UdpServer::start`] in the namespace at `netns` (e.g. a pod's `/proc/<pid>/ns/net`).
+    pub fn start_at(netns: &std::path::Path, port: u16, name: &str) -> UdpServer {
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let (stop2, name) = (stop.clone(), name.to_string());
-        let ns_file = std::fs::File::open(ns.path()).expect("open netns");
+        let ns_file = std::fs::File::open(netns).expect("open netns");
         let thread = std::thread::spawn(move || {
             nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             let sock = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port)).expect("bind the UDP responder");

@@ -7,7 +7,7 @@ use netlink_packet_core::{NlasIterator, Parseable, NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::address::{AddressAttribute, AddressHeader, AddressMessage, AddressScope};
 use netlink_packet_route::RouteNetlinkMessage;
 
-use super::{af_of, Family, Netlink, NlError};
+use super::{af_of, family_of_af, Family, Netlink, NlError};
 
 const RTM_NEWADDR: u16 = 20;
 const ADDRESS_HEADER_LEN: usize = 8;
@@ -73,7 +73,7 @@ pub(crate) fn addr_message(index: u32, net: &IpNet, with_broadcast: bool) -> Add
 /// Attributes that do not decode are skipped.
 pub(crate) fn parse_address(buf: &[u8]) -> Option<Address> {
     let header = AddressHeader::parse(buf).ok()?;
-    Family::from_af(header.family)?;
+    family_of_af(header.family)?;
     let (mut local, mut address, mut broadcast, mut flags) = (None, None, None, None);
     for nla in NlasIterator::new(buf.get(ADDRESS_HEADER_LEN..)?) {
         let Ok(nla) = nla else { break };

@@ -91,6 +91,19 @@ fn delete_message(e: &Entry, family: Family) -> Vec<u8> {
     message(ty, NLM_F_REQUEST | NLM_F_ACK, af(family), 0, &a)
 }
 
+/// Forget the UDP flows to `ports` (family, destination port), best effort: a flow created
+/// before a host port's DNAT target changed would keep its old binding (plugins#123). Nothing
+/// to do for no ports; a failure is a note on stderr naming `who` and the ports.
+pub fn flush_udp_ports(who: &str, ports: &[(Family, u16)]) {
+    if ports.is_empty() {
+        return;
+    }
+    if let Err(e) = delete_by_dst_ports(IPPROTO_UDP, ports) {
+        let list: Vec<String> = ports.iter().map(|(_, p)| p.to_string()).collect();
+        eprintln!("{who}: note: could not delete UDP conntrack entries for ports {}: {e}", list.join(", "));
+    }
+}
+
 /// Delete every conntrack entry whose original tuple has protocol `proto` and whose (family,
 /// destination port) is one of `targets`: one socket, one dump (of the one family wanted, or of
 /// all), one deletion per matching entry. Returns how many were deleted.

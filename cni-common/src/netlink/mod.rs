@@ -30,7 +30,6 @@ pub mod tc;
 mod tests;
 
 use std::fmt;
-use std::net::IpAddr;
 
 use netlink_packet_route::AddressFamily;
 
@@ -101,45 +100,47 @@ impl fmt::Display for NlError {
 
 impl std::error::Error for NlError {}
 
+impl NlError {
+    /// Whether the failure is transient: the kernel's answer did not come in time or was
+    /// lost (`ETIMEDOUT`, `ENOBUFS`), a dump kept being interrupted (`EINTR`), or an
+    /// nf_tables transaction was refused because the ruleset changed since it was read
+    /// (`ERESTART`). Reported as code 11, "try again later".
+    pub fn is_transient(&self) -> bool {
+        matches!(self.errno, libc::ETIMEDOUT | libc::ENOBUFS | libc::EINTR | libc::ERESTART)
+    }
+}
+
 impl From<NlError> for CniError {
     fn from(e: NlError) -> Self {
-        CniError::internal(e.to_string())
+        if e.is_transient() {
+            CniError::new(crate::code::TRY_AGAIN, e.to_string())
+        } else {
+            CniError::internal(e.to_string())
+        }
     }
 }
 
-/// An IP address family, for filtering dumps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    V4,
-    V6,
+/// The address family (shared by every layer: [`crate::net::Family`]).
+pub use crate::net::Family;
+
+fn to_af(f: Family) -> AddressFamily {
+    match f {
+        Family::V4 => AddressFamily::Inet,
+        Family::V6 => AddressFamily::Inet6,
+    }
 }
 
-impl Family {
-    pub fn of(ip: &IpAddr) -> Family {
-        match ip {
-            IpAddr::V4(_) => Family::V4,
-            IpAddr::V6(_) => Family::V6,
-        }
-    }
-
-    fn to_af(self) -> AddressFamily {
-        match self {
-            Family::V4 => AddressFamily::Inet,
-            Family::V6 => AddressFamily::Inet6,
-        }
-    }
-
-    fn from_af(af: AddressFamily) -> Option<Family> {
-        match af {
-            AddressFamily::Inet => Some(Family::V4),
-            AddressFamily::Inet6 => Some(Family::V6),
-            _ => None,
-        }
+/// The family of an rtnetlink header (None for other families).
+fn family_of_af(af: AddressFamily) -> Option<Family> {
+    match af {
+        AddressFamily::Inet => Some(Family::V4),
+        AddressFamily::Inet6 => Some(Family::V6),
+        _ => None,
     }
 }
 
 fn af_of(family: Option<Family>) -> AddressFamily {
-    family.map_or(AddressFamily::Unspec, Family::to_af)
+    family.map_or(AddressFamily::Unspec, to_af)
 }
 
 /// An rtnetlink connection bound to one network namespace. Methods live in the `link`, `addr`,

@@ -11,7 +11,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
-use super::{af_of, Family, Netlink, NlError};
+use super::{af_of, family_of_af, Family, Netlink, NlError};
 
 const RTM_NEWROUTE: u16 = 24;
 const ROUTE_HEADER_LEN: usize = 12;
@@ -233,7 +233,7 @@ fn next_hop(h: &RouteNextHop) -> NextHop {
 /// MPLS, …) or malformed messages. Attributes that do not decode are skipped.
 pub(crate) fn parse_route(buf: &[u8]) -> Option<Route> {
     let header = RouteHeader::parse(buf).ok()?;
-    let family = Family::from_af(header.address_family)?;
+    let family = family_of_af(header.address_family)?;
     let mut route = Route {
         dst: unspecified(family),
         gw: None,

@@ -12,6 +12,11 @@
 //! notifications ([`NlSocket::join`], [`NlSocket::recv_until`], used by `events`), and
 //! nfnetlink (nf_tables batches and dumps, conntrack) all go through it. System calls
 //! interrupted by a signal (EINTR) are retried.
+//!
+//! Nothing waits forever: every receive has a deadline ([`RECV_DEADLINE`], `SO_RCVTIMEO`).
+//! The kernel answers a request before `send` returns, so a wait that long means the answer
+//! was lost (e.g. dropped because the receive buffer was full); the error is `ETIMEDOUT`,
+//! which callers report as "try again later" (code 11).
 
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlasIterator, NLMSG_DONE, NLMSG_ERROR,
@@ -28,6 +33,14 @@ use super::NlError;
 
 /// How many times a dump is tried before an interrupted result is reported as an error.
 pub(crate) const DUMP_ATTEMPTS: usize = 5;
+
+/// How long one receive waits for the kernel's answer before the request fails with
+/// `ETIMEDOUT`.
+pub const RECV_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Requests sent in one datagram by [`NlSocket::request_many`]: their answers (one message
+/// each) must fit the receive buffer together.
+const PIPELINE: usize = 64;
 
 /// Initial receive buffer: larger than any dump datagram the kernel builds (it caps those at
 /// 32 KiB); grown when a single datagram is bigger.
@@ -74,7 +87,31 @@ impl NlSocket {
         let _ = sock.set_netlink_get_strict_chk(true);
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
-        Ok(NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER] })
+        let out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER] };
+        out.set_recv_deadline(RECV_DEADLINE)?;
+        Ok(out)
+    }
+
+    /// Every receive on this socket fails with `ETIMEDOUT` after `d` without a datagram.
+    pub(crate) fn set_recv_deadline(&self, d: std::time::Duration) -> Result<(), NlError> {
+        let tv = libc::timeval {
+            tv_sec: d.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+            tv_usec: d.subsec_micros().into(),
+        };
+        // SAFETY: setsockopt with a pointer to a timeval of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(NlError::from_io("set netlink receive deadline", &std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// Send `msg` with `NLM_F_REQUEST | NLM_F_ACK | flags` and collect the reply messages.
@@ -129,6 +166,14 @@ impl NlSocket {
             packet.extend_from_slice(m);
         }
         self.fit_send_buffer(packet.len());
+        // Every failing message is answered, and the answers wait in the receive buffer until
+        // the whole batch is processed: make room for one per message of a large batch.
+        self.fit_buffer(
+            libc::SO_RCVBUFFORCE,
+            libc::SO_RCVBUF,
+            messages.len().saturating_mul(1024),
+            200 * 1024,
+        );
         self.send(&packet)?;
         let mut first_error: Option<NlError> = None;
         'recv: while !waiting.is_empty() {
@@ -160,16 +205,93 @@ impl NlSocket {
         }
     }
 
+    /// Send several requests pipelined — up to [`PIPELINE`] in one datagram, a dump only as
+    /// the last of its datagram (the kernel runs one dump per socket at a time) — and collect
+    /// each one's answer: `Ok(replies)`, or the kernel's error for that request alone. A
+    /// non-dump request (sent without `NLM_F_ACK`) is answered by exactly one message, its
+    /// reply or its error; a dump by its messages up to `NLMSG_DONE` (an interrupted dump is
+    /// an `EINTR` error: the caller reads again). `requests`: (serialized request, is a dump).
+    pub(crate) fn request_many(
+        &mut self,
+        requests: Vec<(Vec<u8>, bool)>,
+    ) -> Result<Vec<Result<Vec<Reply>, NlError>>, NlError> {
+        let mut out = Vec::with_capacity(requests.len());
+        let mut batch: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut it = requests.into_iter().peekable();
+        while let Some(r) = it.next() {
+            let dump = r.1;
+            batch.push(r);
+            if dump || batch.len() == PIPELINE || it.peek().is_none() {
+                out.extend(self.exchange(std::mem::take(&mut batch))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One datagram of [`NlSocket::request_many`].
+    fn exchange(
+        &mut self,
+        mut reqs: Vec<(Vec<u8>, bool)>,
+    ) -> Result<Vec<Result<Vec<Reply>, NlError>>, NlError> {
+        let first = self.seq.wrapping_add(1).max(1);
+        let mut packet = Vec::new();
+        for (m, _) in &mut reqs {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            set_sequence(m, self.seq);
+            packet.extend_from_slice(m);
+        }
+        self.send(&packet)?;
+        let seqs: Vec<u32> = (0..reqs.len() as u32).map(|i| first.wrapping_add(i).max(1)).collect();
+        let mut collectors: Vec<Collector> = seqs.iter().map(|s| Collector::new(*s)).collect();
+        let mut results: Vec<Option<Result<Vec<Reply>, NlError>>> = (0..reqs.len()).map(|_| None).collect();
+        let dumps: Vec<bool> = reqs.iter().map(|(_, d)| *d).collect();
+        while results.iter().any(Option::is_none) {
+            let n = self.recv()?;
+            let mut data = &self.rx[..n];
+            while !data.is_empty() {
+                let msg = NetlinkBuffer::new_checked(data)
+                    .map_err(|_| NlError::new("decode netlink reply (truncated message)", libc::EBADMSG))?;
+                let len = align4(msg.length() as usize).min(data.len());
+                if let Some(i) = seqs.iter().position(|s| *s == msg.sequence_number()) {
+                    if results[i].is_none() {
+                        let c = &mut collectors[i];
+                        match c.absorb(&data[..len]) {
+                            Err(e) => results[i] = Some(Err(e)),
+                            Ok(Step::Done) => results[i] = Some(Ok(std::mem::take(&mut c.replies))),
+                            // a get is answered by one message
+                            Ok(Step::More) if !dumps[i] => {
+                                results[i] = Some(Ok(std::mem::take(&mut c.replies)))
+                            }
+                            Ok(Step::More) => {}
+                        }
+                        if dumps[i] && c.interrupted && matches!(results[i], Some(Ok(_))) {
+                            let mut e = NlError::new("netlink dump", libc::EINTR);
+                            e.detail = Some("interrupted by a concurrent change".into());
+                            results[i] = Some(Err(e));
+                        }
+                    }
+                }
+                data = &data[len..];
+            }
+        }
+        Ok(results.into_iter().map(|r| r.expect("every request answered")).collect())
+    }
+
     /// The kernel refuses a datagram larger than the socket's send buffer (about 200 KiB by
     /// default): grow it for a large batch (SO_SNDBUFFORCE as root, else up to the sysctl limit).
     fn fit_send_buffer(&self, len: usize) {
-        const DEFAULT_FITS: usize = 128 * 1024;
-        if len <= DEFAULT_FITS {
+        self.fit_buffer(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, len.saturating_mul(2), 256 * 1024);
+    }
+
+    /// Grow a socket buffer (`force` as root, else `plain` up to the sysctl limit) to `want`
+    /// bytes when that is more than the default (`default_fits`).
+    fn fit_buffer(&self, force: libc::c_int, plain: libc::c_int, want: usize, default_fits: usize) {
+        if want <= default_fits {
             return;
         }
-        let size = libc::c_int::try_from(len.saturating_mul(2)).unwrap_or(libc::c_int::MAX);
+        let size = libc::c_int::try_from(want).unwrap_or(libc::c_int::MAX);
         let fd = self.sock.as_raw_fd();
-        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+        for opt in [force, plain] {
             // SAFETY: setsockopt with a pointer to a c_int of the size passed.
             let rc = unsafe {
                 libc::setsockopt(
@@ -242,6 +364,12 @@ impl NlSocket {
             let size = match self.sock.recv(&mut window, libc::MSG_PEEK | libc::MSG_TRUNC) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let mut e = NlError::new("receive from netlink", libc::ETIMEDOUT);
+                    e.detail =
+                        Some(format!("no answer from the kernel within {} s", RECV_DEADLINE.as_secs()));
+                    return Err(e);
+                }
                 Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
             };
             if size > self.rx.len() {

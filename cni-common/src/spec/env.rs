@@ -106,6 +106,10 @@ impl Env {
         let Some(command) = command else {
             return Err(CniError::env(format!("unknown CNI_COMMAND: {cmd_text}")));
         };
+        if command != Command::Version {
+            // Ours: the deadline of the programs this plugin may run (crate::child).
+            crate::child::parse_timeout(&val(crate::child::TIMEOUT_ENV))?;
+        }
         let override_text = val("CNI_NETNS_OVERRIDE");
         Ok(EnvOutcome::Ready(Env {
             command: Some(command),

@@ -6,7 +6,9 @@
 //! - rich -> 0.1.0/0.2.0: the first IPv4 and the first IPv6 address are kept, routes go to the
 //!   family of their destination keeping only `dst`/`gw`; no address at all is an error;
 //! - 0.3.x/0.4.0 carry `ips[].version`, 1.x does not; 1.1.0 adds interface `mtu`, `socketPath`,
-//!   `pciID` and route `mtu`, `advmss`, `priority`, `table`, `scope`.
+//!   `pciID` and route `mtu`, `advmss`, `priority`, `table`, `scope`;
+//! - `"dns"` is printed at every version up to 1.0.0, `{}` when empty, as upstream 1.1.1 prints
+//!   it (golden: `tests/result_golden.rs` against its captured output); 1.1.0 omits an empty one.
 
 use super::json;
 use super::version::Version;
@@ -126,8 +128,10 @@ impl CniResult {
             let list = self.routes.iter().map(|r| r.encode(v11)).collect();
             m.insert("routes".into(), Value::Array(list));
         }
-        // 0.3.x/0.4.0 always print "dns": {} (Go's struct); 1.x omits an empty one.
-        if version < Version::V1_0_0 || !self.dns.is_empty() {
+        // Up to 1.0.0 "dns" is always printed, `{}` when empty: upstream's Go type is a struct,
+        // which `omitempty` never drops (what upstream 1.1.1 prints, and tools parse). The
+        // library versions that speak 1.1.0 (libcni 1.2+) drop an empty one, so 1.1.0 does too.
+        if version < Version::V1_1_0 || !self.dns.is_empty() {
             m.insert("dns".into(), serde_json::to_value(&self.dns).expect("dns serializes"));
         }
         Ok(Value::Object(m))

@@ -59,22 +59,6 @@ fn mark_bit(conf: &PortMapConf) -> Option<u32> {
     }
 }
 
-/// The container addresses upstream's portmap forwards to: the first IPv4 and IPv6 address of
-/// prevResult on the interface `ifname` in a sandbox (entries without an interface count).
-pub fn container_addrs(prev: &CniResult, ifname: &str) -> (Option<IpNet>, Option<IpNet>) {
-    let (mut v4, mut v6) = (None, None);
-    for ip in &prev.ips {
-        if let Some(intf) = ip.interface.and_then(|i| prev.interfaces.get(i)) {
-            if intf.name != ifname || intf.sandbox.is_empty() {
-                continue;
-            }
-        }
-        let slot = if ip.address.addr().is_ipv4() { &mut v4 } else { &mut v6 };
-        slot.get_or_insert(ip.address);
-    }
-    (v4, v6)
-}
-
 impl Spec {
     /// From a portmap configuration object (with `runtimeConfig`) and prevResult.
     pub fn from_json(
@@ -97,7 +81,8 @@ impl Spec {
             let b = conf.mark_masq_bit.unwrap_or_default();
             return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31")));
         }
-        let (v4, v6) = prev.map(|p| container_addrs(p, ifname)).unwrap_or_default();
+        // the addresses upstream's portmap forwarded to (a prevResult no plugin made gives none)
+        let (v4, v6) = prev.and_then(|p| crate::net::container_addrs(p, ifname).ok()).unwrap_or_default();
         Ok(Spec { network: network.into(), container_id: container_id.into(), conf, v4, v6 })
     }
 

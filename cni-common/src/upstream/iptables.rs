@@ -4,12 +4,12 @@
 //! Only used once upstream-made state was found (see [`super::detect`]); a node without such
 //! state never executes any of this.
 
+use crate::child::{self, Use};
 use crate::{CniError, Result};
 use ipnet::IpNet;
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Which kernel interface an `iptables` binary drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,29 +20,14 @@ pub enum Backend {
     Legacy,
 }
 
-/// IPv4 (`iptables`) or IPv6 (`ip6tables`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fam {
-    V4,
-    V6,
-}
+/// IPv4 (`iptables`) or IPv6 (`ip6tables`): the address family every layer shares.
+pub use crate::net::Family as Fam;
 
-impl Fam {
-    pub const BOTH: [Fam; 2] = [Fam::V4, Fam::V6];
-
-    pub fn of(ip: &IpAddr) -> Fam {
-        if ip.is_ipv4() {
-            Fam::V4
-        } else {
-            Fam::V6
-        }
-    }
-
-    fn cmd(self) -> &'static str {
-        match self {
-            Fam::V4 => "iptables",
-            Fam::V6 => "ip6tables",
-        }
+/// `iptables` or `ip6tables`.
+fn cmd(fam: Fam) -> &'static str {
+    match fam {
+        Fam::V4 => "iptables",
+        Fam::V6 => "ip6tables",
     }
 }
 
@@ -57,8 +42,8 @@ impl Backend {
     /// `iptables-nft-save`, `ip6tables-legacy-restore`, …
     pub fn tool(self, fam: Fam, what: &str) -> String {
         match what {
-            "" => format!("{}-{}", fam.cmd(), self.name()),
-            w => format!("{}-{}-{w}", fam.cmd(), self.name()),
+            "" => format!("{}-{}", cmd(fam), self.name()),
+            w => format!("{}-{}-{w}", cmd(fam), self.name()),
         }
     }
 }
@@ -230,10 +215,18 @@ pub fn split_words(line: &str) -> Vec<String> {
     out
 }
 
-/// One word for a restore script, quoted when needed.
-pub fn quote_word(w: &str) -> String {
+/// One word for a restore script, quoted when needed. A word with a control character is
+/// refused: `*-restore` reads its input line by line, so a line break inside a word (quoted or
+/// not) would end the command there and run the rest of the word as a command of its own, and
+/// no quoting or escape of `*-restore` carries one.
+pub fn quote_word(w: &str) -> Result<String> {
+    if w.chars().any(char::is_control) {
+        return Err(CniError::internal(format!(
+            "refusing to write {w:?} into an iptables-restore script: it holds a control character (a line break would start a new command)"
+        )));
+    }
     if !w.is_empty() && !w.chars().any(|c| c.is_whitespace() || c == '"' || c == '\\' || c == '\'') {
-        return w.to_string();
+        return Ok(w.to_string());
     }
     let mut s = String::from("\"");
     for c in w.chars() {
@@ -243,7 +236,7 @@ pub fn quote_word(w: &str) -> String {
         s.push(c);
     }
     s.push('"');
-    s
+    Ok(s)
 }
 
 /// A rule found in a table: its chain, decoded form and the words after `-A CHAIN` (what a
@@ -320,11 +313,7 @@ impl Table {
 pub fn save(backend: Backend, fam: Fam) -> Result<Table> {
     let name = backend.tool(fam, "save");
     let tool = require_tool(&name, "reading upstream's iptables rules")?;
-    let out = Command::new(&tool)
-        .args(["-t", "nat"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| CniError::internal(format!("cannot run {}: {e}", tool.display())))?;
+    let out = child::run(Command::new(&tool).args(["-t", "nat"]), None, Use::Iptables)?;
     if !out.status.success() {
         return Err(CniError::internal(format!(
             "{name} -t nat failed: {}",
@@ -340,15 +329,28 @@ pub fn save(backend: Backend, fam: Fam) -> Result<Table> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Script {
     lines: Vec<String>,
+    /// Why words or lines were refused ([`quote_word`]); [`restore`] then runs nothing.
+    refused: Vec<String>,
 }
 
-fn render(words: &[String]) -> String {
-    words.iter().map(|w| quote_word(w)).collect::<Vec<_>>().join(" ")
+fn render(words: &[String]) -> Result<String> {
+    Ok(words.iter().map(|w| quote_word(w)).collect::<Result<Vec<_>>>()?.join(" "))
+}
+
+/// A chain name as a script line may carry it: no whitespace, quotes or control characters.
+fn chain_word(chain: &str) -> Result<&str> {
+    if chain.is_empty() || chain.chars().any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\'')
+    {
+        return Err(CniError::internal(format!(
+            "refusing chain name {chain:?} in an iptables-restore script"
+        )));
+    }
+    Ok(chain)
 }
 
 impl Script {
     pub fn is_empty(&self) -> bool {
-        self.lines.is_empty()
+        self.lines.is_empty() && self.refused.is_empty()
     }
 
     /// The command lines, without the table header and COMMIT.
@@ -356,35 +358,51 @@ impl Script {
         self.lines.iter().map(String::as_str)
     }
 
+    fn add(&mut self, line: Result<String>) {
+        match line {
+            Ok(l) => self.lines.push(l),
+            Err(e) => self.refused.push(e.msg),
+        }
+    }
+
     /// Add a line made by [`Script::lines`] of another script.
     pub fn push(&mut self, line: &str) {
-        self.lines.push(line.to_string());
+        self.add(if line.chars().any(char::is_control) {
+            Err(CniError::internal(format!("refusing line {line:?} in an iptables-restore script")))
+        } else {
+            Ok(line.to_string())
+        });
     }
 
     pub fn new_chain(&mut self, chain: &str) {
-        self.lines.push(format!("-N {chain}"));
+        self.add(chain_word(chain).map(|c| format!("-N {c}")));
     }
 
     pub fn append(&mut self, chain: &str, args: &[String]) {
-        self.lines.push(format!("-A {chain} {}", render(args)));
+        self.add(chain_word(chain).and_then(|c| Ok(format!("-A {c} {}", render(args)?))));
     }
 
     /// Insert at the top of `chain`.
     pub fn insert_first(&mut self, chain: &str, args: &[String]) {
-        self.lines.push(format!("-I {chain} 1 {}", render(args)));
+        self.add(chain_word(chain).and_then(|c| Ok(format!("-I {c} 1 {}", render(args)?))));
     }
 
     /// Delete a rule read from the table.
     pub fn delete(&mut self, r: &SavedRule) {
-        self.lines.push(format!("-D {} {}", r.chain, render(&r.words)));
+        self.add(chain_word(&r.chain).and_then(|c| Ok(format!("-D {c} {}", render(&r.words)?))));
     }
 
     pub fn flush(&mut self, chain: &str) {
-        self.lines.push(format!("-F {chain}"));
+        self.add(chain_word(chain).map(|c| format!("-F {c}")));
     }
 
     pub fn delete_chain(&mut self, chain: &str) {
-        self.lines.push(format!("-X {chain}"));
+        self.add(chain_word(chain).map(|c| format!("-X {c}")));
+    }
+
+    /// Why lines were left out (each a message naming the word), empty when none were.
+    pub fn refused(&self) -> &[String] {
+        &self.refused
     }
 
     pub fn text(&self) -> String {
@@ -401,23 +419,18 @@ impl Script {
 /// Apply `script` with `*-restore --noflush --wait` of `backend`/`fam`: one transaction (nft)
 /// or one table replacement (legacy, under the xtables lock).
 pub fn restore(backend: Backend, fam: Fam, script: &Script) -> Result<()> {
+    if !script.refused.is_empty() {
+        return Err(CniError::internal(format!("iptables-restore not run: {}", script.refused.join("; ")))
+            .with_details(script.text()));
+    }
     if script.is_empty() {
         return Ok(());
     }
     let name = backend.tool(fam, "restore");
     let tool = require_tool(&name, "changing upstream's iptables rules")?;
-    let mut child = Command::new(&tool)
-        .args(["--noflush", "--wait"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CniError::internal(format!("cannot run {}: {e}", tool.display())))?;
     let text = script.text();
-    if let Some(mut input) = child.stdin.take() {
-        let _ = input.write_all(text.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| CniError::internal(format!("{name}: {e}")))?;
+    let out =
+        child::run(Command::new(&tool).args(["--noflush", "--wait"]), Some(text.as_bytes()), Use::Iptables)?;
     if !out.status.success() {
         return Err(CniError::internal(format!(
             "{name} --noflush failed: {}",
@@ -433,11 +446,7 @@ pub fn restore(backend: Backend, fam: Fam, script: &Script) -> Result<()> {
 /// `iptables`.
 pub fn default_backend() -> Result<Option<Backend>> {
     let Some(tool) = find_tool("iptables") else { return Ok(None) };
-    let out = Command::new(&tool)
-        .arg("-V")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| CniError::internal(format!("cannot run {}: {e}", tool.display())))?;
+    let out = child::run(Command::new(&tool).arg("-V"), None, Use::Iptables)?;
     let v = String::from_utf8_lossy(&out.stdout);
     Ok(Some(if v.contains("nf_tables") { Backend::Nft } else { Backend::Legacy }))
 }
@@ -549,10 +558,52 @@ mod tests {
             r#"-A POSTROUTING -s 10.77.0.2/32 -m comment --comment "name: \"swnet\" id: \"ctrA\"" -j X"#;
         let ws = split_words(line);
         assert_eq!(ws[7], r#"name: "swnet" id: "ctrA""#);
-        let back = render(&ws);
+        let back = render(&ws).unwrap();
         assert_eq!(back, line);
         assert_eq!(split_words(r#"a "" b"#), vec!["a", "", "b"]);
-        assert_eq!(quote_word(""), "\"\"");
+        assert_eq!(quote_word("").unwrap(), "\"\"");
+    }
+
+    /// Kernel test (private namespace): a script goes through `*-restore` and comes back from
+    /// `*-save`, both run as children under their deadline (crate::child), quoting intact.
+    #[test]
+    fn restore_then_save_round_trip() {
+        crate::netns::test_support::private_netns();
+        let mut s = Script::default();
+        s.new_chain("CNI-x");
+        let rule =
+            words(&["-s", "10.1.0.5/32", "-m", "comment", "--comment", "name: \"a b\"", "-j", "MASQUERADE"]);
+        s.append("CNI-x", &rule);
+        restore(Backend::Nft, Fam::V4, &s)
+            .expect("iptables-nft-restore (scripts/install-deps.sh installs iptables)");
+        let t = save(Backend::Nft, Fam::V4).unwrap();
+        assert!(t.chains.iter().any(|c| c == "CNI-x"), "{t:?}");
+        assert!(t.contains("CNI-x", &Rule::parse(&rule)), "{t:?}");
+    }
+
+    #[test]
+    fn a_line_break_never_reaches_a_restore_script() {
+        // What would otherwise run: `-A X -m comment --comment "a` then `-F INPUT "` as a
+        // command of its own.
+        for bad in ["a\n-F INPUT", "a\r\nCOMMIT", "nul\0byte", "\n", "tab\tis control too"] {
+            let e = quote_word(bad).unwrap_err();
+            assert!(e.msg.contains("control character"), "{bad:?}: {}", e.msg);
+            let mut s = Script::default();
+            s.append("CNI-x", &words(&["-m", "comment", "--comment", bad, "-j", "ACCEPT"]));
+            assert!(s.lines().next().is_none(), "{bad:?} made a line: {}", s.text());
+            assert!(!s.is_empty() && s.refused().len() == 1, "{bad:?}");
+            // restore refuses before looking for the tool or running anything
+            let e = restore(Backend::Legacy, Fam::V4, &s).unwrap_err();
+            assert!(e.msg.starts_with("iptables-restore not run: refusing"), "{}", e.msg);
+        }
+        let mut s = Script::default();
+        s.new_chain("CNI-x\n-F INPUT");
+        s.flush("two words");
+        s.push("-A X -j Y\n-F INPUT");
+        assert_eq!(s.refused().len(), 3, "{:?}", s.refused());
+        assert_eq!(s.text(), "*nat\nCOMMIT\n");
+        // Spaces and quotes are still quoted, not refused.
+        assert_eq!(quote_word("a \"b\"").unwrap(), r#""a \"b\"""#);
     }
 
     #[test]

@@ -331,17 +331,9 @@ fn collect<C: Collect>(req: &Request) -> Result<()> {
     errors.finish()
 }
 
-/// Forget UDP flows to host ports whose mapping went away (they would keep the old NAT
-/// binding; plugins#123). Nothing to do for no ports.
+/// Forget UDP flows to host ports whose mapping went away.
 fn flush_udp(ports: &[u16], families: &[Fam]) {
-    let targets: Vec<(Family, u16)> = families
-        .iter()
-        .flat_map(|f| {
-            let fam = if *f == Fam::V4 { Family::V4 } else { Family::V6 };
-            ports.iter().map(move |p| (fam, *p))
-        })
-        .collect();
-    if let Err(e) = conntrack::delete_by_dst_ports(conntrack::IPPROTO_UDP, &targets) {
-        eprintln!("note: could not delete UDP conntrack entries for ports {ports:?}: {e}");
-    }
+    let targets: Vec<(Family, u16)> =
+        families.iter().flat_map(|f| ports.iter().map(move |p| (*f, *p))).collect();
+    conntrack::flush_udp_ports("portmap (upstream's rules)", &targets);
 }

@@ -55,10 +55,7 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         .iter()
         .find(|i| i.name == conf.bridge && i.sandbox.is_empty())
         .ok_or_else(|| fail(format!("prevResult lists no bridge interface {:?}", conf.bridge)))?;
-    let ctr_pos =
-        prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == req.env.netns).ok_or_else(
-            || fail(format!("prevResult lists no interface {ifname:?} in sandbox {:?}", req.env.netns)),
-        )?;
+    let (ctr_pos, ours) = container_of(prev, ifname, &req.env.netns)?;
 
     let br = check_bridge(&mut host, conf, br_if)?;
     let c = check_container_interface(&mut ctr, conf, ifname, &prev.interfaces[ctr_pos])?;
@@ -71,9 +68,6 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
             }
         }
     }
-    // Addresses of the container interface.
-    let ours: Vec<IpNet> =
-        prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)).map(|i| i.address).collect();
     check_addresses_and_routes(&mut ctr, prev, &ours, &c)?;
 
     // Gateway addresses on the bridge.
@@ -94,6 +88,18 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
     }
     Ok(())
+}
+
+/// The container interface of prevResult (`ifname` in sandbox `netns`): its position in
+/// `interfaces` and the addresses prevResult puts on it.
+pub(crate) fn container_of(prev: &CniResult, ifname: &str, netns: &str) -> Result<(usize, Vec<IpNet>)> {
+    let pos = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == ifname && i.sandbox == netns)
+        .ok_or_else(|| fail(format!("prevResult lists no interface {ifname:?} in sandbox {netns:?}")))?;
+    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
+    Ok((pos, addrs))
 }
 
 /// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
@@ -230,51 +236,16 @@ fn check_firewall(
     let mut nf = NfTables::new()?;
     let found = firewall::find(&mut nf, att, masq, conf.macspoofchk)?;
     if masq {
-        let expected = firewall::masq_rules(att, ours, conf.non_masquerade.as_deref()).len();
-        if expected > 0 && !found.masq_hooked {
-            return Err(fail(format!(
-                "masquerading is not hooked: chain postrouting of table inet {} does not go to {}",
-                firewall::MASQ_TABLE,
-                firewall::MASQ_CHAIN
-            )));
-        }
-        if found.masq.len() != expected {
-            return Err(fail(format!(
-                "expected {expected} masquerade rule(s) for {} in {} {}, found {}",
-                att.ifname,
-                firewall::MASQ_TABLE,
-                firewall::MASQ_CHAIN,
-                found.masq.len()
-            )));
-        }
-        for a in ours {
-            let octets = ip_octets(&a.addr());
-            let covered =
-                found.masq.iter().any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
-            if !covered && expected > 0 {
-                return Err(fail(format!("no masquerade rule for source {}", a.addr())));
-            }
+        if let Some(why) = firewall::masq_missing(&found, att, ours, conf.non_masquerade.as_deref()) {
+            return Err(fail(why));
         }
     }
     if conf.macspoofchk {
-        if !found.spoof_jumps.iter().any(|r| r.iifname().as_deref() == Some(hv.name.as_str())) {
-            return Err(fail(format!("macspoofchk: no rule in bridge nat PREROUTING for {}", hv.name)));
-        }
-        let mac = c.mac.unwrap_or_default();
-        let ok = found.spoof_rules.iter().any(|r| r.cmp_data().any(|d| d == mac.as_slice()))
-            && found.spoof_rules.iter().any(|r| r.has_expr("immediate") || r.verdicts().next().is_some());
-        if !ok {
-            return Err(fail(format!("macspoofchk: rules do not allow {} on {}", mac_of(c), hv.name)));
+        if let Some(why) = firewall::spoof_missing(&found, &hv.name, Mac(c.mac.unwrap_or_default())) {
+            return Err(fail(why));
         }
     }
     Ok(())
-}
-
-fn ip_octets(ip: &IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
 }
 
 fn route_matches(k: &Route, dst: IpNet, gw: Option<IpAddr>, table: u32, oif: u32) -> bool {
@@ -335,12 +306,5 @@ mod tests {
             !route_matches(&m, d6, Some("fd01::2".parse().unwrap()), TABLE_MAIN, 3),
             "gateway and interface of one hop"
         );
-    }
-
-    #[test]
-    fn address_octets_as_nf_tables_compares_them() {
-        assert_eq!(ip_octets(&"10.1.2.3".parse().unwrap()), vec![10, 1, 2, 3]);
-        let six = ip_octets(&"fd00::1".parse().unwrap());
-        assert_eq!((six.len(), six[0], six[15]), (16, 0xfd, 1));
     }
 }

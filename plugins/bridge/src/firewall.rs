@@ -291,6 +291,57 @@ pub fn spoof_add_ops(a: &AttachmentId, host_veth: &str, mac: Mac, f: &Found) -> 
     ops
 }
 
+fn ip_octets(ip: &std::net::IpAddr) -> Vec<u8> {
+    match ip {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// What `a`'s masquerading lacks for `addrs`, judged on what [`find`] read (with `masq`):
+/// None when the base chain is hooked and every address has its rule. CHECK fails with this
+/// message; `cni-migrate resync` rebuilds when it is Some.
+pub fn masq_missing(
+    f: &Found,
+    a: &AttachmentId,
+    addrs: &[IpNet],
+    non_masquerade: Option<&[IpNet]>,
+) -> Option<String> {
+    let expected = masq_rules(a, addrs, non_masquerade).len();
+    if expected > 0 && !f.masq_hooked {
+        return Some(format!(
+            "masquerading is not hooked: chain {MASQ_HOOK_CHAIN} of table inet {MASQ_TABLE} does not go to {MASQ_CHAIN}"
+        ));
+    }
+    if f.masq.len() != expected {
+        return Some(format!(
+            "expected {expected} masquerade rule(s) for {} in {MASQ_TABLE} {MASQ_CHAIN}, found {}",
+            a.ifname,
+            f.masq.len()
+        ));
+    }
+    if expected == 0 {
+        return None; // every destination excluded: nothing to masquerade
+    }
+    addrs.iter().find_map(|addr| {
+        let octets = ip_octets(&addr.addr());
+        let covered =
+            f.masq.iter().any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
+        (!covered).then(|| format!("no masquerade rule for source {}", addr.addr()))
+    })
+}
+
+/// What the MAC spoof check of host veth `host_veth` allowing only `mac` lacks, judged on what
+/// [`find`] read (with `spoof`): None when it is in place.
+pub fn spoof_missing(f: &Found, host_veth: &str, mac: Mac) -> Option<String> {
+    if !f.spoof_jumps.iter().any(|r| r.iifname().as_deref() == Some(host_veth)) {
+        return Some(format!("macspoofchk: no rule in bridge nat PREROUTING for {host_veth}"));
+    }
+    let allowed = f.spoof_rules.iter().any(|r| r.cmp_data().any(|d| d == mac.0.as_slice()))
+        && f.spoof_rules.iter().any(|r| r.has_expr("immediate") || r.verdicts().next().is_some());
+    (!allowed).then(|| format!("macspoofchk: rules do not allow {mac} on {host_veth}"))
+}
+
 /// A netlink connection for the firewall verbs; code 50 when nf_tables cannot be used.
 pub fn open() -> Result<NfTables> {
     NfTables::new().map_err(|e| {
@@ -693,5 +744,12 @@ mod tests {
         assert_eq!(summary(&ops), summary(&want));
         assert!(ops.len() >= 3, "{ops:?}");
         assert!(gc_ops(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn address_octets_as_nf_tables_compares_them() {
+        assert_eq!(ip_octets(&"10.1.2.3".parse().unwrap()), vec![10, 1, 2, 3]);
+        let six = ip_octets(&"fd00::1".parse().unwrap());
+        assert_eq!((six.len(), six[0], six[15]), (16, 0xfd, 1));
     }
 }

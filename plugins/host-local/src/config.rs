@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
@@ -44,6 +45,12 @@ struct WireIpam {
     data_dir: Option<String>,
     #[serde(default)]
     resolv_conf: Option<String>,
+    /// Ours: seconds a call waits for the store lock (default 60).
+    #[serde(default)]
+    lock_timeout: Option<u64>,
+    /// Ours: STATUS fails (code 50) when a range set is exhausted.
+    #[serde(default)]
+    report_exhaustion_in_status: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -69,7 +76,16 @@ pub struct Config {
     /// Requested addresses (CNI_ARGS `IP`, `args.cni.ips`, `runtimeConfig.ips`), deduplicated,
     /// in that order.
     pub requested: Vec<IpAddr>,
+    /// How long a call waits for the store lock (`ipam.lockTimeout`, seconds).
+    pub lock_timeout: Duration,
+    /// `ipam.reportExhaustionInStatus`: STATUS reports an exhausted range set with code 50.
+    pub report_exhaustion_in_status: bool,
 }
+
+/// Bounds of `ipam.lockTimeout`, in seconds.
+const LOCK_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
+/// The largest resolv.conf read: real ones are a few hundred bytes.
+pub const RESOLV_CONF_CAP: u64 = 1 << 20;
 
 /// Parse `10.0.0.5` or `10.0.0.5/24` (the prefix length is ignored, as upstream does).
 pub fn parse_requested_ip(s: &str) -> Option<IpAddr> {
@@ -96,6 +112,19 @@ pub fn validate_data_dir(d: &str) -> Result<PathBuf> {
         return Err(bad("contains a \"..\" component: give a path without it"));
     }
     Ok(p.components().collect())
+}
+
+/// `ipam.lockTimeout` (seconds), within [`LOCK_TIMEOUT_RANGE`]; the default when unset.
+fn lock_timeout(secs: Option<u64>) -> Result<Duration> {
+    match secs {
+        None => Ok(crate::store::DEFAULT_LOCK_TIMEOUT),
+        Some(s) if LOCK_TIMEOUT_RANGE.contains(&s) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(CniError::config(format!(
+            "ipam.lockTimeout {s} is out of range: give a number of seconds from {} to {}",
+            LOCK_TIMEOUT_RANGE.start(),
+            LOCK_TIMEOUT_RANGE.end()
+        ))),
+    }
 }
 
 impl Config {
@@ -194,6 +223,8 @@ impl Config {
             )));
         }
 
+        let lock_timeout = lock_timeout(ipam.lock_timeout)?;
+
         Ok(Config {
             name: req.network().to_string(),
             data_dir,
@@ -201,6 +232,8 @@ impl Config {
             routes: ipam.routes,
             resolv_conf,
             requested,
+            lock_timeout,
+            report_exhaustion_in_status: ipam.report_exhaustion_in_status.unwrap_or(false),
         })
     }
 
@@ -235,10 +268,16 @@ pub fn parse_resolv_conf(text: &str) -> Dns {
     dns
 }
 
+/// Read `ipam.resolvConf` (links followed, only a regular file, at most [`RESOLV_CONF_CAP`]
+/// bytes). A missing, unreadable or non-regular file is a configuration error (7); one past
+/// the cap an I/O error (5).
 pub fn read_resolv_conf(path: &Path) -> Result<Dns> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CniError::config(format!("ipam.resolvConf {}: cannot read: {e}", path.display())))?;
-    Ok(parse_resolv_conf(&text))
+    let bytes = cni_common::fsread::read_named_regular(path, RESOLV_CONF_CAP).map_err(|e| {
+        let c = if e.kind() == std::io::ErrorKind::FileTooLarge { code::IO } else { code::INVALID_CONFIG };
+        CniError::new(c, format!("ipam.resolvConf {}: cannot read: {e}", path.display()))
+            .with_details("point ipam.resolvConf at a resolv.conf file (a few hundred bytes of nameserver, search, options lines)")
+    })?;
+    Ok(parse_resolv_conf(&String::from_utf8_lossy(&bytes)))
 }
 
 #[cfg(test)]

@@ -13,11 +13,13 @@
 //! FNV-1a checksum of the fields. Slot: tag (0 empty, 1 live, 2 tombstone), kind (0 attachment,
 //! 1 legacy), family (4/6), 5 bytes padding, key hash (u64), address (16 bytes).
 
-use std::fs::{File, OpenOptions};
+use cni_common::fsread::open_regular_at;
+use nix::fcntl::OFlag;
+use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::FileExt;
 
 pub const INDEX_NAME: &str = ".host-local-index";
 const TMP_NAME: &str = ".host-local-index.tmp";
@@ -25,6 +27,10 @@ const MAGIC: &[u8; 64] = b"cni-rs host-local attachment index v1: not a reservat
 const HDR: u64 = 4096;
 const SLOT: u64 = 32;
 const MIN_SLOTS: u64 = 1024;
+/// The largest table accepted or written: 2^24 slots (512 MiB), room for over 5 million
+/// reservations at ≤ 30 % load. A header claiming more is not ours (or damaged), and the
+/// arithmetic on what it claims can never overflow.
+pub const MAX_SLOTS: u64 = 1 << 24;
 const FIELDS_END: usize = 64 + 8 * 7 + 16;
 
 const EMPTY: u8 = 0;
@@ -131,20 +137,42 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 }
 
 impl Index {
-    /// Open an existing index; `None` when it is missing or its header is not ours/intact.
-    pub fn open(dir: &Path) -> Option<Index> {
-        let file = OpenOptions::new().read(true).write(true).open(dir.join(INDEX_NAME)).ok()?;
+    /// Open the index in the store directory `dir` (never through a symbolic link, never a
+    /// FIFO or device); `None` when it is missing or not an intact index of ours. `writable`:
+    /// opened for updates, else read-only (a read-only verb, or a read-only filesystem).
+    pub fn open(dir: BorrowedFd<'_>, writable: bool) -> Option<Index> {
+        let file = if writable {
+            match open_regular_at(dir, INDEX_NAME, OFlag::O_RDWR, 0) {
+                Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+                    open_regular_at(dir, INDEX_NAME, OFlag::O_RDONLY, 0)
+                }
+                r => r,
+            }
+        } else {
+            open_regular_at(dir, INDEX_NAME, OFlag::O_RDONLY, 0)
+        };
+        Index::from_file(file.ok()?)
+    }
+
+    /// Read and check the header of an index file: magic, checksum, a slot count that is a power
+    /// of two within [`MIN_SLOTS`, `MAX_SLOTS`], a file length that matches it exactly, and
+    /// counters that fit (`live` ≤ `used` ≤ `slots`). Anything else is `None` (rebuilt).
+    pub fn from_file(file: File) -> Option<Index> {
         let mut h = [0u8; FIELDS_END + 8];
         file.read_exact_at(&mut h, 0).ok()?;
         if &h[..64] != MAGIC || u64_at(&h, FIELDS_END) != fnv(&[&h[64..FIELDS_END]]) {
             return None;
         }
         let slots = u64_at(&h, 64);
-        if slots < MIN_SLOTS || !slots.is_power_of_two() {
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) || !slots.is_power_of_two() {
             return None;
         }
         let len = file.metadata().ok()?.len();
-        if len != HDR + slots * SLOT {
+        if Some(len) != slots.checked_mul(SLOT).and_then(|t| t.checked_add(HDR)) {
+            return None;
+        }
+        let (used, live) = (u64_at(&h, 72), u64_at(&h, 80));
+        if used > slots || live > used {
             return None;
         }
         let stamp = Stamp {
@@ -154,7 +182,7 @@ impl Index {
             nsec: u64_at(&h, 112) as i64,
             boot: h[120..136].try_into().expect("16 bytes"),
         };
-        Some(Index { file, slots, used: u64_at(&h, 72), live: u64_at(&h, 80), stamp, unpublished: false })
+        Some(Index { file, slots, used, live, stamp, unpublished: false })
     }
 
     pub fn stamp(&self) -> &Stamp {
@@ -166,7 +194,7 @@ impl Index {
     }
 
     /// Write a fresh index holding `entries` and put it in place (the caller re-stamps).
-    pub fn create(dir: &Path, entries: &[Entry]) -> io::Result<Index> {
+    pub fn create(dir: BorrowedFd<'_>, entries: &[Entry]) -> io::Result<Index> {
         let mut idx = Index::build(dir, entries)?;
         idx.publish(dir)?;
         Ok(idx)
@@ -174,10 +202,16 @@ impl Index {
 
     /// Write a fresh index holding `entries` under the temporary name: it replaces the index in
     /// place only with [`Index::publish`] (a call that fails leaves the old one, or none, as it
-    /// was: [`Index::discard`]).
-    pub fn build(dir: &Path, entries: &[Entry]) -> io::Result<Index> {
+    /// was: [`Index::discard`]). A partly written temporary file (no space left) is removed.
+    pub fn build(dir: BorrowedFd<'_>, entries: &[Entry]) -> io::Result<Index> {
         let want = (entries.len() as u64 + 1).saturating_mul(3).next_power_of_two();
         let slots = want.max(MIN_SLOTS);
+        if slots > MAX_SLOTS {
+            return Err(io::Error::other(format!(
+                "{} reservations are more than an index of at most {MAX_SLOTS} slots holds",
+                entries.len()
+            )));
+        }
         let mut table = vec![0u8; (slots * SLOT) as usize];
         let mask = slots - 1;
         for e in entries {
@@ -188,13 +222,10 @@ impl Index {
             let off = (i * SLOT) as usize;
             table[off..off + SLOT as usize].copy_from_slice(&encode_slot(LIVE, e));
         }
-        let tmp = dir.join(TMP_NAME);
         // A new inode: an unpublished index being replaced (growth) keeps its own.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&tmp)?;
+        unlink_if_there(dir, TMP_NAME)?;
+        let create = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL;
+        let file = open_regular_at(dir, TMP_NAME, create, 0o600)?;
         let idx = Index {
             file,
             slots,
@@ -203,25 +234,28 @@ impl Index {
             stamp: Stamp::default(),
             unpublished: true,
         };
-        idx.write_header()?;
-        idx.file.write_all_at(&table, HDR)?;
+        let written = idx.write_header().and_then(|()| idx.file.write_all_at(&table, HDR));
+        if let Err(e) = written {
+            let _ = unlink_if_there(dir, TMP_NAME);
+            return Err(e);
+        }
         Ok(idx)
     }
 
     /// Rename an index written by [`Index::build`] into place (nothing to do for one opened
     /// in place).
-    pub fn publish(&mut self, dir: &Path) -> io::Result<()> {
+    pub fn publish(&mut self, dir: BorrowedFd<'_>) -> io::Result<()> {
         if self.unpublished {
-            std::fs::rename(dir.join(TMP_NAME), dir.join(INDEX_NAME))?;
+            nix::fcntl::renameat(dir, TMP_NAME, dir, INDEX_NAME)?;
             self.unpublished = false;
         }
         Ok(())
     }
 
     /// Drop an index that was never published, with its temporary file.
-    pub fn discard(self, dir: &Path) {
+    pub fn discard(self, dir: BorrowedFd<'_>) {
         if self.unpublished {
-            let _ = std::fs::remove_file(dir.join(TMP_NAME));
+            let _ = unlink_if_there(dir, TMP_NAME);
         }
     }
 
@@ -289,8 +323,8 @@ impl Index {
     }
 
     /// Add an entry. Grows (rewrites) the table when it is 70% used.
-    pub fn insert(&mut self, dir: &Path, e: Entry) -> io::Result<()> {
-        if (self.used + 1) * 10 > self.slots * 7 {
+    pub fn insert(&mut self, dir: BorrowedFd<'_>, e: Entry) -> io::Result<()> {
+        if (self.used + 1).saturating_mul(10) > self.slots * 7 {
             let mut all = self.entries()?;
             all.push(e);
             let stamp = self.stamp;
@@ -315,6 +349,9 @@ impl Index {
 
     /// Turn a live slot into a tombstone.
     pub fn remove(&mut self, slot: u64) -> io::Result<()> {
+        if slot >= self.slots {
+            return Err(io::Error::other(format!("index slot {slot} out of range")));
+        }
         self.live = self.live.saturating_sub(1);
         self.file.write_all_at(&[TOMB], HDR + slot * SLOT)
     }
@@ -327,9 +364,19 @@ impl Index {
     }
 }
 
+/// Remove `name` from `dir`; a missing file is fine.
+pub fn unlink_if_there(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    match nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+    use std::os::fd::AsFd;
 
     fn e(kind: Kind, id: &str, ifname: &str, ip: &str) -> Entry {
         Entry { kind, key: key_hash(kind, id, ifname), ip: ip.parse().unwrap() }
@@ -338,22 +385,24 @@ mod tests {
     #[test]
     fn create_lookup_insert_remove_reopen() {
         let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
         let mut idx = Index::create(
-            d.path(),
+            at,
             &[e(Kind::Attachment, "a", "eth0", "10.0.0.2"), e(Kind::Legacy, "old", "", "10.0.0.3")],
         )
         .unwrap();
         let ka = key_hash(Kind::Attachment, "a", "eth0");
         assert_eq!(idx.lookup(Kind::Attachment, ka).unwrap().len(), 1);
         assert!(idx.lookup(Kind::Legacy, ka).unwrap().is_empty(), "kind is part of the key");
-        idx.insert(d.path(), e(Kind::Attachment, "a", "eth0", "2001:db8::2")).unwrap();
+        idx.insert(at, e(Kind::Attachment, "a", "eth0", "2001:db8::2")).unwrap();
         let hits = idx.lookup(Kind::Attachment, ka).unwrap();
         let ips: Vec<String> = hits.iter().map(|(_, ip)| ip.to_string()).collect();
         assert_eq!(ips, ["10.0.0.2", "2001:db8::2"]);
         idx.remove(hits[0].0).unwrap();
         let stamp = Stamp { dev: 1, ino: 2, sec: 3, nsec: 4, boot: [7; 16] };
         idx.set_stamp(stamp).unwrap();
-        let again = Index::open(d.path()).unwrap();
+        let again = Index::open(at, true).unwrap();
         assert_eq!(*again.stamp(), stamp);
         assert_eq!(again.live(), 2);
         let ips: Vec<String> =
@@ -364,12 +413,14 @@ mod tests {
     #[test]
     fn colliding_keys_and_growth() {
         let d = tempfile::tempdir().unwrap();
-        let mut idx = Index::create(d.path(), &[]).unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let mut idx = Index::create(at, &[]).unwrap();
         // 3000 entries force two growths; a shared fake key exercises long probe sequences.
         for i in 0..3000u32 {
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
             let key = if i % 100 == 0 { 42 } else { key_hash(Kind::Attachment, &format!("c{i}"), "eth0") };
-            idx.insert(d.path(), Entry { kind: Kind::Attachment, key, ip }).unwrap();
+            idx.insert(at, Entry { kind: Kind::Attachment, key, ip }).unwrap();
         }
         assert_eq!(idx.live(), 3000);
         assert_eq!(idx.lookup(Kind::Attachment, 42).unwrap().len(), 30);
@@ -388,18 +439,71 @@ mod tests {
     #[test]
     fn rejects_foreign_or_damaged_files() {
         let d = tempfile::tempdir().unwrap();
-        assert!(Index::open(d.path()).is_none(), "missing");
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        assert!(Index::open(at, true).is_none(), "missing");
         std::fs::write(d.path().join(INDEX_NAME), b"c1\r\neth0").unwrap();
-        assert!(Index::open(d.path()).is_none(), "not ours");
-        Index::create(d.path(), &[]).unwrap();
-        assert!(Index::open(d.path()).is_some());
+        assert!(Index::open(at, true).is_none(), "not ours");
+        Index::create(at, &[]).unwrap();
+        assert!(Index::open(at, true).is_some());
         let f = OpenOptions::new().write(true).open(d.path().join(INDEX_NAME)).unwrap();
         f.write_all_at(&[9], 100).unwrap();
-        assert!(Index::open(d.path()).is_none(), "checksum");
-        Index::create(d.path(), &[]).unwrap();
+        assert!(Index::open(at, true).is_none(), "checksum");
+        Index::create(at, &[]).unwrap();
         let f = OpenOptions::new().write(true).open(d.path().join(INDEX_NAME)).unwrap();
         f.set_len(HDR + 10).unwrap();
-        assert!(Index::open(d.path()).is_none(), "truncated");
+        assert!(Index::open(at, true).is_none(), "truncated");
+        // never through a symbolic link, never a FIFO
+        std::fs::remove_file(d.path().join(INDEX_NAME)).unwrap();
+        Index::create(at, &[]).unwrap();
+        std::fs::rename(d.path().join(INDEX_NAME), d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", d.path().join(INDEX_NAME)).unwrap();
+        assert!(Index::open(at, true).is_none(), "symlink");
+        std::fs::remove_file(d.path().join(INDEX_NAME)).unwrap();
+        nix::unistd::mkfifo(&d.path().join(INDEX_NAME), nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .unwrap();
+        assert!(Index::open(at, false).is_none(), "FIFO");
+    }
+
+    /// A header with a valid checksum (FNV is no MAC: anyone can compute it) whose slot count
+    /// makes `HDR + slots * SLOT` wrap to the file's real length was accepted by release
+    /// builds, after which every lookup failed; `used`/`live` beyond the table overflowed the
+    /// growth check.
+    pub fn crafted_header(slots: u64, used: u64, live: u64) -> Vec<u8> {
+        let mut h = vec![0u8; HDR as usize];
+        h[..64].copy_from_slice(MAGIC);
+        for (i, v) in [slots, used, live].into_iter().enumerate() {
+            h[64 + i * 8..72 + i * 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let sum = fnv(&[&h[64..FIELDS_END]]);
+        h[FIELDS_END..FIELDS_END + 8].copy_from_slice(&sum.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn crafted_headers_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let put = |b: &[u8]| std::fs::write(d.path().join(INDEX_NAME), b).unwrap();
+        // 2^59 slots * 32 bytes = 2^64: wraps to 0, so HDR + slots * SLOT == HDR == the length
+        assert_eq!(HDR.wrapping_add((1u64 << 59).wrapping_mul(SLOT)), HDR);
+        put(&crafted_header(1 << 59, 0, 0));
+        assert!(Index::open(at, true).is_none(), "wrapping slot count");
+        put(&crafted_header(MAX_SLOTS * 2, 0, 0));
+        let f = OpenOptions::new().write(true).open(d.path().join(INDEX_NAME)).unwrap();
+        f.set_len(HDR + MAX_SLOTS * 2 * SLOT).unwrap(); // sparse
+        assert!(Index::open(at, true).is_none(), "more slots than the cap");
+        let mut ok = crafted_header(MIN_SLOTS, 0, 0);
+        ok.resize((HDR + MIN_SLOTS * SLOT) as usize, 0);
+        put(&ok);
+        assert!(Index::open(at, true).is_some(), "the same shape with sane numbers is fine");
+        for (used, live) in [(u64::MAX, 0), (MIN_SLOTS + 1, 0), (5, 6)] {
+            let mut bad = crafted_header(MIN_SLOTS, used, live);
+            bad.resize(ok.len(), 0);
+            put(&bad);
+            assert!(Index::open(at, true).is_none(), "used {used} live {live}");
+        }
     }
 
     #[test]
@@ -413,21 +517,24 @@ mod tests {
     #[test]
     fn a_built_index_replaces_the_old_one_only_when_published() {
         let d = tempfile::tempdir().unwrap();
-        let old = Index::create(d.path(), &[e(Kind::Attachment, "a", "eth0", "10.0.0.2")]).unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let old = Index::create(at, &[e(Kind::Attachment, "a", "eth0", "10.0.0.2")]).unwrap();
         let before = std::fs::read(d.path().join(INDEX_NAME)).unwrap();
-        let fresh = Index::build(d.path(), &[]).unwrap();
+        let fresh = Index::build(at, &[]).unwrap();
         assert_eq!(std::fs::read(d.path().join(INDEX_NAME)).unwrap(), before, "not in place yet");
-        fresh.discard(d.path());
+        fresh.discard(at);
         assert_eq!(std::fs::read(d.path().join(INDEX_NAME)).unwrap(), before);
         assert!(!d.path().join(TMP_NAME).exists(), "the temporary file goes with it");
         drop(old);
-        let mut fresh = Index::build(d.path(), &[]).unwrap();
-        fresh.publish(d.path()).unwrap();
-        assert_eq!(Index::open(d.path()).unwrap().live(), 0);
+        let mut fresh = Index::build(at, &[]).unwrap();
+        fresh.publish(at).unwrap();
+        assert_eq!(Index::open(at, true).unwrap().live(), 0);
         assert!(!d.path().join(TMP_NAME).exists());
         // Without any index before: nothing appears unless published.
         let e2 = tempfile::tempdir().unwrap();
-        Index::build(e2.path(), &[]).unwrap().discard(e2.path());
+        let e2dir = File::open(e2.path()).unwrap();
+        Index::build(e2dir.as_fd(), &[]).unwrap().discard(e2dir.as_fd());
         assert_eq!(std::fs::read_dir(e2.path()).unwrap().count(), 0);
     }
 }

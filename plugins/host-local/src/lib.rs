@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod index;
+pub mod liveness;
 pub mod range;
+pub mod record;
 pub mod store;
 
 use cni_common::attachment::AttachmentId;
@@ -16,9 +18,11 @@ use cni_common::spec::result::{CniResult, Dns, IpConfig};
 use cni_common::{Plugin, Request};
 use config::{read_resolv_conf, Config};
 use ipnet::IpNet;
+use liveness::Judge;
 use range::{Range, RangeSet};
+use record::Record;
 use std::net::IpAddr;
-use store::{Owner, Pending, Store};
+use store::{Access, NsNote, Owner, Pending, Store};
 
 pub struct HostLocal;
 
@@ -98,13 +102,71 @@ fn ip_config(ip: IpAddr, r: &Range) -> IpConfig {
     }
 }
 
-/// Allocate one address in range set `idx` for `a` (the caller holds the store lock).
+/// The exhaustion reclaim of one ADD: it runs at most once per call.
+#[derive(Default)]
+pub struct Reclaim {
+    done: bool,
+}
+
+impl Reclaim {
+    /// Release every reservation whose attachment is provably gone, once per call. Returns
+    /// whether anything was released.
+    fn run(&mut self, store: &mut Store, network: &str) -> Result<bool> {
+        if self.done {
+            return Ok(false);
+        }
+        self.done = true;
+        let mut judge = Judge::new(store.boot());
+        let released = store.reclaim(|rec| judge.gone(rec))?;
+        report(network, "the pool is exhausted", &released);
+        Ok(!released.is_empty())
+    }
+}
+
+/// One line on stderr per released reservation.
+fn report(network: &str, when: &str, released: &[(IpAddr, Owner, String)]) {
+    for (ip, owner, why) in released {
+        eprintln!("host-local: network {network}: {when}: released {ip} of {owner}: {why}");
+    }
+}
+
+/// Once per boot (the first ADD after a boot id change): release the reservations recorded
+/// in an earlier boot. Failures are reported and do not stop the ADD.
+fn reclaim_after_reboot(store: &mut Store, network: &str) {
+    let boot = store.boot();
+    if store.records_boot().is_none_or(|b| b == boot) {
+        return;
+    }
+    match store.reclaim(|rec| (rec.boot != boot).then(|| "it was made before the last reboot".to_string())) {
+        Ok(released) => {
+            report(network, "first ADD since a reboot", &released);
+            store.set_records_boot();
+        }
+        Err(e) => {
+            eprintln!("host-local: network {network}: releasing reservations of an earlier boot: {}", e.msg)
+        }
+    }
+}
+
+/// `Some(why)` when the reservation of `ip` is recorded for a namespace that is provably gone.
+fn dead_earlier_incarnation(store: &Store, ip: IpAddr) -> Option<String> {
+    let rec = store.record(ip)?;
+    if store.file_id(ip) != Some(rec.file) {
+        return None;
+    }
+    Judge::new(store.boot()).gone(&rec)
+}
+
+/// Allocate one address in range set `idx` for `a` (the caller holds the store lock). When the
+/// set is exhausted, reservations of provably dead attachments are released (once per call)
+/// and the set is tried again.
 pub fn allocate_in_set(
     store: &mut Store,
     set: &RangeSet,
     idx: usize,
     a: &AttachmentId,
     requested: Option<IpAddr>,
+    reclaim: &mut Reclaim,
 ) -> Result<IpConfig> {
     let mut pending: Option<Pending> = None;
     if let Some(ip) = requested {
@@ -121,20 +183,34 @@ pub fn allocate_in_set(
     }
     let mut held = store.held_exact(a)?;
     held.extend(store.held_legacy(&a.container_id)?);
-    if let Some((_, ip)) = held.iter().find(|(_, ip)| set.contains(*ip)) {
+    for (slot, ip) in held.into_iter().filter(|(_, ip)| set.contains(*ip)) {
+        // The same container and interface again (a runtime restarting a container under its
+        // id): a reservation of its earlier, provably gone namespace is released.
+        if let Some(why) = dead_earlier_incarnation(store, ip) {
+            store.release(slot, ip)?;
+            eprintln!(
+                "host-local: network {}: released {ip} of an earlier incarnation of container {} interface {}: {why}",
+                a.network, a.container_id, a.ifname
+            );
+            continue;
+        }
         return Err(CniError::internal(format!(
             "{ip} has been allocated to {}, duplicate allocation is not allowed",
             a.container_id
         )));
     }
-    let last = store.last_reserved(idx);
-    for (cand, r) in set.candidates(last) {
-        if store.reserve(&mut pending, cand, a)? {
-            store.set_last_reserved(idx, cand)?;
-            return Ok(ip_config(cand, r));
+    loop {
+        let last = store.last_reserved(idx)?;
+        for (cand, r) in set.candidates(last) {
+            if store.reserve(&mut pending, cand, a)? {
+                store.set_last_reserved(idx, cand)?;
+                return Ok(ip_config(cand, r));
+            }
+        }
+        if !reclaim.run(store, &a.network)? {
+            return Err(CniError::internal(format!("no IP addresses available in range set: {set}")));
         }
     }
-    Err(CniError::internal(format!("no IP addresses available in range set: {set}")))
 }
 
 pub fn add(req: &Request) -> Result<CniResult> {
@@ -145,12 +221,18 @@ pub fn add(req: &Request) -> Result<CniResult> {
     };
     let plan = plan_requests(&conf)?;
     let a = AttachmentId::of(req);
-    let mut store = Store::open(&conf.network_dir(), true)?.expect("created on demand");
+    // Looked at before the lock is taken: it is this call's own namespace.
+    let note = liveness::capture(&req.env.netns).map(|(id, path)| NsNote { id, path });
+    let mut store =
+        Store::open(&conf.network_dir(), Access::Add, conf.lock_timeout)?.expect("created on demand");
+    store.note = note;
+    reclaim_after_reboot(&mut store, &conf.name);
+    let mut reclaim = Reclaim::default();
     let mut ips: Vec<IpConfig> = Vec::with_capacity(conf.sets.len());
     let mut cursors = Vec::with_capacity(conf.sets.len());
     for (idx, set) in conf.sets.iter().enumerate() {
         cursors.push(store.cursor_snapshot(idx));
-        match allocate_in_set(&mut store, set, idx, &a, plan[idx]) {
+        match allocate_in_set(&mut store, set, idx, &a, plan[idx], &mut reclaim) {
             Ok(ipc) => ips.push(ipc),
             Err(e) => {
                 rollback(store, &a, &ips, cursors);
@@ -158,7 +240,7 @@ pub fn add(req: &Request) -> Result<CniResult> {
             }
         }
     }
-    store.finish()?;
+    store.finish();
     Ok(CniResult { interfaces: Vec::new(), ips, routes: conf.routes.clone(), dns })
 }
 
@@ -181,17 +263,19 @@ fn rollback(mut store: Store, a: &AttachmentId, ips: &[IpConfig], cursors: Vec<O
     }
     if clean {
         store.abort();
-    } else if let Err(e) = store.finish() {
-        eprintln!("host-local: record the store after a failed rollback: {e}");
+    } else {
+        store.finish();
     }
 }
 
 /// DEL: every reservation of the attachment is released (legacy id-only files when there is
-/// no exact one); errors are collected with their codes.
+/// no exact one); errors are collected with their codes. A reservation whose record shows it
+/// is held for the same container and interface by another, live network namespace than the
+/// one this DEL names is left alone (a late DEL of an earlier incarnation).
 pub fn del(req: &Request) -> Result<()> {
     let conf = Config::load(req)?;
     let a = AttachmentId::of(req);
-    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+    let Some(mut store) = Store::open(&conf.network_dir(), Access::Change, conf.lock_timeout)? else {
         return Ok(());
     };
     let mut held = store.held_exact(&a)?;
@@ -201,12 +285,34 @@ pub fn del(req: &Request) -> Result<()> {
     }
     let mut errors = ErrorList::new();
     for (slot, ip) in held {
+        if let Some(why) = late_del(&store, ip, &req.env.netns) {
+            eprintln!(
+                "host-local: DEL of container {} interface {}: {ip} left alone: {why}",
+                a.container_id, a.ifname
+            );
+            continue;
+        }
         errors.take(store.release(slot, ip));
     }
-    errors.take(store.finish());
+    store.finish();
     errors.finish()
 }
 
+/// `Some(why)` when the reservation of `ip` is recorded for a live namespace other than the one
+/// DEL names (`liveness::not_for_holder`). Only looked at when DEL names a namespace other
+/// than the recorded path.
+fn late_del(store: &Store, ip: IpAddr, netns: &str) -> Option<String> {
+    if netns.is_empty() {
+        return None;
+    }
+    let rec = store.record(ip)?;
+    if rec.path == netns || store.file_id(ip) != Some(rec.file) {
+        return None;
+    }
+    liveness::not_for_holder(&rec, &store.boot(), netns)
+}
+
+/// CHECK: never writes (no lock file, no index, nothing).
 pub fn check(req: &Request) -> Result<()> {
     let conf = Config::load(req)?;
     let prev = req.prev_result()?;
@@ -218,14 +324,13 @@ pub fn check(req: &Request) -> Result<()> {
                 conf.network_dir().display()
             ))
     };
-    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+    let Some(mut store) = Store::open(&conf.network_dir(), Access::Read, conf.lock_timeout)? else {
         return Err(not_found());
     };
     let mut held: Vec<IpAddr> = store.held_exact(&AttachmentId::of(req))?.into_iter().map(|h| h.1).collect();
     if held.is_empty() {
         held = store.held_legacy(id)?.into_iter().map(|h| h.1).collect();
     }
-    store.finish()?;
     drop(store);
     if held.is_empty() {
         return Err(not_found());
@@ -253,7 +358,7 @@ pub fn check(req: &Request) -> Result<()> {
 pub fn gc(req: &Request) -> Result<()> {
     let conf = Config::load(req)?;
     let valid = req.valid_attachments()?;
-    let Some(mut store) = Store::open(&conf.network_dir(), false)? else {
+    let Some(mut store) = Store::open(&conf.network_dir(), Access::Change, conf.lock_timeout)? else {
         return Ok(());
     };
     let keep = |o: &Owner| match o {
@@ -263,13 +368,14 @@ pub fn gc(req: &Request) -> Result<()> {
         // A legacy file names no interface: it stays while any attachment of its id is alive.
         Owner::Legacy { id } => valid.iter().any(|a| a.container_id == *id),
         Owner::Unknown => false,
+        Owner::Foreign(_) => true,
     };
     let (removed, failed) = store.retain(keep)?;
     let mut errors = ErrorList::new();
     for e in failed {
         errors.push(e.context(format_args!("GC of network {}", conf.name)));
     }
-    errors.take(store.finish());
+    store.finish();
     if !removed.is_empty() {
         let list: Vec<String> = removed.iter().map(|ip| ip.to_string()).collect();
         eprintln!("host-local: GC of network {} released {}", conf.name, list.join(" "));
@@ -277,18 +383,41 @@ pub fn gc(req: &Request) -> Result<()> {
     errors.finish()
 }
 
+/// STATUS (README.md, "STATUS"): code 50 only when no ADD could work: the store is unusable.
+/// An exhausted pool is reported by ADD, not here, unless `ipam.reportExhaustionInStatus`
+/// asks for it; then a set counts as exhausted only when no address is free and no
+/// reservation is provably dead (what ADD's reclaim would release). Writes nothing.
 pub fn status(req: &Request) -> Result<()> {
     let conf = Config::load(req)?;
-    let Some(store) = Store::open(&conf.network_dir(), false)? else {
+    let dir = conf.network_dir();
+    Store::usable(&dir, conf.sets.len()).map_err(|why| {
+        CniError::new(
+            code::NOT_AVAILABLE,
+            format!("host-local store of network {} is not usable: {why}", conf.name),
+        )
+        .with_details("no ADD can succeed until it is repaired")
+    })?;
+    if !conf.report_exhaustion_in_status {
+        return Ok(());
+    }
+    let Some(store) = Store::open(&dir, Access::Read, conf.lock_timeout)? else {
         // Nothing reserved yet; only an empty range set could be exhausted.
         if let Some((i, s)) = conf.sets.iter().enumerate().find(|(_, s)| s.capacity() == 0) {
             return Err(exhausted(i, s));
         }
         return Ok(());
     };
+    let mut judge: Option<(Judge, Vec<(IpAddr, Record)>)> = None;
     for (i, set) in conf.sets.iter().enumerate() {
-        let last = store.last_reserved(i);
-        if !set.candidates(last).any(|(ip, _)| store.is_free(ip)) {
+        let last = store.last_reserved(i).map_err(|e| CniError::new(code::NOT_AVAILABLE, e.msg))?;
+        if set.candidates(last).any(|(ip, _)| store.is_free(ip)) {
+            continue;
+        }
+        let (j, records) = judge.get_or_insert_with(|| (Judge::new(store.boot()), store.records()));
+        let reclaimable = records.iter().any(|(ip, rec)| {
+            set.contains(*ip) && store.file_id(*ip) == Some(rec.file) && j.gone(rec).is_some()
+        });
+        if !reclaimable {
             return Err(exhausted(i, set));
         }
     }
@@ -297,7 +426,9 @@ pub fn status(req: &Request) -> Result<()> {
 
 fn exhausted(i: usize, set: &RangeSet) -> CniError {
     CniError::new(code::NOT_AVAILABLE, format!("no IP addresses available in range set {i}: {set}"))
-        .with_details("ADD would fail until addresses are released (DEL or GC)")
+        .with_details(
+            "ADD would fail until addresses are released (DEL or GC); no reservation is provably dead",
+        )
 }
 
 #[cfg(test)]
@@ -344,16 +475,18 @@ mod tests {
             routes: Vec::new(),
             resolv_conf: None,
             requested: requested.iter().map(|s| ip(s)).collect(),
+            lock_timeout: store::DEFAULT_LOCK_TIMEOUT,
+            report_exhaustion_in_status: false,
         }
     }
 
     fn store(d: &tempfile::TempDir) -> Store {
-        Store::open(&d.path().join("net"), true).unwrap().unwrap()
+        Store::open(&d.path().join("net"), Access::Add, store::DEFAULT_LOCK_TIMEOUT).unwrap().unwrap()
     }
 
     fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
-        allocate_in_set(s, set, 0, &AttachmentId::new("net", id, "eth0"), req.map(ip))
-            .map(|c| c.address.to_string())
+        let a = AttachmentId::new("net", id, "eth0");
+        allocate_in_set(s, set, 0, &a, req.map(ip), &mut Reclaim::default()).map(|c| c.address.to_string())
     }
 
     #[test]
@@ -384,7 +517,7 @@ mod tests {
         let mut s = store(&d);
         let set = set(&[("10.0.0.0/24", Some("10.0.0.10"), Some("10.0.0.20"))]);
         assert_eq!(alloc(&mut s, &set, "a", Some("10.0.0.15")).unwrap(), "10.0.0.15/24");
-        assert_eq!(s.last_reserved(0), Some(ip("10.0.0.15")));
+        assert_eq!(s.last_reserved(0).unwrap(), Some(ip("10.0.0.15")));
         let e = alloc(&mut s, &set, "b", Some("10.0.0.15")).unwrap_err();
         assert_eq!(e.msg, "requested IP address 10.0.0.15 is not available in range set 10.0.0.10-10.0.0.20");
         assert_eq!(e.details, "10.0.0.15 is reserved by container a interface eth0");

@@ -24,25 +24,49 @@
 //! address. (An fsync per ADD cost 0.2 ms on an idle disk and hundreds of ms on a busy one, on
 //! the path of every pod start.)
 
-use crate::index::{key_hash, Entry, Index, Kind, Stamp, INDEX_NAME};
+//!
+//! Distrust: the store directory is opened once (`O_DIRECTORY | O_NOFOLLOW`) and every file is
+//! reached relative to that handle, never through a symbolic link (`O_NOFOLLOW`), never waited
+//! on (`O_NONBLOCK`), only when it is a regular file, and never read past a cap. A store
+//! directory that another user owns or that group or others may write is refused by ADD (its
+//! addresses could be taken or freed behind our back) and reported on stderr by the other verbs,
+//! which go on (tearing down must not be blocked by it).
+//!
+//! Full and read-only stores: the index is an optimisation. When it cannot be written (no
+//! space, read-only filesystem) or must not be (CHECK, STATUS), the call works from a scan of
+//! the files held in memory and publishes nothing. DEL and GC then write nothing but the
+//! removals they exist for; CHECK and STATUS never write at all (no lock file, no index, no
+//! clean-up).
+
+use crate::index::{key_hash, unlink_if_there, Entry, Index, Kind, Stamp};
+use crate::record::{self, FileId, Record, BOOT_MARKER, RECORDS_DIR, RECORD_CAP};
 use cni_common::attachment::AttachmentId;
 use cni_common::error::{code, CniError, Result};
+use cni_common::filelock::{lock_until, LockKind};
+use cni_common::fsread::{kind, open_regular_at, read_regular_at};
+use cni_common::nsident::{boot_id, NsIdent};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, AT_FDCWD};
-use nix::sys::stat::{futimens, Mode};
+use nix::sys::stat::{fstat, fstatat, futimens, Mode};
 use nix::sys::time::TimeSpec;
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{DirBuilder, File};
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub const LOCK_NAME: &str = "lock";
 /// Named temp files used only where `O_TMPFILE` is not available; a leftover one is removed
 /// by the next scan (all our work happens under the lock, so any such file found is stale).
 const TMP_PREFIX: &str = ".host-local-tmp-";
+/// Largest reservation file read: a container id comes from an environment variable (at most
+/// 128 KiB, the kernel's limit for one), plus the interface name and some whitespace.
+pub const RESERVATION_CAP: u64 = 256 << 10;
+/// A cursor holds one address.
+const CURSOR_CAP: u64 = 64;
 
 /// Who a reservation file says holds the address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +80,9 @@ pub enum Owner {
     },
     /// Empty (or whitespace-only) file: a crash leftover of upstream's create-then-write.
     Unknown,
+    /// Something named like an address that is no reservation file (a FIFO, a symbolic link,
+    /// an oversized file): it blocks the address, is never read, and is left alone.
+    Foreign(String),
 }
 
 impl Owner {
@@ -80,7 +107,7 @@ impl Owner {
                 Some((Kind::Attachment, key_hash(Kind::Attachment, id, ifname)))
             }
             Owner::Legacy { id } => Some((Kind::Legacy, key_hash(Kind::Legacy, id, ""))),
-            Owner::Unknown => None,
+            Owner::Unknown | Owner::Foreign(_) => None,
         }
     }
 
@@ -95,6 +122,7 @@ impl std::fmt::Display for Owner {
             Owner::Attachment { id, ifname } => write!(f, "container {id} interface {ifname}"),
             Owner::Legacy { id } => write!(f, "container {id}"),
             Owner::Unknown => write!(f, "an empty reservation file"),
+            Owner::Foreign(what) => write!(f, "no reservation file ({what})"),
         }
     }
 }
@@ -105,28 +133,44 @@ pub fn reservation_name(name: &str) -> Option<IpAddr> {
     (ip.to_string() == name).then_some(ip)
 }
 
+fn transient(e: &io::Error) -> bool {
+    e.raw_os_error()
+        .is_some_and(|n| matches!(Errno::from_raw(n), Errno::EAGAIN | Errno::EINTR | Errno::EBUSY))
+        || e.kind() == io::ErrorKind::TimedOut
+}
+
 /// A failed file operation: code 11 ("try again") when the system says the condition is
-/// transient (`EAGAIN`, `EINTR`, `EBUSY`), code 5 otherwise.
+/// transient (`EAGAIN`, `EINTR`, `EBUSY`, a lock wait past its deadline), code 5 otherwise.
 fn io_err(what: impl std::fmt::Display, e: impl Into<io::Error>) -> CniError {
     let e: io::Error = e.into();
-    let transient = e
-        .raw_os_error()
-        .is_some_and(|n| matches!(Errno::from_raw(n), Errno::EAGAIN | Errno::EINTR | Errno::EBUSY));
-    let c = if transient { code::TRY_AGAIN } else { code::IO };
+    let c = if transient(&e) { code::TRY_AGAIN } else { code::IO };
     CniError::new(c, format!("{what}: {e}"))
 }
 
-/// The current boot's id: an index written before a reboot (or power loss) is never trusted.
-fn boot_id() -> [u8; 16] {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let hex: Vec<u8> = text.trim().bytes().filter(|b| b.is_ascii_hexdigit()).collect();
-    let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks(2).take(16).enumerate() {
-        let s = std::str::from_utf8(pair).unwrap_or("0");
-        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
-    }
-    out
+fn errno_of(e: &io::Error) -> Option<Errno> {
+    e.raw_os_error().map(Errno::from_raw)
 }
+
+/// What a call may do to the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// ADD: creates the directories and the lock; refuses a store others can write.
+    Add,
+    /// DEL, GC: remove files, keep the index up to date where it can be written.
+    Change,
+    /// CHECK, STATUS: never write anything (no lock file, no index, no clean-up).
+    Read,
+}
+
+/// The attachment's network namespace, recorded beside each reservation ADD makes.
+#[derive(Clone, Debug)]
+pub struct NsNote {
+    pub id: NsIdent,
+    pub path: String,
+}
+
+/// How long a call waits for the store lock by default.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A network's store, locked for the lifetime of the value.
 ///
@@ -137,10 +181,20 @@ fn boot_id() -> [u8; 16] {
 pub struct Store {
     dir: PathBuf,
     dirf: File,
-    _lock: File,
+    _lock: Option<File>,
+    access: Access,
+    /// The on-disk index (opened in place, or rebuilt and not yet published).
     index: Option<Index>,
+    /// The entries of a scan, when no on-disk index can (or may) be used.
+    mem: Option<Vec<Entry>>,
+    /// An index update failed: the index must not be stamped as trusted by this call.
+    untrusted: bool,
     /// Reservations made by this call, not yet in the index.
     fresh: Vec<Entry>,
+    /// Reservations made by this call, with the file each is, for their netns records.
+    made: Vec<(IpAddr, FileId)>,
+    /// The namespace to record for this call's reservations (ADD).
+    pub note: Option<NsNote>,
     /// The directory's stamp when it was locked.
     opened: Stamp,
     /// The directory or the index changed: re-stamp before unlocking.
@@ -150,58 +204,106 @@ pub struct Store {
     pub rebuilds: u32,
 }
 
-/// A reservation found for an owner: its index slot (`None` when this call made it) and address.
+/// A reservation found for an owner: its index slot (`None`: not in the on-disk index) and
+/// address.
 pub type Held = (Option<u64>, IpAddr);
 
 /// A reservation content ready to be linked under some address name.
 pub struct Pending {
     file: Option<File>,
-    tmp_path: Option<PathBuf>,
+    tmp_name: Option<String>,
+    dir: Option<File>,
+    content: Vec<u8>,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(p) = &self.tmp_path {
-            let _ = std::fs::remove_file(p);
+        if let (Some(name), Some(dir)) = (&self.tmp_name, &self.dir) {
+            let _ = unlink_if_there(dir.as_fd(), name);
         }
     }
 }
 
+/// Open the store directory without following a symbolic link in its last component.
+fn open_dir(dir: &Path, create: bool) -> Result<Option<File>> {
+    if create {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| io_err(format!("create {}", dir.display()), e))?;
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match nix::fcntl::open(dir, flags, Mode::empty()) {
+        Ok(fd) => Ok(Some(File::from(fd))),
+        Err(Errno::ENOENT) if !create => Ok(None),
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => match fstatat(AT_FDCWD, dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Err(CniError::io(format!("store directory {} is {}, not a directory", dir.display(), kind(st.st_mode)))
+                .with_details("host-local does not follow symbolic links to its store: point ipam.dataDir at the real directory")),
+            Err(_) => Err(io_err(format!("open {}", dir.display()), e)),
+        },
+        Err(e) => Err(io_err(format!("open {}", dir.display()), e)),
+    }
+}
+
+/// `Some(why)` when others than the plugin's user could change the store directory.
+fn unsafe_owner(dirf: &File) -> io::Result<Option<String>> {
+    let st = fstat(dirf.as_fd())?;
+    let me = nix::unistd::geteuid().as_raw();
+    let mode = st.st_mode & 0o7777;
+    if st.st_uid != me {
+        return Ok(Some(format!("it belongs to uid {} (mode {mode:04o}), not to uid {me}", st.st_uid)));
+    }
+    if mode & 0o022 != 0 {
+        return Ok(Some(format!("group or others may write it (mode {mode:04o})")));
+    }
+    Ok(None)
+}
+
+fn unsafe_store(dir: &Path, why: &str) -> CniError {
+    CniError::io(format!("store directory {} is not safe to allocate from: {why}", dir.display()))
+        .with_details(format!(
+            "whoever can write there can take or free addresses behind host-local's back; \
+             chown root {0} && chmod go-w {0}",
+            dir.display()
+        ))
+}
+
 impl Store {
-    /// Open and lock `dir` (`<dataDir>/<net>`). With `create`, the directories are created
-    /// (mode 0755, like upstream); without, a missing directory gives `None`.
-    pub fn open(dir: &Path, create: bool) -> Result<Option<Store>> {
-        if create {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir)
-                .map_err(|e| io_err(format!("create {}", dir.display()), e))?;
-        } else {
-            match std::fs::metadata(dir) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => return Err(CniError::io(format!("{} is not a directory", dir.display()))),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io_err(format!("stat {}", dir.display()), e)),
-            }
+    /// Open and lock `dir` (`<dataDir>/<net>`). ADD creates the directories (mode 0755, like
+    /// upstream); other calls get `None` for a missing directory. The lock is waited for at
+    /// most `timeout` (then code 11 naming it): exclusive for ADD, DEL and GC, shared for
+    /// CHECK and STATUS.
+    pub fn open(dir: &Path, access: Access, timeout: Duration) -> Result<Option<Store>> {
+        let Some(dirf) = open_dir(dir, access == Access::Add)? else { return Ok(None) };
+        match unsafe_owner(&dirf).map_err(|e| io_err(format!("stat {}", dir.display()), e))? {
+            Some(why) if access == Access::Add => return Err(unsafe_store(dir, &why)),
+            Some(why) => eprintln!("host-local: warning: {}", unsafe_store(dir, &why).msg),
+            None => {}
         }
+        let lock = Self::open_lock(&dirf, dir, access)?;
         let lock_path = dir.join(LOCK_NAME);
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| io_err(format!("open {}", lock_path.display()), e))?;
-        lock.lock().map_err(|e| io_err(format!("lock {}", lock_path.display()), e))?;
-        let dirf = File::open(dir).map_err(|e| io_err(format!("open {}", dir.display()), e))?;
+        let lock = match lock {
+            Some(f) => {
+                let kind = if access == Access::Read { LockKind::Shared } else { LockKind::Exclusive };
+                Some(
+                    lock_until(f, kind, timeout)
+                        .map_err(|e| io_err(format!("lock {}", lock_path.display()), e))?,
+                )
+            }
+            None => None,
+        };
         let mut store = Store {
             dir: dir.to_path_buf(),
             dirf,
             _lock: lock,
+            access,
             index: None,
+            mem: None,
+            untrusted: false,
             fresh: Vec::new(),
+            made: Vec::new(),
+            note: None,
             opened: Stamp::default(),
             dirty: false,
             boot: boot_id(),
@@ -211,48 +313,100 @@ impl Store {
         Ok(Some(store))
     }
 
+    /// The lock file: created by ADD, DEL and GC (as upstream does on every call), never by
+    /// CHECK and STATUS. `None` when it does not exist and cannot be created (a read-only or
+    /// full filesystem: nobody else can create it either) or, for CHECK and STATUS, when it
+    /// does not exist.
+    fn open_lock(dirf: &File, dir: &Path, access: Access) -> Result<Option<File>> {
+        let at = dirf.as_fd();
+        let fail = |e: io::Error| io_err(format!("open {}", dir.join(LOCK_NAME).display()), e);
+        let plain = || open_regular_at(at, LOCK_NAME, OFlag::O_RDONLY, 0);
+        if access == Access::Read {
+            return match plain() {
+                Ok(f) => Ok(Some(f)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(fail(e)),
+            };
+        }
+        match open_regular_at(at, LOCK_NAME, OFlag::O_RDONLY | OFlag::O_CREAT, 0o600) {
+            Ok(f) => Ok(Some(f)),
+            Err(e)
+                if access == Access::Change
+                    && matches!(errno_of(&e), Some(Errno::EROFS | Errno::ENOSPC | Errno::EDQUOT)) =>
+            {
+                match plain() {
+                    Ok(f) => Ok(Some(f)),
+                    Err(e2) if e2.kind() == io::ErrorKind::NotFound => Ok(None),
+                    Err(e2) => Err(fail(e2)),
+                }
+            }
+            Err(e) => Err(fail(e)),
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    fn dir_stamp(&self) -> Result<Stamp> {
-        let m = self.dirf.metadata().map_err(|e| io_err(format!("stat {}", self.dir.display()), e))?;
-        Ok(Stamp { dev: m.dev(), ino: m.ino(), sec: m.mtime(), nsec: m.mtime_nsec(), boot: self.boot })
+    fn at(&self) -> BorrowedFd<'_> {
+        self.dirf.as_fd()
     }
 
-    /// Load the index, rebuilding it from the IP files unless its stamp matches the directory.
-    fn index(&mut self) -> Result<&mut Index> {
-        if self.index.is_none() {
-            match Index::open(&self.dir) {
-                Some(idx) if *idx.stamp() == self.opened => self.index = Some(idx),
-                _ => {
-                    self.rebuild()?;
-                }
+    fn path_of(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn dir_stamp(&self) -> Result<Stamp> {
+        let st = fstat(self.at()).map_err(|e| io_err(format!("stat {}", self.dir.display()), e))?;
+        Ok(Stamp {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            sec: st.st_mtime,
+            nsec: st.st_mtime_nsec,
+            boot: self.boot,
+        })
+    }
+
+    /// Make sure the index (on disk or in memory) is loaded: the on-disk one when its stamp
+    /// matches the directory, else rebuilt from the IP files.
+    fn load_index(&mut self) -> Result<()> {
+        if self.index.is_some() || self.mem.is_some() {
+            return Ok(());
+        }
+        if let Some(idx) = Index::open(self.at(), self.access != Access::Read) {
+            if *idx.stamp() == self.opened {
+                self.index = Some(idx);
+                return Ok(());
             }
         }
-        Ok(self.index.as_mut().expect("loaded above"))
+        self.rebuild()?;
+        Ok(())
     }
 
-    /// Read every reservation file (the slow path, as upstream does on every call).
-    /// Removes our own stale temp files on the way.
+    /// Read every reservation file (the slow path, as upstream does on every call). Removes our
+    /// own stale temp files on the way (except in read-only calls). Entries that are no
+    /// reservation files (FIFOs, links, oversized files) are skipped with a warning.
     pub fn scan(&self) -> Result<Vec<(IpAddr, Owner)>> {
+        let listing = format!("/proc/self/fd/{}", self.dirf.as_raw_fd());
         let rd =
-            std::fs::read_dir(&self.dir).map_err(|e| io_err(format!("read {}", self.dir.display()), e))?;
+            std::fs::read_dir(&listing).map_err(|e| io_err(format!("read {}", self.dir.display()), e))?;
         let mut out = Vec::new();
         for ent in rd {
             let ent = ent.map_err(|e| io_err(format!("read {}", self.dir.display()), e))?;
             let name = ent.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.starts_with(TMP_PREFIX) {
-                let _ = std::fs::remove_file(ent.path());
+                if self.access != Access::Read {
+                    let _ = unlink_if_there(self.at(), name);
+                }
                 continue;
             }
             let Some(ip) = reservation_name(name) else { continue };
-            match std::fs::read(ent.path()) {
+            match read_regular_at(self.at(), name, RESERVATION_CAP) {
                 Ok(content) => out.push((ip, Owner::parse(&content))),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                // A directory named like an IP, unreadable file…: not ours to judge; skip.
-                Err(e) => eprintln!("host-local: skipping {}: {e}", ent.path().display()),
+                // Not ours to judge: it stays, and blocks the address (linkat says EEXIST).
+                Err(e) => eprintln!("host-local: skipping {}: {e}", self.path_of(name).display()),
             }
         }
         Ok(out)
@@ -261,32 +415,72 @@ impl Store {
     /// Rebuild the index from the IP files.
     pub fn rebuild(&mut self) -> Result<Vec<(IpAddr, Owner)>> {
         let all = self.scan()?;
-        self.write_index(&all)?;
+        self.set_index(&all);
         self.rebuilds += 1;
         Ok(all)
     }
 
-    /// A new index of `all`, put in place by [`Store::finish`].
-    fn write_index(&mut self, all: &[(IpAddr, Owner)]) -> Result<()> {
+    /// A new index of `all`: written beside the old one and put in place by [`Store::finish`];
+    /// kept in memory only when it must not or cannot be written.
+    fn set_index(&mut self, all: &[(IpAddr, Owner)]) {
         let entries: Vec<Entry> = all.iter().filter_map(|(ip, o)| o.entry(*ip)).collect();
-        let idx = Index::build(&self.dir, &entries)
-            .map_err(|e| io_err(format!("write {}", self.dir.join(INDEX_NAME).display()), e))?;
-        if let Some(old) = self.index.replace(idx) {
-            old.discard(&self.dir);
-        }
+        // The files were read: this call's reservations are among them.
         self.fresh.clear();
-        self.dirty = true;
-        Ok(())
+        if let Some(old) = self.index.take() {
+            old.discard(self.at());
+        }
+        if self.access == Access::Read {
+            self.mem = Some(entries);
+            return;
+        }
+        match Index::build(self.at(), &entries) {
+            Ok(idx) => {
+                self.index = Some(idx);
+                self.mem = None;
+                self.dirty = true;
+            }
+            Err(e) => {
+                eprintln!(
+                    "host-local: cannot write the index of {} ({e}): working from the files; a later call rebuilds it",
+                    self.dir.display()
+                );
+                self.mem = Some(entries);
+            }
+        }
     }
 
     /// The owner recorded in the file for `ip`; `None` when there is no such file.
     pub fn owner_of(&self, ip: IpAddr) -> Result<Option<Owner>> {
-        let p = self.dir.join(ip.to_string());
-        match std::fs::read(&p) {
+        let name = ip.to_string();
+        match read_regular_at(self.at(), &name, RESERVATION_CAP) {
             Ok(c) => Ok(Some(Owner::parse(&c))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(format!("read {}", p.display()), e)),
+            Err(e) if e.raw_os_error().is_none() => Ok(Some(Owner::Foreign(e.to_string()))),
+            Err(e) => Err(io_err(format!("read {}", self.path_of(&name).display()), e)),
         }
+    }
+
+    /// Index hits for (`kind`, `key`): with the slot when the on-disk index has them.
+    fn lookup(&mut self, kind: Kind, key: u64) -> Result<Vec<Held>> {
+        self.load_index()?;
+        if let Some(idx) = &self.index {
+            match idx.lookup(kind, key) {
+                Ok(hits) => return Ok(hits.into_iter().map(|(s, ip)| (Some(s), ip)).collect()),
+                Err(e) => {
+                    eprintln!(
+                        "host-local: the index of {} is unreadable ({e}): scanning",
+                        self.dir.display()
+                    );
+                    self.index = None;
+                    self.untrusted = true;
+                    self.fresh.clear(); // the scan sees this call's reservations
+                    let all = self.scan()?;
+                    self.mem = Some(all.iter().filter_map(|(ip, o)| o.entry(*ip)).collect());
+                }
+            }
+        }
+        let mem = self.mem.as_ref().expect("loaded above");
+        Ok(mem.iter().filter(|e| e.kind == kind && e.key == key).map(|e| (None, e.ip)).collect())
     }
 
     /// Addresses held by `owner` according to the index (and the reservations of this call),
@@ -294,18 +488,30 @@ impl Store {
     /// are dropped.
     fn held_by(&mut self, owner: &Owner) -> Result<Vec<Held>> {
         let Some((kind, key)) = owner.key() else { return Ok(Vec::new()) };
-        let hits = self.index()?.lookup(kind, key).map_err(|e| io_err("read index", e))?;
         let mut out = Vec::new();
-        for (slot, ip) in hits {
+        for (slot, ip) in self.lookup(kind, key)? {
             if self.owner_of(ip)?.as_ref() == Some(owner) {
-                out.push((Some(slot), ip));
-            } else {
-                self.index()?.remove(slot).map_err(|e| io_err("update index", e))?;
-                self.dirty = true;
+                out.push((slot, ip));
+            } else if let Some(slot) = slot {
+                self.forget_slot(slot);
             }
         }
         out.extend(self.fresh.iter().filter(|e| e.kind == kind && e.key == key).map(|e| (None, e.ip)));
         Ok(out)
+    }
+
+    /// Tombstone an index slot whose file is gone (not in read-only calls: the hit is verified
+    /// away each time instead).
+    fn forget_slot(&mut self, slot: u64) {
+        if self.access == Access::Read {
+            return;
+        }
+        if let Some(idx) = self.index.as_mut() {
+            match idx.remove(slot) {
+                Ok(()) => self.dirty = true,
+                Err(_) => self.untrusted = true,
+            }
+        }
     }
 
     /// Files of `a` — `<id>\r\n<ifname>` content.
@@ -320,57 +526,64 @@ impl Store {
 
     /// Prepare the reservation content of `a` in an unnamed file.
     pub fn pending(&self, a: &AttachmentId) -> Result<Pending> {
-        let content = a.reservation();
-        let tmpfile = nix::fcntl::open(
-            &self.dir,
+        let content = a.reservation().into_bytes();
+        let tmpfile = nix::fcntl::openat(
+            self.at(),
+            ".",
             OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
         );
-        let (mut file, tmp_path): (File, Option<PathBuf>) = match tmpfile {
-            Ok(fd) => (File::from(fd), None),
+        let (mut file, tmp_name, dir) = match tmpfile {
+            Ok(fd) => (File::from(fd), None, None),
             Err(_) => {
                 // No O_TMPFILE on this filesystem: a named temp file, linked then removed.
-                let p = self.dir.join(format!("{TMP_PREFIX}{}", std::process::id()));
-                let _ = std::fs::remove_file(&p);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&p)
-                    .map_err(|e| io_err(format!("create {}", p.display()), e))?;
-                (f, Some(p))
+                let name = format!("{TMP_PREFIX}{}", std::process::id());
+                unlink_if_there(self.at(), &name)
+                    .map_err(|e| io_err(format!("remove {}", self.path_of(&name).display()), e))?;
+                let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+                let f = open_regular_at(self.at(), &name, create, 0o600)
+                    .map_err(|e| io_err(format!("create {}", self.path_of(&name).display()), e))?;
+                let dir = self.dirf.try_clone().map_err(|e| io_err("duplicate a directory handle", e))?;
+                (f, Some(name), Some(dir))
             }
         };
         // Owns the temp name from here on, so an error below removes it.
-        let guard = Pending { file: None, tmp_path };
-        file.write_all(content.as_bytes()).map_err(|e| io_err("write reservation", e))?;
-        let mut pending = guard;
+        let mut pending = Pending { file: None, tmp_name, dir, content };
+        file.write_all(&pending.content).map_err(|e| io_err("write reservation", e))?;
         pending.file = Some(file);
         Ok(pending)
     }
 
     /// Link `p` under the name of `ip`. `false` when the address is taken.
     fn link(&self, p: &Pending, ip: IpAddr) -> Result<bool> {
-        let dst = self.dir.join(ip.to_string());
-        let res = match (&p.tmp_path, &p.file) {
-            (Some(tmp), _) => nix::unistd::linkat(AT_FDCWD, tmp, AT_FDCWD, &dst, AtFlags::empty()),
+        let dst = ip.to_string();
+        let res = match (&p.tmp_name, &p.file) {
+            (Some(tmp), _) => {
+                nix::unistd::linkat(self.at(), tmp.as_str(), self.at(), dst.as_str(), AtFlags::empty())
+            }
             (None, Some(f)) => {
                 let src = format!("/proc/self/fd/{}", f.as_raw_fd());
-                nix::unistd::linkat(AT_FDCWD, src.as_str(), AT_FDCWD, &dst, AtFlags::AT_SYMLINK_FOLLOW)
+                nix::unistd::linkat(
+                    AT_FDCWD,
+                    src.as_str(),
+                    self.at(),
+                    dst.as_str(),
+                    AtFlags::AT_SYMLINK_FOLLOW,
+                )
             }
             (None, None) => unreachable!("a pending reservation has a file"),
         };
         match res {
             Ok(()) => Ok(true),
             Err(Errno::EEXIST) => Ok(false),
-            Err(e) => Err(io_err(format!("create {}", dst.display()), e)),
+            Err(e) => Err(io_err(format!("create {}", self.path_of(&dst).display()), e)),
         }
     }
 
     /// Try to reserve `ip` for `a` with the prepared content `p`. On success the pending
     /// content is used up (`p` is reset); the index gets the entry in [`Store::finish`].
     pub fn reserve(&mut self, p: &mut Option<Pending>, ip: IpAddr, a: &AttachmentId) -> Result<bool> {
-        self.index()?;
+        self.load_index()?;
         if p.is_none() {
             *p = Some(self.pending(a)?);
         }
@@ -381,7 +594,15 @@ impl Store {
                 return Ok(false);
             }
         }
-        *p = None;
+        let done = p.take().expect("set above");
+        if let Some(f) = &done.file {
+            if let Ok(st) = fstat(f.as_fd()) {
+                let hash = crate::index::fnv(&[&done.content]);
+                let id =
+                    FileId { ino: st.st_ino, ctime_sec: st.st_ctime, ctime_nsec: st.st_ctime_nsec, hash };
+                self.made.push((ip, id));
+            }
+        }
         self.dirty = true;
         let key = key_hash(Kind::Attachment, a.container_id.trim(), &a.ifname);
         self.fresh.push(Entry { kind: Kind::Attachment, key, ip });
@@ -390,37 +611,35 @@ impl Store {
 
     /// Remove the reservation file of `ip` if it is empty. Returns whether it did.
     fn reclaim_if_empty(&mut self, ip: IpAddr) -> Result<bool> {
-        let path = self.dir.join(ip.to_string());
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_file() && m.len() == 0 => {}
+        let name = ip.to_string();
+        match fstatat(self.at(), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size == 0 => {}
             _ => return Ok(false),
         }
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(format!("remove empty {}", path.display()), e)),
-        }
+        unlink_if_there(self.at(), &name)
+            .map_err(|e| io_err(format!("remove empty {}", self.path_of(&name).display()), e))?;
         self.dirty = true;
         eprintln!("host-local: reclaimed {ip}: its reservation file was empty (an interrupted write)");
         Ok(true)
     }
 
-    /// Remove the reservation of `ip` found at index `slot` (`None`: made by this call).
+    /// Remove the reservation of `ip` found at index `slot` (`None`: not in the on-disk index),
+    /// and its netns record.
     pub fn release(&mut self, slot: Option<u64>, ip: IpAddr) -> Result<()> {
-        let p = self.dir.join(ip.to_string());
+        let name = ip.to_string();
         self.dirty = true;
-        match std::fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(format!("remove {}", p.display()), e)),
+        unlink_if_there(self.at(), &name)
+            .map_err(|e| io_err(format!("remove {}", self.path_of(&name).display()), e))?;
+        self.remove_record(ip);
+        if let Some(slot) = slot {
+            self.forget_slot(slot);
         }
-        match slot {
-            Some(slot) => self.index()?.remove(slot).map_err(|e| io_err("update index", e)),
-            None => {
-                self.fresh.retain(|e| e.ip != ip);
-                Ok(())
-            }
+        self.fresh.retain(|e| e.ip != ip);
+        self.made.retain(|m| m.0 != ip);
+        if let Some(mem) = self.mem.as_mut() {
+            mem.retain(|e| e.ip != ip);
         }
+        Ok(())
     }
 
     /// Release whatever `a` holds at `ip` (rollback of a failed ADD).
@@ -433,29 +652,37 @@ impl Store {
         Ok(())
     }
 
-    pub fn last_reserved(&self, set: usize) -> Option<IpAddr> {
-        let text = std::fs::read_to_string(self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"))).ok()?;
-        text.trim().parse().ok()
+    /// The round-robin cursor of range set `set`. A missing or unparsable cursor is `None`
+    /// (allocation starts at the range start); one that is no regular file (a symbolic link, a
+    /// FIFO) is an error: ADD would write through it.
+    pub fn last_reserved(&self, set: usize) -> Result<Option<IpAddr>> {
+        let name = format!("{LAST_RESERVED_PREFIX}{set}");
+        match read_regular_at(self.at(), &name, CURSOR_CAP) {
+            Ok(b) => Ok(std::str::from_utf8(&b).ok().and_then(|t| t.trim().parse().ok())),
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::FileTooLarge) => Ok(None),
+            Err(e) => Err(io_err(format!("read {}", self.path_of(&name).display()), e)),
+        }
+    }
+
+    /// Replace the content of the regular file `name` (created when missing).
+    fn write_file(&self, name: &str, content: &[u8]) -> Result<()> {
+        let fail = |e: io::Error| io_err(format!("write {}", self.path_of(name).display()), e);
+        let mut f =
+            open_regular_at(self.at(), name, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600).map_err(fail)?;
+        f.set_len(0).map_err(fail)?;
+        f.write_all(content).map_err(fail)
     }
 
     /// Write the cursor in place, as upstream does (it is only a hint: a torn write just
     /// restarts round-robin at the range start).
     pub fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<()> {
-        let p = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"));
         self.dirty = true;
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .map_err(|e| io_err(format!("open {}", p.display()), e))?;
-        f.write_all(ip.to_string().as_bytes()).map_err(|e| io_err(format!("write {}", p.display()), e))
+        self.write_file(&format!("{LAST_RESERVED_PREFIX}{set}"), ip.to_string().as_bytes())
     }
 
     /// The raw cursor file of `set` (`None`: no file), to restore it on rollback.
     pub fn cursor_snapshot(&self, set: usize) -> Option<Vec<u8>> {
-        std::fs::read(self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"))).ok()
+        read_regular_at(self.at(), &format!("{LAST_RESERVED_PREFIX}{set}"), CURSOR_CAP).ok()
     }
 
     /// Put back a cursor saved by [`Store::cursor_snapshot`].
@@ -463,78 +690,106 @@ impl Store {
         if self.cursor_snapshot(set) == saved {
             return Ok(());
         }
-        let p = self.dir.join(format!("{LAST_RESERVED_PREFIX}{set}"));
+        let name = format!("{LAST_RESERVED_PREFIX}{set}");
         self.dirty = true;
-        let r = match saved {
-            Some(content) => std::fs::write(&p, content),
-            None => std::fs::remove_file(&p).or_else(|e| {
-                if e.kind() == io::ErrorKind::NotFound {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            }),
-        };
-        r.map_err(|e| io_err(format!("restore {}", p.display()), e))
+        match saved {
+            Some(content) => self.write_file(&name, &content),
+            None => unlink_if_there(self.at(), &name)
+                .map_err(|e| io_err(format!("restore {}", self.path_of(&name).display()), e)),
+        }
     }
 
     /// Whether no file holds `ip` (STATUS; does not reserve).
     pub fn is_free(&self, ip: IpAddr) -> bool {
-        matches!(std::fs::symlink_metadata(self.dir.join(ip.to_string())), Err(e) if e.kind() == io::ErrorKind::NotFound)
+        matches!(
+            fstatat(self.at(), ip.to_string().as_str(), AtFlags::AT_SYMLINK_NOFOLLOW),
+            Err(Errno::ENOENT)
+        )
     }
 
     /// GC: remove every reservation for which `keep` is false (empty files included: they
-    /// have no owner), then rebuild the index from what is left. Errors are collected.
+    /// have no owner; files that are no reservations stay), with their netns records, and
+    /// records that no longer belong to a reservation; then rebuild the index from what is
+    /// left. Errors are collected.
     pub fn retain(&mut self, keep: impl Fn(&Owner) -> bool) -> Result<(Vec<IpAddr>, Vec<CniError>)> {
         let all = self.scan()?;
         let mut removed = Vec::new();
         let mut errors = Vec::new();
         let mut left = Vec::with_capacity(all.len());
-        self.dirty = true;
         for (ip, owner) in all {
             if keep(&owner) {
                 left.push((ip, owner));
                 continue;
             }
-            let p = self.dir.join(ip.to_string());
-            match std::fs::remove_file(&p) {
-                Ok(()) => removed.push(ip),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            let name = ip.to_string();
+            match unlink_if_there(self.at(), &name) {
+                Ok(()) => {
+                    self.dirty = true;
+                    self.remove_record(ip);
+                    removed.push(ip);
+                }
                 Err(e) => {
-                    errors.push(io_err(format!("remove {}", p.display()), e));
+                    errors.push(io_err(format!("remove {}", self.path_of(&name).display()), e));
                     left.push((ip, owner));
                 }
             }
         }
-        self.write_index(&left)?;
+        for (ip, rec) in self.records() {
+            if self.file_id(ip) != Some(rec.file) {
+                self.remove_record(ip);
+            }
+        }
+        if self.dirty || self.index.is_none() {
+            self.set_index(&left);
+        }
         Ok((removed, errors))
     }
 
-    /// Before unlocking: if anything changed, enter this call's reservations in the index, set
-    /// the directory mtime to "now - 1 s", record the resulting stamp in the index and put a
-    /// rebuilt index in place, so the next call can trust it.
-    pub fn finish(&mut self) -> Result<()> {
-        if !self.dirty || self.index.is_none() {
-            return Ok(());
+    /// Before unlocking: if anything changed, enter this call's reservations in the index, write
+    /// their netns records, set the directory mtime to "now - 1 s", record the resulting stamp
+    /// in the index and put a rebuilt index in place, so the next call can trust it. Nothing
+    /// here fails the call: an index that cannot be written is left untrusted (rebuilt by a
+    /// later call), a record that cannot be written leaves its reservation live for ever.
+    pub fn finish(&mut self) {
+        if !self.dirty {
+            return;
         }
-        let dir = self.dir.clone();
-        for e in std::mem::take(&mut self.fresh) {
-            self.index()?.insert(&dir, e).map_err(|e| io_err("update index", e))?;
+        if !self.made.is_empty() {
+            self.write_records();
+        }
+        if self.index.is_none() || self.untrusted {
+            // Memory only (or a failed update): publish nothing, stamp nothing.
+            if let Some(idx) = self.index.take() {
+                idx.discard(self.at());
+            }
+            return;
+        }
+        if let Err(e) = self.publish_index() {
+            eprintln!("host-local: the index of {} is left to be rebuilt: {e}", self.dir.display());
+            if let Some(idx) = self.index.take() {
+                idx.discard(self.at());
+            }
+        }
+        self.dirty = false;
+    }
+
+    fn publish_index(&mut self) -> io::Result<()> {
+        let Store { dirf, index, fresh, boot, .. } = self;
+        let dir = dirf.as_fd();
+        let idx = index.as_mut().expect("checked by the caller");
+        for e in std::mem::take(fresh) {
+            idx.insert(dir, e)?;
         }
         // In place before the stamp is taken: the rename changes the directory too.
-        let idx = self.index.as_mut().expect("checked above");
-        idx.publish(&dir).map_err(|e| io_err(format!("write {}", dir.join(INDEX_NAME).display()), e))?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|e| CniError::io(format!("system clock before 1970: {e}")))?;
+        idx.publish(dir)?;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(io::Error::other)?;
         let then = TimeSpec::new(now.as_secs() as i64 - 1, i64::from(now.subsec_nanos()));
-        futimens(&self.dirf, &TimeSpec::UTIME_OMIT, &then)
-            .map_err(|e| io_err(format!("set mtime of {}", self.dir.display()), e))?;
-        let stamp = self.dir_stamp()?;
-        let idx = self.index.as_mut().expect("checked above");
-        idx.set_stamp(stamp).map_err(|e| io_err("write index header", e))?;
-        self.dirty = false;
-        Ok(())
+        futimens(dir, &TimeSpec::UTIME_OMIT, &then)?;
+        let st = fstat(dir)?;
+        let stamp =
+            Stamp { dev: st.st_dev, ino: st.st_ino, sec: st.st_mtime, nsec: st.st_mtime_nsec, boot: *boot };
+        idx.set_stamp(stamp)
     }
 
     /// End a call that failed after taking back every reservation it made: no index is put in
@@ -542,27 +797,259 @@ impl Store {
     /// files are what they were then), so the index stays as trusted as it was.
     pub fn abort(mut self) {
         if let Some(idx) = self.index.take() {
-            idx.discard(&self.dir);
+            idx.discard(self.at());
         }
         if self.dirty {
             let m = TimeSpec::new(self.opened.sec, self.opened.nsec);
-            if let Err(e) = futimens(&self.dirf, &TimeSpec::UTIME_OMIT, &m) {
+            if let Err(e) = futimens(self.at(), &TimeSpec::UTIME_OMIT, &m) {
                 eprintln!("host-local: restore the mtime of {}: {e}", self.dir.display());
             }
         }
     }
+
+    // --- netns records (crate::record) ---
+
+    /// The records directory, if it exists (created with `create`).
+    fn records_dir(&self, create: bool) -> io::Result<Option<File>> {
+        if create {
+            match nix::sys::stat::mkdirat(self.at(), RECORDS_DIR, Mode::from_bits_truncate(0o700)) {
+                Ok(()) => {
+                    // New: nothing from an earlier boot is in it.
+                    let d = self.records_dir(false)?.expect("just made");
+                    let mut f =
+                        open_regular_at(d.as_fd(), BOOT_MARKER, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600)?;
+                    f.write_all(record::boot_marker(&self.boot).as_bytes())?;
+                    return Ok(Some(d));
+                }
+                Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match nix::fcntl::openat(self.at(), RECORDS_DIR, flags, Mode::empty()) {
+            Ok(fd) => Ok(Some(File::from(fd))),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Write the records of this call's reservations (ADD; [`Store::note`] says what to record).
+    fn write_records(&mut self) {
+        let Some(note) = self.note.clone() else { return };
+        let made = std::mem::take(&mut self.made);
+        let result = (|| -> io::Result<()> {
+            let d = self.records_dir(true)?.expect("created");
+            for (ip, file) in made {
+                let rec = Record { file, boot: self.boot, ns: note.id, path: note.path.clone() };
+                replace_file(d.as_fd(), &ip.to_string(), rec.encode().as_bytes())?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            eprintln!(
+                "host-local: cannot record the network namespace of this call's reservations in {}: {e} \
+                 (they count as live until released)",
+                self.path_of(RECORDS_DIR).display()
+            );
+        }
+    }
+
+    /// The well-formed record of `ip`, if there is one.
+    pub fn record(&self, ip: IpAddr) -> Option<Record> {
+        let d = self.records_dir(false).ok()??;
+        Record::parse(&read_regular_at(d.as_fd(), &ip.to_string(), RECORD_CAP).ok()?)
+    }
+
+    /// Every well-formed record, by address.
+    pub fn records(&self) -> Vec<(IpAddr, Record)> {
+        let Ok(Some(d)) = self.records_dir(false) else { return Vec::new() };
+        let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", d.as_raw_fd())) else { return Vec::new() };
+        let mut out = Vec::new();
+        for ent in rd.flatten() {
+            let Some(ip) = ent.file_name().to_str().and_then(reservation_name) else { continue };
+            if let Ok(b) = read_regular_at(d.as_fd(), &ip.to_string(), RECORD_CAP) {
+                if let Some(rec) = Record::parse(&b) {
+                    out.push((ip, rec));
+                }
+            }
+        }
+        out.sort_by_key(|(ip, _)| *ip);
+        out
+    }
+
+    fn remove_record(&mut self, ip: IpAddr) {
+        if self.access == Access::Read {
+            return;
+        }
+        if let Ok(Some(d)) = self.records_dir(false) {
+            let _ = unlink_if_there(d.as_fd(), &ip.to_string());
+        }
+    }
+
+    /// Which file the reservation of `ip` is (`None`: none, or no regular file).
+    pub fn file_id(&self, ip: IpAddr) -> Option<FileId> {
+        let mut f = open_regular_at(self.at(), &ip.to_string(), OFlag::O_RDONLY, 0).ok()?;
+        let st = fstat(f.as_fd()).ok()?;
+        let content = cni_common::fsread::read_capped(&mut f, RESERVATION_CAP).ok()?;
+        Some(FileId {
+            ino: st.st_ino,
+            ctime_sec: st.st_ctime,
+            ctime_nsec: st.st_ctime_nsec,
+            hash: crate::index::fnv(&[&content]),
+        })
+    }
+
+    /// The boot id a pass over earlier boots' reservations last ran in (`None`: no records).
+    pub fn records_boot(&self) -> Option<[u8; 16]> {
+        let d = self.records_dir(false).ok()??;
+        match read_regular_at(d.as_fd(), BOOT_MARKER, RECORD_CAP) {
+            Ok(b) => Some(record::parse_boot_marker(&b).unwrap_or_default()),
+            Err(_) => Some([0; 16]),
+        }
+    }
+
+    /// Note that earlier boots' reservations were dealt with in this boot.
+    pub fn set_records_boot(&self) {
+        if let Ok(Some(d)) = self.records_dir(false) {
+            if let Err(e) = replace_file(d.as_fd(), BOOT_MARKER, record::boot_marker(&self.boot).as_bytes()) {
+                eprintln!(
+                    "host-local: cannot write {}: {e}",
+                    self.path_of(RECORDS_DIR).join(BOOT_MARKER).display()
+                );
+            }
+        }
+    }
+
+    pub fn boot(&self) -> [u8; 16] {
+        self.boot
+    }
+
+    /// Release the reservations whose record `dead` judges dead, with their records: only
+    /// reservations that are still the very file their record was written for. Records that no
+    /// longer belong to their reservation are removed on the way. Returns what was released,
+    /// who held it and why.
+    pub fn reclaim(
+        &mut self,
+        mut dead: impl FnMut(&Record) -> Option<String>,
+    ) -> Result<Vec<(IpAddr, Owner, String)>> {
+        self.load_index()?;
+        let mut out = Vec::new();
+        for (ip, rec) in self.records() {
+            if self.file_id(ip) != Some(rec.file) {
+                self.remove_record(ip);
+                continue;
+            }
+            let Some(why) = dead(&rec) else { continue };
+            let Some(owner) = self.owner_of(ip)? else { continue };
+            let slot = self.held_by(&owner)?.into_iter().find(|h| h.1 == ip).and_then(|h| h.0);
+            self.release(slot, ip)?;
+            out.push((ip, owner, why));
+        }
+        Ok(out)
+    }
+
+    /// Whether the store can serve an ADD, without writing anything (STATUS): `Err(why)` when
+    /// no ADD could work: the directory (or the nearest existing parent it would be created
+    /// in) is not a directory, a symbolic link, not writable or on a read-only filesystem,
+    /// others may write it, or its lock or a cursor is no regular file.
+    pub fn usable(dir: &Path, sets: usize) -> std::result::Result<(), String> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let dirf = match nix::fcntl::open(dir, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ENOENT) => {
+                // ADD would create it: the nearest existing ancestor must take a new directory.
+                let mut p = dir.parent();
+                while let Some(d) = p {
+                    match nix::unistd::access(
+                        d,
+                        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+                    ) {
+                        Ok(()) => return Ok(()),
+                        Err(Errno::ENOENT) => p = d.parent(),
+                        Err(e) => {
+                            return Err(format!(
+                                "{} cannot be created in {}: {}",
+                                dir.display(),
+                                d.display(),
+                                e.desc()
+                            ))
+                        }
+                    }
+                }
+                return Err(format!("{}: no existing parent directory", dir.display()));
+            }
+            Err(e) => {
+                return Err(match open_dir(dir, false) {
+                    Err(err) => err.msg,
+                    Ok(_) => format!("{}: {}", dir.display(), e.desc()),
+                })
+            }
+        };
+        if let Some(why) = unsafe_owner(&dirf).map_err(|e| e.to_string())? {
+            return Err(unsafe_store(dir, &why).msg);
+        }
+        let at = dirf.as_fd();
+        let w = nix::unistd::AccessFlags::W_OK;
+        if let Err(e) = nix::unistd::faccessat(at, ".", w, AtFlags::AT_EACCESS) {
+            return Err(format!("{} is not writable: {}", dir.display(), e.desc()));
+        }
+        let names = std::iter::once(LOCK_NAME.to_string())
+            .chain((0..sets).map(|i| format!("{LAST_RESERVED_PREFIX}{i}")));
+        for name in names {
+            if let Ok(st) = fstatat(at, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(format!(
+                        "{} is {}, not a regular file",
+                        dir.join(&name).display(),
+                        kind(st.st_mode)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Replace (or create) the regular file `name` in `dir` atomically with `content`: an unnamed
+/// file linked in place of the old one.
+fn replace_file(dir: BorrowedFd<'_>, name: &str, content: &[u8]) -> io::Result<()> {
+    let fd = nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    );
+    let Ok(fd) = fd else {
+        let mut f = open_regular_at(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600)?;
+        f.set_len(0)?;
+        return f.write_all(content);
+    };
+    let mut f = File::from(fd);
+    f.write_all(content)?;
+    let src = format!("/proc/self/fd/{}", f.as_raw_fd());
+    // Under the store lock nobody else writes here: the second attempt finds the name free.
+    for _ in 0..2 {
+        match nix::unistd::linkat(AT_FDCWD, src.as_str(), dir, name, AtFlags::AT_SYMLINK_FOLLOW) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EEXIST) => unlink_if_there(dir, name)?,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::from(Errno::EEXIST))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::INDEX_NAME;
+    use std::os::unix::fs::MetadataExt;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     fn open(d: &Path) -> Store {
-        Store::open(d, true).unwrap().unwrap()
+        Store::open(d, Access::Add, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap()
     }
 
     fn att(id: &str, ifname: &str) -> AttachmentId {
@@ -628,7 +1115,7 @@ mod tests {
         assert!(!s.reserve(&mut p, ip("10.0.0.2"), &att("c2", "eth0")).unwrap(), "taken");
         assert!(p.is_some(), "content kept for the next candidate");
         assert!(s.reserve(&mut p, ip("10.0.0.3"), &att("c2", "eth0")).unwrap());
-        s.finish().unwrap();
+        s.finish();
         assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
         assert_eq!(std::fs::read(net.join("10.0.0.3")).unwrap(), b"c2\r\neth0");
         let mode = std::fs::metadata(net.join("10.0.0.2")).unwrap().mode() & 0o777;
@@ -646,7 +1133,7 @@ mod tests {
         let mut s = open(&net);
         assert!(reserve(&mut s, "10.0.0.5", "c1"), "an empty file (an interrupted write) is taken over");
         assert!(!reserve(&mut s, "10.0.0.6", "c1"), "a file with an owner is not");
-        s.finish().unwrap();
+        s.finish();
         assert_eq!(std::fs::read(net.join("10.0.0.5")).unwrap(), b"c1\r\neth0");
         assert_eq!(std::fs::read(net.join("10.0.0.6")).unwrap(), b"other\r\neth0");
     }
@@ -658,7 +1145,7 @@ mod tests {
             let mut s = open(&net);
             assert!(reserve(&mut s, "10.0.0.2", "c1"));
             assert_eq!(s.rebuilds, 1, "first use builds the index");
-            s.finish().unwrap();
+            s.finish();
         }
         {
             let mut s = open(&net);
@@ -672,7 +1159,7 @@ mod tests {
             let held = s.held_exact(&att("c9", "eth0")).unwrap();
             assert_eq!(held.iter().map(|h| h.1).collect::<Vec<_>>(), [ip("10.0.0.9")]);
             assert_eq!(s.rebuilds, 1, "foreign change detected");
-            s.finish().unwrap();
+            s.finish();
         }
         // another program removes one: the stale index hit is verified away
         std::fs::remove_file(net.join("10.0.0.2")).unwrap();
@@ -712,17 +1199,17 @@ mod tests {
     fn last_reserved_roundtrip() {
         let d = tempfile::tempdir().unwrap();
         let mut s = open(&d.path().join("n"));
-        assert_eq!(s.last_reserved(0), None);
+        assert_eq!(s.last_reserved(0).unwrap(), None);
         s.set_last_reserved(0, ip("10.0.0.7")).unwrap();
         s.set_last_reserved(1, ip("2001:db8::7")).unwrap();
-        assert_eq!(s.last_reserved(0), Some(ip("10.0.0.7")));
+        assert_eq!(s.last_reserved(0).unwrap(), Some(ip("10.0.0.7")));
         assert_eq!(std::fs::read_to_string(d.path().join("n/last_reserved_ip.1")).unwrap(), "2001:db8::7");
     }
 
     #[test]
     fn missing_directory_without_create() {
         let d = tempfile::tempdir().unwrap();
-        assert!(Store::open(&d.path().join("nope"), false).unwrap().is_none());
+        assert!(Store::open(&d.path().join("nope"), Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().is_none());
         assert!(!d.path().join("nope").exists());
     }
 
@@ -754,7 +1241,7 @@ mod tests {
         // With a trusted index: its bytes and its trust survive an aborted call.
         let mut s = open(&net);
         assert!(reserve(&mut s, "10.0.0.3", "c3"));
-        s.finish().unwrap();
+        s.finish();
         drop(s);
         let before = files(&net);
         let mut s = open(&net);
@@ -765,6 +1252,75 @@ mod tests {
         let mut s = open(&net);
         assert_eq!(s.held_exact(&att("c3", "eth0")).unwrap().len(), 1);
         assert_eq!(s.rebuilds, 0, "the index is still trusted");
+    }
+
+    #[test]
+    fn read_only_calls_write_nothing() {
+        // upstream's store without its lock, and a leftover temp file of ours
+        let (_d, net) = seeded(&[("10.0.0.9", b"up\r\neth0"), (".host-local-tmp-1", b"x")]);
+        let before = files(&net);
+        let mut s = Store::open(&net, Access::Read, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap();
+        assert_eq!(s.held_exact(&att("up", "eth0")).unwrap().len(), 1);
+        assert!(s.held_legacy("up").unwrap().is_empty());
+        assert_eq!(s.rebuilds, 1, "scanned, in memory");
+        s.finish();
+        drop(s);
+        assert_eq!(files(&net), before, "no lock, no index, no clean-up");
+    }
+
+    #[test]
+    fn lock_and_cursor_links_are_refused_and_their_targets_left_alone() {
+        let (d, net) = seeded(&[("10.0.0.9", b"up\r\neth0")]);
+        let target = d.path().join("target");
+        std::os::unix::fs::symlink(&target, net.join(LOCK_NAME)).unwrap();
+        let e = Store::open(&net, Access::Add, DEFAULT_LOCK_TIMEOUT).err().unwrap();
+        assert_eq!(e.code, code::IO);
+        assert!(e.msg.ends_with("/net/lock: a symbolic link, which is not followed"), "{}", e.msg);
+        assert!(!target.exists());
+        std::fs::remove_file(net.join(LOCK_NAME)).unwrap();
+        std::fs::write(&target, "victim").unwrap();
+        std::os::unix::fs::symlink(&target, net.join("last_reserved_ip.0")).unwrap();
+        let mut s = open(&net);
+        assert!(s.last_reserved(0).is_err());
+        assert!(s.set_last_reserved(0, ip("10.0.0.2")).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"victim");
+    }
+
+    #[test]
+    fn a_store_others_can_write_is_refused_by_add_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_d, net) = seeded(&[]);
+        std::fs::set_permissions(&net, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = Store::open(&net, Access::Add, DEFAULT_LOCK_TIMEOUT).err().unwrap();
+        assert!(e.msg.contains("group or others may write it (mode 0775)"), "{}", e.msg);
+        assert!(Store::open(&net, Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().is_some());
+        assert!(Store::usable(&net, 1).unwrap_err().contains("not safe to allocate from"));
+    }
+
+    #[test]
+    fn records_apply_only_to_the_file_they_were_written_for() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        s.note = Some(NsNote { id: NsIdent { ino: 7, cookie: 8 }, path: "/run/netns/x".into() });
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert!(reserve(&mut s, "10.0.0.3", "c2"));
+        s.finish();
+        let recs = s.records();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0].1.file, s.file_id(ip("10.0.0.2")).unwrap());
+        assert_eq!(recs[0].1.path, "/run/netns/x");
+        // Another writer (upstream) released 10.0.0.2 and reserved it again, same content.
+        std::fs::remove_file(net.join("10.0.0.2")).unwrap();
+        std::fs::write(net.join("10.0.0.2"), b"c1\r\neth0").unwrap();
+        let released = s.reclaim(|_| Some("judged dead".into())).unwrap();
+        assert_eq!(
+            released.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [ip("10.0.0.3")],
+            "only the file its record names"
+        );
+        assert!(net.join("10.0.0.2").exists());
+        assert!(s.records().is_empty(), "the stale record went too");
+        assert!(s.held_exact(&att("c2", "eth0")).unwrap().is_empty());
     }
 
     #[test]

@@ -1,74 +1,20 @@
-//! portmap's configuration: validation of its keys (cni-common's `PortMapConf`; everything is
-//! checked before the kernel is touched) and the choice of the container addresses from prevResult.
+//! portmap's configuration and what one attachment wants.
+//!
+//! [`Conf`] validates the keys for ADD, CHECK and STATUS (everything is checked before the
+//! kernel is touched); [`Teardown`] reads them as DEL and GC must (values ADD refuses but that
+//! are harmless are ignored with a note). [`Intent`] is the attachment's desired state: its
+//! host ports resolved against the container addresses of prevResult, the masquerade elements
+//! `snat`/`masqAll` ask for, and the record of its network namespace. Pure: nothing here reads
+//! the kernel.
 
+use crate::model::{Elem, Hash, HostPort, Masq, NsId, Owner, Target};
+use cni_common::net::{container_addrs, Family, Proto};
 use cni_common::spec::config::{PortMapConf, PortMapping};
 use cni_common::spec::result::CniResult;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
-use std::net::IpAddr;
-
-/// Layer-4 protocol of a mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Proto {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Proto {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Proto::Tcp => "tcp",
-            Proto::Udp => "udp",
-            Proto::Sctp => "sctp",
-        }
-    }
-
-    /// The IP protocol number (`meta l4proto`).
-    pub fn number(self) -> u8 {
-        match self {
-            Proto::Tcp => 6,
-            Proto::Udp => 17,
-            Proto::Sctp => 132,
-        }
-    }
-
-    pub fn from_number(n: u8) -> Option<Proto> {
-        [Proto::Tcp, Proto::Udp, Proto::Sctp].into_iter().find(|p| p.number() == n)
-    }
-}
-
-/// Address family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Fam {
-    V4,
-    V6,
-}
-
-impl Fam {
-    pub fn of(ip: &IpAddr) -> Fam {
-        if ip.is_ipv4() {
-            Fam::V4
-        } else {
-            Fam::V6
-        }
-    }
-
-    /// "4" or "6", as in set and chain names.
-    pub fn digit(self) -> char {
-        match self {
-            Fam::V4 => '4',
-            Fam::V6 => '6',
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Fam::V4 => "IPv4",
-            Fam::V6 => "IPv6",
-        }
-    }
-}
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Which host addresses a mapping listens on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +22,7 @@ pub enum HostIp {
     /// No `hostIP`: both families.
     Any,
     /// `0.0.0.0` or `::`: every address of that family.
-    AnyOf(Fam),
+    AnyOf(Family),
     /// One address.
     Addr(IpAddr),
 }
@@ -90,13 +36,28 @@ pub struct Mapping {
     pub host_ip: HostIp,
 }
 
+/// `conditionsV4`/`conditionsV6`: nft match tokens in front of the host-port lookup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Conditions {
+    pub v4: Vec<String>,
+    pub v6: Vec<String>,
+}
+
+impl Conditions {
+    pub fn of(&self, fam: Family) -> &[String] {
+        match fam {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Conf {
     pub snat: bool,
     pub masq_all: bool,
-    pub conditions_v4: Vec<String>,
-    pub conditions_v6: Vec<String>,
+    pub conditions: Conditions,
     pub mappings: Vec<Mapping>,
     /// Notes for stderr (ignored iptables-only keys).
     pub notes: Vec<String>,
@@ -113,16 +74,13 @@ fn port(field: &str, i: usize, v: i64) -> Result<u16> {
 }
 
 fn proto(i: usize, p: &str) -> Result<Proto> {
-    match p.to_ascii_lowercase().as_str() {
-        "" | "tcp" => Ok(Proto::Tcp),
-        "udp" => Ok(Proto::Udp),
-        "sctp" => Ok(Proto::Sctp),
-        _ => Err(CniError::unsupported_field(
+    Proto::parse(p).ok_or_else(|| {
+        CniError::unsupported_field(
             &format!("runtimeConfig.portMappings[{i}].protocol"),
             format!("{p:?}"),
             "use \"tcp\", \"udp\" or \"sctp\"",
-        )),
-    }
+        )
+    })
 }
 
 fn host_ip(i: usize, s: &str) -> Result<HostIp> {
@@ -134,7 +92,7 @@ fn host_ip(i: usize, s: &str) -> Result<HostIp> {
     })?;
     let ip = ip.to_canonical(); // ::ffff:a.b.c.d is an IPv4 address
     if ip.is_unspecified() {
-        return Ok(HostIp::AnyOf(Fam::of(&ip)));
+        return Ok(HostIp::AnyOf(Family::of(&ip)));
     }
     if ip.is_multicast() {
         return Err(CniError::config(format!(
@@ -204,22 +162,23 @@ fn backend(raw: Option<&str>) -> Result<()> {
 /// The mappings of `list`, refusing a host port mapped to two container ports.
 fn mappings(list: &[PortMapping]) -> Result<Vec<Mapping>> {
     let mut out: Vec<Mapping> = Vec::with_capacity(list.len());
+    // (host port, protocol, host IP) → container port: linear in the number of mappings
+    let mut seen: HashMap<(u16, Proto, HostIp), u16> = HashMap::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let mapping = mapping(i, m)?;
-        if out.contains(&mapping) {
-            continue; // an exact repeat changes nothing
+        match seen.get(&(mapping.host_port, mapping.proto, mapping.host_ip)) {
+            Some(p) if *p == mapping.container_port => continue, // an exact repeat changes nothing
+            Some(p) => {
+                return Err(CniError::config(format!(
+                    "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {p}): \
+                     a host port can go to one container port only",
+                    mapping.proto.as_str(),
+                    mapping.host_port,
+                )))
+            }
+            None => {}
         }
-        if let Some(o) = out.iter().find(|o| {
-            o.host_port == mapping.host_port && o.proto == mapping.proto && o.host_ip == mapping.host_ip
-        }) {
-            return Err(CniError::config(format!(
-                "runtimeConfig.portMappings[{i}] maps host port {}/{} again (already mapped to container port {}): \
-                 a host port can go to one container port only",
-                mapping.proto.as_str(),
-                mapping.host_port,
-                o.container_port
-            )));
-        }
+        seen.insert((mapping.host_port, mapping.proto, mapping.host_ip), mapping.container_port);
         out.push(mapping);
     }
     Ok(out)
@@ -245,13 +204,14 @@ impl Conf {
                  the nftables rules masquerade without packet marks"
             ));
         }
-        let conditions_v4 = conditions("conditionsV4", raw.conditions_v4.as_deref())?;
-        let conditions_v6 = conditions("conditionsV6", raw.conditions_v6.as_deref())?;
+        let conditions = Conditions {
+            v4: conditions("conditionsV4", raw.conditions_v4.as_deref())?,
+            v6: conditions("conditionsV6", raw.conditions_v6.as_deref())?,
+        };
         Ok(Conf {
             snat: raw.snat(),
             masq_all: raw.masq_all,
-            conditions_v4,
-            conditions_v6,
+            conditions,
             mappings: mappings(raw.mappings())?,
             notes,
         })
@@ -314,39 +274,223 @@ impl Teardown {
         Some(Conf {
             snat: self.snat,
             masq_all: self.masq_all,
-            conditions_v4: Vec::new(),
-            conditions_v6: Vec::new(),
+            conditions: Conditions::default(),
             mappings: self.mappings.clone()?,
             notes: Vec::new(),
         })
     }
 }
 
-/// The container's addresses as upstream picks them: the first IPv4 and the first IPv6
-/// address of prevResult whose `interface` is absent or names an interface called CNI_IFNAME
-/// that has a sandbox. Unlike upstream, an `interface` index past the end of the list is
-/// refused (code 7): prevResult is then not a result any plugin made.
-pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>, Option<IpNet>)> {
-    let mut v4 = None;
-    let mut v6 = None;
-    for (k, ip) in prev.ips.iter().enumerate() {
-        if let Some(i) = ip.interface {
-            let intf = prev.interfaces.get(i).ok_or_else(|| {
-                CniError::config(format!(
-                    "prevResult.ips[{k}].interface is {i}, but prevResult lists {} interface(s)",
-                    prev.interfaces.len()
-                ))
-            })?;
-            if intf.name != ifname || intf.sandbox.is_empty() {
-                continue;
+/// One mapping for one address family, resolved against the container's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub host: HostPort,
+    /// The container address with its subnet's prefix length.
+    pub ctr: IpNet,
+    pub ctr_port: u16,
+}
+
+impl Entry {
+    pub fn target(&self) -> Target {
+        Target { ip: self.ctr.addr(), port: self.ctr_port }
+    }
+}
+
+/// Expand the mappings for the container's addresses. A hostIP of the other family is
+/// skipped for that family, like upstream.
+fn entries(conf: &Conf, v4: Option<IpNet>, v6: Option<IpNet>) -> Result<Vec<Entry>> {
+    let mut out: Vec<Entry> = Vec::new();
+    let mut seen: HashMap<HostPort, u16> = HashMap::new();
+    for m in &conf.mappings {
+        for (fam, ctr) in [(Family::V4, v4), (Family::V6, v6)] {
+            let Some(ctr) = ctr else { continue };
+            let ip = match m.host_ip {
+                HostIp::Any => None,
+                HostIp::AnyOf(f) if f == fam => None,
+                HostIp::AnyOf(_) => continue,
+                HostIp::Addr(ip) if Family::of(&ip) == fam => Some(ip),
+                HostIp::Addr(_) => continue,
+            };
+            let e = Entry {
+                host: HostPort { fam, ip, proto: m.proto, port: m.host_port },
+                ctr,
+                ctr_port: m.container_port,
+            };
+            match seen.get(&e.host) {
+                Some(p) if *p == e.ctr_port => continue,
+                Some(p) => {
+                    return Err(CniError::config(format!(
+                    "runtimeConfig.portMappings maps host port {}/{} twice (to container ports {p} and {}), \
+                         once with hostIP \"\" and once with an unspecified hostIP of the same family",
+                    e.host.proto.as_str(),
+                    e.host.port,
+                    e.ctr_port
+                )))
+                }
+                None => {}
             }
-        }
-        let slot = if ip.address.addr().is_ipv4() { &mut v4 } else { &mut v6 };
-        if slot.is_none() {
-            *slot = Some(ip.address);
+            seen.insert(e.host, e.ctr_port);
+            out.push(e);
         }
     }
-    Ok((v4, v6))
+    Ok(out)
+}
+
+/// The masquerade elements of an entry, as upstream's rules: with `snat`, from every source
+/// (`masqAll`) or from the container's subnet and, for IPv4, from `127.0.0.1`; without
+/// `snat`, none (`masqAll` applies only with `snat`, as upstream).
+fn masq_of(conf: &Conf, e: &Entry) -> Vec<Masq> {
+    let m = |src: IpNet| Masq::new(src, e.ctr.addr(), e.host.proto, e.ctr_port);
+    if !conf.snat {
+        return Vec::new();
+    }
+    if conf.masq_all {
+        let all = match e.host.fam {
+            Family::V4 => IpNet::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+            Family::V6 => IpNet::new(Ipv6Addr::UNSPECIFIED.into(), 0),
+        };
+        return vec![m(all.expect("a valid prefix"))];
+    }
+    let mut v = vec![m(e.ctr)];
+    if e.host.fam == Family::V4 {
+        v.push(m(IpNet::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 32).expect("a valid prefix")));
+    }
+    v
+}
+
+/// Prefix lengths (per family) of masquerade sets.
+pub type Lens = BTreeSet<(Family, u8)>;
+
+/// What one attachment wants in the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    pub owner: Owner,
+    pub entries: Vec<Entry>,
+    pub masq: Vec<Masq>,
+    /// The identity and path of the attachment's network namespace (the path empty when it
+    /// cannot be recorded; None when there is no namespace to record).
+    pub netns: Option<(NsId, String)>,
+}
+
+impl Intent {
+    /// The intent of an attachment with configuration `conf` and prevResult `prev`, and notes
+    /// on mappings that do not apply to the container's address family. Fails (code 7) when
+    /// prevResult gives the container no address the mappings can use: the host ports would
+    /// silently not work.
+    pub fn new(
+        conf: &Conf,
+        prev: &CniResult,
+        ifname: &str,
+        owner: Owner,
+        netns: Option<(NsId, String)>,
+    ) -> Result<(Intent, Vec<String>)> {
+        let (v4, v6) = container_addrs(prev, ifname)?;
+        if v4.is_none() && v6.is_none() {
+            return Err(CniError::config(format!(
+                "prevResult has no address for interface {ifname:?} (an IP whose \"interface\" is that \
+                 container interface, or has none): the host ports cannot be forwarded"
+            )));
+        }
+        let entries = entries(conf, v4, v6)?;
+        let mut notes = Vec::new();
+        for (i, m) in conf.mappings.iter().enumerate() {
+            let has = |f: Family| if f == Family::V4 { v4.is_some() } else { v6.is_some() };
+            let covered = match m.host_ip {
+                HostIp::Any => true,
+                HostIp::AnyOf(f) => has(f),
+                HostIp::Addr(ip) => has(Family::of(&ip)),
+            };
+            if covered {
+                continue;
+            }
+            let fam = if v4.is_some() { "IPv4" } else { "IPv6" };
+            let msg = format!(
+                "runtimeConfig.portMappings[{i}] (host port {}/{}) names a hostIP of another family \
+                 than the container's {fam} address",
+                m.proto.as_str(),
+                m.host_port
+            );
+            if entries.is_empty() {
+                return Err(CniError::config(format!("{msg}: nothing would be forwarded")));
+            }
+            notes.push(format!("portmap: note: {msg}; it is not forwarded"));
+        }
+        let mut seen: HashSet<Masq> = HashSet::new();
+        let masq: Vec<Masq> =
+            entries.iter().flat_map(|e| masq_of(conf, e)).filter(|m| seen.insert(*m)).collect();
+        Ok((Intent { owner, entries, masq, netns }, notes))
+    }
+
+    /// The host ports.
+    pub fn ports(&self) -> impl Iterator<Item = HostPort> + '_ {
+        self.entries.iter().map(|e| e.host)
+    }
+
+    /// The attachment's `claims` elements: where each of its host ports should lead.
+    pub fn claims(&self) -> impl Iterator<Item = Elem> + '_ {
+        self.entries.iter().map(|e| Elem::claim(e.host, self.owner.hash, e.target()))
+    }
+
+    /// The masquerade elements.
+    pub fn masq_elems(&self) -> impl Iterator<Item = Elem> + '_ {
+        self.masq.iter().map(|m| Elem::masq(*m))
+    }
+
+    /// The fingerprint of the mappings (claims and masquerade elements): what the attachment's
+    /// `attachments` record holds, so that a later verb can tell whether the mappings it is
+    /// given are all the attachment has.
+    pub fn fingerprint(&self) -> Hash {
+        fingerprint(self.claims().chain(self.masq_elems()))
+    }
+
+    /// The record of the attachment: `attachments { hash : fingerprint }`.
+    pub fn record(&self) -> Elem {
+        Elem::attachment(self.owner.hash, self.fingerprint())
+    }
+
+    /// Every element of the attachment when it holds each of its host ports alone (the
+    /// common case): owner claims, claims, DNAT elements, masquerade elements and its record.
+    /// The netns record apart (its comment is the path, not the tag).
+    pub fn sole_elements(&self) -> Vec<Elem> {
+        let h = self.owner.hash;
+        let mut v: Vec<Elem> = self.entries.iter().map(|e| Elem::owner(e.host, h)).collect();
+        v.extend(self.claims());
+        v.extend(self.entries.iter().map(|e| Elem::dnat(e.host, e.target())));
+        v.extend(self.masq_elems());
+        v.push(self.record());
+        v
+    }
+
+    /// The netns record, with its comment (the path).
+    pub fn netns_elem(&self) -> Option<(Elem, String)> {
+        self.netns.as_ref().map(|(id, path)| (Elem::netns(self.owner.hash, *id), path.clone()))
+    }
+
+    /// The prefix lengths of the masquerade sets the attachment needs.
+    pub fn lens(&self) -> Lens {
+        self.masq.iter().map(|m| (m.fam(), m.src.prefix_len())).collect()
+    }
+}
+
+/// The fingerprint of a set of elements (order does not matter).
+pub fn fingerprint(elems: impl IntoIterator<Item = Elem>) -> Hash {
+    let mut encoded: Vec<Vec<u8>> = elems
+        .into_iter()
+        .map(|e| {
+            let n = e.encode(None);
+            let mut b = e.set().name().into_bytes();
+            b.push(0);
+            b.extend(n.key);
+            if let Some(cni_common::netlink::nft::NftData::Value(d)) = n.data {
+                b.extend(d);
+            }
+            b
+        })
+        .collect();
+    encoded.sort();
+    encoded.dedup();
+    let parts: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+    Hash::of(&parts)
 }
 
 #[cfg(test)]
@@ -355,6 +499,119 @@ mod tests {
     use cni_common::spec::json;
     use cni_common::spec::result::{Interface, IpConfig};
     use serde_json::json;
+
+    fn intent(c: &Conf, v4: Option<&str>, v6: Option<&str>) -> Result<(Intent, Vec<String>)> {
+        let sandbox = Interface { name: "eth0".into(), sandbox: "/run/netns/x".into(), ..Default::default() };
+        let ip = |a: &str| IpConfig { interface: Some(0), address: a.parse().unwrap(), gateway: None };
+        let prev = CniResult {
+            interfaces: vec![sandbox],
+            ips: v4.into_iter().chain(v6).map(ip).collect(),
+            ..Default::default()
+        };
+        Intent::new(c, &prev, "eth0", Owner::new("n", "c", "eth0"), None)
+    }
+
+    fn texts(i: &Intent) -> Vec<String> {
+        i.sole_elements().iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn elements_for_dual_stack_with_host_ips() {
+        let c = conf(json!({"runtimeConfig": {"portMappings": [
+            {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+            {"hostPort": 53, "containerPort": 53, "protocol": "udp", "hostIP": "192.0.2.1"},
+            {"hostPort": 9000, "containerPort": 90, "protocol": "tcp", "hostIP": "::"}
+        ]}}))
+        .unwrap();
+        let (i, notes) = intent(&c, Some("10.0.0.5/24"), Some("fd00::5/64")).unwrap();
+        assert!(notes.is_empty());
+        let h = i.owner.hash;
+        let fp = i.fingerprint();
+        assert_eq!(
+            texts(&i),
+            [
+                format!("owner {{ ::ffff:0.0.0.0 . tcp . 8080 : {h} }}"),
+                format!("owner {{ :: . tcp . 8080 : {h} }}"),
+                format!("owner {{ ::ffff:192.0.2.1 . udp . 53 : {h} }}"),
+                format!("owner {{ :: . tcp . 9000 : {h} }}"),
+                format!("claims {{ ::ffff:0.0.0.0 . tcp . 8080 . {h} : ::ffff:10.0.0.5 . 80 }}"),
+                format!("claims {{ :: . tcp . 8080 . {h} : fd00::5 . 80 }}"),
+                format!("claims {{ ::ffff:192.0.2.1 . udp . 53 . {h} : ::ffff:10.0.0.5 . 53 }}"),
+                format!("claims {{ :: . tcp . 9000 . {h} : fd00::5 . 90 }}"),
+                "hp4 { tcp . 8080 : 10.0.0.5 . 80 }".to_string(),
+                "hp6 { tcp . 8080 : fd00::5 . 80 }".to_string(),
+                "hip4 { 192.0.2.1 . udp . 53 : 10.0.0.5 . 53 }".to_string(),
+                "hp6 { tcp . 9000 : fd00::5 . 90 }".to_string(),
+                "net4_24 { 10.0.0.0 . 10.0.0.5 . tcp . 80 }".to_string(),
+                "net4_32 { 127.0.0.1 . 10.0.0.5 . tcp . 80 }".to_string(),
+                "net6_64 { fd00:: . fd00::5 . tcp . 80 }".to_string(),
+                "net4_24 { 10.0.0.0 . 10.0.0.5 . udp . 53 }".to_string(),
+                "net4_32 { 127.0.0.1 . 10.0.0.5 . udp . 53 }".to_string(),
+                "net6_64 { fd00:: . fd00::5 . tcp . 90 }".to_string(),
+                format!("attachments {{ {h} : {fp} }}"),
+            ]
+        );
+        // the IPv4 host IP is skipped for an IPv6-only container, with a note
+        let (i, notes) = intent(&c, None, Some("fd00::5/64")).unwrap();
+        assert_eq!(i.entries.len(), 2);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        // only mappings of the other family: refused
+        let v4only = conf(json!({"runtimeConfig": {"portMappings": [{"hostPort": 53, "containerPort": 53, "hostIP": "192.0.2.1"}]}})).unwrap();
+        assert_eq!(intent(&v4only, None, Some("fd00::5/64")).unwrap_err().code, 7);
+        // no address at all: refused
+        assert_eq!(intent(&c, None, None).unwrap_err().code, 7);
+        // the fingerprint follows the mappings, not their order
+        let mut swapped = c.clone();
+        swapped.mappings.reverse();
+        assert_eq!(intent(&swapped, Some("10.0.0.5/24"), Some("fd00::5/64")).unwrap().0.fingerprint(), {
+            intent(&c, Some("10.0.0.5/24"), Some("fd00::5/64")).unwrap().0.fingerprint()
+        });
+        swapped.mappings.pop();
+        assert_ne!(
+            intent(&swapped, Some("10.0.0.5/24"), None).unwrap().0.fingerprint(),
+            intent(&c, Some("10.0.0.5/24"), None).unwrap().0.fingerprint()
+        );
+    }
+
+    #[test]
+    fn masquerading_as_upstream() {
+        let one = json!([{"hostPort": 80, "containerPort": 80}]);
+        let masq = |v: serde_json::Value| -> Vec<String> {
+            let c = conf(v).unwrap();
+            intent(&c, Some("10.0.0.5/32"), Some("fd00::5/128"))
+                .unwrap()
+                .0
+                .masq_elems()
+                .map(|e| e.to_string())
+                .collect()
+        };
+        assert_eq!(
+            masq(json!({"runtimeConfig": {"portMappings": one}})),
+            [
+                "net4_32 { 10.0.0.5 . 10.0.0.5 . tcp . 80 }",
+                "net4_32 { 127.0.0.1 . 10.0.0.5 . tcp . 80 }",
+                "net6_128 { fd00::5 . fd00::5 . tcp . 80 }"
+            ]
+        );
+        assert_eq!(
+            masq(json!({"masqAll": true, "runtimeConfig": {"portMappings": one}})),
+            ["net4_0 { 10.0.0.5 . tcp . 80 }", "net6_0 { fd00::5 . tcp . 80 }"]
+        );
+        // masqAll applies only with snat, as upstream
+        assert!(
+            masq(json!({"snat": false, "masqAll": true, "runtimeConfig": {"portMappings": one}})).is_empty()
+        );
+        assert!(masq(json!({"snat": false, "runtimeConfig": {"portMappings": one}})).is_empty());
+    }
+
+    #[test]
+    fn conflicting_entries_within_one_request() {
+        let c = conf(json!({"runtimeConfig": {"portMappings": [
+            {"hostPort": 80, "containerPort": 80},
+            {"hostPort": 80, "containerPort": 81, "hostIP": "0.0.0.0"}]}}))
+        .unwrap();
+        assert_eq!(intent(&c, Some("10.0.0.5/24"), None).unwrap_err().code, 7);
+    }
 
     fn conf(v: serde_json::Value) -> Result<Conf> {
         let raw: PortMapConf = json::from_value(v).map_err(CniError::decode)?;
@@ -375,8 +632,8 @@ mod tests {
         assert_eq!(c.mappings.len(), 4, "exact repeats collapse");
         assert_eq!(c.mappings[1].proto, Proto::Udp);
         assert_eq!(c.mappings[1].host_ip, HostIp::Addr("192.0.2.1".parse().unwrap()));
-        assert_eq!(c.mappings[2].host_ip, HostIp::AnyOf(Fam::V6));
-        assert_eq!(c.mappings[3].host_ip, HostIp::AnyOf(Fam::V4));
+        assert_eq!(c.mappings[2].host_ip, HostIp::AnyOf(Family::V6));
+        assert_eq!(c.mappings[3].host_ip, HostIp::AnyOf(Family::V4));
     }
 
     #[test]
@@ -420,48 +677,11 @@ mod tests {
     #[test]
     fn conditions_are_checked() {
         let c = conf(json!({"conditionsV4": ["ip", "daddr", "!=", "{ 10.0.0.1, 10.0.0.2 }"]})).unwrap();
-        assert_eq!(c.conditions_v4.len(), 4);
+        assert_eq!(c.conditions.v4.len(), 4);
         assert_eq!(conf(json!({"conditionsV4": ["-d", "10.0.0.1"]})).unwrap_err().code, 2);
         assert_eq!(conf(json!({"conditionsV6": ["!", "-d", "::1"]})).unwrap_err().code, 2);
         assert_eq!(conf(json!({"conditionsV4": ["ip daddr 1.1.1.1; flush ruleset"]})).unwrap_err().code, 7);
         assert_eq!(conf(json!({"conditionsV4": ["a\nb"]})).unwrap_err().code, 7);
-    }
-
-    #[test]
-    fn container_address_choice_follows_upstream() {
-        let prev = CniResult {
-            interfaces: vec![
-                Interface { name: "cni0".into(), ..Default::default() },
-                Interface { name: "veth1".into(), ..Default::default() },
-                Interface { name: "eth0".into(), sandbox: "/run/netns/x".into(), ..Default::default() },
-                Interface { name: "eth1".into(), sandbox: "/run/netns/x".into(), ..Default::default() },
-            ],
-            ips: vec![
-                IpConfig { interface: Some(0), address: "10.0.0.1/24".parse().unwrap(), gateway: None },
-                IpConfig { interface: Some(3), address: "10.1.0.5/24".parse().unwrap(), gateway: None },
-                IpConfig { interface: Some(2), address: "10.0.0.5/24".parse().unwrap(), gateway: None },
-                IpConfig { interface: Some(2), address: "10.0.0.6/24".parse().unwrap(), gateway: None },
-                IpConfig { interface: None, address: "fd00::5/64".parse().unwrap(), gateway: None },
-            ],
-            ..Default::default()
-        };
-        let (v4, v6) = container_addrs(&prev, "eth0").unwrap();
-        assert_eq!(v4, Some("10.0.0.5/24".parse().unwrap()));
-        assert_eq!(v6, Some("fd00::5/64".parse().unwrap()));
-        let (v4, _) = container_addrs(&prev, "eth1").unwrap();
-        assert_eq!(v4, Some("10.1.0.5/24".parse().unwrap()));
-        // an index past the end is refused (upstream would use the address)
-        let prev = CniResult {
-            ips: vec![IpConfig {
-                interface: Some(9),
-                address: "10.0.0.9/24".parse().unwrap(),
-                gateway: None,
-            }],
-            ..Default::default()
-        };
-        let e = container_addrs(&prev, "eth0").unwrap_err();
-        assert_eq!(e.code, 7);
-        assert!(e.msg.contains("prevResult.ips[0].interface is 9"), "{}", e.msg);
     }
 
     fn teardown(v: serde_json::Value) -> Result<Teardown> {

@@ -1,66 +1,120 @@
-//! The static part of the table: its sets, chains and rules, in nft syntax (for `nft -f` when
-//! conditions are configured; [`crate::wire::setup`] sends the same objects over netlink), and
-//! the checks that it is intact.
+//! The table, declared once: its sets and maps, chains and rules. Everything that needs the
+//! layout derives from [`declaration`]: the netlink operations that build or repair it
+//! ([`Declaration::setup`]), the `nft -f` text of the one rule that carries user-written
+//! conditions, the check of a table read back ([`Declaration::problems`]), STATUS's dry run,
+//! the nft text the golden captures are made from ([`Declaration::nft_text`]), cni-migrate and
+//! the benchmark's floor.
 //!
 //! ```text
-//! prerouting   (nat, dstnat)  fib daddr type local meta nfproto vmap @gates
-//! output       (nat, -100)    fib daddr type local meta nfproto vmap @gates
-//! gates        nf_proto : verdict      ipv4 : jump gate4[_<fp>], ipv6 : jump gate6[_<fp>]
-//! conditions   nf_proto : ipv6_addr    ipv4 : <hash of gate4[_<fp>]>, ipv6 : <hash of gate6[_<fp>]>
-//! gate4[_fp]   meta nfproto ipv4 [conditionsV4] jump hostports4   (the name fingerprints them)
-//! hostports4   dnat ip to ip daddr . meta l4proto . th dport map @hip4
-//!              dnat ip to meta l4proto . th dport map @hp4
-//! hostports6   (the same for ip6, @hip6 / @hp6)
-//! masquerading (nat, srcnat)  ct status dnat meta nfproto ipv4 jump masquerade4
-//!                             ct status dnat meta nfproto ipv6 jump masquerade6
-//! masquerade4  ip saddr & <mask /len> . ip daddr . meta l4proto . th dport @net4_<len> masquerade
-//!              (one rule per prefix length in use; no mask for /32, no source for /0)
-//! masquerade6  (the same for ip6 and @net6_<len>)
+//! layout        set, one element: the layout version (2)
+//! prerouting    (nat, dstnat)   meta nfproto ipv4 fib daddr type local jump gate4[_<fp>]
+//!                               meta nfproto ipv6 fib daddr type local jump gate6[_<fp>]
+//! output        (nat, -100)     the same two rules
+//! gate4[_<fp>]  meta nfproto ipv4 [conditionsV4] jump hostports4   (the name fingerprints
+//! gate6[_<fp>]  meta nfproto ipv6 [conditionsV6] jump hostports6    the conditions)
+//! hostports4    dnat ip to ip daddr . meta l4proto . th dport map @hip4   (hostIP mappings)
+//!               dnat ip to meta l4proto . th dport map @hp4               (all addresses)
+//! hostports6    the same with ip6, @hip6, @hp6
+//! masquerading  (nat, srcnat)   ct status dnat meta nfproto ipv4 jump masquerade4
+//!                               ct status dnat meta nfproto ipv6 jump masquerade6
+//! masquerade4   ip saddr & <mask> . ip daddr . meta l4proto . th dport @net4_<len> masquerade
+//!               (one rule per source prefix length in use; no mask for /32, no source for /0)
+//! masquerade6   the same with ip6 and @net6_<len>
+//! localnet      (filter, input) meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
+//!                               ct state & (established | related) == 0 ct status & dnat == 0 drop
+//!                               the same for ip6 daddr ::1
 //! ```
 //!
-//! The DNAT part (everything but the masquerade chains and the `net*` sets) depends on the
-//! conditions; the masquerade part does not, so it is always built over netlink.
-//!
-//! `conditions` states, with plain values, what `gates` says with verdicts: which gate chain
-//! (and so which conditions) each family goes through. The fast ADD re-adds these two
-//! elements to prove that the DNAT part was built for its conditions (the kernel refuses an
-//! element whose key exists with other data), instead of re-adding the `gates` elements:
-//! a jump verdict in a transaction makes older kernels validate every table of the network
-//! namespace (per-namespace validation state, e.g. kube-proxy's tens of thousands of rules),
-//! a plain value never does. `gates` is written only when the DNAT part is (re)built.
+//! Elements live in `hp4`/`hip4`/`hp6`/`hip6` (DNAT), `owner`, `claims`, `attachments`,
+//! `netns` and the `net*` masquerade sets ([`crate::model::Set`]).
 
-use crate::config::{Conf, Fam};
+use crate::config::{Conditions, Lens};
 use crate::model::{Hash, Set};
-use crate::owner::{hex, sha};
-use crate::table::Listing;
-use cni_common::netlink::nft::NftType;
-use std::collections::BTreeSet;
+use cni_common::net::Family;
+use cni_common::netlink::nft::{
+    listed, BaseChain, CmpOp, NftDelete, NftElem, NftFamily, NftOp, NftRule, NftSet, NftSetData, NftType,
+    RuleExpr, Verdict, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING, META_L4PROTO,
+    PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3,
+};
+use ipnet::IpNet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-pub const FAMILY: &str = "inet";
+pub const FAMILY: NftFamily = NftFamily::Inet;
 pub const TABLE: &str = "cni_portmap";
+/// The layout version, the one element of set [`LAYOUT_SET`]. Version 1 (no such set) is the
+/// previous release's: `gates`/`conditions` maps, no `attachments` records, no `localnet`
+/// guard; any writing verb upgrades it in place.
+pub const VERSION: u16 = 2;
+pub const LAYOUT_SET: &str = "layout";
+/// Objects of earlier layouts that an upgrade removes (besides gate chains no longer used).
+pub const RETIRED_SETS: [&str; 2] = ["gates", "conditions"];
 
-/// Prefix lengths (per family) of the masquerade sets in use.
-pub type Lens = BTreeSet<(Fam, u8)>;
+/// `NF_INET_LOCAL_IN` and `NF_INET_LOCAL_OUT`.
+const HOOK_INPUT: u32 = 1;
+const HOOK_OUTPUT: u32 = 3;
+/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its established/related bits.
+const META_IIFTYPE: u32 = 8;
+const ARPHRD_LOOPBACK: u16 = 772;
+const CT_STATE: u32 = 0;
+const CT_STATE_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
 
-/// Key and data types of a set or map (data: None for a set, Some(None) for a verdict map).
-pub fn set_types(set: Set) -> (Vec<NftType>, Option<Option<Vec<NftType>>>) {
-    use NftType::*;
-    let addr = |f: Fam| if f == Fam::V4 { Ipv4Addr } else { Ipv6Addr };
-    match set {
-        Set::Hp(f) => (vec![InetProto, InetService], Some(Some(vec![addr(f), InetService]))),
-        Set::Hip(f) => (vec![addr(f), InetProto, InetService], Some(Some(vec![addr(f), InetService]))),
-        Set::Owner => (vec![Ipv6Addr, InetProto, InetService], Some(Some(vec![Ipv6Addr]))),
-        Set::Claims => {
-            (vec![Ipv6Addr, InetProto, InetService, Ipv6Addr], Some(Some(vec![Ipv6Addr, InetService])))
-        }
-        Set::Netns => (vec![Ipv6Addr], Some(Some(vec![Ipv6Addr]))),
-        Set::Net(f, 0) => (vec![addr(f), InetProto, InetService], None),
-        Set::Net(f, _) => (vec![addr(f), addr(f), InetProto, InetService], None),
-        Set::Gates => (vec![NfProto], Some(None)),
-        Set::Conditions => (vec![NfProto], Some(Some(vec![Ipv6Addr]))),
+/// A chain: its name and, for a base chain, its hook (with nft's text for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainDecl {
+    pub name: String,
+    pub base: Option<(BaseChain, &'static str)>,
+}
+
+/// A rule: nft's text for it, its expressions (None for the gate rule with user conditions,
+/// which only nft can encode), and its comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDecl {
+    pub chain: String,
+    pub nft: String,
+    pub exprs: Option<Vec<RuleExpr>>,
+    pub comment: Option<String>,
+}
+
+/// The whole static part of the table for some masquerade prefix lengths and conditions.
+#[derive(Debug, Clone)]
+pub struct Declaration {
+    /// The element sets, in creation order (their position gives their transaction id).
+    pub sets: Vec<Set>,
+    pub chains: Vec<ChainDecl>,
+    pub rules: Vec<RuleDecl>,
+}
+
+/// The gate chain of a family: `gate4`, or `gate4_<12 hex digits>` fingerprinting the
+/// conditions.
+pub fn gate_chain(fam: Family, conds: &[String]) -> String {
+    if conds.is_empty() {
+        return format!("gate{}", fam.digit());
     }
+    let parts: Vec<&[u8]> = conds.iter().map(|c| c.as_bytes()).collect();
+    let fp: String = Hash::of(&parts).0[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("gate{}_{fp}", fam.digit())
+}
+
+/// Whether `name` is a gate chain of any conditions (exactly `gate4`, `gate6`, or those with
+/// `_` and 12 lowercase hex digits): the only chains found in the table that an upgrade or a
+/// change of conditions deletes.
+pub fn is_gate_chain(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("gate4").or_else(|| name.strip_prefix("gate6")) else { return false };
+    rest.is_empty()
+        || rest
+            .strip_prefix('_')
+            .is_some_and(|h| h.len() == 12 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+fn base(kind: &str, hook: u32, priority: i32) -> BaseChain {
+    BaseChain { kind: kind.into(), hook, priority, policy: Some(POLICY_ACCEPT) }
+}
+
+/// The set's declaration for a transaction: its types and an id unique in the transaction.
+pub fn nft_set(set: Set, id: u32) -> NftSet {
+    let (key, data) = set.types();
+    NftSet { name: set.name(), key, data: data.map(NftSetData::Values), interval: false, id }
 }
 
 fn type_name(t: NftType) -> &'static str {
@@ -74,364 +128,592 @@ fn type_name(t: NftType) -> &'static str {
 }
 
 /// `map hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }`
-pub fn set_declaration(set: Set) -> String {
+fn set_text(set: Set) -> String {
     let join = |t: &[NftType]| t.iter().map(|t| type_name(*t)).collect::<Vec<_>>().join(" . ");
-    let (key, data) = set_types(set);
-    match data {
-        None => format!("set {set} {{ type {}; }}", join(&key)),
-        Some(None) => format!("map {set} {{ type {} : verdict; }}", join(&key)),
-        Some(Some(d)) => format!("map {set} {{ type {} : {}; }}", join(&key), join(&d)),
+    match set.types() {
+        (key, None) => format!("set {set} {{ type {}; }}", join(&key)),
+        (key, Some(d)) => format!("map {set} {{ type {} : {}; }}", join(&key), join(&d)),
     }
 }
 
-/// Every set of the layout for `lens`, in creation order.
-pub fn sets(lens: &Lens) -> Vec<Set> {
-    let mut v = Set::FIXED.to_vec();
-    v.extend(lens.iter().map(|(f, len)| Set::Net(*f, *len)));
-    v
+fn masq_chain(fam: Family) -> String {
+    format!("masquerade{}", fam.digit())
 }
 
-/// Names of the gate chains for the configured conditions.
-pub fn gate_names(conf: &Conf) -> (String, String) {
-    let name = |fam: &str, conds: &[String]| {
-        if conds.is_empty() {
-            format!("gate{fam}")
-        } else {
-            let parts: Vec<&str> = conds.iter().map(String::as_str).collect();
-            format!("gate{fam}_{}", &hex(&sha(&parts))[..12])
-        }
-    };
-    (name("4", &conf.conditions_v4), name("6", &conf.conditions_v6))
-}
-
-pub const NFPROTO_IPV4: u8 = 2;
-pub const NFPROTO_IPV6: u8 = 10;
-
-/// The `conditions` elements: (nfproto, value), IPv4 first.
-pub type Conditions = Vec<(u8, Hash)>;
-
-/// The `conditions` value naming a gate chain (whose name fingerprints the conditions).
-pub fn gate_value(chain: &str) -> Hash {
-    Hash::from_digest(&sha(&["gate", chain]))
-}
-
-/// The `conditions` elements of a DNAT part built for `conf`.
-pub fn conditions(conf: &Conf) -> Conditions {
-    let (g4, g6) = gate_names(conf);
-    vec![(NFPROTO_IPV4, gate_value(&g4)), (NFPROTO_IPV6, gate_value(&g6))]
-}
-
-/// The `conditions` elements that state what the installed `gates` map says (DEL and GC,
-/// which do not know the conditions, add the map to a table made before it existed); None
-/// when `gates` does not send both families to a gate chain of the table.
-pub fn conditions_of_gates(l: &Listing) -> Option<Conditions> {
-    [NFPROTO_IPV4, NFPROTO_IPV6]
-        .into_iter()
-        .map(|fam| {
-            l.gates.iter().find_map(|(k, v)| match v {
-                cni_common::netlink::nft::Verdict::Jump(c) if *k == fam && l.chains.contains(c) => {
-                    Some((fam, gate_value(c)))
-                }
-                _ => None,
-            })
-        })
-        .collect()
-}
-
-/// Whether the `conditions` map holds exactly `want`; the problem otherwise.
-pub fn conditions_problem(l: &Listing, want: &Conditions) -> Option<String> {
-    let mut have = l.conditions.clone();
-    have.sort();
-    let mut want = want.clone();
-    want.sort();
-    (have != want).then(|| {
-        if have.is_empty() {
-            "the conditions map is missing or empty (a table made before it existed)".to_string()
-        } else {
-            "the conditions map does not name the gate chains (conditions changed?)".to_string()
-        }
-    })
-}
-
-pub fn masq_chain(fam: Fam) -> &'static str {
+fn ip_kw(fam: Family) -> &'static str {
     match fam {
-        Fam::V4 => "masquerade4",
-        Fam::V6 => "masquerade6",
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
     }
 }
 
 /// The netmask of a prefix length.
-pub fn mask(fam: Fam, len: u8) -> IpAddr {
+fn mask(fam: Family, len: u8) -> IpAddr {
     match fam {
-        Fam::V4 => IpAddr::V4(Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0))),
-        Fam::V6 => IpAddr::V6(Ipv6Addr::from(u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0))),
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0))),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0))),
     }
 }
 
-/// The masquerade rule of one prefix length, in nft syntax.
-pub fn net_rule(fam: Fam, len: u8) -> String {
-    let (ip, max) = if fam == Fam::V4 { ("ip", 32) } else { ("ip6", 128) };
-    let saddr = match len {
-        0 => String::new(), // every source
-        _ if len == max => format!("{ip} saddr . "),
-        _ => format!("{ip} saddr & {} . ", mask(fam, len)),
-    };
-    format!("{saddr}{ip} daddr . meta l4proto . th dport @{} masquerade", Set::Net(fam, len))
+fn octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
-/// The table with its sets, chains and static rules for `conf` and `lens`, rebuilt
-/// idempotently (add, flush, add rules). `old_gates`: gate chains to remove; `legacy`: sets
-/// of the previous layout to remove (after the chain that used them is flushed).
-pub fn setup_script(conf: &Conf, old_gates: &[String], lens: &Lens, legacy: &[String]) -> String {
-    let (g4, g6) = gate_names(conf);
-    let tn = format!("{FAMILY} {TABLE}");
-    let mut s = format!("table {tn} {{\n");
-    for set in sets(lens) {
-        let _ = writeln!(s, "\t{}", set_declaration(set));
-    }
-    let chains = chains(conf);
-    for (c, base) in &chains {
-        match base {
-            Some(b) => {
-                let _ = writeln!(s, "\tchain {c} {{ {b} }}");
-            }
-            None => {
-                let _ = writeln!(s, "\tchain {c} {{ }}");
-            }
-        }
-    }
-    s.push_str("}\n");
-    for (c, _) in &chains {
-        let _ = writeln!(s, "flush chain {tn} {c}");
-    }
-    for c in ["prerouting", "output"] {
-        let _ = writeln!(s, "add rule {tn} {c} fib daddr type local meta nfproto vmap @gates");
-    }
-    for (ip, f) in [("ip", '4'), ("ip6", '6')] {
-        let _ = writeln!(
-            s,
-            "add rule {tn} hostports{f} dnat {ip} to {ip} daddr . meta l4proto . th dport map @hip{f}"
-        );
-        let _ = writeln!(s, "add rule {tn} hostports{f} dnat {ip} to meta l4proto . th dport map @hp{f}");
-    }
-    for (fam, name) in [(Fam::V4, "ipv4"), (Fam::V6, "ipv6")] {
-        let _ = writeln!(
-            s,
-            "add rule {tn} masquerading ct status dnat meta nfproto {name} jump {}",
-            masq_chain(fam)
-        );
-    }
-    for (fam, len) in lens {
-        let _ = writeln!(s, "add rule {tn} {} {}", masq_chain(*fam), net_rule(*fam, *len));
-    }
-    let _ =
-        writeln!(s, "add rule {tn} {g4} meta nfproto ipv4 {} jump hostports4", conf.conditions_v4.join(" "));
-    let _ =
-        writeln!(s, "add rule {tn} {g6} meta nfproto ipv6 {} jump hostports6", conf.conditions_v6.join(" "));
-    let _ = writeln!(s, "flush map {tn} gates");
-    let _ = writeln!(s, "add element {tn} gates {{ ipv4 : jump {g4}, ipv6 : jump {g6} }}");
-    let _ = writeln!(s, "flush map {tn} conditions");
-    let _ = writeln!(
-        s,
-        "add element {tn} conditions {{ ipv4 : {}, ipv6 : {} }}",
-        gate_value(&g4),
-        gate_value(&g6)
-    );
-    for g in old_gates.iter().filter(|g| **g != g4 && **g != g6) {
-        let _ = writeln!(s, "delete chain {tn} {g}");
-    }
-    for set in legacy {
-        let _ = writeln!(s, "delete set {tn} {set}");
-    }
-    s
+fn with(mut a: Vec<RuleExpr>, b: impl IntoIterator<Item = RuleExpr>) -> Vec<RuleExpr> {
+    a.extend(b);
+    a
 }
 
-/// The chains of the layout for `conf`, with their base chain declaration.
-fn chains(conf: &Conf) -> Vec<(String, Option<&'static str>)> {
-    let (g4, g6) = gate_names(conf);
+/// `th dport`, `meta l4proto`, a payload load.
+fn dport(dreg: u32) -> RuleExpr {
+    RuleExpr::Payload { base: PAYLOAD_TRANSPORT_HEADER, offset: 2, len: 2, dreg }
+}
+
+fn l4proto(dreg: u32) -> RuleExpr {
+    RuleExpr::Meta { key: META_L4PROTO, dreg }
+}
+
+fn network(offset: u32, len: u32, dreg: u32) -> RuleExpr {
+    RuleExpr::Payload { base: PAYLOAD_NETWORK_HEADER, offset, len, dreg }
+}
+
+/// `ct <key> & <bits> == 0` (`Eq`) or `!= 0` (`Neq`: the flag test `ct status dnat`).
+fn ct_bits(key: u32, bits: u32, op: CmpOp) -> Vec<RuleExpr> {
     vec![
-        ("prerouting".into(), Some("type nat hook prerouting priority dstnat; policy accept;")),
-        ("output".into(), Some("type nat hook output priority -100; policy accept;")),
-        ("masquerading".into(), Some("type nat hook postrouting priority srcnat; policy accept;")),
-        (masq_chain(Fam::V4).into(), None),
-        (masq_chain(Fam::V6).into(), None),
-        ("hostports4".into(), None),
-        ("hostports6".into(), None),
-        (g4, None),
-        (g6, None),
+        RuleExpr::Ct { key, dreg: REG_1 },
+        RuleExpr::Bitwise { sreg: REG_1, dreg: REG_1, mask: bits.to_ne_bytes().to_vec(), xor: vec![0; 4] },
+        RuleExpr::Cmp { sreg: REG_1, op, data: vec![0; 4] },
     ]
 }
 
-/// A scratch table exercising the conditions alone (for `nft -c`), to tell a condition nft
-/// rejects from other failures.
-pub fn conditions_probe_script(conf: &Conf) -> String {
-    format!(
-        "table inet cni_portmap_probe {{\n\tchain c {{ }}\n}}\n\
-         add rule inet cni_portmap_probe c meta nfproto ipv4 {} accept\n\
-         add rule inet cni_portmap_probe c meta nfproto ipv6 {} accept\n",
-        conf.conditions_v4.join(" "),
-        conf.conditions_v6.join(" ")
-    )
+impl Declaration {
+    fn set_id(&self, set: Set) -> u32 {
+        self.sets.iter().position(|s| *s == set).map_or(0, |i| i as u32 + 2)
+    }
+
+    fn lookup(&self, set: Set, dreg: Option<u32>) -> RuleExpr {
+        RuleExpr::Lookup { sreg: REG_1, dreg, set: set.name(), set_id: self.set_id(set) }
+    }
+
+    fn rule(&mut self, chain: &str, nft: String, exprs: Option<Vec<RuleExpr>>, comment: Option<String>) {
+        self.rules.push(RuleDecl { chain: chain.into(), nft, exprs, comment });
+    }
+
+    /// The DNAT rules of a family's `hostports` chain.
+    fn hostports(&mut self, fam: Family) {
+        let (ip, digit) = (ip_kw(fam), fam.digit());
+        let chain = format!("hostports{digit}");
+        // registers as nft allocates them after a host address (4 or 16 bytes) in register 1
+        let (daddr, after_addr) = match fam {
+            Family::V4 => (network(16, 4, REG_1), [l4proto(REG32_00 + 1), dport(REG32_00 + 2)]),
+            Family::V6 => (network(24, 16, REG_1), [l4proto(REG_2), dport(REG32_00 + 5)]),
+        };
+        let dnat = RuleExpr::Dnat {
+            family: u32::from(fam.nfproto()),
+            reg_addr: REG_1,
+            reg_proto: if fam == Family::V4 { REG32_00 + 1 } else { REG_2 },
+        };
+        let hip = with(RuleExpr::nfproto(fam == Family::V4), [daddr]);
+        let hip = with(with(hip, after_addr), [self.lookup(Set::Hip(fam), Some(REG_1)), dnat.clone()]);
+        let hp = vec![l4proto(REG_1), dport(REG32_00 + 1), self.lookup(Set::Hp(fam), Some(REG_1)), dnat];
+        self.rule(
+            &chain,
+            format!("dnat {ip} to {ip} daddr . meta l4proto . th dport map @hip{digit}"),
+            Some(hip),
+            None,
+        );
+        self.rule(&chain, format!("dnat {ip} to meta l4proto . th dport map @hp{digit}"), Some(hp), None);
+    }
+
+    /// The masquerade rule of one source prefix length.
+    fn masq_rule(&mut self, fam: Family, len: u8) {
+        let ip = ip_kw(fam);
+        let set = Set::Net(fam, len);
+        let (alen, saddr_off, daddr_off) = match fam {
+            Family::V4 => (4, 12, 16),
+            Family::V6 => (16, 8, 24),
+        };
+        // registers of daddr, l4proto and dport, after the source (if any) in register 1
+        let regs = match (fam, len) {
+            (Family::V4, 0) => [REG_1, REG32_00 + 1, REG32_00 + 2],
+            (Family::V6, 0) => [REG_1, REG_2, REG32_00 + 5],
+            (Family::V4, _) => [REG32_00 + 1, REG32_00 + 2, REG32_00 + 3],
+            (Family::V6, _) => [REG_2, REG_3, REG32_00 + 9],
+        };
+        let mut e = RuleExpr::nfproto(fam == Family::V4);
+        let saddr = match len {
+            0 => String::new(),
+            _ if len == fam.max_prefix() => format!("{ip} saddr . "),
+            _ => format!("{ip} saddr & {} . ", mask(fam, len)),
+        };
+        if len > 0 {
+            e.push(network(saddr_off, alen, REG_1));
+        }
+        if len > 0 && len != fam.max_prefix() {
+            let m = octets(mask(fam, len));
+            e.push(RuleExpr::Bitwise { sreg: REG_1, dreg: REG_1, xor: vec![0; m.len()], mask: m });
+        }
+        e.extend([
+            network(daddr_off, alen, regs[0]),
+            l4proto(regs[1]),
+            dport(regs[2]),
+            self.lookup(set, None),
+            RuleExpr::Masquerade,
+        ]);
+        let text = format!("{saddr}{ip} daddr . meta l4proto . th dport @{set} masquerade");
+        self.rule(&masq_chain(fam), text, Some(e), None);
+    }
+
+    /// The guard of a family: what arrives on a non-loopback interface for the loopback
+    /// addresses is dropped unless it belongs to a connection that was DNATed (or is
+    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule.
+    fn guard(&mut self, fam: Family) {
+        let (ip, dst, text_dst): (_, IpNet, _) = match fam {
+            Family::V4 => ("ip", "127.0.0.0/8".parse().expect("a prefix"), "127.0.0.0/8"),
+            Family::V6 => ("ip6", "::1/128".parse().expect("a prefix"), "::1"),
+        };
+        let mut e = RuleExpr::nfproto(fam == Family::V4);
+        e.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
+        e.push(RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 });
+        e.push(RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() });
+        e.extend(ct_bits(CT_STATE, CT_STATE_ESTABLISHED_RELATED, CmpOp::Eq));
+        e.extend(ct_bits(CT_STATUS, CT_STATUS_DST_NAT, CmpOp::Eq));
+        e.push(RuleExpr::Verdict(Verdict::Drop));
+        let text = format!(
+            "meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback ct state & (established | related) == 0 \
+             ct status & dnat == 0 drop",
+            fam.nft_keyword()
+        );
+        self.rule("localnet", text, Some(e), None);
+    }
 }
 
-/// Whether the DNAT part matches what `conf` needs; the first problem otherwise.
-pub fn dnat_problem(l: &Listing, conf: &Conf) -> Option<String> {
-    let (g4, g6) = gate_names(conf);
-    let checks = [
-        ("prerouting", Set::Gates),
-        ("output", Set::Gates),
-        ("hostports4", Set::Hp(Fam::V4)),
-        ("hostports4", Set::Hip(Fam::V4)),
-        ("hostports6", Set::Hp(Fam::V6)),
-        ("hostports6", Set::Hip(Fam::V6)),
+/// The declaration for masquerade prefix lengths `lens` and conditions `conds`.
+pub fn declaration(lens: &Lens, conds: &Conditions) -> Declaration {
+    let mut sets = Set::FIXED.to_vec();
+    sets.extend(lens.iter().map(|(f, len)| Set::Net(*f, *len)));
+    let gates: Vec<(Family, String)> =
+        Family::BOTH.iter().map(|f| (*f, gate_chain(*f, conds.of(*f)))).collect();
+    let chain = |name: &str| ChainDecl { name: name.into(), base: None };
+    let mut chains = vec![
+        ChainDecl {
+            name: "prerouting".into(),
+            base: Some((
+                base("nat", HOOK_PREROUTING, -100),
+                "type nat hook prerouting priority dstnat; policy accept;",
+            )),
+        },
+        ChainDecl {
+            name: "output".into(),
+            base: Some((
+                base("nat", HOOK_OUTPUT, -100),
+                "type nat hook output priority -100; policy accept;",
+            )),
+        },
+        ChainDecl {
+            name: "masquerading".into(),
+            base: Some((
+                base("nat", HOOK_POSTROUTING, 100),
+                "type nat hook postrouting priority srcnat; policy accept;",
+            )),
+        },
+        ChainDecl {
+            name: "localnet".into(),
+            base: Some((
+                base("filter", HOOK_INPUT, 0),
+                "type filter hook input priority filter; policy accept;",
+            )),
+        },
+        chain("hostports4"),
+        chain("hostports6"),
+        chain("masquerade4"),
+        chain("masquerade6"),
     ];
-    for (chain, set) in checks {
-        if !l.uses_set(chain, &set.name()) {
-            return Some(format!("chain {chain} lacks its rule using @{set}"));
+    chains.extend(gates.iter().map(|(_, g)| chain(g)));
+    let mut d = Declaration { sets, chains, rules: Vec::new() };
+    for hook in ["prerouting", "output"] {
+        for (fam, gate) in &gates {
+            let e = with(
+                with(RuleExpr::nfproto(*fam == Family::V4), RuleExpr::daddr_type_local(CmpOp::Eq)),
+                [RuleExpr::Verdict(Verdict::Jump(gate.clone()))],
+            );
+            d.rule(
+                hook,
+                format!("meta nfproto {} fib daddr type local jump {gate}", fam.nft_keyword()),
+                Some(e),
+                None,
+            );
         }
     }
-    for (fam, g, hp) in [(2u8, &g4, "hostports4"), (10, &g6, "hostports6")] {
-        let name = if fam == 2 { "ipv4" } else { "ipv6" };
-        let jump = cni_common::netlink::nft::Verdict::Jump(g.clone());
-        if !l.gates.iter().any(|(k, v)| *k == fam && *v == jump) {
-            return Some(format!("gates map does not send {name} to chain {g} (conditions changed?)"));
-        }
-        if !l.jumps_to(g, hp) {
-            return Some(format!("chain {g} lacks its jump to {hp}"));
-        }
+    for (fam, gate) in &gates {
+        let c = conds.of(*fam);
+        let target = format!("hostports{}", fam.digit());
+        let exprs = c.is_empty().then(|| {
+            with(RuleExpr::nfproto(*fam == Family::V4), [RuleExpr::Verdict(Verdict::Jump(target.clone()))])
+        });
+        let conds_text: String = c.iter().map(|t| format!("{t} ")).collect();
+        d.rule(gate, format!("meta nfproto {} {conds_text}jump {target}", fam.nft_keyword()), exprs, None);
     }
-    None
-}
-
-/// Whether the masquerade part has every set and rule `lens` need; the first problem
-/// otherwise. A table still in the previous layout is a problem (it gets migrated).
-pub fn masq_problem(l: &Listing, lens: &Lens) -> Option<String> {
-    if !l.legacy_sets.is_empty() {
-        return Some(format!(
-            "masquerading still uses the previous layout's sets ({})",
-            l.legacy_sets.join(", ")
-        ));
-    }
-    for fam in [Fam::V4, Fam::V6] {
-        if !l.jumps_to("masquerading", masq_chain(fam)) {
-            return Some(format!("chain masquerading lacks its jump to {}", masq_chain(fam)));
-        }
+    d.hostports(Family::V4);
+    d.hostports(Family::V6);
+    for fam in Family::BOTH {
+        let mut e = ct_bits(CT_STATUS, CT_STATUS_DST_NAT, CmpOp::Neq);
+        e.extend(RuleExpr::nfproto(fam == Family::V4));
+        e.push(RuleExpr::Verdict(Verdict::Jump(masq_chain(fam))));
+        let text = format!("ct status dnat meta nfproto {} jump {}", fam.nft_keyword(), masq_chain(fam));
+        d.rule("masquerading", text, Some(e), None);
     }
     for (fam, len) in lens {
-        let set = Set::Net(*fam, *len);
-        if !l.uses_set(masq_chain(*fam), &set.name()) {
-            return Some(format!("chain {} lacks its rule using @{set}", masq_chain(*fam)));
-        }
+        d.masq_rule(*fam, *len);
     }
-    None
+    d.guard(Family::V4);
+    d.guard(Family::V6);
+    d
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cni_common::netlink::nft::{NftExpr, NftRule, Verdict};
-    use cni_common::spec::config::PortMapConf;
+/// The table's objects as read back: what [`Declaration::setup`] compares with.
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    /// The table exists.
+    pub table: bool,
+    /// The version element of [`LAYOUT_SET`] is [`VERSION`].
+    pub current: bool,
+    pub rules: Vec<NftRule>,
+    /// Set and chain names (None when not listed: a point read).
+    pub sets: Option<Vec<String>>,
+    pub chains: Option<Vec<String>>,
+}
 
-    #[test]
-    fn masks_and_rules() {
-        assert_eq!(mask(Fam::V4, 24).to_string(), "255.255.255.0");
-        assert_eq!(mask(Fam::V4, 0).to_string(), "0.0.0.0");
-        assert_eq!(mask(Fam::V6, 64).to_string(), "ffff:ffff:ffff:ffff::");
-        assert_eq!(mask(Fam::V6, 0).to_string(), "::");
-        assert_eq!(
-            net_rule(Fam::V4, 32),
-            "ip saddr . ip daddr . meta l4proto . th dport @net4_32 masquerade"
-        );
-        assert_eq!(net_rule(Fam::V4, 0), "ip daddr . meta l4proto . th dport @net4_0 masquerade");
-        assert_eq!(
-            net_rule(Fam::V6, 64),
-            "ip6 saddr & ffff:ffff:ffff:ffff:: . ip6 daddr . meta l4proto . th dport @net6_64 masquerade"
-        );
+/// What the static part needs: netlink operations, and an `nft -f` script to run before them
+/// (gate chains with conditions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Setup {
+    pub ops: Vec<NftOp>,
+    pub nft: Option<String>,
+}
+
+impl Setup {
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.nft.is_none()
+    }
+}
+
+/// The prefix lengths of the masquerade rules found (the sets in use).
+pub fn lens_in(rules: &[NftRule]) -> Lens {
+    rules
+        .iter()
+        .filter(|r| r.chain == "masquerade4" || r.chain == "masquerade6")
+        .flat_map(|r| r.exprs.iter())
+        .filter_map(|e| match e {
+            cni_common::netlink::nft::NftExpr::Lookup { set } => match Set::parse(set) {
+                Some(Set::Net(f, len)) => Some((f, len)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// The version element.
+fn version_elem() -> NftElem {
+    NftElem::new(VERSION.to_be_bytes().to_vec()).comment("portmap table layout version")
+}
+
+/// The look-up that tells whether a table is of this layout: (set, key).
+pub fn version_key() -> (String, Vec<u8>) {
+    (LAYOUT_SET.into(), VERSION.to_be_bytes().to_vec())
+}
+
+impl Declaration {
+    /// The rules of `chain` as declared.
+    fn chain_rules<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a RuleDecl> + 'a {
+        self.rules.iter().filter(move |r| r.chain == chain)
     }
 
-    fn rule(chain: &str, exprs: Vec<NftExpr>) -> NftRule {
-        NftRule { table: TABLE.into(), chain: chain.into(), handle: 1, comment: None, exprs }
+    /// Whether the rules found in `chain` are the declared ones: each the same expressions
+    /// as a dump lists them (a rule with user conditions: ends with the same jump) and the
+    /// same comment.
+    fn chain_intact(&self, chain: &str, found: &[NftRule]) -> bool {
+        let have: Vec<&NftRule> = found.iter().filter(|r| r.chain == chain).collect();
+        let want: Vec<&RuleDecl> = self.chain_rules(chain).collect();
+        have.len() == want.len()
+            && have.iter().zip(&want).all(|(h, w)| {
+                h.comment == w.comment
+                    && match &w.exprs {
+                        Some(e) => h.exprs == listed(e),
+                        None => {
+                            h.exprs.last()
+                                == listed(&[RuleExpr::Verdict(Verdict::Jump(format!(
+                                    "hostports{}",
+                                    &chain[4..5]
+                                )))])
+                                .last()
+                        }
+                    }
+            })
     }
 
-    #[test]
-    fn static_part_is_checked_from_the_rules() {
-        let c = Conf::from_raw(&PortMapConf::default()).unwrap();
-        let lookup = |set: &str| NftExpr::Lookup { set: set.into() };
-        let mut l = Listing::default();
-        l.chains = vec!["gate4".into(), "gate6".into(), "hostports4".into()];
-        l.gates = vec![(2, Verdict::Jump("gate4".into())), (10, Verdict::Jump("gate6".into()))];
-        for (chain, sets) in [
-            ("prerouting", &["gates"][..]),
-            ("output", &["gates"]),
-            ("hostports4", &["hip4", "hp4"]),
-            ("hostports6", &["hip6", "hp6"]),
-            ("masquerade4", &["net4_24", "net4_32"]),
-        ] {
-            for set in sets {
-                l.rules.push(rule(chain, vec![NftExpr::Other("fib".into()), lookup(set)]));
+    /// What is wrong with the static part found, one line each (empty: intact).
+    pub fn problems(&self, found: &Found) -> Vec<String> {
+        let t = format!("{} {TABLE}", FAMILY.keyword());
+        if !found.table {
+            return vec![format!("table {t} does not exist")];
+        }
+        let mut out = Vec::new();
+        if !found.current {
+            out.push(format!("table {t} is not of layout {VERSION} (set {LAYOUT_SET} lacks the version)"));
+        }
+        for c in &self.chains {
+            if !self.chain_intact(&c.name, &found.rules) {
+                out.push(format!("chain {} does not hold the rules of this layout", c.name));
             }
         }
-        for (g, hp) in [
-            ("gate4", "hostports4"),
-            ("gate6", "hostports6"),
-            ("masquerading", "masquerade4"),
-            ("masquerading", "masquerade6"),
-        ] {
-            l.rules.push(rule(g, vec![NftExpr::Verdict(Verdict::Jump(hp.into()))]));
+        if let Some(sets) = &found.sets {
+            for s in &self.sets {
+                if !sets.iter().any(|x| *x == s.name()) {
+                    out.push(format!("set {s} is missing"));
+                }
+            }
+            for s in sets.iter().filter(|s| RETIRED_SETS.contains(&s.as_str())) {
+                out.push(format!("set {s} of an earlier layout is still there"));
+            }
         }
-        let lens = Lens::from([(Fam::V4, 24), (Fam::V4, 32)]);
-        assert_eq!(dnat_problem(&l, &c), None);
-        assert_eq!(masq_problem(&l, &lens), None);
-        assert_eq!(l.net_lens(), lens, "the prefix lengths in use come from the rules");
-        assert_eq!(l.gate_chains(), vec!["gate4".to_string(), "gate6".to_string()]);
-        assert_eq!(
-            masq_problem(&l, &Lens::from([(Fam::V6, 64)])).unwrap(),
-            "chain masquerade6 lacks its rule using @net6_64"
-        );
-        let mut cond = c.clone();
-        cond.conditions_v4 = vec!["ip".into(), "saddr".into(), "10.0.0.1".into()];
-        assert!(dnat_problem(&l, &cond).unwrap().contains("conditions changed"));
-        l.rules.retain(|r| !(r.chain == "hostports4" && r.uses_set("hp4")));
-        assert_eq!(dnat_problem(&l, &c).unwrap(), "chain hostports4 lacks its rule using @hp4");
-        // the conditions map: what the fast ADD checks
-        assert!(conditions_problem(&l, &conditions(&c)).unwrap().contains("missing"));
-        assert_eq!(conditions_of_gates(&l), Some(conditions(&c)), "derived from the installed gates");
-        l.conditions = conditions(&c);
-        l.conditions.reverse();
-        assert_eq!(conditions_problem(&l, &conditions(&c)), None, "order does not matter");
-        assert!(conditions_problem(&l, &conditions(&cond)).unwrap().contains("conditions changed"));
-        l.chains.retain(|x| x != "gate6");
-        assert_eq!(conditions_of_gates(&l), None, "gates naming a chain that is not there");
-        // a table in the previous layout needs the masquerade part rebuilt
-        l.rules.push(rule("masquerading", vec![lookup("masq4")]));
-        l.legacy_sets = crate::legacy::sets_in_use(&l);
-        assert_eq!(l.legacy_sets, ["masq4"]);
-        assert!(masq_problem(&l, &lens).unwrap().contains("previous layout"));
+        if let Some(chains) = &found.chains {
+            for c in chains.iter().filter(|c| is_gate_chain(c) && !self.chains.iter().any(|d| d.name == **c))
+            {
+                out.push(format!("gate chain {c} is no longer used"));
+            }
+        }
+        out
     }
 
-    #[test]
-    fn setup_script_carries_conditions_in_a_fingerprinted_gate() {
-        let mut c = Conf::from_raw(&PortMapConf::default()).unwrap();
-        c.conditions_v4 = vec!["ip".into(), "daddr".into(), "!=".into(), "192.0.2.9".into()];
-        let (g4, g6) = gate_names(&c);
-        assert!(g4.starts_with("gate4_") && g4.len() == 18);
-        assert_eq!(g6, "gate6");
-        let lens = Lens::from([(Fam::V4, 24), (Fam::V4, 32)]);
-        let s = setup_script(&c, &["gate4".into(), g4.clone()], &lens, &["masq4".into()]);
-        assert!(s.contains(&format!(
-            "add rule inet cni_portmap {g4} meta nfproto ipv4 ip daddr != 192.0.2.9 jump hostports4"
-        )));
-        assert!(s.contains("delete chain inet cni_portmap gate4\n"));
-        assert!(!s.contains(&format!("delete chain inet cni_portmap {g4}\n")));
-        assert!(s.contains("\tset net4_24 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; }\n"));
-        assert!(s.contains("add rule inet cni_portmap masquerade4 ip saddr & 255.255.255.0 . ip daddr"));
-        assert!(s.ends_with("delete set inet cni_portmap masq4\n"), "{s}");
-        assert!(s.contains("\tmap conditions { type nf_proto : ipv6_addr; }\n"), "{s}");
-        assert!(s.contains(&format!(
-            "add element inet cni_portmap conditions {{ ipv4 : {}, ipv6 : {} }}\n",
-            gate_value(&g4),
-            gate_value("gate6")
-        )));
-        assert!(s.find("flush chain inet cni_portmap masquerading").unwrap() < s.find("delete set").unwrap());
+    /// The operations that make the table found what is declared, leaving the elements as
+    /// they are: nothing when it is intact. Every object is added (a no-op for those that
+    /// exist), each chain whose rules differ is flushed and refilled, the version element
+    /// written, and (when `found` lists them) retired maps and unused gate chains deleted
+    /// after the chains that used them are refilled. A gate chain with conditions is written
+    /// by the `nft -f` script, to run first.
+    pub fn setup(&self, found: &Found) -> Setup {
+        if found.table && self.problems(found).is_empty() {
+            return Setup::default();
+        }
+        let tn = TABLE.to_string();
+        let mut ops = vec![NftOp::AddTable { family: FAMILY, table: tn.clone(), comment: None }];
+        let layout = NftSet {
+            name: LAYOUT_SET.into(),
+            key: vec![NftType::InetService],
+            data: None,
+            interval: false,
+            id: 1,
+        };
+        ops.push(NftOp::AddSet { family: FAMILY, table: tn.clone(), set: layout });
+        ops.extend(self.sets.iter().map(|s| NftOp::AddSet {
+            family: FAMILY,
+            table: tn.clone(),
+            set: nft_set(*s, self.set_id(*s)),
+        }));
+        for c in &self.chains {
+            let base = c.base.as_ref().map(|(b, _)| b.clone());
+            ops.push(NftOp::AddChain {
+                family: FAMILY,
+                table: tn.clone(),
+                chain: c.name.clone(),
+                base,
+                comment: None,
+            });
+        }
+        let mut script = String::new();
+        for c in &self.chains {
+            if found.table && self.chain_intact(&c.name, &found.rules) {
+                continue;
+            }
+            let rules: Vec<&RuleDecl> = self.chain_rules(&c.name).collect();
+            if rules.iter().any(|r| r.exprs.is_none()) {
+                // only nft can encode user conditions: the chain is rewritten by nft
+                let _ = writeln!(script, "add table {} {tn}", FAMILY.keyword());
+                for dep in ["hostports4", "hostports6", &c.name] {
+                    let _ = writeln!(script, "add chain {} {tn} {dep}", FAMILY.keyword());
+                }
+                let _ = writeln!(script, "flush chain {} {tn} {}", FAMILY.keyword(), c.name);
+                for r in rules {
+                    let _ = writeln!(script, "add rule {} {tn} {} {}", FAMILY.keyword(), c.name, r.nft);
+                }
+                continue;
+            }
+            ops.push(NftOp::Delete(NftDelete::Flush {
+                family: FAMILY,
+                table: tn.clone(),
+                chain: c.name.clone(),
+            }));
+            for r in rules {
+                let exprs = r.exprs.clone().expect("netlink rule");
+                ops.push(NftOp::rule(FAMILY, TABLE, &c.name, exprs, r.comment.as_deref()));
+            }
+        }
+        if !found.current {
+            ops.push(NftOp::FlushSet { family: FAMILY, table: tn.clone(), set: LAYOUT_SET.into() });
+            ops.push(NftOp::AddElements {
+                family: FAMILY,
+                table: tn.clone(),
+                set: LAYOUT_SET.into(),
+                elems: vec![version_elem()],
+            });
+        }
+        for s in found.sets.iter().flatten().filter(|s| RETIRED_SETS.contains(&s.as_str())) {
+            ops.push(NftOp::Delete(NftDelete::Set { family: FAMILY, table: tn.clone(), set: s.clone() }));
+        }
+        for c in found.chains.iter().flatten() {
+            if is_gate_chain(c) && !self.chains.iter().any(|d| d.name == *c) {
+                ops.push(NftOp::Delete(NftDelete::Flush {
+                    family: FAMILY,
+                    table: tn.clone(),
+                    chain: c.clone(),
+                }));
+                ops.push(NftOp::Delete(NftDelete::Chain {
+                    family: FAMILY,
+                    table: tn.clone(),
+                    chain: c.clone(),
+                }));
+            }
+        }
+        Setup { ops, nft: (!script.is_empty()).then_some(script) }
+    }
+
+    /// The whole table in nft syntax (`nft -f` input): what the golden captures are made
+    /// from, and what STATUS checks with `nft -c` when conditions need nft.
+    pub fn nft_text(&self) -> String {
+        let kw = FAMILY.keyword();
+        let mut s = format!("table {kw} {TABLE} {{\n    set {LAYOUT_SET} {{ type inet_service; }}\n");
+        for set in &self.sets {
+            let _ = writeln!(s, "    {}", set_text(*set));
+        }
+        for c in &self.chains {
+            match &c.base {
+                Some((_, text)) => {
+                    let _ = writeln!(s, "    chain {} {{ {text} }}", c.name);
+                }
+                None => {
+                    let _ = writeln!(s, "    chain {} {{ }}", c.name);
+                }
+            }
+        }
+        s.push_str("}\n");
+        for r in &self.rules {
+            let comment = r.comment.as_ref().map(|c| format!(" comment \"{c}\"")).unwrap_or_default();
+            let _ = writeln!(s, "add rule {kw} {TABLE} {} {}{comment}", r.chain, r.nft);
+        }
+        let _ = writeln!(
+            s,
+            "add element {kw} {TABLE} {LAYOUT_SET} {{ {VERSION} comment \"portmap table layout version\" }}"
+        );
+        s
     }
 }
+
+/// One element of each kind of set, named by its case.
+#[cfg(test)]
+pub fn sample_elements() -> Vec<(&'static str, crate::model::Elem)> {
+    use crate::model::{Elem, HostPort, Masq, NsId, Target};
+    use cni_common::net::Proto;
+    let h = Hash([0x12, 0x34, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    let any4 = HostPort { fam: Family::V4, ip: None, proto: Proto::Tcp, port: 8080 };
+    let t4 = Target { ip: "10.0.0.5".parse().expect("ip"), port: 80 };
+    let hip6 =
+        HostPort { fam: Family::V6, ip: Some("fd00::1".parse().expect("ip")), proto: Proto::Udp, port: 53 };
+    let m = |src: &str, ctr: &str, p: Proto, port: u16| {
+        Elem::masq(Masq::new(src.parse().expect("net"), ctr.parse().expect("ip"), p, port))
+    };
+    vec![
+        ("hp4", Elem::dnat(any4, t4)),
+        ("hip6", Elem::dnat(hip6, Target { ip: "fd00::5".parse().expect("ip"), port: 5353 })),
+        ("owner", Elem::owner(any4, h)),
+        ("claims", Elem::claim(any4, h, t4)),
+        ("attachments", Elem::attachment(h, Hash([0xab; 16]))),
+        ("netns", Elem::netns(h, NsId { ino: 0xf000_0001, cookie: 42 })),
+        ("net4_24", m("10.0.0.5/24", "10.0.0.5", Proto::Tcp, 80)),
+        ("net4_0", m("0.0.0.0/0", "10.0.0.5", Proto::Tcp, 80)),
+        ("net6_64", m("fd00::5/64", "fd00::5", Proto::Udp, 53)),
+    ]
+}
+
+/// The cases of the golden capture (testdata/capture-cases.txt, made from the declaration by
+/// [`tests::the_capture_cases_follow_the_declaration`]; testdata/capture-nft.py runs each with
+/// nft 1.0.6 and records the messages in testdata/nft-golden.txt): (name, setup, command).
+#[cfg(test)]
+pub fn capture_cases() -> Vec<(String, String, String)> {
+    let lens: Lens = [
+        (Family::V4, 24),
+        (Family::V4, 32),
+        (Family::V4, 0),
+        (Family::V6, 64),
+        (Family::V6, 128),
+        (Family::V6, 0),
+    ]
+    .into();
+    let d = declaration(&lens, &Conditions::default());
+    let kw = FAMILY.keyword();
+    let t = format!("{kw} {TABLE}");
+    let full = d.nft_text();
+    let full = full[..full.find("\n}\n").expect("table block") + 3].to_string();
+    let mut v = vec![("table".to_string(), String::new(), format!("add table {t}"))];
+    let add_table = format!("add table {t}");
+    v.push((
+        format!("set-{LAYOUT_SET}"),
+        add_table.clone(),
+        format!("add set {t} {LAYOUT_SET} {{ type inet_service; }}"),
+    ));
+    for s in &d.sets {
+        v.push((
+            format!("set-{s}"),
+            add_table.clone(),
+            format!("add {t} {}", set_text(*s)).replacen(" set ", " set ", 1),
+        ));
+    }
+    // `add set inet cni_portmap x { … }` / `add map …`: nft's command form of the declaration
+    for c in v.iter_mut().filter(|c| c.0.starts_with("set-") && c.0 != format!("set-{LAYOUT_SET}")) {
+        let decl = c.2.trim_start_matches(&format!("add {t} ")).to_string();
+        let (kind, rest) = decl.split_once(' ').expect("kind and name");
+        c.2 = format!("add {kind} {t} {rest}");
+    }
+    for c in &d.chains {
+        if let Some((_, text)) = &c.base {
+            v.push((
+                format!("chain-{}", c.name),
+                add_table.clone(),
+                format!("add chain {t} {} {{ {text} }}", c.name),
+            ));
+        }
+    }
+    v.push(("chain".into(), add_table.clone(), format!("add chain {t} hostports4")));
+    for (i, r) in d.rules.iter().enumerate() {
+        v.push((format!("rule-{i}"), full.clone(), format!("add rule {t} {} {}", r.chain, r.nft)));
+    }
+    v.push((
+        "layout-elem".into(),
+        full.clone(),
+        format!("add element {t} {LAYOUT_SET} {{ {VERSION} comment \"portmap table layout version\" }}"),
+    ));
+    for (name, e) in sample_elements() {
+        let data = if e.data.is_some() { format!(" : {}", e.data_text()) } else { String::new() };
+        v.push((
+            format!("elem-{name}"),
+            full.clone(),
+            format!("add element {t} {} {{ {} comment \"n,c,eth0\"{data} }}", e.set(), e.key),
+        ));
+        v.push((
+            format!("del-{name}"),
+            format!("{full}add element {t} {} {{ {}{data} }}\n", e.set(), e.key),
+            format!("delete element {t} {} {{ {} }}", e.set(), e.key),
+        ));
+    }
+    v
+}
+
+/// Register numbers are nft's: the assertion that our expressions are what nft sends is the
+/// golden test ([`tests`]); the assertion that the kernel lists them as [`listed`] predicts is
+/// a kernel test (tests/e2e/portmap.rs).
+#[cfg(test)]
+mod tests;

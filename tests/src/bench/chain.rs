@@ -7,7 +7,7 @@
 //! Both sides run in the same scratch host namespace on their own bridge, subnet, dataDir and
 //! host ports. cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
 
-use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor, PortmapLayout};
+use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
 use super::{timed, upstream_bin, Case, Step, FLOOR};
 use crate::chain::Chain;
 use crate::{bin, Netns, TempDir};
@@ -83,11 +83,7 @@ pub(crate) fn floor_step<'a>(host: Option<&Netns>) -> Step<'a> {
     let host = host.map(|h| NetNs::open(h.path_str()).expect("open the host namespace"));
     let plan = BridgePlan { default_routes: true, hairpin: true, mtu: Some(1460), ..Default::default() };
     let (mut br, pm, bw) = in_host(host.as_ref(), || {
-        (
-            BridgeFloor::new(plan, 203),
-            PortmapFloor::new(PortmapLayout::Current),
-            BandwidthFloor::new(100_000_000, 200_000_000),
-        )
+        (BridgeFloor::new(plan, 203), PortmapFloor::new(), BandwidthFloor::new(100_000_000, 200_000_000))
     });
     let mut n = 0u32;
     Box::new(move || {
@@ -95,12 +91,13 @@ pub(crate) fn floor_step<'a>(host: Option<&Netns>) -> Step<'a> {
         let ctr = Netns::new("bc");
         in_host(host.as_ref(), || {
             let (mut a, t_br) = timed(|| br.add(&ctr));
-            let ((), t_pm) = timed(|| pm.add(n));
+            let (pm_add, pm_del) = pm.ops(n);
+            let ((), t_pm) = timed(|| PortmapFloor::send(&pm_add));
             let (ifb, t_bw) = timed(|| bw.add(&a.host_veth));
             br.prepare_del(&mut a);
             let veth = a.host_veth.clone();
             let ((), d_bw) = timed(|| bw.del(&veth, &ifb));
-            let ((), d_pm) = timed(|| pm.del(n));
+            let ((), d_pm) = timed(|| PortmapFloor::send(&pm_del));
             let ((), d_br) = timed(|| br.del(&ctr, a));
             vec![t_br + t_pm + t_bw, d_bw + d_pm + d_br, t_br, t_pm, t_bw, d_br, d_pm, d_bw]
         })

@@ -15,26 +15,32 @@
 //!   for a grace period before it frees what the transaction deleted).
 //! - bandwidth ADD: tbf on the host veth, the ifb (created up, alias set), tbf on the ifb,
 //!   ingress qdisc, u32/mirred redirect. DEL: both qdiscs of the veth and the ifb.
-//! - portmap ADD: one transaction adding the `conditions` elements (plain values proving the
-//!   table's conditions) and the attachment's elements (owner and claims maps, DNAT map, one
-//!   element in each of two masquerade hash sets, the netns record) in a table with portmap's
-//!   set types (its current layout, [`PortmapLayout::Current`]); DEL: one transaction
-//!   re-asserting the owner claim and deleting those elements, its socket closed.
+//! - portmap ADD: the one transaction portmap's ADD commits for a new attachment in an intact
+//!   table (its owner, claim, DNAT and masquerade elements, its record and netns record), as
+//!   portmap's library computes it, in a table built from portmap's layout declaration; DEL:
+//!   the transaction deleting them, its socket closed. (The plugin also reads a few elements
+//!   first to decide: that read is its own work, above the floor.)
 //!
 //! The floor tables are the driver's own (`inet cnibench_*`), never the plugins'.
 
 use crate::{unique, Netns, TempDir};
+use cni_common::net::Family;
 use cni_common::netlink::nft::{
-    concat, BaseChain, CmpOp, NfTables, NftData, NftDelete, NftElem, NftFamily, NftOp, NftSet, NftSetData,
-    NftType, RuleExpr, Verdict, HOOK_POSTROUTING,
+    BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, RuleExpr, Verdict, HOOK_POSTROUTING,
 };
 use cni_common::netlink::tc::{self, Psched, Tbf, INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT};
 use cni_common::netlink::{
     LinkKind, LinkSpec, Netlink, PortFlags, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
+use cni_common::spec::config::PortMapConf;
+use cni_common::spec::result::{CniResult, Interface, IpConfig};
 use cni_common::sysctl;
 use ipnet::IpNet;
+use portmap::config::{Conditions, Conf, Intent, Lens};
+use portmap::layout::{declaration, Found};
+use portmap::model::{NsId, Owner};
+use portmap::plan;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -353,216 +359,114 @@ impl BandwidthFloor {
     }
 }
 
-/// Which of portmap's table layouts a floor mirrors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortmapLayout {
-    /// The layout portmap has (plugins/portmap/README.md, "Kernel layout"): plain hash sets
-    /// and maps only. The fast ADD adds the `conditions` elements (plain values naming the
-    /// gate chains), owner, claim, DNAT, one element in each of two masquerade hash sets
-    /// (`net4_<len>`: the subnet's prefix length and /32 for 127.0.0.1) and the `netns`
-    /// record; the fast DEL re-asserts the owner claim and deletes those elements and the
-    /// record.
-    Current,
-    /// The layout before the hash masquerade sets: both masquerade elements in one
-    /// concatenated *interval* set (`masq4`, the kernel's pipapo backend, whose element
-    /// changes cost time in proportion to its size), the fast ADD re-adding the `gates`
-    /// verdicts, no `netns` record. Kept to show what the layout change bought at scale.
-    Previous,
-}
-
-/// A table with portmap's set types in one of its layouts, on which the floor adds and
-/// deletes one attachment's elements the way portmap's fast paths do (one transaction each).
+/// A table of portmap's layout (its declaration, under another name so that it never meets the
+/// plugin's own table), into which the floor sends the transactions portmap's ADD and DEL
+/// commit in the common case (portmap's library computes them: `plan::add_ops`,
+/// `plan::del_ops`), bare: no process, no read, the socket closed at the end of DEL as the
+/// plugin's is.
 pub struct PortmapFloor {
     table: String,
-    layout: PortmapLayout,
 }
 
-fn v6(a: Ipv6Addr) -> Vec<u8> {
-    a.octets().to_vec()
+/// `ops` aimed at table `table` instead of portmap's.
+fn retarget(mut ops: Vec<NftOp>, table: &str) -> Vec<NftOp> {
+    for op in &mut ops {
+        let t = match op {
+            NftOp::AddTable { table, .. }
+            | NftOp::AddChain { table, .. }
+            | NftOp::AddRule { table, .. }
+            | NftOp::AddElements { table, .. }
+            | NftOp::CreateElements { table, .. }
+            | NftOp::DeleteElements { table, .. }
+            | NftOp::AddSet { table, .. }
+            | NftOp::FlushSet { table, .. } => table,
+            NftOp::Delete(
+                NftDelete::Rule { table, .. }
+                | NftDelete::Flush { table, .. }
+                | NftDelete::Chain { table, .. }
+                | NftDelete::Table { table, .. }
+                | NftDelete::Set { table, .. },
+            ) => table,
+        };
+        *t = table.to_string();
+    }
+    ops
 }
 
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+impl Default for PortmapFloor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl PortmapFloor {
-    pub fn new(layout: PortmapLayout) -> PortmapFloor {
-        use NftType::*;
+    /// The table, as portmap builds it for containers in a /16 and a /64 (masquerade sets /16,
+    /// /32 and /64).
+    pub fn new() -> PortmapFloor {
         let table = unique("cnibench_p");
-        let map = |name: &str, key: Vec<NftType>, data: Vec<NftType>| NftSet {
-            name: name.into(),
-            key,
-            data: Some(NftSetData::Values(data)),
-            interval: false,
-            id: 0,
+        let lens: Lens = [(Family::V4, 16), (Family::V4, 32), (Family::V6, 64)].into();
+        let ops = declaration(&lens, &Conditions::default()).setup(&Found::default()).ops;
+        must("portmap floor table", NfTables::new().and_then(|mut nf| nf.apply(&retarget(ops, &table))));
+        PortmapFloor { table }
+    }
+
+    /// Attachment `n`: container 10.99.<hi>.<lo>/16 on eth0, host port from `n` to port 80,
+    /// `snat` on, its namespace recorded.
+    fn intent(n: u32) -> Intent {
+        let port = 10_000 + n % 50_000;
+        let raw: PortMapConf = serde_json::from_value(serde_json::json!({
+            "runtimeConfig": {"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]}
+        }))
+        .expect("portmap config");
+        let conf = Conf::from_raw(&raw).expect("portmap config");
+        let ip = IpNet::new(IpAddr::V4(Ipv4Addr::new(10, 99, (n >> 8) as u8, n as u8)), 16).expect("prefix");
+        let prev = CniResult {
+            interfaces: vec![Interface {
+                name: "eth0".into(),
+                sandbox: format!("/run/netns/cni-bench-{n}"),
+                ..Default::default()
+            }],
+            ips: vec![IpConfig { interface: Some(0), address: ip, gateway: None }],
+            ..Default::default()
         };
-        let set = |name: &str, key: Vec<NftType>, interval: bool| NftSet {
-            name: name.into(),
-            key,
-            data: None,
-            interval,
-            id: 0,
-        };
-        let masq_key = || vec![Ipv4Addr, Ipv4Addr, InetProto, InetService];
-        let mut sets = vec![
-            map("hp4", vec![InetProto, InetService], vec![Ipv4Addr, InetService]),
-            map("owner", vec![Ipv6Addr, InetProto, InetService], vec![Ipv6Addr]),
-            map("claims", vec![Ipv6Addr, InetProto, InetService, Ipv6Addr], vec![Ipv6Addr, InetService]),
-        ];
-        let mut ops = vec![NftOp::AddTable { family: FAM, table: table.clone(), comment: None }];
-        match layout {
-            PortmapLayout::Current => sets.extend([
-                map("conditions", vec![NfProto], vec![Ipv6Addr]),
-                map("netns", vec![Ipv6Addr], vec![Ipv6Addr]),
-                set("net4_16", masq_key(), false),
-                set("net4_32", masq_key(), false),
-            ]),
-            PortmapLayout::Previous => {
-                sets.extend([
-                    set("masq4", masq_key(), true),
-                    NftSet {
-                        name: "gates".into(),
-                        key: vec![NfProto],
-                        data: Some(NftSetData::Verdict),
-                        interval: false,
-                        id: 0,
-                    },
-                ]);
-                for c in ["gate4", "gate6"] {
-                    ops.push(NftOp::AddChain {
-                        family: FAM,
-                        table: table.clone(),
-                        chain: c.into(),
-                        base: None,
-                        comment: None,
-                    });
-                }
-            }
-        }
-        for (i, mut s) in sets.into_iter().enumerate() {
-            s.id = i as u32 + 1;
-            ops.push(NftOp::AddSet { family: FAM, table: table.clone(), set: s });
-        }
-        if layout == PortmapLayout::Current {
-            // what the table's build writes once: the fast ADD re-adds the same values
-            ops.push(NftOp::AddElements {
-                family: FAM,
-                table: table.clone(),
-                set: "conditions".into(),
-                elems: Self::conditions(),
-            });
-        }
-        must("portmap floor table", NfTables::new().and_then(|mut nf| nf.apply(&ops)));
-        PortmapFloor { table, layout }
+        let ns =
+            Some((NsId { ino: 0xf000_0000 + u64::from(n), cookie: 42 }, format!("/run/netns/cni-bench-{n}")));
+        Intent::new(&conf, &prev, "eth0", Owner::new("floor", &format!("bench-{n}"), "eth0"), ns)
+            .expect("intent")
+            .0
     }
 
-    /// The `conditions` elements (any fixed values: the floor only needs them identical).
-    fn conditions() -> Vec<NftElem> {
-        [NFPROTO_IPV4, NFPROTO_IPV6]
-            .iter()
-            .map(|f| {
-                NftElem::new(vec![*f]).data(NftData::Value(v6(Ipv6Addr::new(0xc0, 0, 0, 0, 0, 0, 0, 1))))
-            })
-            .collect()
+    /// The transactions of attachment `n`'s ADD and DEL (computed, not timed).
+    pub fn ops(&self, n: u32) -> (Vec<NftOp>, Vec<NftOp>) {
+        let i = Self::intent(n);
+        (retarget(plan::add_ops(&i), &self.table), retarget(plan::del_ops(&i), &self.table))
     }
 
-    /// The elements of attachment `n` (container 10.99.<hi>.<lo> in a /16, host port from `n`),
-    /// per set in portmap's transaction order.
-    fn elements(&self, n: u32) -> Vec<(&'static str, Vec<NftElem>)> {
-        let port = (10_000 + n % 50_000) as u16;
-        let ctr = Ipv4Addr::new(10, 99, (n >> 8) as u8, n as u8);
-        let hash = Ipv6Addr::new(0xfeed, 0, 0, 0, 0, 0, (n >> 16) as u16, n as u16);
-        let tcp = [6u8];
-        let p = port.to_be_bytes();
-        let any = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped();
-        let tag = format!("floor,bench-{n},eth0");
-        let owner_key = concat(&[&v6(any), &tcp, &p]);
-        let owner = NftElem::new(owner_key.clone()).data(NftData::Value(v6(hash))).comment(tag.clone());
-        let claim = NftElem::new(concat(&[&v6(any), &tcp, &p, &v6(hash)]))
-            .data(NftData::Value(concat(&[&v6(ctr.to_ipv6_mapped()), &80u16.to_be_bytes()])))
-            .comment(tag.clone());
-        let dnat = NftElem::new(concat(&[&tcp, &p]))
-            .data(NftData::Value(concat(&[&ctr.octets(), &80u16.to_be_bytes()])))
-            .comment(tag.clone());
-        let tail = |start: Ipv4Addr| concat(&[&start.octets(), &ctr.octets(), &tcp, &80u16.to_be_bytes()]);
-        let mut out = vec![("owner", vec![owner]), ("claims", vec![claim]), ("hp4", vec![dnat])];
-        match self.layout {
-            PortmapLayout::Current => {
-                // the source prefix as one key in the set of its length
-                out.push((
-                    "net4_16",
-                    vec![NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0))).comment(tag.clone())],
-                ));
-                out.push(("net4_32", vec![NftElem::new(tail(Ipv4Addr::LOCALHOST)).comment(tag)]));
-                // the netns record: attachment hash -> nsfs inode . netns cookie, comment = path
-                let id = Ipv6Addr::new(0, 0, 0xf000, n as u16, 0, 0, 0, 0x2a);
-                out.push((
-                    "netns",
-                    vec![NftElem::new(v6(hash))
-                        .data(NftData::Value(v6(id)))
-                        .comment(format!("/run/netns/cni-bench-{n}"))],
-                ));
-            }
-            PortmapLayout::Previous => out.push((
-                "masq4",
-                vec![
-                    NftElem::new(tail(Ipv4Addr::new(10, 99, 0, 0)))
-                        .key_end(tail(Ipv4Addr::new(10, 99, 255, 255)))
-                        .comment(tag.clone()),
-                    NftElem::new(tail(Ipv4Addr::LOCALHOST)).key_end(tail(Ipv4Addr::LOCALHOST)).comment(tag),
-                ],
-            )),
-        }
-        out
+    /// The ADD and DEL transactions of the attachment portmap's configuration `conf` (a JSON
+    /// request with runtimeConfig and prevResult) describes, for container `bench-mappings`.
+    pub fn ops_of(&self, conf: &str) -> (Vec<NftOp>, Vec<NftOp>) {
+        let v: serde_json::Value = serde_json::from_str(conf).expect("json");
+        let raw: PortMapConf = serde_json::from_value(v.clone()).expect("portmap config");
+        let c = Conf::from_raw(&raw).expect("portmap config");
+        let prev: CniResult =
+            CniResult::decode(&v["prevResult"], cni_common::Version::V1_0_0).expect("prevResult");
+        let ns = Some((NsId { ino: 0xf100_0000, cookie: 43 }, "/run/netns/bench-mappings".to_string()));
+        let i = Intent::new(&c, &prev, "eth0", Owner::new("benchmaps", "bench-mappings", "eth0"), ns)
+            .expect("intent")
+            .0;
+        (retarget(plan::add_ops(&i), &self.table), retarget(plan::del_ops(&i), &self.table))
     }
 
-    /// ADD of attachment `n`, as portmap's fast ADD: the elements proving the table's
-    /// conditions (`conditions` values; in the previous layout the `gates` verdicts), then
-    /// the attachment's, one transaction. Timed by the caller.
-    pub fn add(&self, n: u32) {
-        let guard = match self.layout {
-            PortmapLayout::Current => ("conditions", Self::conditions()),
-            PortmapLayout::Previous => (
-                "gates",
-                vec![
-                    NftElem::new(vec![NFPROTO_IPV4]).data(NftData::Verdict(Verdict::Jump("gate4".into()))),
-                    NftElem::new(vec![NFPROTO_IPV6]).data(NftData::Verdict(Verdict::Jump("gate6".into()))),
-                ],
-            ),
-        };
-        let ops: Vec<NftOp> = std::iter::once(guard)
-            .chain(self.elements(n))
-            .map(|(set, elems)| NftOp::AddElements {
-                family: FAM,
-                table: self.table.clone(),
-                set: set.into(),
-                elems,
-            })
-            .collect();
-        must("portmap floor ADD", NfTables::new().and_then(|mut nf| nf.apply(&ops)));
-    }
-
-    /// DEL of attachment `n`, as portmap's fast DEL: the owner claim re-asserted, then every
-    /// element of the attachment deleted, one transaction, socket closed. Timed by the caller.
-    pub fn del(&self, n: u32) {
-        let els = self.elements(n);
-        let mut ops = vec![NftOp::AddElements {
-            family: FAM,
-            table: self.table.clone(),
-            set: "owner".into(),
-            elems: els[0].1.clone(),
-        }];
-        for (set, elems) in els {
-            let elems = elems.iter().map(NftElem::key_only).collect();
-            ops.push(NftOp::DeleteElements {
-                family: FAM,
-                table: self.table.clone(),
-                set: set.into(),
-                elems,
-            });
-        }
+    /// Send one transaction and close the socket. Timed by the caller.
+    pub fn send(ops: &[NftOp]) {
         let mut nf = must("nf_tables socket", NfTables::new());
-        must("portmap floor DEL", nf.apply(&ops));
+        must("portmap floor transaction", nf.apply(ops));
         drop(nf);
+    }
+
+    /// ADD of attachment `n` (computes the transaction, then sends it: for set-up only).
+    pub fn add(&self, n: u32) {
+        Self::send(&self.ops(n).0);
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! Each side runs its own implementation's bridge and host-local (untimed) before portmap.
 
-use super::floor::{PortmapFloor, PortmapLayout};
+use super::floor::PortmapFloor;
 use super::{stats, timed, upstream_bin, Row, FLOOR};
 use crate::{bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
@@ -157,45 +157,38 @@ fn checkpoint(sides: [&mut Side; 4]) -> Probes {
     out
 }
 
-/// Floors at scale: tables with portmap's set types holding as many attachments as the big
-/// hosts, and one-attachment references, for the layout portmap has (hash sets and maps
-/// only: the FLOOR column) and for the previous one (masquerade elements in a concatenated
-/// interval set, for comparison). Probed at the checkpoints like the plugins, so the
+/// Floors at scale: a table of portmap's layout holding as many attachments as the big hosts,
+/// and a one-attachment reference, probed at the checkpoints like the plugins, so that the
 /// kernel's own growth is read against the same moment.
 struct Floors {
-    /// (big, reference) per layout: [current, previous]
-    tables: [(PortmapFloor, PortmapFloor); 2],
+    big: PortmapFloor,
+    reference: PortmapFloor,
 }
 
-/// ADD and DEL probe samples per layout: [current big, current ref, previous big, previous ref].
-type FloorProbes = [Vec<(Duration, Duration)>; 4];
+/// ADD and DEL probe samples: [big, reference].
+type FloorProbes = [Vec<(Duration, Duration)>; 2];
 
 impl Floors {
     fn new() -> Floors {
-        let pair = |layout| {
-            let (big, r) = (PortmapFloor::new(layout), PortmapFloor::new(layout));
-            r.add(1);
-            (big, r)
-        };
-        Floors { tables: [pair(PortmapLayout::Current), pair(PortmapLayout::Previous)] }
+        let (big, reference) = (PortmapFloor::new(), PortmapFloor::new());
+        reference.add(1);
+        Floors { big, reference }
     }
 
     fn step(&self, i: usize) {
-        for (big, _) in &self.tables {
-            big.add(i as u32);
-        }
+        self.big.add(i as u32);
     }
 
     fn checkpoint(&self) -> FloorProbes {
         let mut out: FloorProbes = Default::default();
         for j in 0..PROBES {
             let n = 40_000 + j as u32; // host ports above the filled ones
-            for k in 0..4 {
-                let idx = (k + j) % 4;
-                let (big, r) = &self.tables[idx / 2];
-                let t = if idx % 2 == 0 { big } else { r };
-                let ((), a) = timed(|| t.add(n));
-                let ((), d) = timed(|| t.del(n));
+            for k in 0..2 {
+                let idx = (k + j) % 2;
+                let t = if idx == 0 { &self.big } else { &self.reference };
+                let (add, del) = t.ops(n);
+                let ((), a) = timed(|| PortmapFloor::send(&add));
+                let ((), d) = timed(|| PortmapFloor::send(&del));
                 out[idx].push((a, d));
             }
         }
@@ -283,11 +276,8 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
         for ((i, _), f) in probes.iter().zip(&floor_probes) {
             let m = |k: usize| stats(pick(&f[k], del)).median.as_secs_f64();
             notes.push(format!(
-                "floor {verb} with {i} attached vs a 1-attachment floor table probed at the same time: \
-                 current layout (hash sets and maps; the FLOOR column) {:.2}x, previous layout \
-                 (concatenated interval masquerade set) {:.2}x",
-                m(0) / m(1),
-                m(2) / m(3)
+                "floor {verb} with {i} attached vs a 1-attachment floor table probed at the same time: {:.2}x",
+                m(0) / m(1)
             ));
         }
     }
@@ -299,4 +289,159 @@ pub fn scale(n: usize) -> (Vec<Row>, Vec<String>) {
     ));
     eprintln!("portmap-scale: removing {} namespaces", 2 * n);
     (rows, notes)
+}
+
+/// How long upstream may take for one ADD or DEL of the mappings scenario before its larger
+/// sizes are skipped (1.1.1 writes one iptables rule, one exec, per mapping and more).
+pub const UPSTREAM_BOUND: Duration = Duration::from_secs(20);
+
+/// One side of the mappings scenario: a host namespace of its own and the plugin.
+struct MapSide {
+    portmap: PathBuf,
+    host: Netns,
+    ctr: Netns,
+    gave_up: Option<String>,
+}
+
+impl MapSide {
+    fn new(ours: bool) -> MapSide {
+        let host = Netns::new("bmh");
+        host.run("ip", &["link", "set", "lo", "up"]);
+        let portmap = if ours { bin("portmap") } else { upstream_bin("portmap") };
+        MapSide { portmap, host, ctr: Netns::new("bmc"), gave_up: None }
+    }
+
+    /// Run `cmd` with `conf`, within `bound`: its duration, or None past the bound (the
+    /// process group killed).
+    fn run(&self, cmd: &str, conf: &str, bound: Duration) -> Option<Duration> {
+        let mut c = self.host.command(&self.portmap);
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", "bench-mappings")
+            .env("CNI_NETNS", self.ctr.path_str())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/nonexistent");
+        let (out, t) = timed(|| {
+            cni_common::child::spawn(&mut c, Some(conf.as_bytes()), bound, cni_common::child::Use::Runner)
+                .expect("spawn portmap")
+                .wait()
+        });
+        match out {
+            Ok(o) => {
+                assert!(
+                    o.status.success(),
+                    "{} {cmd}: {}{}",
+                    self.portmap.display(),
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                Some(t)
+            }
+            Err(e) if e.code == 11 => None,
+            Err(e) => panic!("{} {cmd}: {}", self.portmap.display(), e.msg),
+        }
+    }
+}
+
+/// The configuration of one attachment with `n` mappings (TCP and UDP alternating, container
+/// ports from 20000, host ports from 10000), a dual-stack container.
+fn mappings_conf(n: usize) -> String {
+    let maps: Vec<Value> = (0..n)
+        .map(|i| json!({"hostPort": 10000 + i, "containerPort": 20000 + i, "protocol": if i % 2 == 0 { "tcp" } else { "udp" }}))
+        .collect();
+    json!({"cniVersion": "1.0.0", "name": "benchmaps", "type": "portmap", "snat": true,
+           "runtimeConfig": {"portMappings": maps},
+           "prevResult": {"cniVersion": "1.0.0",
+                          "interfaces": [{"name": "eth0", "sandbox": "/run/netns/bench-mappings"}],
+                          "ips": [{"interface": 0, "address": "10.98.0.5/16"}, {"interface": 0, "address": "fd98::5/64"}]}})
+    .to_string()
+}
+
+/// One attachment with 1, 100, 1 000 and 10 000 mappings: ADD then DEL, ours, upstream and the
+/// floor (the transactions portmap's library computes for that attachment, sent bare),
+/// interleaved; upstream's larger sizes are skipped once one of its runs takes longer than
+/// [`UPSTREAM_BOUND`]. Returns the markdown table and notes.
+pub fn mappings(sizes: &[usize], iterations: usize) -> (String, Vec<String>) {
+    let ours = MapSide::new(true);
+    let mut up = MapSide::new(false);
+    let floor = PortmapFloor::new();
+    let mut table = String::from(
+        "| mappings | ADD ours | ADD upstream | ADD floor | DEL ours | DEL upstream | DEL floor | ADD ours/floor | ADD upstream/ours |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut per_mapping: Vec<(usize, f64, f64)> = Vec::new();
+    for &n in sizes {
+        let conf = mappings_conf(n);
+        let (fa, fd) = floor.ops_of(&conf);
+        let mut s: [Vec<Duration>; 6] = Default::default();
+        for i in 0..iterations + 1 {
+            let mut order = [0usize, 1, 2];
+            order.rotate_left(i % 3);
+            for side in order {
+                let (a, d) = match side {
+                    0 => (
+                        ours.run("ADD", &conf, Duration::from_secs(120)),
+                        ours.run("DEL", &conf, Duration::from_secs(120)),
+                    ),
+                    1 if up.gave_up.is_none() => {
+                        let a = up.run("ADD", &conf, UPSTREAM_BOUND);
+                        let d = a.and_then(|_| up.run("DEL", &conf, UPSTREAM_BOUND));
+                        if a.is_none() || d.is_none() {
+                            up.gave_up = Some(format!(
+                                "upstream's {} with {n} mappings did not finish within {} s",
+                                if a.is_none() { "ADD" } else { "DEL" },
+                                UPSTREAM_BOUND.as_secs()
+                            ));
+                            // its half-written rules go with a fresh namespace
+                            up = MapSide { gave_up: up.gave_up.take(), ..MapSide::new(false) };
+                        }
+                        (a, d)
+                    }
+                    1 => (None, None),
+                    _ => {
+                        let ((), a) = timed(|| PortmapFloor::send(&fa));
+                        let ((), d) = timed(|| PortmapFloor::send(&fd));
+                        (Some(a), Some(d))
+                    }
+                };
+                if i > 0 {
+                    s[side].extend(a);
+                    s[side + 3].extend(d);
+                }
+            }
+        }
+        let med = |v: &Vec<Duration>| (!v.is_empty()).then(|| stats(v.clone()).median);
+        let text = |d: Option<Duration>| {
+            d.map_or("—".to_string(), |d| format!("{:.2} ms", d.as_secs_f64() * 1000.0))
+        };
+        let m: Vec<Option<Duration>> = s.iter().map(med).collect();
+        let r = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
+            _ => "—".into(),
+        };
+        table.push_str(&format!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            text(m[0]),
+            text(m[1]),
+            text(m[2]),
+            text(m[3]),
+            text(m[4]),
+            text(m[5]),
+            r(m[0], m[2]),
+            r(m[1], m[0])
+        ));
+        if let (Some(a), Some(d)) = (m[0], m[3]) {
+            per_mapping.push((n, a.as_secs_f64() / n as f64, d.as_secs_f64() / n as f64));
+        }
+    }
+    let mut notes: Vec<String> = up.gave_up.iter().cloned().collect();
+    let at = |n: usize| per_mapping.iter().find(|(k, _, _)| *k == n).copied();
+    if let (Some((_, a100, d100)), Some((_, a10k, d10k))) = (at(100), at(10_000)) {
+        notes.push(format!(
+            "ours, cost per mapping at 10 000 / at 100 mappings: ADD {:.2}x, DEL {:.2}x",
+            a10k / a100,
+            d10k / d100
+        ));
+    }
+    (table, notes)
 }

@@ -26,7 +26,7 @@ fn main() {
             "--baseline-name" => baseline_name = args.next().expect("--baseline-name NAME"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|kube-proxy|gap|deferred>… \
+                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|gap|deferred>… \
                      [--iterations N] [--warmup N] [--containers N] [--services N] [--baseline DIR --baseline-name NAME]"
                 );
                 return;
@@ -60,6 +60,7 @@ fn main() {
     let mut kp_cases = Vec::new();
     let mut gap = None;
     let mut deferred = None;
+    let mut mappings_table = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -70,6 +71,11 @@ fn main() {
             "host-local" => {
                 cases.extend(bench::host_local::cases(&sizes, &other));
                 growth = true;
+            }
+            "portmap-mappings" => {
+                let (table, n) = bench::portmap::mappings(&[1, 100, 1000, 10_000], iterations);
+                mappings_table = Some(table);
+                notes.extend(n);
             }
             "portmap-scale" => {
                 let (rows, n) = bench::portmap::scale(containers);
@@ -106,6 +112,10 @@ fn main() {
     if growth {
         println!("\nGrowth with the store size (median at N / median on an empty store):\n");
         print!("{}", bench::host_local::growth_markdown(&rows));
+    }
+    if let Some(t) = mappings_table {
+        println!("\nportmap, one attachment with N mappings (medians of {iterations}):\n");
+        print!("{t}");
     }
     for n in notes {
         println!("\n{n}");

@@ -133,8 +133,14 @@ pub fn write(path: &Path, entry: &CacheEntry) -> Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
     let written = (|| {
-        let mut f =
-            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        // O_NOFOLLOW: a symlink planted at the temporary name is not written through.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -158,8 +164,15 @@ pub fn remove(path: &Path) -> Result<()> {
 /// `getCachedResult` does. `Ok(None)` when there is no readable file. A file that is not a
 /// `cniCacheV1` object is read as a bare result (the pre-cache format).
 pub fn read_result(path: &Path, version: Version) -> Result<Option<Value>> {
-    let Ok(bytes) = std::fs::read(path) else {
-        return Ok(None);
+    // libcni ignores a cache file it cannot read; so do we, saying why when it exists.
+    let bytes = match crate::conf::read_bounded(path) {
+        Ok(b) => b,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("cnitool: ignoring cached result {}: {e}", path.display());
+            }
+            return Ok(None);
+        }
     };
     let raw: Value = match CacheEntry::from_json(&bytes) {
         Ok(entry) => match entry.result {
@@ -208,7 +221,7 @@ pub fn attachments(cache_dir: &Path) -> Result<Vec<(PathBuf, CacheEntry)>> {
     paths.sort();
     let mut out = Vec::new();
     for p in paths {
-        let Ok(bytes) = std::fs::read(&p) else { continue };
+        let Ok(bytes) = crate::conf::read_bounded(&p) else { continue };
         let Ok(entry) = CacheEntry::from_json(&bytes) else { continue };
         if entry.if_name.is_empty() || entry.network_name.is_empty() {
             continue;
@@ -388,7 +401,7 @@ mod tests {
         std::fs::write(&legacy, r#"{"cniVersion":"0.3.1","ips":[{"version":"4","address":"10.0.0.2/24"}]}"#)
             .unwrap();
         let r = read_result(&legacy, Version::V1_0_0).unwrap().unwrap();
-        assert_eq!(r, json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}]}));
+        assert_eq!(r, json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}], "dns": {}}));
         std::fs::write(&legacy, "garbage").unwrap();
         assert!(read_result(&legacy, Version::V1_0_0).is_err());
 
@@ -407,6 +420,7 @@ mod tests {
     fn legacy_versions_without_ips_encode_as_empty() {
         let r = CniResult::default();
         assert_eq!(encode_result(&r, Version::V0_2_0).unwrap(), json!({"cniVersion": "0.2.0", "dns": {}}));
-        assert_eq!(encode_result(&r, Version::V1_0_0).unwrap(), json!({"cniVersion": "1.0.0"}));
+        assert_eq!(encode_result(&r, Version::V1_0_0).unwrap(), json!({"cniVersion": "1.0.0", "dns": {}}));
+        assert_eq!(encode_result(&r, Version::V1_1_0).unwrap(), json!({"cniVersion": "1.1.0"}));
     }
 }

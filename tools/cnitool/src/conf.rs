@@ -234,8 +234,19 @@ pub fn list_from_bytes(bytes: &[u8]) -> Result<NetConfList> {
     Ok(list)
 }
 
+/// The most cnitool reads of one file (a configuration, a cached result): what a plugin reads
+/// of its stdin ([`cni_common::skel::STDIN_MAX`]), which is where a configuration ends up.
+pub const FILE_MAX: usize = cni_common::skel::STDIN_MAX;
+
+/// Read a file whose name comes from the environment or a directory listing: only a regular
+/// file (never a FIFO waited on or a device opened), at most [`FILE_MAX`] bytes
+/// (`cni_common::fsread`).
+pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    cni_common::fsread::read_named_regular(path, FILE_MAX as u64)
+}
+
 fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| CniError::io(format!("error reading {}: {e}", path.display())))
+    read_bounded(path).map_err(|e| CniError::io(format!("error reading {}: {e}", path.display())))
 }
 
 /// libcni's `NetworkConfFromFile`: the list, plus (unless `loadOnlyInlinedPlugins`) the
@@ -475,5 +486,25 @@ mod tests {
         let l = list_from_bytes(br#"{"cniVersion":"0.5.0","name":"n","plugins":[{"type":"x"}]}"#).unwrap();
         assert_eq!(l.version().unwrap_err().code, 1);
         assert!(list_from_bytes(br#"{"cniVersions":"1.0.0","name":"n","plugins":[{"type":"x"}]}"#).is_err());
+    }
+
+    #[test]
+    fn files_are_read_bounded_and_never_waited_on() {
+        let d = TempDir::new("bounded");
+        let fifo = d.0.join("10-fifo.conflist");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // returns at once: the open does not wait for a writer
+        let e = list_from_file(&fifo).unwrap_err();
+        assert_eq!(e.code, 5);
+        assert!(e.msg.contains("not a regular file"), "{}", e.msg);
+        let huge = d.0.join("20-huge.conflist");
+        fs::write(&huge, vec![b' '; FILE_MAX + 1]).unwrap();
+        let e = list_from_file(&huge).unwrap_err();
+        assert!(e.msg.contains("larger than 8388608 bytes"), "{}", e.msg);
+        fs::write(&huge, vec![b' '; FILE_MAX]).unwrap();
+        assert_eq!(read_bounded(&huge).unwrap().len(), FILE_MAX);
+        assert!(list_from_file(&d.0).unwrap_err().msg.contains("not a regular file"));
     }
 }

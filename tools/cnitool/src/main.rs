@@ -34,6 +34,9 @@ Extensions (not in upstream cnitool):
   CNI_GC_KEEP      for gc: id:ifname,id:ifname attachments that stay valid. Default: none,
                    as upstream cnitool, so gc deletes every cached attachment of <net>
                    and sends an empty valid-attachments list to the plugins
+  CNI_CHILD_TIMEOUT_MS  deadline of each plugin run, in milliseconds (default 120000;
+                   inherited by the plugins for their own delegates). Past it the plugin's
+                   process group is killed and the verb fails with code 11
 ";
 
 fn main() -> ExitCode {

@@ -118,6 +118,8 @@ impl Invocation {
         if matches!(verb, Verb::Add | Verb::Check | Verb::Del) {
             validate_ifname(&ifname).map_err(|e| e.context(format!("CNI_IFNAME {ifname:?}")))?;
         }
+        // The plugins' deadline (cni_common::child), checked before anything runs.
+        cni_common::child::parse_timeout(&get(cni_common::child::TIMEOUT_ENV).unwrap_or_default())?;
         let gc_keep = match get("CNI_GC_KEEP") {
             Some(text) => Some(parse_gc_keep(&text)?),
             None => None,

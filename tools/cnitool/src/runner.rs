@@ -54,7 +54,10 @@ impl Exec for SystemExec {
 
     fn run(&mut self, plugin: &Path, env: &PluginEnv, stdin: &[u8]) -> Result<Vec<u8>> {
         // Our environment with CNI_COMMAND and the rest of libcni's variables set on top.
-        cni_common::delegate::spawn_plugin(plugin, env.command, &env.vars(), stdin)?.wait()
+        // Under cnitool's deadline (cni_common::child::Use::Runner): past it the plugin is
+        // killed and the verb fails with code 11.
+        let runner = cni_common::child::Use::Runner;
+        cni_common::delegate::spawn_plugin(plugin, env.command, &env.vars(), stdin, runner)?.wait()
     }
 }
 

@@ -7,6 +7,7 @@ use crate::inventory::{Cached, Inventory};
 use crate::{Opts, Report};
 use bridge::firewall;
 use cni_common::attachment::AttachmentId;
+use cni_common::child;
 use cni_common::netlink::nft::{NfTables, NftFamily};
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
@@ -17,11 +18,10 @@ use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// What upstream made for one (network, container id).
 #[derive(Debug, Default)]
@@ -167,34 +167,19 @@ fn find_netns(cached: Option<String>, ifname: &str, ip: IpAddr) -> Option<String
     None
 }
 
-/// Whether `bin` is this suite's portmap (its banner names our version; upstream's says
-/// "version unknown" or "v1.x").
-fn is_ours(bin: &Path) -> bool {
-    let Ok(out) = Command::new(bin).env_clear().stdin(Stdio::null()).output() else { return false };
-    let banner = String::from_utf8_lossy(&out.stderr);
-    banner.contains(&format!("CNI portmap plugin {} (", env!("CARGO_PKG_VERSION")))
-}
-
 /// Run our portmap with `cmd` for an attachment.
 fn portmap(bin: &Path, cmd: &str, net_ns: &str, id: &str, ifname: &str, conf: &Value) -> Result<()> {
     let dir = bin.parent().unwrap_or(Path::new("/"));
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("CNI_COMMAND", cmd)
         .env("CNI_CONTAINERID", id)
         .env("CNI_NETNS", net_ns)
         .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CniError::internal(format!("cannot run {}: {e}", bin.display())))?;
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(conf.to_string().as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| CniError::internal(e.to_string()))?;
+        .env("CNI_PATH", dir);
+    let out = child::run(&mut command, Some(conf.to_string().as_bytes()), child::Use::Runner)?;
     if !out.status.success() {
         return Err(CniError::internal(format!(
             "our portmap {cmd} failed: {}{}",
@@ -296,7 +281,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     }
     let portmap_bin = opts.bin_dir.join("portmap");
     let needs_portmap = found.values().any(|f| !f.mappings.is_empty());
-    if needs_portmap && !is_ours(&portmap_bin) {
+    if needs_portmap && crate::installed::ours(&opts.bin_dir, "portmap").is_err() {
         return Err(crate::refused(format!(
             "{} is not this suite's portmap (install ours first: scripts/install.sh --force, or give --cni-bin-dir); \
              nothing was changed",

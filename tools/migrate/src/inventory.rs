@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 /// One attachment from libcni's cache.
 #[derive(Debug, Clone)]
 pub struct Cached {
+    /// The cache file.
+    pub path: PathBuf,
     pub network: String,
     pub container_id: String,
     pub ifname: String,
@@ -21,6 +23,9 @@ pub struct Cached {
     pub plugins: Vec<Value>,
     pub caps: Map<String, Value>,
     pub result: Option<CniResult>,
+    /// The result as cached (in the configuration's version), what libcni hands the plugins as
+    /// prevResult for CHECK.
+    pub result_json: Option<Value>,
 }
 
 impl Cached {
@@ -79,7 +84,7 @@ pub struct Inventory {
     pub notes: Vec<String>,
 }
 
-fn decode_cache(e: cnitool::cache::CacheEntry) -> Result<Cached, String> {
+fn decode_cache(path: &Path, e: cnitool::cache::CacheEntry) -> Result<Cached, String> {
     let conf: Value = serde_json::from_slice(&e.config).map_err(|x| format!("config is not JSON: {x}"))?;
     let version = conf.get("cniVersion").and_then(Value::as_str).unwrap_or("1.0.0").to_string();
     let plugins = match conf.get("plugins").and_then(Value::as_array) {
@@ -94,6 +99,7 @@ fn decode_cache(e: cnitool::cache::CacheEntry) -> Result<Cached, String> {
         None => None,
     };
     Ok(Cached {
+        path: path.to_path_buf(),
         network: e.network_name,
         container_id: e.container_id,
         ifname: e.if_name,
@@ -102,6 +108,7 @@ fn decode_cache(e: cnitool::cache::CacheEntry) -> Result<Cached, String> {
         plugins,
         caps: e.capability_args.unwrap_or_default(),
         result,
+        result_json: e.result.map(Value::Object),
     })
 }
 
@@ -132,7 +139,7 @@ impl Inventory {
             match cnitool::cache::attachments(d) {
                 Ok(list) => {
                     for (path, e) in list {
-                        match decode_cache(e) {
+                        match decode_cache(&path, e) {
                             Ok(c) => inv.cached.push(c),
                             Err(why) => {
                                 inv.notes.push(format!("ignoring cache file {}: {why}", path.display()))
@@ -209,6 +216,7 @@ mod tests {
     #[test]
     fn plugin_config_gets_declared_capabilities_only() {
         let c = Cached {
+            path: PathBuf::new(),
             network: "n".into(),
             container_id: "c".into(),
             ifname: "eth0".into(),
@@ -221,6 +229,7 @@ mod tests {
             caps: serde_json::from_value(json!({"portMappings": [{"hostPort": 1}], "bandwidth": {}}))
                 .unwrap(),
             result: None,
+            result_json: None,
         };
         let p = c.plugin_config("portmap").unwrap();
         assert_eq!(p["name"], "n");

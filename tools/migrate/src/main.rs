@@ -1,20 +1,32 @@
-//! `cni-migrate`: move the host state of running attachments between this suite's nftables
-//! layout and the iptables form of upstream's plugins 1.1.1 (Debian's), in the network
-//! namespace it runs in. Run through `scripts/migrate.sh`; docs/switching.md explains when.
+//! `cni-migrate`: the host state of running attachments, node-wide, in the network namespace
+//! it runs in.
 //!
 //! ```text
 //! cni-migrate to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]...
 //! cni-migrate from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
+//! cni-migrate resync        [--dry-run] [--cache-dir DIR]... [--cni-bin-dir DIR]
 //! ```
 //!
-//! Both are idempotent and keep every attachment's traffic flowing: the new form is installed
-//! and verified before the old one is removed. Exit status 0 when everything was converted
-//! (or nothing needed to be), 1 when something could not be (the old form of what failed is
-//! kept), 2 for bad usage or a node that cannot do it (no root, no iptables: nothing changed).
+//! `to-upstream` and `from-upstream` move it between this suite's nftables layout and the
+//! iptables form of upstream's plugins 1.1.1 (Debian's); `scripts/migrate.sh` runs them and
+//! docs/switching.md explains when. Both are idempotent and keep every attachment's traffic
+//! flowing: the new form is installed and verified before the old one is removed. Exit status
+//! 0 when everything was converted (or nothing needed to be), 1 when something could not be
+//! (the old form of what failed is kept), 2 for bad usage or a node that cannot do it (no root,
+//! no iptables: nothing changed).
+//!
+//! `resync` rebuilds what a firewall reload took from every live attachment in libcni's cache
+//! (`resync.rs`; `scripts/resync.sh` and the systemd unit `scripts/systemd/cni-resync.service`
+//! run it; docs/node-operations.md). Exit status 0 when everything was intact (nothing was
+//! changed), 10 when something was rebuilt (with `--dry-run`: would be), 1 when some
+//! attachment could not be judged or rebuilt (the others were), 2 when it refused before
+//! looking (bad usage, no root, another resync holding the lock): nothing changed.
 
 mod from_upstream;
+mod installed;
 mod inventory;
 mod ours;
+mod resync;
 mod to_upstream;
 
 use std::path::PathBuf;
@@ -42,8 +54,11 @@ pub fn refused(msg: impl Into<String>) -> cni_common::CniError {
     cni_common::CniError::new(cni_common::code::NOT_AVAILABLE, msg)
 }
 
-const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream [--dry-run] [--cache-dir DIR]... \
+const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream|resync [--dry-run] [--cache-dir DIR]... \
                      [--data-dir DIR]... [--cni-bin-dir DIR]";
+
+/// The commands.
+const COMMANDS: [&str; 3] = ["to-upstream", "from-upstream", "resync"];
 
 fn default_bin_dir() -> PathBuf {
     // next to this binary when our plugins are there (install.sh puts it with them)
@@ -57,7 +72,7 @@ fn default_bin_dir() -> PathBuf {
 fn parse(args: &[String]) -> Result<(String, Opts), String> {
     let mut it = args.iter();
     let cmd = it.next().ok_or(USAGE)?.clone();
-    if cmd != "to-upstream" && cmd != "from-upstream" {
+    if !COMMANDS.contains(&cmd.as_str()) {
         return Err(format!("unknown command {cmd:?}\n{USAGE}"));
     }
     let mut o =
@@ -99,6 +114,9 @@ fn main() {
         eprintln!("cni-migrate must run as root (it reads and changes the firewall); nothing was changed");
         std::process::exit(2);
     }
+    if cmd == "resync" {
+        resync_main(&opts);
+    }
     let mut report = Report::default();
     let r = if cmd == "to-upstream" {
         to_upstream::run(&opts, &mut report)
@@ -124,6 +142,37 @@ fn main() {
     }
 }
 
+/// `resync`: its lines as it goes, a summary, the exit status of the module docs.
+fn resync_main(opts: &Opts) -> ! {
+    match resync::run(&opts.cache_dirs, &opts.bin_dir, opts.dry_run) {
+        Ok(t) => {
+            println!(
+                "resync: {} attachment(s): {} {}, {} intact, {} with nothing of ours to rebuild, {} skipped \
+                 (pod gone), {} failed{}",
+                t.repaired + t.intact + t.nothing + t.skipped + t.failed,
+                t.repaired,
+                if opts.dry_run { "to repair" } else { "repaired" },
+                t.intact,
+                t.nothing,
+                t.skipped,
+                t.failed,
+                if opts.dry_run { " (dry run: nothing changed)" } else { "" }
+            );
+            std::process::exit(if t.failed > 0 {
+                1
+            } else if t.repaired > 0 {
+                10
+            } else {
+                0
+            })
+        }
+        Err(e) => {
+            eprintln!("resync: {}", e.msg);
+            std::process::exit(if e.code == cni_common::code::NOT_AVAILABLE { 2 } else { 1 });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +188,8 @@ mod tests {
         let (_, o) = parse(&a("from-upstream --cni-bin-dir /b")).unwrap();
         assert_eq!(o.bin_dir, PathBuf::from("/b"));
         assert_eq!(o.cache_dirs, vec![PathBuf::from("/var/lib/cni")]);
+        let (c, o) = parse(&a("resync --dry-run --cache-dir /c --cni-bin-dir /b")).unwrap();
+        assert_eq!((c.as_str(), o.dry_run, o.bin_dir), ("resync", true, PathBuf::from("/b")));
         assert!(parse(&a("sideways")).is_err());
         assert!(parse(&a("to-upstream --cache-dir")).is_err());
         assert!(parse(&[]).is_err());

@@ -280,20 +280,6 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
                 }));
             }
         }
-        if let Some(p) = ours::read_portmap(nf)? {
-            let ids: Vec<AttachmentId> =
-                converted.iter().map(|(n, i, f)| AttachmentId::new(n, i, f)).collect();
-            for e in p.elems {
-                if ids.iter().any(|id| ours::belongs(&e, id)) {
-                    ops.push(NftOp::DeleteElements {
-                        family: NftFamily::Inet,
-                        table: ours::PORTMAP_TABLE.into(),
-                        set: e.set.clone(),
-                        elems: vec![e.elem.key_only()],
-                    });
-                }
-            }
-        }
         match nf.apply(&ops) {
             Ok(()) => break,
             Err(e) if e.is_not_found() && attempt < 2 => continue,
@@ -310,14 +296,8 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
             })])?;
         }
     }
-    if let Some(p) = ours::read_portmap(nf)? {
-        if p.elems.is_empty() {
-            nf.apply(&[NftOp::Delete(NftDelete::Table {
-                family: NftFamily::Inet,
-                table: ours::PORTMAP_TABLE.into(),
-            })])?;
-        }
-    }
+    let ids: Vec<AttachmentId> = converted.iter().map(|(n, i, f)| AttachmentId::new(n, i, f)).collect();
+    ours::remove_portmap(&ids).map_err(|e| e.context("delete our host ports"))?;
     Ok(())
 }
 
@@ -342,7 +322,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let mut nl = Netlink::new().map_err(CniError::from)?;
     let candidates = inv.identities();
     let masq_rules = ours::read_masq(&mut nf)?;
-    let portmap = ours::read_portmap(&mut nf)?.unwrap_or_default();
+    let portmap = ours::read_portmap()?.unwrap_or_default();
     let mut atts: BTreeMap<Ident, Att> = BTreeMap::new();
     let mut unresolved = Vec::new();
     for r in masq_rules {
@@ -364,8 +344,8 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
             )),
         }
     }
-    let masq_elem_count = portmap.elems.iter().filter(|e| e.set.starts_with("masq")).count();
-    let masq_decodable = masq_elem_count == 0 || !portmap.masq.is_empty();
+    // portmap's library decodes every masquerade element it wrote
+    let masq_decodable = true;
     for m in &portmap.masq {
         if let Some(id) = ours::resolve_tag(&m.tag, &candidates) {
             if let Some(a) = atts.get_mut(&id) {
@@ -471,7 +451,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     report.done.push(format!(
         "our tables inet {} / inet {}: converted rules and elements removed",
         firewall::MASQ_TABLE,
-        ours::PORTMAP_TABLE
+        portmap::layout::TABLE
     ));
     Ok(())
 }

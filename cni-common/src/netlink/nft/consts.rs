@@ -17,6 +17,7 @@ pub(crate) const NFT_MSG_NEWRULE: u16 = 6;
 pub(crate) const NFT_MSG_GETRULE: u16 = 7;
 pub(crate) const NFT_MSG_DELRULE: u16 = 8;
 pub(crate) const NFT_MSG_NEWSET: u16 = 9;
+pub(crate) const NFT_MSG_GETSET: u16 = 10;
 pub(crate) const NFT_MSG_NEWSETELEM: u16 = 12;
 pub(crate) const NFT_MSG_GETSETELEM: u16 = 13;
 pub(crate) const NFT_MSG_DELSET: u16 = 11;

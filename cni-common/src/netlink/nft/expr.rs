@@ -147,6 +147,18 @@ pub enum NftExpr {
     Other(String),
 }
 
+/// The expressions of a rule written with `exprs`, as a rule dump lists them ([`NftExpr`]):
+/// what [`super::NftRule::exprs`] holds for that rule when it is read back. Lets a plugin
+/// compare the rules it finds with the rules it declares, and a fake kernel store rules as
+/// the real one reports them.
+pub fn listed(exprs: &[RuleExpr]) -> Vec<NftExpr> {
+    let mut list = Vec::new();
+    for e in exprs {
+        put_expr(&mut list, e);
+    }
+    attrs(&list).filter(|(k, _)| *k == NFTA_LIST_ELEM).filter_map(|(_, v)| expr_of(v)).collect()
+}
+
 // ---- encoding ----
 
 /// Append expression `e` to an `NFTA_RULE_EXPRESSIONS` list. Attributes in libnftnl's order.

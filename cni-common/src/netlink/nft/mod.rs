@@ -51,8 +51,8 @@ pub use self::consts::{
     META_NFPROTO, PAYLOAD_LL_HEADER, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT,
     REG32_00, REG_1, REG_2, REG_3, REG_VERDICT,
 };
-pub use self::expr::{CmpOp, NftExpr, RuleExpr, Verdict};
-pub use self::read::{NftChain, NftRule};
+pub use self::expr::{listed, CmpOp, NftExpr, RuleExpr, Verdict};
+pub use self::read::{NftChain, NftRule, NftTable, Snapshot, SnapshotRequest};
 pub use self::set::{concat, split_concat, NftData, NftElem, NftSet, NftSetData, NftType};
 
 /// An nftables address family (`NFPROTO_*`).
@@ -307,12 +307,26 @@ pub(crate) fn wire_messages(ops: &[NftOp]) -> Vec<Vec<u8>> {
     ops.iter().flat_map(op_messages).collect()
 }
 
-/// An nfnetlink batch: begin, `messages`, end.
-fn batch(messages: impl IntoIterator<Item = Vec<u8>>) -> Vec<Vec<u8>> {
-    let marker = |m: u16| message(m, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]);
-    let mut out = vec![marker(NFNL_MSG_BATCH_BEGIN)];
+/// `NFNL_BATCH_GENID`: the attribute of a batch's begin message naming the ruleset
+/// generation the batch was planned on.
+const NFNL_BATCH_GENID: u16 = 1;
+
+/// An nfnetlink batch: begin (with the generation guard, if any), `messages`, end. Only the
+/// last message asks for an acknowledgement: the kernel answers every failing message
+/// anyway, and a large batch with one acknowledgement per message would overflow the
+/// receive buffer (the answers wait there until the whole batch is processed).
+fn batch(messages: impl IntoIterator<Item = Vec<u8>>, generation: Option<u32>) -> Vec<Vec<u8>> {
+    let attrs: Vec<(u16, Vec<u8>)> =
+        generation.map(|g| (NFNL_BATCH_GENID, encode_be32(g).to_vec())).into_iter().collect();
+    let mut out = vec![message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &attrs)];
     out.extend(messages);
-    out.push(marker(NFNL_MSG_BATCH_END));
+    let last = out.len() - 1;
+    for (i, m) in out.iter_mut().enumerate().skip(1) {
+        let flags = u16::from_ne_bytes([m[6], m[7]]);
+        let flags = if i == last { flags | NLM_F_ACK } else { flags & !NLM_F_ACK };
+        m[6..8].copy_from_slice(&flags.to_ne_bytes());
+    }
+    out.push(message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]));
     out
 }
 
@@ -330,22 +344,30 @@ impl NfTables {
     /// Nothing is sent for an empty list. The error is the first one the kernel reported
     /// (EEXIST: an element exists with other data; ENOENT: something named is missing).
     pub fn apply(&mut self, ops: &[NftOp]) -> Result<(), NlError> {
+        self.apply_guarded(ops, None)
+    }
+
+    /// [`NfTables::apply`], committed only if the ruleset is still at `generation` (as read by
+    /// [`NfTables::generation`] or a snapshot): otherwise the kernel refuses the whole batch
+    /// with `ERESTART` and nothing changes — the caller reads again and re-plans. This is how
+    /// a change planned on what was read stays correct whatever ran in between.
+    pub fn apply_guarded(&mut self, ops: &[NftOp], generation: Option<u32>) -> Result<(), NlError> {
         let messages: Vec<Vec<u8>> = ops.iter().flat_map(op_messages).collect();
         if messages.is_empty() {
             return Ok(());
         }
         let n = messages.len();
         self.sock
-            .request_batch(batch(messages))
+            .request_batch(batch(messages, generation))
             .map_err(|e| e.during(format!("nftables transaction ({n} messages)")))
     }
 
     /// Send `ops` as a transaction that is never committed (a batch without its end marker,
-    /// as `nft --check` does): the kernel processes and acknowledges every message, then
-    /// aborts. Proves the kernel accepts these objects (modules, expressions, set types)
-    /// without changing anything.
+    /// as `nft --check` does): the kernel processes every message, then aborts. Proves the
+    /// kernel accepts these objects (modules, expressions, set types) without changing
+    /// anything.
     pub fn validate(&mut self, ops: &[NftOp]) -> Result<(), NlError> {
-        let mut messages = batch(ops.iter().flat_map(op_messages));
+        let mut messages = batch(ops.iter().flat_map(op_messages), None);
         messages.pop(); // the end marker: without it the kernel aborts after processing
         let n = messages.len() - 1;
         self.sock.request_batch(messages).map_err(|e| e.during(format!("nftables validation ({n} messages)")))

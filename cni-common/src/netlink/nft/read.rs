@@ -7,7 +7,7 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 
 use super::consts::*;
 use super::expr::{expr_of, NftExpr, Verdict};
-use super::{comment_of, nft_msg, NfTables, NftFamily};
+use super::{comment_of, nft_msg, NfTables, NftElem, NftFamily};
 use crate::netlink::nfnl::{attrs, cstr, decode_be32, find_attr, message, string_of};
 use crate::netlink::socket::Reply;
 use crate::netlink::NlError;
@@ -216,4 +216,188 @@ impl NfTables {
             Err(e) => Err(e.during(format!("get nftables chain {} {table} {chain}", family.keyword()))),
         }
     }
+}
+
+/// A table as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftTable {
+    pub name: String,
+    /// The table's comment (nft's `comment "…"`, in its userdata).
+    pub comment: Option<String>,
+}
+
+/// The name of a set in an `NFT_MSG_NEWSET` message of `table`.
+fn set_name_of(payload: &[u8], table: &str) -> Option<String> {
+    let (mut t, mut n) = (None, None);
+    for (k, value) in attrs(payload.get(4..)?) {
+        match k {
+            NFTA_SET_TABLE => t = Some(string_of(value)),
+            NFTA_SET_NAME => n = Some(string_of(value)),
+            _ => {}
+        }
+    }
+    (t.as_deref() == Some(table)).then_some(n).flatten()
+}
+
+fn table_of(payload: &[u8]) -> Option<NftTable> {
+    let mut t = NftTable { name: String::new(), comment: None };
+    for (k, value) in attrs(payload.get(4..)?) {
+        match k {
+            NFTA_TABLE_NAME => t.name = string_of(value),
+            NFTA_TABLE_USERDATA => t.comment = comment_of(value),
+            _ => {}
+        }
+    }
+    Some(t)
+}
+
+/// What [`NfTables::snapshot`] reads of one table.
+#[derive(Clone, Copy)]
+pub struct SnapshotRequest<'a> {
+    pub family: NftFamily,
+    pub table: &'a str,
+    /// Whether to dump the table's rules.
+    pub rules: bool,
+    /// Elements to get by key: (set, key bytes).
+    pub keys: &'a [(String, Vec<u8>)],
+    /// List the table's sets and chains, and dump the elements of every set this accepts.
+    pub listing: Option<&'a dyn Fn(&str) -> bool>,
+}
+
+/// One consistent reading of a table: everything in it was read at `generation`.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub generation: u32,
+    /// None when the table does not exist (then nothing else was read).
+    pub table: Option<NftTable>,
+    pub rules: Vec<NftRule>,
+    /// The elements asked for by key, in the request's order (None: not there, or no such set).
+    pub keys: Vec<Option<NftElem>>,
+    /// With a listing: the names of the table's sets and chains, and the elements of each set
+    /// the listing accepted.
+    pub sets: Vec<String>,
+    pub chains: Vec<String>,
+    pub dumped: Vec<(String, Vec<NftElem>)>,
+}
+
+/// How often a snapshot is read again when the ruleset changed while it was being read.
+const SNAPSHOT_ATTEMPTS: usize = 20;
+
+impl NfTables {
+    /// Read what `req` asks for in as few round trips as possible (the generation, the table,
+    /// the elements by key and the rules in pipelined datagrams; each dumped set in one dump),
+    /// between two readings of the ruleset generation, again until both agree: one consistent
+    /// state, whose generation a guarded transaction ([`NfTables::apply_guarded`]) can name.
+    pub fn snapshot(&mut self, req: &SnapshotRequest<'_>) -> Result<Snapshot, NlError> {
+        let what = format!("read nftables table {} {}", req.family.keyword(), req.table);
+        for _ in 0..SNAPSHOT_ATTEMPTS {
+            match self.snapshot_once(req) {
+                Ok(Some(s)) => return Ok(s),
+                Ok(None) => continue,
+                Err(e) if e.errno == libc::EINTR => continue,
+                Err(e) => return Err(e.during(what)),
+            }
+        }
+        let mut e = NlError::new(what, libc::EINTR);
+        e.detail =
+            Some(format!("the ruleset kept changing while it was read ({SNAPSHOT_ATTEMPTS} attempts)"));
+        Err(e)
+    }
+
+    /// One attempt; None when the generation changed meanwhile.
+    fn snapshot_once(&mut self, req: &SnapshotRequest<'_>) -> Result<Option<Snapshot>, NlError> {
+        let get = |msg: u16, family: u8, attrs: &[(u16, Vec<u8>)]| {
+            (message(nft_msg(msg), NLM_F_REQUEST, family, 0, attrs), false)
+        };
+        let gen_req = || get(NFT_MSG_GETGEN, 0, &[]);
+        let mut reqs =
+            vec![gen_req(), get(NFT_MSG_GETTABLE, req.family.proto(), &[(NFTA_TABLE_NAME, cstr(req.table))])];
+        reqs.extend(
+            req.keys
+                .iter()
+                .map(|(set, key)| (super::set::get_element_request(req.family, req.table, set, key), false)),
+        );
+        if req.rules {
+            reqs.push((dump_request(NFT_MSG_GETRULE, req.family, &[(NFTA_RULE_TABLE, req.table)]), true));
+        }
+        let mut answers = self.sock.request_many(reqs)?.into_iter();
+        let generation = generation_of(answers.next())?;
+        let table = match answers.next().expect("asked") {
+            Ok(r) => r
+                .iter()
+                .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
+                .find_map(|r| table_of(&r.payload)),
+            Err(e) if e.errno == libc::ENOENT => {
+                return Ok(Some(Snapshot { generation, ..Default::default() }))
+            }
+            Err(e) => return Err(e),
+        };
+        let mut s = Snapshot { generation, table, ..Default::default() };
+        for (set, _) in req.keys {
+            s.keys.push(match answers.next().expect("asked") {
+                Ok(r) => r
+                    .iter()
+                    .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, set))
+                    .next(),
+                Err(e) if e.errno == libc::ENOENT => None,
+                Err(e) => return Err(e),
+            });
+        }
+        if req.rules {
+            s.rules = match answers.next().expect("asked") {
+                Ok(r) => r
+                    .iter()
+                    .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
+                    .filter_map(|r| parse_rule(&r.payload))
+                    .filter(|r| r.table == req.table)
+                    .collect(),
+                Err(e) if e.errno == libc::ENOENT => Vec::new(),
+                Err(e) => return Err(e),
+            };
+        }
+        if let Some(accept) = req.listing {
+            let sets = dump_request(NFT_MSG_GETSET, req.family, &[(NFTA_SET_TABLE, req.table)]);
+            let chains = dump_request(NFT_MSG_GETCHAIN, req.family, &[(NFTA_CHAIN_TABLE, req.table)]);
+            let mut answers = self.sock.request_many(vec![(sets, true), (chains, true)])?.into_iter();
+            let mut listed = |payload_of: &dyn Fn(&[u8]) -> Option<String>| -> Result<Vec<String>, NlError> {
+                match answers.next().expect("asked") {
+                    Ok(r) => Ok(r.iter().filter_map(|r| payload_of(&r.payload)).collect()),
+                    Err(e) if e.errno == libc::ENOENT => Ok(Vec::new()),
+                    Err(e) => Err(e),
+                }
+            };
+            s.sets = listed(&|p| set_name_of(p, req.table))?;
+            s.chains = listed(&|p| chain_of(p, req.table).map(|c| c.name))?;
+            for set in s.sets.clone().into_iter().filter(|n| accept(n)) {
+                let dump = dump_request(
+                    NFT_MSG_GETSETELEM,
+                    req.family,
+                    &[(NFTA_SET_ELEM_LIST_TABLE, req.table), (NFTA_SET_ELEM_LIST_SET, &set)],
+                );
+                let answer = self.sock.request_many(vec![(dump, true)])?.pop().expect("asked");
+                let elems = match answer {
+                    Ok(r) => r
+                        .iter()
+                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWSETELEM))
+                        .flat_map(|r| super::set::parse_setelem_message(&r.payload, req.table, &set))
+                        .collect(),
+                    Err(e) if e.errno == libc::ENOENT => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                s.dumped.push((set, elems));
+            }
+        }
+        let after = generation_of(self.sock.request_many(vec![gen_req()])?.pop())?;
+        Ok((after == generation).then_some(s))
+    }
+}
+
+/// The generation in the answer to a `GETGEN`.
+fn generation_of(answer: Option<Result<Vec<Reply>, NlError>>) -> Result<u32, NlError> {
+    answer
+        .expect("asked")?
+        .iter()
+        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWGEN))
+        .find_map(|r| find_attr(r.payload.get(4..)?, NFTA_GEN_ID).and_then(decode_be32))
+        .ok_or_else(|| NlError::new("nftables generation (no id in the reply)", libc::EBADMSG))
 }

@@ -318,6 +318,21 @@ pub(super) fn element_messages(
     out
 }
 
+/// A request for one element of `set` by key (`nft get element`), without `NLM_F_ACK`: the
+/// kernel answers with the element, or with `ENOENT` when the key (or the set) is missing.
+pub(super) fn get_element_request(family: NftFamily, table: &str, set: &str, key: &[u8]) -> Vec<u8> {
+    let mut elem = Vec::new();
+    put_nested(&mut elem, NFTA_SET_ELEM_KEY, &value_attr(key));
+    let mut list = Vec::new();
+    put_nested(&mut list, 1, &elem);
+    let attrs = [
+        (NFTA_SET_ELEM_LIST_TABLE, cstr(table)),
+        (NFTA_SET_ELEM_LIST_SET, cstr(set)),
+        (NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, list),
+    ];
+    message(nft_msg(NFT_MSG_GETSETELEM), netlink_packet_core::NLM_F_REQUEST, family.proto(), 0, &attrs)
+}
+
 fn data_of(v: &[u8]) -> Option<NftData> {
     if let Some(b) = value_of(v) {
         return Some(NftData::Value(b));

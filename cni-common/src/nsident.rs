@@ -1,0 +1,96 @@
+//! What makes a network namespace unambiguous over time: its nsfs inode and its netns cookie.
+//!
+//! Inode numbers of namespaces are handed out lowest-free-first, so a namespace created after
+//! another was freed often gets the same number. The netns cookie (`SO_NETNS_COOKIE` of a
+//! socket made inside the namespace, Linux 5.14) is a 64-bit counter the kernel never reuses
+//! while it runs. Together with the boot id (`/proc/sys/kernel/random/boot_id`) they tell
+//! "the namespace an attachment was made for" from "a namespace that has its name now".
+
+use crate::netns::NetNs;
+use crate::{CniError, Result};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixDatagram;
+
+/// The identity of a network namespace. `cookie` is 0 when the kernel has no netns cookies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsIdent {
+    pub ino: u64,
+    pub cookie: u64,
+}
+
+impl NsIdent {
+    /// Whether `other` is certainly another namespace: the inodes differ, or both cookies are
+    /// known and differ.
+    pub fn differs(&self, other: &NsIdent) -> bool {
+        self.ino != other.ino || (self.cookie != 0 && other.cookie != 0 && self.cookie != other.cookie)
+    }
+}
+
+/// The netns cookie of the calling thread's network namespace; 0 when the kernel lacks
+/// `SO_NETNS_COOKIE`.
+pub fn cookie_here() -> u64 {
+    let Ok(sock) = UnixDatagram::unbound() else { return 0 };
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, which lives across the call,
+    // on a socket `sock` keeps open.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 && len as usize == std::mem::size_of::<u64>() {
+        cookie
+    } else {
+        0
+    }
+}
+
+/// The identity of an open namespace (its cookie is read from inside: the calling thread
+/// enters the namespace for one socket and comes back).
+pub fn ident(ns: &NetNs) -> Result<NsIdent> {
+    let st = nix::sys::stat::fstat(ns.as_fd())
+        .map_err(|e| CniError::io(format!("stat network namespace {}: {}", ns.path().display(), e.desc())))?;
+    let cookie = ns.run(|| Ok(cookie_here()))?;
+    Ok(NsIdent { ino: st.st_ino, cookie })
+}
+
+/// The current boot's id (the 128-bit UUID of `/proc/sys/kernel/random/boot_id`); all zero when
+/// it cannot be read.
+pub fn boot_id() -> [u8; 16] {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: Vec<u8> = text.trim().bytes().filter(|b| b.is_ascii_hexdigit()).collect();
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).take(16).enumerate() {
+        let s = std::str::from_utf8(pair).unwrap_or("0");
+        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netns::test_support::{private_netns, spare_netns};
+
+    #[test]
+    fn identities_tell_namespaces_apart() {
+        private_netns();
+        let here = NetNs::current().unwrap();
+        let other = spare_netns();
+        let a = ident(&here).unwrap();
+        let b = ident(&other).unwrap();
+        assert_ne!(a.cookie, 0, "SO_NETNS_COOKIE (Linux >= 5.14)");
+        assert_eq!(a, ident(&NetNs::current().unwrap()).unwrap(), "stable");
+        assert!(a.differs(&b) && !a.differs(&a));
+        // a reused inode number with another cookie is another namespace
+        assert!(a.differs(&NsIdent { ino: a.ino, cookie: a.cookie + 1 }));
+        // without cookies only the inode can tell
+        assert!(!a.differs(&NsIdent { ino: a.ino, cookie: 0 }));
+        assert_ne!(boot_id(), [0u8; 16]);
+    }
+}

@@ -1,0 +1,713 @@
+//! The verbs against the fake kernel: every behaviour of the plugin that does not need packets,
+//! interleavings of verbs and lost answers included, and random sequences of verbs by several
+//! attachments that must keep the invariants.
+
+use super::*;
+use crate::config::{Conf, Intent};
+use crate::flow;
+use crate::kernel::fake::{Fake, Fault};
+use crate::layout::{self, LAYOUT_SET};
+use crate::model::{Elem, Key, NsId, Owner, Set};
+use cni_common::netlink::nft::{NftElem, NftExpr};
+use cni_common::spec::config::PortMapConf;
+use cni_common::spec::json;
+use cni_common::spec::result::{CniResult, Interface, IpConfig};
+use serde_json::json;
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+/// An attachment of a test: its configuration and intent.
+#[derive(Clone)]
+struct Pod {
+    conf: Conf,
+    intent: Intent,
+}
+
+fn conf(v: serde_json::Value) -> Conf {
+    let raw: PortMapConf = json::from_value(v).unwrap();
+    Conf::from_raw(&raw).unwrap()
+}
+
+fn maps(ports: &[(u16, u16, &str)]) -> serde_json::Value {
+    json!(ports
+        .iter()
+        .map(|(h, c, p)| json!({"hostPort": h, "containerPort": c, "protocol": p}))
+        .collect::<Vec<_>>())
+}
+
+fn pod_with(
+    net: &str,
+    ctr: &str,
+    ifname: &str,
+    addrs: &[&str],
+    extra: serde_json::Value,
+    ports: &[(u16, u16, &str)],
+) -> Pod {
+    let mut v = extra;
+    v["runtimeConfig"] = json!({"portMappings": maps(ports)});
+    let conf = conf(v);
+    let sandbox =
+        Interface { name: ifname.into(), sandbox: format!("/run/netns/{ctr}"), ..Default::default() };
+    let ips = addrs
+        .iter()
+        .map(|a| IpConfig { interface: Some(0), address: a.parse().unwrap(), gateway: None })
+        .collect();
+    let prev = CniResult { interfaces: vec![sandbox], ips, ..Default::default() };
+    let ns = Some((NsId { ino: 1000 + ctr.len() as u64, cookie: 7 }, format!("/run/netns/{ctr}")));
+    let (intent, _) = Intent::new(&conf, &prev, ifname, Owner::new(net, ctr, ifname), ns).unwrap();
+    Pod { conf, intent }
+}
+
+fn pod(net: &str, ctr: &str, addr: &str, ports: &[(u16, u16, &str)]) -> Pod {
+    pod_with(net, ctr, "eth0", &[addr], json!({}), ports)
+}
+
+fn alive(_: &NsId, _: &str) -> Option<String> {
+    None
+}
+
+fn add(k: &Fake, p: &Pod) -> Result<Outcome> {
+    flow::add(&mut k.clone(), &p.conf, &p.intent, &alive)
+}
+
+fn del(k: &Fake, p: &Pod) -> Result<Outcome> {
+    flow::del(&mut k.clone(), &p.intent.owner, Some(&p.intent))
+}
+
+fn check(k: &Fake, p: &Pod) -> Result<()> {
+    flow::check(&mut k.clone(), &p.conf, &p.intent, p.intent.netns.as_ref().map(|(id, _)| *id))
+}
+
+/// Every element of the table, decoded, with its comment.
+fn elements(k: &Fake) -> Vec<(Elem, Option<String>)> {
+    let Some(t) = k.table() else { return Vec::new() };
+    let mut out = Vec::new();
+    for (name, set) in &t.sets {
+        let Some(s) = Set::parse(name) else { continue };
+        for e in set.elems.values() {
+            out.push((
+                Elem::decode(s, e).unwrap_or_else(|| panic!("undecodable element in {name}: {e:?}")),
+                e.comment.clone(),
+            ));
+        }
+    }
+    out
+}
+
+/// Whether anything of attachment `o` is left.
+fn traces(k: &Fake, o: &Owner) -> Vec<String> {
+    elements(k)
+        .into_iter()
+        .filter(|(e, c)| {
+            c.as_deref() == Some(o.tag.as_str())
+                || e.key.attachment() == Some(o.hash)
+                || e.hash_data() == Some(o.hash)
+        })
+        .map(|(e, _)| e.to_string())
+        .collect()
+}
+
+fn dnat_target(k: &Fake, p: &Pod, i: usize) -> Option<String> {
+    let key = Key::Dnat(p.intent.entries[i].host);
+    elements(k).into_iter().find(|(e, _)| e.key == key).map(|(e, _)| e.data_text())
+}
+
+#[test]
+fn add_check_del_leave_nothing() {
+    let k = Fake::new();
+    let a = pod_with(
+        "n",
+        "a",
+        "eth0",
+        &["10.0.0.5/24", "fd00::5/64"],
+        json!({}),
+        &[(8080, 80, "tcp"), (53, 53, "udp")],
+    );
+    let out = add(&k, &a).unwrap();
+    assert_eq!(out.udp, BTreeSet::from([(Family::V4, 53), (Family::V6, 53)]));
+    check(&k, &a).unwrap();
+    assert_eq!(dnat_target(&k, &a, 0).as_deref(), Some("10.0.0.5 . 80"));
+    // a repeated ADD changes nothing
+    let g = k.generation();
+    add(&k, &a).unwrap();
+    assert_eq!(k.generation(), g, "identical elements are no-ops");
+    let out = del(&k, &a).unwrap();
+    assert_eq!(out.udp, BTreeSet::from([(Family::V4, 53), (Family::V6, 53)]));
+    assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
+    assert!(elements(&k).is_empty());
+    // DEL is idempotent; CHECK now fails
+    del(&k, &a).unwrap();
+    assert!(check(&k, &a).is_err());
+    // the table and its static part stay (never dropped: a concurrent ADD may rely on them)
+    assert!(k.table().is_some());
+}
+
+#[test]
+fn del_removes_everything_whatever_its_configuration_says() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    // no mappings at all (cnitool del without CAP_ARGS): everything goes
+    flow::del(&mut k.clone(), &a.intent.owner, None).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    // other mappings than ADD had
+    add(&k, &a).unwrap();
+    let other = pod("n", "a", "10.0.0.5/24", &[(9000, 90, "udp")]);
+    del(&k, &other).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+}
+
+#[test]
+fn a_repeated_add_with_other_mappings_replaces_the_old_ones() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    let a2 = pod("n", "a", "10.0.0.5/24", &[(8080, 8080, "tcp")]);
+    add(&k, &a2).unwrap();
+    check(&k, &a2).unwrap();
+    assert!(check(&k, &a).is_err(), "the old mappings are gone");
+    let ports: BTreeSet<u16> =
+        elements(&k).iter().filter_map(|(e, _)| e.key.host_port()).map(|p| p.port).collect();
+    assert_eq!(ports, BTreeSet::from([8080]));
+    del(&k, &a2).unwrap();
+    assert!(elements(&k).is_empty());
+}
+
+#[test]
+fn conflicts_with_live_containers_are_refused_and_change_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let before = k.table();
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp"), (8080, 80, "tcp")]);
+    let e = add(&k, &b).unwrap_err();
+    assert_eq!(e.code, 7, "{}", e.msg);
+    assert!(e.msg.contains("tcp/8080") && e.msg.contains("container \"a\""), "{}", e.msg);
+    assert_eq!(k.table(), before, "a refused ADD changes nothing");
+    check(&k, &a).unwrap();
+    // the same target address (a reused IP): still refused
+    let c = pod("n", "c", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    assert_eq!(add(&k, &c).unwrap_err().code, 7);
+}
+
+#[test]
+fn a_holder_whose_namespace_is_gone_is_replaced() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (53, 53, "udp")]);
+    add(&k, &a).unwrap();
+    let b = pod("n", "b", "10.0.0.6/24", &[(8080, 80, "tcp")]);
+    let gone = |_: &NsId, path: &str| {
+        (path == "/run/netns/a").then(|| format!("its network namespace {path} no longer exists"))
+    };
+    let out = flow::add(&mut k.clone(), &b.conf, &b.intent, &gone).unwrap();
+    assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+    assert!(out.notes[0].contains("/run/netns/a no longer exists"), "{}", out.notes[0]);
+    assert!(
+        traces(&k, &a.intent.owner).is_empty(),
+        "all of the stale holder's mappings go: {:?}",
+        traces(&k, &a.intent.owner)
+    );
+    assert!(out.udp.contains(&(Family::V4, 53)), "its UDP port too");
+    check(&k, &b).unwrap();
+}
+
+#[test]
+fn attachments_of_one_container_share_a_host_port() {
+    let k = Fake::new();
+    let a1 = pod("n1", "ctr", "10.0.0.5/24", &[(18090, 80, "tcp")]);
+    let a2 = pod_with("n2", "ctr", "eth1", &["10.1.0.5/24"], json!({}), &[(18090, 80, "tcp")]);
+    add(&k, &a1).unwrap();
+    add(&k, &a2).unwrap();
+    check(&k, &a1).unwrap();
+    check(&k, &a2).unwrap();
+    assert_eq!(dnat_target(&k, &a1, 0).as_deref(), Some("10.0.0.5 . 80"), "the first stays active");
+    let owner = elements(&k).into_iter().find(|(e, _)| matches!(e.key, Key::Owner(_))).unwrap().0;
+    assert_eq!(owner.hash_data(), Some(crate::model::shared_hash("ctr")));
+    // another container is refused
+    assert_eq!(add(&k, &pod("n1", "other", "10.0.0.9/24", &[(18090, 80, "tcp")])).unwrap_err().code, 7);
+    // DEL of the active claimant: the other takes over and holds the port alone
+    del(&k, &a1).unwrap();
+    assert!(traces(&k, &a1.intent.owner).is_empty());
+    assert_eq!(dnat_target(&k, &a2, 0).as_deref(), Some("10.1.0.5 . 80"));
+    check(&k, &a2).unwrap();
+    // and then a point-read DEL of the sole holder
+    del(&k, &a2).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+}
+
+#[test]
+fn gc_removes_the_dead_of_its_network_only() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(8081, 80, "udp")]);
+    let c = pod("m", "c", "10.0.1.6/24", &[(8082, 80, "tcp")]);
+    for p in [&a, &b, &c] {
+        add(&k, p).unwrap();
+    }
+    let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
+    let out = flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &valid).unwrap();
+    assert_eq!(out.udp, BTreeSet::from([(Family::V4, 8081)]));
+    check(&k, &a).unwrap();
+    check(&k, &c).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty());
+    // nothing valid: the network's last attachment goes, the table stays
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &BTreeSet::new()).unwrap();
+    assert!(traces(&k, &a.intent.owner).is_empty());
+    check(&k, &c).unwrap();
+}
+
+/// Issue 17, item 2: a GC whose valid list holds X, racing X's ADD (with a stale attachment in
+/// the table), must not remove X's mapping.
+#[test]
+fn gc_racing_an_add_keeps_the_added_mapping() {
+    for gc_first in [true, false] {
+        let k = Fake::new();
+        let stale = pod("n", "s", "10.0.0.4/24", &[(7000, 70, "tcp")]);
+        add(&k, &stale).unwrap();
+        let x = pod("n", "x", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+        let valid = BTreeSet::from([x.intent.owner.tag.clone()]);
+        let prefix = cni_common::attachment::portmap_net_prefix("n");
+        if gc_first {
+            // GC reads and plans, then X's ADD commits, then GC's transaction is processed
+            let (k2, x2) = (k.clone(), x.clone());
+            k.before_apply(move || add(&k2, &x2).map(|_| ()).unwrap());
+            flow::gc(&mut k.clone(), &prefix, &valid).unwrap();
+        } else {
+            let (k2, v2, p2) = (k.clone(), valid.clone(), prefix.clone());
+            k.before_apply(move || flow::gc(&mut k2.clone(), &p2, &v2).map(|_| ()).unwrap());
+            add(&k, &x).unwrap();
+        }
+        check(&k, &x).unwrap();
+        assert!(traces(&k, &stale.intent.owner).is_empty());
+    }
+}
+
+#[test]
+fn a_del_racing_a_second_claimant_leaves_the_right_holder() {
+    // A2 joins A1's port while A1's DEL is between its read and its transaction
+    let k = Fake::new();
+    let a1 = pod("n1", "ctr", "10.0.0.5/24", &[(18090, 80, "tcp")]);
+    let a2 = pod_with("n2", "ctr", "eth1", &["10.1.0.5/24"], json!({}), &[(18090, 80, "tcp")]);
+    add(&k, &a1).unwrap();
+    let (k2, p2) = (k.clone(), a2.clone());
+    k.before_apply(move || add(&k2, &p2).map(|_| ()).unwrap());
+    del(&k, &a1).unwrap();
+    check(&k, &a2).unwrap();
+    assert!(traces(&k, &a1.intent.owner).is_empty());
+    assert_eq!(dnat_target(&k, &a2, 0).as_deref(), Some("10.1.0.5 . 80"));
+}
+
+#[test]
+fn lost_answers_and_refused_transactions_are_read_again() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (53, 53, "udp")]);
+    // the transaction commits but its answer is lost (ENOBUFS): the next read shows it done
+    k.fail_next([Fault::After(libc::ENOBUFS)]);
+    let out = add(&k, &a).unwrap();
+    assert!(out.udp.contains(&(Family::V4, 53)), "the lost attempt's UDP ports are still flushed");
+    check(&k, &a).unwrap();
+    // refused before anything (a receive deadline), then a generation that moved: both retried
+    k.fail_next([Fault::Before(libc::ETIMEDOUT), Fault::Before(libc::ERESTART)]);
+    del(&k, &a).unwrap();
+    assert!(elements(&k).is_empty());
+    // reads that fail transiently are retried too
+    k.fail_reads([libc::EINTR, libc::ENOBUFS]);
+    add(&k, &a).unwrap();
+    check(&k, &a).unwrap();
+}
+
+#[test]
+fn a_table_that_never_stops_changing_is_code_11_and_changes_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let before = k.table();
+    k.fail_next(std::iter::repeat_n(Fault::Before(libc::ERESTART), flow::ATTEMPTS));
+    let e = del(&k, &a).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{}", e.msg);
+    assert!(e.msg.contains("kept changing"), "{}", e.msg);
+    assert_eq!(k.table(), before);
+    check(&k, &a).unwrap();
+}
+
+#[test]
+fn a_flushed_hook_is_repaired_by_the_next_add() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| t.as_mut().unwrap().chains.iter_mut().find(|(n, _)| n == "prerouting").unwrap().1.clear());
+    let e = check(&k, &a).unwrap_err();
+    assert!(e.msg.contains("chain prerouting"), "{}", e.msg);
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    add(&k, &b).unwrap();
+    check(&k, &a).unwrap();
+    check(&k, &b).unwrap();
+}
+
+#[test]
+fn conditions_get_their_own_gate_chain_written_by_nft_once() {
+    let k = Fake::new();
+    let c = json!({"conditionsV4": ["ip", "daddr", "!=", "192.0.2.9"]});
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24"], c.clone(), &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let gate = layout::gate_chain(Family::V4, &a.conf.conditions.v4);
+    assert_eq!(k.scripts().len(), 1);
+    assert!(k.scripts()[0].contains(&format!(
+        "add rule inet cni_portmap {gate} meta nfproto ipv4 ip daddr != 192.0.2.9 jump hostports4"
+    )));
+    check(&k, &a).unwrap();
+    let b = pod_with("n", "b", "eth0", &["10.0.0.6/24"], c, &[(8081, 80, "tcp")]);
+    add(&k, &b).unwrap();
+    assert_eq!(k.scripts().len(), 1, "the installed conditions are reused");
+    // other conditions: a new gate chain, the old one removed, hooks switched in one transaction
+    let d = pod("n", "d", "10.0.0.7/24", &[(8082, 80, "tcp")]);
+    add(&k, &d).unwrap();
+    let chains: Vec<String> = k.table().unwrap().chains.iter().map(|(n, _)| n.clone()).collect();
+    assert!(chains.contains(&"gate4".to_string()) && !chains.contains(&gate), "{chains:?}");
+    check(&k, &d).unwrap();
+    assert!(check(&k, &a).is_err(), "a's conditions are no longer installed");
+    // conditions nft refuses are code 7 and change nothing
+    let k2 = Fake::new();
+    let bad = pod_with(
+        "n",
+        "x",
+        "eth0",
+        &["10.0.0.5/24"],
+        json!({"conditionsV4": ["nonsense-without-jump"]}),
+        &[(1, 1, "tcp")],
+    );
+    k2.fail_next([]);
+    let e = flow::add(&mut BadNft(k2.clone()), &bad.conf, &bad.intent, &alive).unwrap_err();
+    assert_eq!(e.code, 7, "{}", e.msg);
+    assert!(k2.table().is_none());
+}
+
+/// A kernel whose nft refuses every script.
+struct BadNft(Fake);
+
+impl crate::kernel::Kernel for BadNft {
+    fn read(&mut self, s: &Scope) -> std::result::Result<State, NlError> {
+        self.0.read(s)
+    }
+    fn apply(
+        &mut self,
+        ops: &[cni_common::netlink::nft::NftOp],
+        g: Option<u32>,
+    ) -> std::result::Result<(), NlError> {
+        self.0.apply(ops, g)
+    }
+    fn validate(&mut self, ops: &[cni_common::netlink::nft::NftOp]) -> std::result::Result<(), NlError> {
+        self.0.validate(ops)
+    }
+    fn nft(&mut self, _: &str, _: bool) -> Result<()> {
+        Err(CniError::internal("nft transaction failed: Error: syntax error, unexpected newline"))
+    }
+}
+
+#[test]
+fn a_table_of_a_newer_layout_is_refused_by_name() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| {
+        let s = t.as_mut().unwrap().sets.get_mut(LAYOUT_SET).unwrap();
+        s.elems.clear();
+        s.elems.insert(vec![0, 3], NftElem::new(vec![0, 3]));
+    });
+    let before = k.table();
+    let e = add(&k, &pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")])).unwrap_err();
+    assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
+    assert_eq!(k.table(), before);
+    // CHECK too: its point read cannot tell a newer layout from an earlier one, a full read can
+    let e = check(&k, &a).unwrap_err();
+    assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
+    // and DEL and GC leave it alone (a newer build made it), saying why
+    for e in [del(&k, &a).unwrap_err(), flow::gc(&mut k.clone(), "n,", &BTreeSet::new()).unwrap_err()] {
+        assert!(e.msg.contains("inet cni_portmap") && e.msg.contains("[3]"), "{}", e.msg);
+    }
+    assert_eq!(k.table(), before);
+}
+
+/// The previous release's table (layout 1): no `layout` set, no `attachments` records, no
+/// `localnet` guard, hooks through the `gates` verdict map, a `conditions` map. Made here from
+/// this layout's by taking those apart.
+fn make_layout_1(k: &Fake) {
+    k.edit(|t| {
+        let t = t.as_mut().unwrap();
+        t.sets.remove(LAYOUT_SET);
+        t.sets.remove(&Set::Attachments.name());
+        t.chains.retain(|(n, _)| n != "localnet");
+        let vmap = cni_common::netlink::nft::NftRule {
+            table: layout::TABLE.into(),
+            chain: String::new(),
+            handle: 1,
+            comment: None,
+            exprs: vec![NftExpr::Other("fib".into()), NftExpr::Lookup { set: "gates".into() }],
+        };
+        for hook in ["prerouting", "output"] {
+            let rules = &mut t.chains.iter_mut().find(|(n, _)| n == hook).unwrap().1;
+            *rules = vec![cni_common::netlink::nft::NftRule { chain: hook.into(), ..vmap.clone() }];
+        }
+        for (name, data) in
+            [("gates", None), ("conditions", Some(vec![cni_common::netlink::nft::NftType::Ipv6Addr]))]
+        {
+            let decl = cni_common::netlink::nft::NftSet {
+                name: name.into(),
+                key: vec![cni_common::netlink::nft::NftType::NfProto],
+                data: data.map(cni_common::netlink::nft::NftSetData::Values),
+                interval: false,
+                id: 0,
+            };
+            t.sets.insert(name.into(), crate::kernel::fake::FakeSet { decl, elems: Default::default() });
+        }
+    });
+}
+
+#[test]
+fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(53, 53, "udp")]);
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    make_layout_1(&k);
+    // CHECK of a layout-1 attachment passes (its elements are what it needs)
+    check(&k, &a).unwrap();
+    // DEL of b on the old layout: elements only, no records written
+    del(&k, &b).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty());
+    assert!(!k.table().unwrap().sets.contains_key(LAYOUT_SET), "DEL does not upgrade");
+    // the first ADD upgrades: version, records of every attachment, guard, retired maps gone
+    let c = pod("n", "c", "10.0.0.7/24", &[(9090, 90, "tcp")]);
+    add(&k, &c).unwrap();
+    let t = k.table().unwrap();
+    assert!(!t.sets.contains_key("gates") && !t.sets.contains_key("conditions"));
+    assert!(t.chains.iter().any(|(n, _)| n == "localnet"));
+    let records: Vec<(Elem, Option<String>)> =
+        elements(&k).into_iter().filter(|(e, _)| matches!(e.key, Key::Attachment(_))).collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    let ra = records.iter().find(|(e, _)| e.key == Key::Attachment(a.intent.owner.hash)).unwrap();
+    assert_eq!(ra.0.hash_data(), Some(a.intent.fingerprint()), "the record a's own ADD would write");
+    assert_eq!(ra.1.as_deref(), Some(a.intent.owner.tag.as_str()));
+    check(&k, &a).unwrap();
+    check(&k, &c).unwrap();
+    // and a's DEL now goes by its record
+    del(&k, &a).unwrap();
+    del(&k, &c).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+}
+
+#[test]
+fn thousands_of_mappings_in_one_transaction_each_way() {
+    let k = Fake::new();
+    let ports: Vec<(u16, u16, &str)> =
+        (0..3_000u16).map(|i| (10_000 + i, 20_000 + i, if i % 2 == 0 { "tcp" } else { "udp" })).collect();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &ports);
+    let c0 = k.commits();
+    add(&k, &a).unwrap();
+    assert_eq!(k.commits() - c0, 1, "one transaction");
+    check(&k, &a).unwrap();
+    assert_eq!(dnat_target(&k, &a, 0).as_deref(), Some("10.0.0.5 . 20000"));
+    let out = del(&k, &a).unwrap();
+    assert_eq!(out.udp.len(), 3_000, "1 500 UDP ports in both families");
+    assert!(elements(&k).is_empty());
+}
+
+#[test]
+fn status_dry_runs_the_layout() {
+    let mut k = Fake::new();
+    flow::status(&mut k, &conf(json!({}))).unwrap();
+    assert!(k.table().is_none(), "nothing committed");
+    let with = conf(json!({"conditionsV6": ["ip6", "saddr", "!=", "fd00::1"]}));
+    flow::status(&mut k, &with).unwrap();
+    assert!(k.table().is_none());
+    assert_eq!(k.scripts().len(), 1, "checked by nft -c");
+}
+
+// ---- random sequences ----
+
+/// xorshift64*: reproducible randomness without a crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// The attachments of the random test: (network, container, ifname, address, host ports).
+/// Containers `c0`/`c1` have two attachments each on two networks with the same ports (shared);
+/// the rest compete for ports 1–4.
+fn cast() -> Vec<Pod> {
+    let mut v = Vec::new();
+    for (i, (net, ctr, ifn)) in
+        [("n1", "c0", "eth0"), ("n2", "c0", "eth1"), ("n1", "c1", "eth0"), ("n2", "c1", "eth1")]
+            .iter()
+            .enumerate()
+    {
+        let addr = format!("10.{}.0.{}/24", i % 2, 10 + i / 2);
+        v.push(pod_with(net, ctr, ifn, &[&addr], json!({}), &[(1, 80, "tcp"), (2, 53, "udp")]));
+    }
+    for i in 0..4u16 {
+        let addr = format!("10.0.1.{}/24", 10 + i);
+        let ports = [(1 + i, 80, "tcp"), (5 + i % 2, 443, "tcp")];
+        v.push(pod_with("n1", &format!("x{i}"), "eth0", &[&addr], json!({"masqAll": i == 3}), &ports));
+    }
+    v
+}
+
+/// What must hold: each live attachment passes CHECK; nothing of a removed one is left;
+/// the `owner` element of every port names a live claimant.
+fn invariants(k: &Fake, pods: &[Pod], live: &BTreeSet<usize>, ctx: &str) {
+    for (i, p) in pods.iter().enumerate() {
+        if live.contains(&i) {
+            check(k, p).unwrap_or_else(|e| panic!("{ctx}: live attachment {i} fails CHECK: {}", e.msg));
+        } else {
+            let left = traces(k, &p.intent.owner);
+            assert!(left.is_empty(), "{ctx}: removed attachment {i} left {left:?}");
+        }
+    }
+}
+
+/// Whether ADD of `i` must be refused given the live attachments (a host port held by a live
+/// attachment of another container).
+fn refused(pods: &[Pod], live: &BTreeSet<usize>, i: usize) -> bool {
+    let me = &pods[i].intent;
+    live.iter().filter(|j| **j != i).any(|j| {
+        let o = &pods[*j].intent;
+        o.owner.container != me.owner.container && o.ports().any(|p| me.ports().any(|q| q == p))
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Verb {
+    Add(usize),
+    Del(usize),
+    Gc(&'static str),
+    Check(usize),
+}
+
+fn random_verb(r: &mut Rng, n: usize) -> Verb {
+    match r.below(10) {
+        0..=3 => Verb::Add(r.below(n)),
+        4..=6 => Verb::Del(r.below(n)),
+        7 => Verb::Gc(if r.below(2) == 0 { "n1" } else { "n2" }),
+        _ => Verb::Check(r.below(n)),
+    }
+}
+
+/// Run `v` and update the model. A GC's valid list is the live set, plus `extra` (an ADD that
+/// started before the GC took its list and commits while the GC runs).
+fn step(k: &Fake, pods: &[Pod], live: &Rc<RefCell<BTreeSet<usize>>>, v: Verb, extra: Option<usize>) {
+    match v {
+        Verb::Add(i) => {
+            let res = add(k, &pods[i]);
+            // what ran meanwhile has completed: the model is current
+            let must_refuse = refused(pods, &live.borrow(), i);
+            match res {
+                Ok(_) => {
+                    assert!(!must_refuse, "ADD {i} succeeded over a live holder");
+                    live.borrow_mut().insert(i);
+                }
+                Err(e) => {
+                    assert!(must_refuse, "ADD {i} failed: {}", e.msg);
+                    assert_eq!(e.code, 7, "{}", e.msg);
+                }
+            }
+        }
+        Verb::Del(i) => {
+            del(k, &pods[i]).unwrap_or_else(|e| panic!("DEL {i}: {}", e.msg));
+            live.borrow_mut().remove(&i);
+        }
+        Verb::Gc(net) => {
+            let valid: BTreeSet<String> =
+                live.borrow().iter().chain(extra.iter()).map(|i| pods[*i].intent.owner.tag.clone()).collect();
+            flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix(net), &valid).unwrap();
+            let gone: Vec<usize> = live
+                .borrow()
+                .iter()
+                .copied()
+                .filter(|i| {
+                    pods[*i].intent.owner.tag.starts_with(&format!("{net},"))
+                        && !valid.contains(&pods[*i].intent.owner.tag)
+                })
+                .collect();
+            for i in gone {
+                live.borrow_mut().remove(&i);
+            }
+        }
+        Verb::Check(i) => {
+            let ok = check(k, &pods[i]).is_ok();
+            assert_eq!(ok, live.borrow().contains(&i), "CHECK {i}");
+        }
+    }
+}
+
+/// Random sequences of ADD, DEL, GC and CHECK by eight attachments (shared ports, conflicts,
+/// masqAll), each verb possibly interleaved with another that commits between its read and
+/// its transaction, and lost answers: the invariants hold after every verb.
+#[test]
+fn random_interleavings_keep_the_invariants() {
+    let pods = cast();
+    for seed in 1..=24u64 {
+        let k = Fake::new();
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let live = Rc::new(RefCell::new(BTreeSet::new()));
+        for n in 0..60 {
+            let v = random_verb(&mut r, pods.len());
+            let mut extra = None;
+            if r.below(4) == 0 {
+                // a concurrent verb commits between this one's read and its transaction
+                let w = random_verb(&mut r, pods.len());
+                // a runtime runs one verb at a time per attachment
+                let same = |a: Verb, b: Verb| match (a, b) {
+                    (
+                        Verb::Add(i) | Verb::Del(i) | Verb::Check(i),
+                        Verb::Add(j) | Verb::Del(j) | Verb::Check(j),
+                    ) => i == j,
+                    _ => false,
+                };
+                if same(v, w) {
+                    step(&k, &pods, &live, v, None);
+                    invariants(&k, &pods, &live.borrow(), &format!("seed {seed}, step {n}: {v:?}"));
+                    continue;
+                }
+                let inner_extra = match (v, w) {
+                    (Verb::Add(i), Verb::Gc(_)) => Some(i),
+                    _ => None,
+                };
+                if let (Verb::Gc(_), Verb::Add(j)) = (v, w) {
+                    extra = Some(j);
+                }
+                let (k2, p2, l2) = (k.clone(), pods.clone(), live.clone());
+                k.before_apply(move || step(&k2, &p2, &l2, w, inner_extra));
+            }
+            if r.below(8) == 0 {
+                k.fail_next([Fault::After(libc::ENOBUFS)]);
+            }
+            step(&k, &pods, &live, v, extra);
+            // a concurrent verb only runs if this one reached the kernel with a transaction
+            k.clear_hooks();
+            invariants(&k, &pods, &live.borrow(), &format!("seed {seed}, step {n}: {v:?}"));
+        }
+    }
+}
+
+#[test]
+fn point_reads_stay_small() {
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    match plan::point_keys(&a.intent.owner, None) {
+        Scope::Point(keys) => {
+            assert_eq!(keys.len(), 2, "the record and the netns record, whatever the mappings")
+        }
+        Scope::Full => unreachable!(),
+    }
+}

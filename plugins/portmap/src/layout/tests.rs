@@ -1,0 +1,335 @@
+use super::*;
+use cni_common::netlink::nft::golden::{hex, messages, normalize};
+use cni_common::netlink::nft::NftElem;
+
+fn conds(v4: &[&str]) -> Conditions {
+    Conditions { v4: v4.iter().map(|s| s.to_string()).collect(), v6: Vec::new() }
+}
+
+#[test]
+fn gate_chains_fingerprint_the_conditions() {
+    assert_eq!(gate_chain(Family::V4, &[]), "gate4");
+    let g = gate_chain(Family::V4, &["ip".into(), "daddr".into(), "!=".into(), "192.0.2.9".into()]);
+    assert!(g.starts_with("gate4_") && g.len() == 18, "{g}");
+    assert!(is_gate_chain(&g) && is_gate_chain("gate6") && is_gate_chain("gate4"));
+    for bad in [
+        "gate4_",
+        "gate4_0123456789AB",
+        "gate4_0123456789abc",
+        "gate5",
+        "gate4\ninclude",
+        "gate4_01234567890g",
+        "hostports4",
+    ] {
+        assert!(!is_gate_chain(bad), "{bad:?}");
+    }
+}
+
+/// The declaration read back as the kernel lists it.
+fn found_of(d: &Declaration) -> Found {
+    Found {
+        table: true,
+        current: true,
+        rules: d
+            .rules
+            .iter()
+            .map(|r| NftRule {
+                table: TABLE.into(),
+                chain: r.chain.clone(),
+                handle: 1,
+                comment: r.comment.clone(),
+                exprs: listed(r.exprs.as_ref().unwrap()),
+            })
+            .collect(),
+        sets: Some(std::iter::once(LAYOUT_SET.to_string()).chain(d.sets.iter().map(Set::name)).collect()),
+        chains: Some(d.chains.iter().map(|c| c.name.clone()).collect()),
+    }
+}
+
+#[test]
+fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
+    let lens: Lens = [(Family::V4, 24), (Family::V4, 32)].into();
+    let d = declaration(&lens, &Conditions::default());
+    let setup = d.setup(&Found::default());
+    assert!(setup.nft.is_none());
+    let rules = setup.ops.iter().filter(|o| matches!(o, NftOp::AddRule { .. })).count();
+    assert_eq!(rules, d.rules.len());
+    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 2, "hooks, gates, dnat, masquerading, net4_24/32, guard");
+    let found = found_of(&d);
+    assert_eq!(d.problems(&found), Vec::<String>::new());
+    assert!(d.setup(&found).is_empty());
+    assert_eq!(lens_in(&found.rules), lens);
+    // a flushed chain is refilled, and only it
+    let mut flushed = found.clone();
+    flushed.rules.retain(|r| r.chain != "prerouting");
+    assert_eq!(d.problems(&flushed), ["chain prerouting does not hold the rules of this layout"]);
+    let ops = d.setup(&flushed).ops;
+    let refilled: Vec<&str> = ops
+        .iter()
+        .filter_map(|o| match o {
+            NftOp::Delete(NftDelete::Flush { chain, .. }) => Some(chain.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refilled, ["prerouting"]);
+    // a rule changed in place (another verdict) is noticed too
+    let mut tampered = found.clone();
+    let r = tampered.rules.iter_mut().find(|r| r.chain == "localnet").unwrap();
+    *r.exprs.last_mut().unwrap() = cni_common::netlink::nft::NftExpr::Verdict(Verdict::Accept);
+    assert_eq!(d.problems(&tampered), ["chain localnet does not hold the rules of this layout"]);
+    // an earlier layout: retired maps and the gate chain of other conditions go
+    let mut v1 = found.clone();
+    v1.current = false;
+    v1.sets.as_mut().unwrap().extend(["gates".to_string(), "conditions".to_string()]);
+    v1.chains.as_mut().unwrap().push("gate4_0123456789ab".into());
+    let ops = d.setup(&v1).ops;
+    for (what, gone) in
+        [("gates", true), ("conditions", true), ("gate4_0123456789ab", true), ("gate4", false)]
+    {
+        let deleted = ops.iter().any(|o| match o {
+            NftOp::Delete(NftDelete::Set { set, .. }) => set == what,
+            NftOp::Delete(NftDelete::Chain { chain, .. }) => chain == what,
+            _ => false,
+        });
+        assert_eq!(deleted, gone, "{what}");
+    }
+    assert!(ops.iter().any(|o| matches!(o, NftOp::AddElements { set, .. } if set == LAYOUT_SET)));
+}
+
+#[test]
+fn conditions_are_written_by_nft_in_their_own_gate_chain() {
+    let c = conds(&["ip", "daddr", "!=", "192.0.2.9"]);
+    let d = declaration(&Lens::new(), &c);
+    let g4 = gate_chain(Family::V4, &c.v4);
+    let s = d.setup(&Found::default());
+    let script = s.nft.expect("nft for the conditions");
+    assert!(
+        script.contains(&format!(
+            "add rule inet cni_portmap {g4} meta nfproto ipv4 ip daddr != 192.0.2.9 jump hostports4\n"
+        )),
+        "{script}"
+    );
+    assert!(!script.contains("gate6"), "the other family needs no nft: {script}");
+    assert!(s.ops.iter().any(|o| matches!(o, NftOp::AddRule { chain, .. } if chain == "gate6")));
+    assert!(d.nft_text().contains(&format!("jump {g4}")));
+    // read back, the nft-written rule is recognised by its jump
+    let mut found = found_of(&declaration(&Lens::new(), &Conditions::default()));
+    found.chains.as_mut().unwrap().push(g4.clone());
+    found.rules.retain(|r| r.chain != "gate4");
+    for r in found.rules.iter_mut().filter(|r| r.chain == "prerouting" || r.chain == "output") {
+        if let Some(cni_common::netlink::nft::NftExpr::Verdict(Verdict::Jump(j))) = r.exprs.last_mut() {
+            if j == "gate4" {
+                *j = g4.clone();
+            }
+        }
+    }
+    found.rules.push(NftRule {
+        table: TABLE.into(),
+        chain: g4.clone(),
+        handle: 9,
+        comment: None,
+        exprs: vec![
+            cni_common::netlink::nft::NftExpr::Other("payload".into()),
+            cni_common::netlink::nft::NftExpr::Verdict(Verdict::Jump("hostports4".into())),
+        ],
+    });
+    found.chains.as_mut().unwrap().retain(|c| c != "gate4");
+    assert_eq!(d.problems(&found), Vec::<String>::new());
+}
+
+// ---- the golden capture ----
+
+const CASES: &str = include_str!("../../testdata/capture-cases.txt");
+const GOLDEN: &str = include_str!("../../testdata/nft-golden.txt");
+
+fn case_line((name, setup, cmd): &(String, String, String)) -> String {
+    format!("{name}\t{}\t{cmd}", setup.replace('\n', "\\n"))
+}
+
+/// testdata/capture-cases.txt is what the declaration says (regenerate it with
+/// `PORTMAP_WRITE_CASES=1 cargo test -p portmap --lib capture_cases`, then the golden file
+/// with testdata/capture-nft.py).
+#[test]
+fn the_capture_cases_follow_the_declaration() {
+    let text: String = capture_cases().iter().map(|c| case_line(c) + "\n").collect();
+    if std::env::var_os("PORTMAP_WRITE_CASES").is_some() {
+        std::fs::write(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/capture-cases.txt"), &text).unwrap();
+    }
+    assert_eq!(CASES, text, "testdata/capture-cases.txt is stale: regenerate it (see this test's doc)");
+}
+
+/// Netlink attributes as (type with flags, value).
+fn attrs(mut b: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut v = Vec::new();
+    while b.len() >= 4 {
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        v.push((u16::from_ne_bytes([b[2], b[3]]), b[4..len].to_vec()));
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+    }
+    v
+}
+
+fn put(attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, value) in attrs {
+        out.extend(((value.len() + 4) as u16).to_ne_bytes());
+        out.extend(kind.to_ne_bytes());
+        out.extend(value);
+        out.resize(out.len().next_multiple_of(4), 0);
+    }
+    out
+}
+
+/// A message without what only names objects within one transaction: a new set's
+/// `NFTA_SET_ID`, a lookup's `NFTA_LOOKUP_SET_ID` (nft gives its cache index); and without
+/// `NFTA_BITWISE_OP` = `NFT_BITWISE_BOOL`, which nft 1.0.6 states for a mask and the kernel
+/// assumes when it is absent, as in ours.
+fn comparable(msg: &[u8]) -> Vec<u8> {
+    const NEWRULE: u16 = 6;
+    const NEWSET: u16 = 9;
+    const NESTED: u16 = 0x8000;
+    let msg = normalize(msg);
+    let ty = u16::from_ne_bytes([msg[4], msg[5]]) & 0xff;
+    let mut top = attrs(&msg[20..]);
+    if ty == NEWSET {
+        top.retain(|(k, _)| *k != 10);
+    }
+    if ty == NEWRULE {
+        for (_, exprs) in top.iter_mut().filter(|(k, _)| *k == 4 | NESTED) {
+            let mut list = attrs(exprs);
+            for (_, elem) in list.iter_mut() {
+                let mut e = attrs(elem);
+                let name = e.iter().find(|(k, _)| *k == 1).map(|(_, v)| v.clone()).unwrap_or_default();
+                let drop: Option<u16> = if name.starts_with(b"lookup\0") {
+                    Some(4)
+                } else if name.starts_with(b"bitwise\0") {
+                    Some(6)
+                } else {
+                    None
+                };
+                if let Some(d) = drop {
+                    for (_, data) in e.iter_mut().filter(|(k, _)| *k == 2 | NESTED) {
+                        *data = put(&attrs(data).into_iter().filter(|(k, _)| *k != d).collect::<Vec<_>>());
+                    }
+                }
+                *elem = put(&e);
+            }
+            *exprs = put(&list);
+        }
+    }
+    let body = put(&top);
+    let mut out = ((20 + body.len()) as u32).to_ne_bytes().to_vec();
+    out.extend(&msg[4..20]);
+    out.extend(body);
+    hex(&out).into_bytes()
+}
+
+fn golden(name: &str) -> Vec<String> {
+    let v: Vec<String> = GOLDEN
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(n, _)| *n == name)
+        .map(|(_, h)| {
+            let b: Vec<u8> =
+                (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect();
+            String::from_utf8(comparable(&b)).unwrap()
+        })
+        .collect();
+    assert!(!v.is_empty(), "no golden message for {name}: regenerate testdata/nft-golden.txt");
+    v
+}
+
+fn ours(ops: &[NftOp]) -> Vec<String> {
+    messages(ops).iter().map(|m| String::from_utf8(comparable(m)).unwrap()).collect()
+}
+
+/// Every object of the declaration, and an element and a deletion of every set, is encoded
+/// as nft 1.0.6 encodes the same text (testdata/nft-golden.txt): what we write lists in
+/// `nft list ruleset` as if nft had written it.
+#[test]
+fn every_declared_object_is_what_nft_sends() {
+    use crate::model::Elem;
+    let lens: Lens = [
+        (Family::V4, 24),
+        (Family::V4, 32),
+        (Family::V4, 0),
+        (Family::V6, 64),
+        (Family::V6, 128),
+        (Family::V6, 0),
+    ]
+    .into();
+    let d = declaration(&lens, &Conditions::default());
+    let tn = || TABLE.to_string();
+    let mut checked = 0;
+    let mut check = |name: &str, ops: Vec<NftOp>| {
+        assert_eq!(ours(&ops), golden(name), "{name}: ours (left) differs from nft's (right)");
+        checked += 1;
+    };
+    check("table", vec![NftOp::AddTable { family: FAMILY, table: tn(), comment: None }]);
+    let layout = NftSet {
+        name: LAYOUT_SET.into(),
+        key: vec![NftType::InetService],
+        data: None,
+        interval: false,
+        id: 1,
+    };
+    check(&format!("set-{LAYOUT_SET}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: layout }]);
+    for s in &d.sets {
+        check(&format!("set-{s}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: nft_set(*s, 1) }]);
+    }
+    for c in &d.chains {
+        if let Some((b, _)) = &c.base {
+            let op = NftOp::AddChain {
+                family: FAMILY,
+                table: tn(),
+                chain: c.name.clone(),
+                base: Some(b.clone()),
+                comment: None,
+            };
+            check(&format!("chain-{}", c.name), vec![op]);
+        }
+    }
+    check(
+        "chain",
+        vec![NftOp::AddChain {
+            family: FAMILY,
+            table: tn(),
+            chain: "hostports4".into(),
+            base: None,
+            comment: None,
+        }],
+    );
+    for (i, r) in d.rules.iter().enumerate() {
+        check(
+            &format!("rule-{i}"),
+            vec![NftOp::rule(FAMILY, TABLE, &r.chain, r.exprs.clone().unwrap(), r.comment.as_deref())],
+        );
+    }
+    check(
+        "layout-elem",
+        vec![NftOp::AddElements {
+            family: FAMILY,
+            table: tn(),
+            set: LAYOUT_SET.into(),
+            elems: vec![version_elem()],
+        }],
+    );
+    for (name, e) in sample_elements() {
+        let set = e.set().name();
+        check(
+            &format!("elem-{name}"),
+            vec![NftOp::AddElements {
+                family: FAMILY,
+                table: tn(),
+                set: set.clone(),
+                elems: vec![e.encode(Some("n,c,eth0"))],
+            }],
+        );
+        let key: NftElem = Elem::encode_key(&e.key);
+        check(
+            &format!("del-{name}"),
+            vec![NftOp::DeleteElements { family: FAMILY, table: tn(), set, elems: vec![key] }],
+        );
+    }
+    assert_eq!(checked, capture_cases().len(), "every captured case is compared");
+}

@@ -1,0 +1,423 @@
+//! `cni-migrate resync` (scripts/resync.sh): after a firewall reload, the host state of every
+//! live attachment in libcni's cache is rebuilt where it is missing. Pods are made by our
+//! cnitool (libcni's cache format) in scratch namespaces: a fake host, an outside namespace
+//! behind it, container namespaces. And what scripts/install.sh does with the systemd unit that
+//! runs it, in scratch directories. The same scenario through containerd's CRI is
+//! `cri_pods_survive_a_firewall_reload_through_resync` in tests/e2e/cri.rs.
+
+use cni_tests::traffic::{fetch, fetch_udp, Server, UdpServer};
+use cni_tests::{bin, bin_dir, cni_path_with, workspace_root, Netns, TempDir};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Output};
+
+const NET: &str = "rsnet";
+const HOST_ADDR: &str = "192.168.91.1";
+const OUTSIDE_ADDR: &str = "192.168.91.2";
+/// The port of the server in the outside namespace that tells whom it saw.
+const OUTSIDE_PORT: u16 = 9000;
+
+/// A fake node: host and outside namespaces joined by a veth, our plugins, a conflist, a
+/// libcni cache and host-local's store in scratch directories.
+struct Node {
+    host: Netns,
+    outside: Netns,
+    plugins: TempDir,
+    conf: TempDir,
+    cache: TempDir,
+    data: TempDir,
+}
+
+impl Node {
+    /// `extra`: plugins appended to the chain (bridge with ipMasq and macspoofchk, portmap,
+    /// bandwidth).
+    fn new(extra: &[Value]) -> Node {
+        let host = Netns::new("rsh");
+        let outside = Netns::new("rso");
+        host.run(
+            "ip",
+            &["link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", outside.name()],
+        );
+        host.run("ip", &["addr", "add", &format!("{HOST_ADDR}/24"), "dev", "up0"]);
+        outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/24"), "dev", "eth0"]);
+        for (ns, dev) in [(&host, "up0"), (&outside, "eth0")] {
+            ns.run("ip", &["link", "set", dev, "up"]);
+            ns.run("ip", &["link", "set", "lo", "up"]);
+        }
+        let n = Node {
+            host,
+            outside,
+            plugins: cni_path_with(&["bridge", "host-local", "portmap", "bandwidth", "loopback"]),
+            conf: TempDir::new("rsconf"),
+            cache: TempDir::new("rscache"),
+            data: TempDir::new("rsdata"),
+        };
+        let mut plugins = vec![
+            json!({"type": "bridge", "bridge": "rsbr0", "isGateway": true, "ipMasq": true,
+                   "macspoofchk": true, "hairpinMode": true,
+                   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.66.0.0/24"}]],
+                            "routes": [{"dst": "0.0.0.0/0"}], "dataDir": n.data.str()}}),
+            json!({"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}),
+            json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
+        ];
+        plugins.extend(extra.iter().cloned());
+        let list = json!({"cniVersion": "1.0.0", "name": NET, "plugins": plugins});
+        std::fs::write(n.conf.join("10-rsnet.conflist"), list.to_string()).unwrap();
+        n
+    }
+
+    fn cnitool(&self, verb: &str, id: &str, ctr: &str, caps: &Value) -> Output {
+        self.host
+            .command(bin("cnitool"))
+            .args([verb, NET, ctr])
+            .env("CNI_PATH", self.plugins.path())
+            .env("NETCONFPATH", self.conf.path())
+            .env("CNI_CACHE_DIR", self.cache.path())
+            .env("CNI_CONTAINERID", id)
+            .env("CNI_IFNAME", "eth0")
+            .env("CAP_ARGS", caps.to_string())
+            .output()
+            .expect("run cnitool")
+    }
+
+    /// ADD a pod; its result.
+    fn add(&self, id: &str, ctr: &Netns, caps: &Value) -> Value {
+        let out = self.cnitool("add", id, ctr.path_str(), caps);
+        assert!(out.status.success(), "ADD {id}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("ADD prints the result")
+    }
+
+    /// CHECK through the chain (the cached result as prevResult): Ok, or Err(what failed).
+    fn check(&self, id: &str, ctr: &Netns, caps: &Value) -> Result<(), String> {
+        let out = self.cnitool("check", id, ctr.path_str(), caps);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `cni-migrate resync` in the host namespace over this node's cache: (exit status, output).
+    fn resync(&self, args: &[&str], bin_dir: &Path) -> (i32, String) {
+        let out = self
+            .host
+            .command(bin("cni-migrate"))
+            .arg("resync")
+            .args(args)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .arg("--cni-bin-dir")
+            .arg(bin_dir)
+            .output()
+            .expect("run cni-migrate");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("--- cni-migrate resync {args:?}:\n{text}");
+        (out.status.code().expect("an exit status"), text)
+    }
+
+    fn ruleset(&self) -> String {
+        String::from_utf8(self.host.run("nft", &["-j", "list", "ruleset"]).stdout).unwrap()
+    }
+
+    /// Who the outside namespace sees when `ctr` connects to it.
+    fn seen_from(&self, ctr: &Netns) -> String {
+        fetch(ctr, OUTSIDE_ADDR, OUTSIDE_PORT)
+    }
+}
+
+/// The ifb bandwidth made for an attachment, from its result.
+fn ifb_of(result: &Value) -> String {
+    result["interfaces"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|i| i["name"].as_str().filter(|n| n.starts_with("bwp"))))
+        .unwrap_or_else(|| panic!("no ifb in {result}"))
+        .to_string()
+}
+
+fn lines_with<'a>(text: &'a str, part: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.contains(part)).collect()
+}
+
+#[test]
+fn resync_rebuilds_what_a_flush_took_and_a_second_run_changes_nothing() {
+    let node = Node::new(&[]);
+    let _outside = Server::tcp4(&node.outside, OUTSIDE_PORT, "outside");
+    let shaped = json!({"ingressRate": 8_000_000, "ingressBurst": 800_000,
+                        "egressRate": 16_000_000, "egressBurst": 1_600_000});
+    // (id, TCP host port, UDP host port, bandwidth)
+    let pods = [("pod-a", 18080u16, 15353u16, false), ("pod-b", 18081, 15354, true)];
+    let mut live = Vec::new();
+    for (id, tcp, udp, bw) in pods {
+        let ctr = Netns::new("rsc");
+        let mut caps = json!({"portMappings": [
+            {"hostPort": tcp, "containerPort": 80, "protocol": "tcp"},
+            {"hostPort": udp, "containerPort": 53, "protocol": "udp"}]});
+        if bw {
+            caps["bandwidth"] = shaped.clone();
+        }
+        node.add(id, &ctr, &caps);
+        let servers = (Server::tcp(&ctr, 80, id), UdpServer::start(&ctr, 53, id));
+        live.push((id, tcp, udp, ctr, caps, servers));
+    }
+    let reached = |sport: u16| {
+        live.iter()
+            .map(|(id, tcp, udp, ctr, _, _)| {
+                (
+                    id.to_string(),
+                    fetch(&node.outside, HOST_ADDR, *tcp),
+                    fetch_udp(&node.outside, HOST_ADDR, *udp, sport),
+                    node.seen_from(ctr),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let working = |sport| {
+        live.iter()
+            .map(|(id, ..)| {
+                let from_outside = format!("{id} {OUTSIDE_ADDR}");
+                (id.to_string(), from_outside.clone(), from_outside, format!("outside {HOST_ADDR}"))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .zip(reached(sport))
+            .map(|(want, got)| (want == got, got))
+            .collect::<Vec<_>>()
+    };
+    for (ok, got) in working(40001) {
+        assert!(ok, "before the flush: host ports and masquerading work: {got:?}");
+    }
+    for (id, _, _, ctr, caps, _) in &live {
+        node.check(id, ctr, caps).unwrap_or_else(|e| panic!("CHECK {id} before the flush: {e}"));
+    }
+
+    // ---- the firewall reload
+    node.host.run("nft", &["flush", "ruleset"]);
+    for (id, _, _, ctr, caps, _) in &live {
+        let e = node.check(id, ctr, caps).expect_err("CHECK must fail after the flush");
+        assert!(!e.trim().is_empty(), "CHECK {id} says why");
+    }
+    for (ok, got) in working(40002) {
+        assert!(!ok, "after the flush nothing is forwarded or masqueraded: {got:?}");
+        assert_eq!((got.1.as_str(), got.2.as_str(), got.3.as_str()), ("", "", ""), "{got:?}");
+    }
+
+    // ---- dry run: says what it would rebuild, changes nothing
+    let before = node.ruleset();
+    let (code, text) = node.resync(&["--dry-run"], node.plugins.path());
+    assert_eq!(code, 10, "dry run over missing state: exit 10\n{text}");
+    for (id, ..) in &live {
+        for part in ["bridge", "portmap"] {
+            let l = lines_with(&text, &format!("{NET}/{id}/eth0: {part}: would repair"));
+            assert_eq!(l.len(), 1, "{id} {part}:\n{text}");
+        }
+    }
+    assert!(text.contains("dry run: nothing changed"), "{text}");
+    assert_eq!(node.ruleset(), before, "a dry run changes nothing");
+
+    // ---- resync
+    let (code, text) = node.resync(&[], node.plugins.path());
+    assert_eq!(code, 10, "something was rebuilt: exit 10\n{text}");
+    for (id, ..) in &live {
+        for part in ["bridge", "portmap"] {
+            assert_eq!(lines_with(&text, &format!("{NET}/{id}/eth0: {part}: repaired")).len(), 1, "{text}");
+        }
+        // tc state survives a flush
+        assert_eq!(lines_with(&text, &format!("{NET}/{id}/eth0: bandwidth: intact")).len(), 1, "{text}");
+    }
+    for (id, _, _, ctr, caps, _) in &live {
+        node.check(id, ctr, caps).unwrap_or_else(|e| panic!("CHECK {id} after resync: {e}\n{text}"));
+    }
+    for (ok, got) in working(40003) {
+        assert!(ok, "after resync: every host port (TCP and UDP) from outside, egress masqueraded: {got:?}");
+    }
+    let rules = String::from_utf8(node.host.run("nft", &["list", "ruleset"]).stdout).unwrap();
+    assert!(rules.contains("table bridge nat"), "macspoofchk is back:\n{rules}");
+
+    // ---- a second run changes nothing
+    let before = node.ruleset();
+    let (code, text) = node.resync(&[], node.plugins.path());
+    assert_eq!(code, 0, "everything intact: exit 0\n{text}");
+    assert!(!text.contains("repaired ("), "{text}");
+    assert_eq!(node.ruleset(), before, "the second resync changed the ruleset");
+
+    for (id, _, _, ctr, caps, servers) in live {
+        drop(servers);
+        let out = node.cnitool("del", id, ctr.path_str(), &caps);
+        assert!(out.status.success(), "DEL {id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn resync_skips_what_is_not_its_own_and_says_what_it_cannot_repair() {
+    // upstream's tuning in the chain (its backups in scratch): not ours
+    let tuning_dir = TempDir::new("rstuning");
+    let node = Node::new(&[json!({"type": "tuning", "dataDir": tuning_dir.str()})]);
+    std::os::unix::fs::symlink("/usr/lib/cni/tuning", node.plugins.join("tuning"))
+        .expect("Debian's tuning plugin (scripts/install-deps.sh installs containernetworking-plugins)");
+    let caps = |port: u16| {
+        json!({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}],
+               "bandwidth": {"egressRate": 16_000_000, "egressBurst": 1_600_000}})
+    };
+    let (alive, gone, blocked) = (Netns::new("rsc"), Netns::new("rsc"), Netns::new("rsc"));
+    let r_alive = node.add("alive", &alive, &caps(18090));
+    node.add("gone", &gone, &caps(18091));
+    let r_blocked = node.add("blocked", &blocked, &caps(18092));
+    // a pod that died without DEL; an ifb deleted by someone; another deleted and a device of
+    // someone else's created in its place
+    let gone_path = gone.path_str().to_string();
+    drop(gone);
+    node.host.run("ip", &["link", "del", &ifb_of(&r_alive)]);
+    node.host.run("ip", &["link", "del", &ifb_of(&r_blocked)]);
+    node.host.run("ip", &["link", "add", &ifb_of(&r_blocked), "type", "bridge"]);
+    // a cache entry naming a file that is no network namespace
+    let mut hostile: Value =
+        serde_json::from_slice(&std::fs::read(node.cache.join(format!("results/{NET}-alive-eth0"))).unwrap())
+            .unwrap();
+    hostile["containerId"] = json!("hostile");
+    hostile["netns"] = json!("/etc/passwd");
+    std::fs::write(node.cache.join(format!("results/{NET}-hostile-eth0")), hostile.to_string()).unwrap();
+    assert!(node.check("alive", &alive, &caps(18090)).unwrap_err().contains("ifb"));
+
+    let before = node.ruleset();
+    let (code, text) = node.resync(&[], node.plugins.path());
+    assert_eq!(code, 1, "an attachment could not be repaired: exit 1\n{text}");
+    assert_eq!(lines_with(&text, &format!("{NET}/alive/eth0: bandwidth: repaired")).len(), 1, "{text}");
+    assert_eq!(lines_with(&text, &format!("{NET}/alive/eth0: bridge: intact")).len(), 1, "{text}");
+    assert_eq!(lines_with(&text, &format!("{NET}/alive/eth0: portmap: intact")).len(), 1, "{text}");
+    node.check("alive", &alive, &caps(18090)).unwrap_or_else(|e| panic!("CHECK after resync: {e}\n{text}"));
+    let skipped = lines_with(&text, &format!("{NET}/gone/eth0: skipped"));
+    assert!(skipped.len() == 1 && skipped[0].contains(&gone_path), "{text}");
+    let failed = lines_with(&text, &format!("{NET}/blocked/eth0: bandwidth: FAILED"));
+    assert!(failed.len() == 1 && failed[0].contains("bridge device"), "{text}");
+    let hostile = lines_with(&text, &format!("{NET}/hostile/eth0: not repaired"));
+    assert!(hostile.len() == 1 && hostile[0].contains("/etc/passwd"), "{text}");
+    for id in ["alive", "gone", "blocked"] {
+        let l = lines_with(&text, &format!("{NET}/{id}/eth0: \"tuning\": skipped: not one of this suite's"));
+        assert_eq!(l.len(), 1, "{id}:\n{text}");
+    }
+    assert!(text.contains("4 attachment(s): 1 repaired, 0 intact, 0 with nothing of ours to rebuild, 1 skipped (pod gone), 2 failed"), "{text}");
+    assert_eq!(node.ruleset(), before, "nothing of the firewall was missing, nothing changed");
+    assert!(node.host.link(&ifb_of(&r_blocked)).is_some_and(|l| l["linkinfo"]["info_kind"] == "bridge"));
+
+    // upstream's portmap installed: its attachments' host ports are not ours to rebuild
+    let upstream_bin = TempDir::new("rsup");
+    for p in ["bridge", "bandwidth"] {
+        std::os::unix::fs::symlink(bin(p), upstream_bin.join(p)).unwrap();
+    }
+    std::fs::copy("/usr/lib/cni/portmap", upstream_bin.join("portmap")).unwrap();
+    let (_, text) = node.resync(&["--dry-run"], upstream_bin.path());
+    let l = lines_with(&text, &format!("{NET}/alive/eth0: portmap: skipped"));
+    assert!(l.len() == 1 && l[0].contains("is not this suite's portmap"), "{text}");
+    assert!(lines_with(&text, ": portmap: intact").is_empty(), "{text}");
+
+    node.host.run("ip", &["link", "del", &ifb_of(&r_blocked)]);
+    for (id, ctr) in [("alive", &alive), ("blocked", &blocked)] {
+        let out = node.cnitool("del", id, ctr.path_str(), &caps(0));
+        assert!(out.status.success(), "DEL {id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = node.cnitool("del", "gone", &gone_path, &caps(0));
+    assert!(out.status.success(), "DEL of the gone pod: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn resync_refuses_bad_usage_and_has_nothing_to_do_without_a_cache() {
+    let host = Netns::new("rsh");
+    let empty = TempDir::new("rsempty");
+    let run = |args: &[&str]| {
+        let out = host.command(bin("cni-migrate")).args(args).output().expect("run cni-migrate");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    assert_eq!(run(&["resync", "--bogus"]).0, Some(2), "bad usage: 2");
+    assert_eq!(run(&["resync", "--cache-dir"]).0, Some(2), "an option without its value: 2");
+    let (code, text) = run(&["resync", "--cache-dir", empty.str()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("resync: 0 attachment(s)"), "{text}");
+    let nothing = empty.join("nothing-here");
+    let (code, _) = run(&["resync", "--cache-dir", nothing.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "a cache directory that does not exist holds nothing to rebuild");
+    assert!(!nothing.exists(), "and is not created (nor its lock)");
+}
+
+/// scripts/install.sh in scratch directories: the unit is installed with the bin directory in
+/// its command lines and verifies (`systemd-analyze verify`); `systemctl --root` enables it the
+/// way an operator does (a link in nftables.service.wants); `--restore` removes both.
+#[test]
+fn install_puts_the_resync_unit_in_place_and_restore_takes_it_away() {
+    let root = TempDir::new("rsroot");
+    let dest = root.join("opt/cni/bin");
+    let units = root.join("etc/systemd/system");
+    let install = |args: &[&str]| {
+        let out = Command::new(workspace_root().join("scripts/install.sh"))
+            .args(args)
+            .output()
+            .expect("run scripts/install.sh");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "install.sh {args:?}: {text}");
+        text
+    };
+    let text = install(&[
+        "--from",
+        bin_dir().to_str().unwrap(),
+        "--unit-dir",
+        units.to_str().unwrap(),
+        dest.to_str().unwrap(),
+    ]);
+    assert!(text.contains("systemctl enable --now cni-resync.service"), "says how to enable it: {text}");
+    for p in ["bridge", "portmap", "bandwidth", "cni-migrate"] {
+        assert!(dest.join(p).is_file(), "{p} installed: {text}");
+    }
+    let unit = std::fs::read_to_string(units.join("cni-resync.service")).expect("the unit is installed");
+    let d = dest.to_str().unwrap();
+    let want_cmd = format!("{d}/cni-migrate resync --cni-bin-dir {d}");
+    for line in [
+        "After=nftables.service".to_string(),
+        "PartOf=nftables.service".into(),
+        "ReloadPropagatedFrom=nftables.service".into(),
+        "Type=oneshot".into(),
+        "RemainAfterExit=yes".into(),
+        format!("ExecStart={want_cmd}"),
+        format!("ExecReload={want_cmd}"),
+        "SuccessExitStatus=1 10".into(),
+        "WantedBy=nftables.service".into(),
+    ] {
+        assert!(unit.lines().any(|l| l == line), "the unit lacks {line:?}:\n{unit}");
+    }
+    assert!(!unit.contains("@BIN_DIR@"), "{unit}");
+    let verify = Command::new("systemd-analyze")
+        .args(["verify"])
+        .arg(units.join("cni-resync.service"))
+        .output()
+        .expect("systemd-analyze (scripts/install-deps.sh installs systemd)");
+    assert!(
+        verify.status.success() && verify.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    // what `systemctl enable` does, in the scratch root
+    let enable = Command::new("systemctl")
+        .arg(format!("--root={}", root.str()))
+        .args(["enable", "cni-resync.service"])
+        .output()
+        .expect("systemctl");
+    assert!(enable.status.success(), "{}", String::from_utf8_lossy(&enable.stderr));
+    let wants = units.join("nftables.service.wants/cni-resync.service");
+    assert!(wants.symlink_metadata().is_ok(), "enable links it into nftables.service.wants");
+    // installing again keeps it enabled and says nothing about enabling
+    let text = install(&[
+        "--from",
+        bin_dir().to_str().unwrap(),
+        "--unit-dir",
+        units.to_str().unwrap(),
+        "--force",
+        d,
+    ]);
+    assert!(!text.contains("to enable"), "{text}");
+
+    let text = install(&["--restore", "--unit-dir", units.to_str().unwrap(), d]);
+    assert!(text.contains("removed"), "{text}");
+    assert!(!units.join("cni-resync.service").exists(), "--restore removes the unit");
+    assert!(wants.symlink_metadata().is_err(), "--restore removes the enable link");
+    assert!(dest.join("cni-migrate").is_file(), "cni-migrate stays for migrate.sh to-upstream");
+}

@@ -1,0 +1,495 @@
+//! `resync`: after the firewall was reloaded (Debian's `/etc/nftables.conf` starts with
+//! `flush ruleset`, so `systemctl reload nftables` deletes our tables; so does any `nft flush
+//! ruleset`), rebuild the host state our plugins own for every attachment the runtime still
+//! has, from libcni's cache (`<cacheDir>/results/…`: configuration, capability arguments,
+//! result) — what containerd, CRI-O, Podman and our cnitool write.
+//!
+//! Per attachment ([`plan`], pure):
+//! - plugins of its chain that are not this suite's (`tuning`, `flannel`, …), or ours by name
+//!   but installed as another build (upstream's binaries put back by `install.sh --restore`)
+//!   are skipped, with a line saying so: what they made is not ours to rebuild;
+//! - `loopback` and `host-local` keep nothing a firewall reload touches;
+//! - bridge (`ipMasq`, `macspoofchk`), portmap (host ports, the table with its `localnet`
+//!   guard) and bandwidth (buckets, ifb, redirect) are each judged the way their CHECK judges
+//!   them and rebuilt only where something is missing, by their own libraries' ADD code.
+//!
+//! An attachment is worked on only while its pod is there ([`pod`]): the network namespace the
+//! cache names still exists (opened as a recorded path: `/run/netns/<name>`,
+//! `/var/run/netns/<name>` or `/proc/<pid>/ns/net` only, never followed elsewhere) and still
+//! has the interface with the cached addresses. Otherwise it is skipped, with a line.
+//!
+//! Idempotent: an intact attachment is read, never written. With `dry_run` nothing is written
+//! at all; the lines say what would be rebuilt. Runs that change something serialise on
+//! `resync.lock` in the first cache directory that exists.
+//! A runtime may delete an attachment while it is being rebuilt (its DEL before our rebuild):
+//! when its cache file is gone after the rebuild, what was rebuilt is removed again by the
+//! plugins' own DEL code. (A DEL that removes the plugins' state before the rebuild and the
+//! cache file only after resync looked again can still leave the rebuilt state behind: GC, or
+//! a stale-holder check for host ports, removes it.)
+
+use crate::inventory::{Cached, Inventory};
+use cni_common::attachment::AttachmentId;
+use cni_common::net::container_addrs;
+use cni_common::netlink::conntrack;
+use cni_common::netlink::Netlink;
+use cni_common::netns::NetNs;
+use cni_common::spec::env::Env;
+use cni_common::spec::Command;
+use cni_common::{code, CniError, Plugin, Request, Result, Version};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The parts of an attachment's host state that resync rebuilds, by the plugin that owns them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// `ipMasq` and `macspoofchk` rules.
+    Bridge,
+    /// Host ports, their masquerading, the table (`localnet` guard included).
+    Portmap,
+    /// Token buckets, ifb, redirect.
+    Bandwidth,
+}
+
+impl Part {
+    fn of(plugin_type: &str) -> Option<Part> {
+        match plugin_type {
+            "bridge" => Some(Part::Bridge),
+            "portmap" => Some(Part::Portmap),
+            "bandwidth" => Some(Part::Bandwidth),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Bridge => "bridge",
+            Part::Portmap => "portmap",
+            Part::Bandwidth => "bandwidth",
+        }
+    }
+}
+
+/// Plugins of this suite that keep nothing a firewall reload can take.
+const STATELESS: [&str; 2] = ["loopback", "host-local"];
+
+/// What resync does with one cached attachment.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Planned {
+    /// Parts to judge and rebuild, in chain order.
+    pub parts: Vec<Part>,
+    /// Plugins skipped, and why (one line each).
+    pub skipped: Vec<String>,
+}
+
+/// Which plugins of `c`'s chain resync works on. `installed(type)` says whether the installed
+/// binary of one of our plugin types is ours (Err: why not).
+pub fn plan(c: &Cached, installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>) -> Planned {
+    let mut p = Planned::default();
+    for plugin in &c.plugins {
+        let ty = plugin.get("type").and_then(|t| t.as_str()).unwrap_or_default();
+        match Part::of(ty) {
+            Some(part) if p.parts.contains(&part) => {
+                // libcni's configuration of a type is that of its first plugin
+                p.skipped.push(format!("{ty}: skipped: a second {ty} in one chain is not rebuilt"));
+            }
+            Some(part) => match installed(ty) {
+                Ok(()) => p.parts.push(part),
+                Err(why) => p.skipped.push(format!("{ty}: skipped: {why}")),
+            },
+            None if STATELESS.contains(&ty) => {}
+            None => p.skipped.push(format!(
+                "{ty:?}: skipped: not one of this suite's plugins (whatever it keeps on the host is its own)"
+            )),
+        }
+    }
+    p
+}
+
+/// Whether an attachment's pod is still there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pod {
+    Alive,
+    /// Gone, and why we know.
+    Gone(String),
+    /// Cannot tell, and why.
+    Unknown(String),
+}
+
+/// Whether the pod of `c` is there: the namespace the cache names still exists (opened only as
+/// a recorded path, see [`NetNs::open_recorded`]) and has interface `ifname` with the cached
+/// addresses of that interface (so a path that now names another namespace does not count).
+pub fn pod(c: &Cached) -> Pod {
+    let Some(path) = c.sandbox() else {
+        return Pod::Unknown("the cache names no network namespace".into());
+    };
+    let ns = NetNs::open_recorded(&path);
+    let path = path.escape_debug().to_string(); // read from disk: shown escaped
+    let ns = match ns {
+        Ok(Some(ns)) => ns,
+        Ok(None) => return Pod::Gone(format!("its network namespace {path} no longer exists")),
+        Err(e) => {
+            return Pod::Unknown(format!(
+                "cannot tell whether its network namespace {path} still exists: {}",
+                e.msg
+            ))
+        }
+    };
+    let unknown = |e: &dyn std::fmt::Display| Pod::Unknown(format!("cannot read {path}: {e}"));
+    let mut nl = match Netlink::new_in(&ns) {
+        Ok(nl) => nl,
+        Err(e) => return unknown(&e),
+    };
+    let link = match nl.link_by_name(&c.ifname) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            return Pod::Gone(format!("{path} has no interface {} any more", c.ifname.escape_debug()))
+        }
+        Err(e) => return unknown(&e),
+    };
+    let want = match c.result.as_ref().map(|r| container_addrs(r, &c.ifname)) {
+        Some(Ok((v4, v6))) => [v4, v6].into_iter().flatten().collect::<Vec<_>>(),
+        Some(Err(e)) => return Pod::Unknown(format!("the cached result: {}", e.msg)),
+        None => Vec::new(),
+    };
+    let have = match nl.addrs(Some(link.index), None) {
+        Ok(a) => a,
+        Err(e) => return unknown(&e),
+    };
+    match want.iter().find(|w| !have.iter().any(|h| h.addr.addr() == w.addr())) {
+        Some(w) => Pod::Gone(format!("{} in {path} no longer has {}", c.ifname.escape_debug(), w.addr())),
+        None => Pod::Alive,
+    }
+}
+
+/// What one run did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Attachments whose state was (or, dry, would be) rebuilt in part.
+    pub repaired: usize,
+    /// Attachments found intact.
+    pub intact: usize,
+    /// Attachments with nothing of ours to rebuild (no plugin of their chain keeps state of
+    /// ours that a reload takes, e.g. containerd's loopback network).
+    pub nothing: usize,
+    /// Attachments skipped: their pod is gone.
+    pub skipped: usize,
+    /// Attachments that could not be judged or rebuilt.
+    pub failed: usize,
+}
+
+/// The request the plugin of `ty` got for this attachment, as libcni builds it (configuration
+/// of the first plugin of that type with `name`, `cniVersion`, `runtimeConfig`, and the
+/// cached result as prevResult), validated by the skeleton's own rules (identifiers, version,
+/// CNI_NETNS). The verb is ADD: what is rebuilt is what ADD made, and no version gate of a
+/// real CHECK applies.
+fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request> {
+    let mut conf = c.plugin_config(ty).ok_or_else(|| CniError::internal(format!("no {ty} in the chain")))?;
+    conf["prevResult"] = c.result_json.clone().unwrap_or_default();
+    let env = Env {
+        command: Some(Command::Add),
+        container_id: c.container_id.clone(),
+        netns: netns.to_string(),
+        ifname: c.ifname.clone(),
+        args: String::new(),
+        path: bin_dir.to_string_lossy().into_owned(),
+        netns_override: false,
+    };
+    let stdin = serde_json::to_vec(&conf)
+        .map_err(|e| CniError::internal(format!("encode the configuration: {e}")))?;
+    Request::new(env, stdin, &Version::ALL)
+}
+
+/// portmap's part: its CHECK's judgment, its ADD's flow (which rebuilds the table, the guard
+/// included, when it is gone), and the conntrack flush of the UDP host ports whose DNAT
+/// target was set (flows the host answered while the table was gone would keep that binding).
+/// Host ports that upstream's portmap made and that are intact are left to it.
+fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
+    use portmap::config::{Conf, Intent};
+    use portmap::{flow, kernel, model::Owner, netns};
+    let conf = Conf::from_raw(&req.plugin_config()?)?;
+    if conf.mappings.is_empty() || cni_common::upstream::hostport::check(req)?.is_intact() {
+        return Ok(None);
+    }
+    let prev =
+        req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
+    let record = netns::record(req.netns())?;
+    let now = record.as_ref().map(|(id, _)| *id);
+    let owner = Owner::of(&AttachmentId::of(req));
+    let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner, record)?;
+    let mut k = kernel::Netlink::new()
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))?;
+    let Err(missing) = flow::check(&mut k, &conf, &intent, now) else { return Ok(None) };
+    if !dry_run {
+        let done = flow::add(&mut k, &conf, &intent, &netns::gone)?;
+        for n in &done.notes {
+            eprintln!("{n}");
+        }
+        conntrack::flush_udp_ports("portmap", &done.udp.iter().copied().collect::<Vec<_>>());
+        flow::check(&mut k, &conf, &intent, now)
+            .map_err(|e| CniError::internal(format!("still missing after rebuilding it: {}", e.msg)))?;
+    }
+    Ok(Some(missing.msg))
+}
+
+fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
+    match part {
+        Part::Bridge => bridge::resync::firewall(req, dry_run),
+        Part::Portmap => portmap_part(req, dry_run),
+        Part::Bandwidth => bandwidth::resync::shaping(req, dry_run),
+    }
+}
+
+/// Take back what `part` rebuilt for an attachment whose runtime deleted it meanwhile: the
+/// plugin's own DEL code for that state.
+fn undo(part: Part, req: &Request) -> Result<()> {
+    match part {
+        Part::Bridge => bridge::resync::undo(req),
+        Part::Portmap => {
+            let mut k = portmap::kernel::Netlink::new().map_err(CniError::from)?;
+            let owner = portmap::model::Owner::of(&AttachmentId::of(req));
+            portmap::flow::del(&mut k, &owner, None).map(drop)
+        }
+        Part::Bandwidth => bandwidth::Bandwidth.del(req),
+    }
+}
+
+/// Outcome of one attachment.
+enum Done {
+    Nothing,
+    Intact,
+    Repaired,
+    Skipped,
+    Failed,
+}
+
+/// A line for an error: with `<3>` in front under systemd (stderr to the journal), which makes
+/// it an error-level entry there.
+fn error_line(text: &str) {
+    let prefix = if std::env::var_os("JOURNAL_STREAM").is_some() { "<3>" } else { "" };
+    eprintln!("{prefix}{text}");
+}
+
+fn attachment(
+    c: &Cached,
+    bin_dir: &Path,
+    dry_run: bool,
+    installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
+) -> Done {
+    // names read from disk: shown with control characters escaped (validated later, by the
+    // request of each part)
+    let who =
+        format!("{}/{}/{}", c.network.escape_debug(), c.container_id.escape_debug(), c.ifname.escape_debug());
+    let planned = plan(c, installed);
+    for s in &planned.skipped {
+        println!("{who}: {s}");
+    }
+    if planned.parts.is_empty() {
+        return Done::Nothing;
+    }
+    if c.result_json.is_none() {
+        error_line(&format!("{who}: not repaired: the cache holds no result to rebuild from"));
+        return Done::Failed;
+    }
+    match pod(c) {
+        Pod::Alive => {}
+        Pod::Gone(why) => {
+            println!("{who}: skipped: {why} (the pod is gone; its runtime's DEL or GC cleans up)");
+            return Done::Skipped;
+        }
+        Pod::Unknown(why) => {
+            error_line(&format!("{who}: not repaired: {why}"));
+            return Done::Failed;
+        }
+    }
+    let netns = c.sandbox().unwrap_or_default();
+    let (mut repaired, mut failed) = (Vec::new(), false);
+    for part in planned.parts {
+        let name = part.name();
+        let r =
+            request(c, name, &netns, bin_dir).and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
+        match r {
+            Ok((_, None)) => println!("{who}: {name}: intact"),
+            Ok((req, Some(what))) => {
+                let what = what.strip_prefix(&format!("{name}: ")).unwrap_or(&what);
+                println!("{who}: {name}: {} ({what})", if dry_run { "would repair" } else { "repaired" });
+                repaired.push((part, req));
+            }
+            Err(e) => {
+                let msg = e.msg.strip_prefix(&format!("{name}: ")).unwrap_or(&e.msg);
+                error_line(&format!("{who}: {name}: FAILED: {msg}"));
+                failed = true;
+            }
+        }
+    }
+    if !dry_run && !repaired.is_empty() && std::fs::symlink_metadata(&c.path).is_err() {
+        println!("{who}: its runtime deleted it meanwhile: what was rebuilt is removed again");
+        for (part, req) in &repaired {
+            if let Err(e) = undo(*part, req) {
+                error_line(&format!("{who}: {}: cannot remove what was rebuilt: {}", part.name(), e.msg));
+                failed = true;
+            }
+        }
+        return if failed { Done::Failed } else { Done::Skipped };
+    }
+    match (failed, repaired.is_empty()) {
+        (true, _) => Done::Failed,
+        (false, false) => Done::Repaired,
+        (false, true) => Done::Intact,
+    }
+}
+
+/// How long a run waits for another run's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// Hold `<dir>/resync.lock` (exclusive), waiting at most [`LOCK_WAIT`].
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join("resync.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| CniError::io(format!("open {}: {e}", path.display())))?;
+    let start = Instant::now();
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(crate::refused(format!(
+                    "another resync has held {} for {} s; nothing was changed",
+                    path.display(),
+                    LOCK_WAIT.as_secs()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(CniError::io(format!("lock {}: {e}", path.display())))
+            }
+        }
+    }
+}
+
+/// Resync every attachment of the caches in `cache_dirs`, judging installed plugins in
+/// `bin_dir`. Err: refused before anything was looked at.
+pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tally> {
+    let _lock = match (dry_run, cache_dirs.iter().find(|d| d.is_dir())) {
+        (false, Some(d)) => Some(lock(d)?),
+        _ => None,
+    };
+    let inv = Inventory::load(cache_dirs, &[]);
+    for n in &inv.notes {
+        println!("note: {n}");
+    }
+    let mut known: HashMap<String, std::result::Result<(), String>> = HashMap::new();
+    let mut installed =
+        |ty: &str| known.entry(ty.to_string()).or_insert_with(|| crate::installed::ours(bin_dir, ty)).clone();
+    let mut t = Tally::default();
+    for c in &inv.cached {
+        match attachment(c, bin_dir, dry_run, &mut installed) {
+            Done::Nothing => t.nothing += 1,
+            Done::Intact => t.intact += 1,
+            Done::Repaired => t.repaired += 1,
+            Done::Skipped => t.skipped += 1,
+            Done::Failed => t.failed += 1,
+        }
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cached(plugins: serde_json::Value) -> Cached {
+        Cached {
+            path: PathBuf::new(),
+            network: "net".into(),
+            container_id: "ctr".into(),
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/cni-1".into(),
+            version: "1.0.0".into(),
+            plugins: plugins.as_array().unwrap().clone(),
+            caps: Default::default(),
+            result: None,
+            result_json: None,
+        }
+    }
+
+    #[test]
+    fn ours_are_rebuilt_in_chain_order_and_the_rest_is_named() {
+        let c = cached(json!([
+            {"type": "bridge", "ipMasq": true, "ipam": {"type": "host-local"}},
+            {"type": "tuning"},
+            {"type": "portmap"},
+            {"type": "loopback"},
+            {"type": "bandwidth"},
+        ]));
+        let mut asked = Vec::new();
+        let p = plan(&c, &mut |t| {
+            asked.push(t.to_string());
+            Ok(())
+        });
+        assert_eq!(p.parts, vec![Part::Bridge, Part::Portmap, Part::Bandwidth]);
+        assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
+        assert!(p.skipped[0].contains("\"tuning\"") && p.skipped[0].contains("not one of this suite's"));
+        assert_eq!(asked, ["bridge", "portmap", "bandwidth"], "only our stateful types are looked up");
+    }
+
+    #[test]
+    fn a_plugin_installed_as_another_build_is_skipped_with_the_reason() {
+        let c = cached(json!([{"type": "bridge"}, {"type": "portmap"}]));
+        let p = plan(&c, &mut |t| if t == "portmap" { Err("upstream's".into()) } else { Ok(()) });
+        assert_eq!(p.parts, vec![Part::Bridge]);
+        assert_eq!(p.skipped, vec!["portmap: skipped: upstream's".to_string()]);
+    }
+
+    #[test]
+    fn nothing_to_rebuild_for_chains_without_host_state_of_ours() {
+        let c = cached(json!([{"type": "loopback"}]));
+        assert_eq!(plan(&c, &mut |_| panic!("not looked up")), Planned::default());
+        let c = cached(json!([{"type": "macvlan"}, {"type": "firewall"}, {}]));
+        let p = plan(&c, &mut |_| Ok(()));
+        assert!(p.parts.is_empty());
+        assert_eq!(p.skipped.len(), 3, "{:?}", p.skipped);
+    }
+
+    #[test]
+    fn a_second_plugin_of_one_type_is_not_rebuilt() {
+        let c = cached(json!([{"type": "portmap"}, {"type": "portmap"}]));
+        let p = plan(&c, &mut |_| Ok(()));
+        assert_eq!(p.parts, vec![Part::Portmap]);
+        assert!(p.skipped[0].contains("second portmap"), "{:?}", p.skipped);
+    }
+
+    #[test]
+    fn pods_gone_alive_or_unknown() {
+        let mut c = cached(json!([]));
+        c.netns = format!("/run/netns/cni-rs-resync-test-missing-{}", std::process::id());
+        assert!(matches!(pod(&c), Pod::Gone(w) if w.contains("no longer exists")));
+        c.netns = "/tmp/not-a-place-for-namespaces".into();
+        assert!(matches!(pod(&c), Pod::Unknown(_)));
+        c.netns = String::new();
+        assert!(matches!(pod(&c), Pod::Unknown(w) if w.contains("names no network namespace")));
+        // this process's own namespace, through a recorded path: lo has 127.0.0.1
+        c.netns = format!("/proc/{}/ns/net", std::process::id());
+        c.ifname = "lo".into();
+        let result = |addr: &str| {
+            let r = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "lo", "sandbox": c.netns}],
+                           "ips": [{"address": addr, "interface": 0}]});
+            Some(cni_common::CniResult::decode(&r, Version::V1_0_0).unwrap())
+        };
+        c.result = result("127.0.0.1/8");
+        assert_eq!(pod(&c), Pod::Alive);
+        c.result = result("192.0.2.77/24");
+        assert!(matches!(pod(&c), Pod::Gone(w) if w.contains("no longer has 192.0.2.77")));
+        c.ifname = "cni-rs-none0".into();
+        assert!(matches!(pod(&c), Pod::Gone(w) if w.contains("no interface cni-rs-none0")));
+    }
+}
