@@ -14,8 +14,8 @@
 #
 # Two groups, run one after the other: cni-common (its unit tests of `spec` and `netlink::tc`,
 # the result goldens and the skeleton tests; not its kernel tests) and the plugins (their unit
-# tests). Output: target/mutants/<group>/mutants.out (missed.txt, caught.txt, logs). The last
-# line is `N caught, M missed, K unviable` over both groups (a timeout counts as caught: the
+# tests). Output: target/mutants/<group>/mutants.out, for --sample target/mutants/sample/<group>/
+# mutants.out (missed.txt, caught.txt, logs). The last line is `N caught, M missed, K unviable` over both groups (a timeout counts as caught: the
 # tests noticed); the exit status is non-zero when a mutant was missed. MUTANTS_JOBS builds in
 # parallel (default 2). cargo-mutants and cargo-nextest are installed from crates.io when
 # missing.
@@ -62,6 +62,8 @@ case $mode in
 esac
 
 out=target/mutants
+# The sample has its own output: a whole run going on at the same time keeps its logs.
+[ "$mode" = sample ] && out=target/mutants/sample
 start=$SECONDS
 status=0
 run_group() { # name, then cargo-mutants arguments

@@ -752,4 +752,26 @@ mod tests {
         let six = ip_octets(&"fd00::1".parse().unwrap());
         assert_eq!((six.len(), six[0], six[15]), (16, 0xfd, 1));
     }
+
+    #[test]
+    fn masq_missing_names_an_address_without_its_rule() {
+        let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap()];
+        let rule = |octets: Vec<u8>| NftRule {
+            exprs: vec![NftExpr::Cmp { op: 0, data: octets }, NftExpr::Other("masq".into())],
+            ..rule_at(MASQ_CHAIN, 1)
+        };
+        let hooked = |masq: Vec<NftRule>| Found {
+            masq_table: true,
+            masq_checks: true,
+            masq_hooked: true,
+            masq,
+            ..Found::default()
+        };
+        assert_eq!(masq_missing(&hooked(vec![rule(vec![10, 1, 0, 5])]), &a(), &addrs, None), None);
+        let m = masq_missing(&hooked(vec![rule(vec![10, 1, 0, 6])]), &a(), &addrs, None)
+            .expect("a rule is missing");
+        assert!(m.contains("no masquerade rule for source 10.1.0.5"), "{m}");
+        let m = masq_missing(&hooked(vec![]), &a(), &addrs, None).expect("no rule at all");
+        assert!(m.contains("expected 1 masquerade rule"), "{m}");
+    }
 }
