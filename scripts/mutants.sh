@@ -18,7 +18,8 @@
 # mutants.out (missed.txt, caught.txt, logs). The last line is `N caught, M missed, K unviable` over both groups (a timeout counts as caught: the
 # tests noticed); the exit status is non-zero when a mutant was missed. MUTANTS_JOBS builds in
 # parallel (default 2). cargo-mutants and cargo-nextest are installed from crates.io when
-# missing.
+# missing. The whole run starts by copying target/ into its build directories: a cargo build in
+# this tree during those first minutes makes the copy fail (the script says so and exits 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
