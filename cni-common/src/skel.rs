@@ -214,8 +214,7 @@ pub fn install_panic_hook() {
             }
         };
         let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-        let e = CniError::internal(format!("internal error: {msg}{loc}"));
-        let json = format!("{}\n", pretty(&e.to_json(report_version())));
+        let json = panic_report(report_version(), &format!("internal error: {msg}{loc}"));
         let line = format!("panic: {msg}{loc}\n");
         // A plugin running in-process (InThread) reports like a child process would and never
         // returns here; anywhere else the process reports and ends.
@@ -225,6 +224,27 @@ pub fn install_panic_hook() {
         let _ = out.flush();
         let _ = std::io::stderr().write_all(line.as_bytes());
     }));
+}
+
+/// The error object a panic is reported with (code 999), as `pretty` would print
+/// `CniError::to_json`, but serialized from a struct: a `serde_json::Map` seeds its hasher from the
+/// OS's random source, and that failing may be the very panic being reported (the hook must not
+/// panic in turn, or nothing is printed at all).
+fn panic_report(version: &str, msg: &str) -> String {
+    #[derive(serde::Serialize)]
+    struct Report<'a> {
+        #[serde(rename = "cniVersion")]
+        cni_version: &'a str,
+        code: u32,
+        msg: &'a str,
+    }
+    let mut buf = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let report = Report { cni_version: version, code: code::INTERNAL, msg };
+    // Writing a struct of strings into a Vec cannot fail.
+    let _ = serde::Serialize::serialize(&report, &mut serde_json::Serializer::with_formatter(&mut buf, fmt));
+    buf.push(b'\n');
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// Run `plugin` as a process: real environment, stdin and stdout. Never returns.
@@ -493,4 +513,18 @@ fn check_netns(command: Command, netns: &str) -> Result<()> {
         .with_details(format!("CNI_NETNS {netns:?} is the namespace the plugin runs in")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panic_report_is_the_error_object_pretty_prints() {
+        for (v, msg) in [("1.1.0", "internal error: boom at x.rs:1"), ("0.2.0", "quote \" and \\ and \u{1}")]
+        {
+            let want = format!("{}\n", pretty(&CniError::internal(msg).to_json(v)));
+            assert_eq!(panic_report(v, msg), want);
+        }
+    }
 }

@@ -714,22 +714,31 @@ fn gc_removes_an_ifb_whose_add_was_killed_before_the_alias_was_written() {
     assert_eq!(ns_state(&host), before);
 }
 
+/// STATUS and a refused GC change nothing of a live attachment's shaping; a GC that lists it
+/// keeps it, one that does not removes its ifb.
 #[test]
 fn status_and_gc_verbs() {
     let host = Netns::new("bwh");
-    Exec::new("bandwidth")
-        .in_ns(&host)
-        .env("CNI_COMMAND", "STATUS")
-        .env("CNI_PATH", "/x")
-        .run(&conf("1.1.0", NET, json!({})))
-        .ok_silent();
-    // GC needs 1.1.0 and the list.
-    let out = Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", "GC").env("CNI_PATH", "/x").run(&conf(
-        "1.1.0",
-        NET,
-        json!({}),
-    ));
-    out.err(7);
+    let p = pod(&host);
+    p.exec(&host, "ADD").run(&conf("1.1.0", NET, both(p.prev(&host)))).ok();
+    let ifb = ifb_name(NET, &p.id);
+    let shaped = ns_state(&host);
+    assert!(shaped.contains(&ifb) && shaped.contains("tbf"), "{shaped}");
+    let global =
+        |cmd: &str| Exec::new("bandwidth").in_ns(&host).env("CNI_COMMAND", cmd).env("CNI_PATH", "/x");
+    global("STATUS").run(&conf("1.1.0", NET, json!({}))).ok_silent();
+    assert_eq!(ns_state(&host), shaped, "STATUS changed the host");
+    // GC needs 1.1.0 and the list: refused, nothing touched.
+    global("GC").run(&conf("1.1.0", NET, json!({}))).err(7);
+    global("GC").run(&conf("1.0.0", NET, json!({"cni.dev/valid-attachments": []}))).err(1);
+    assert_eq!(ns_state(&host), shaped, "a refused GC changed the host");
+    let listed = json!({"cni.dev/valid-attachments": [{"containerID": p.id, "ifname": "eth0"}]});
+    global("GC").run(&conf("1.1.0", NET, listed)).ok_silent();
+    assert_eq!(ns_state(&host), shaped, "GC removed a live attachment's shaping");
+    global("GC").run(&conf("1.1.0", NET, json!({"cni.dev/valid-attachments": []}))).ok_silent();
+    assert!(host.link(&ifb).is_none(), "GC kept the ifb of an attachment it was not given");
+    p.exec(&host, "DEL").run(&conf("1.1.0", NET, json!({}))).ok_silent();
+    remove_pods(&host, vec![p]);
 }
 
 /// Upstream's Go plugin and ours, same config: identical buckets; upstream's state is removed
@@ -815,36 +824,54 @@ fn timed_transfer(from: &Netns, to: &Netns, addr: SocketAddr, bytes: usize) -> D
     })
 }
 
+/// Payload rate of one transfer of `bytes` from `from` to `to` (bytes per second).
+fn rate(from: &Netns, to: &Netns, addr: &str, bytes: usize) -> f64 {
+    bytes as f64 / timed_transfer(from, to, addr.parse().unwrap(), bytes).as_secs_f64()
+}
+
+/// Real traffic with a different rate per direction: each direction far below the same path
+/// unshaped, and the direction with the lower limit clearly the slower one, so limits applied
+/// the wrong way round (or to one direction only) fail. Direction and order of magnitude only:
+/// no absolute timing is asserted (the rates are printed; timings belong in scripts/bench*).
 #[test]
-fn shaped_transfers_take_at_least_what_the_rate_implies() {
+fn each_direction_is_shaped_to_its_own_rate() {
     let host = Netns::new("bwh");
     let p = pod(&host);
     host.run("ip", &["addr", "add", "10.99.0.1/24", "dev", &p.veth]);
     p.ctr.run("ip", &["addr", "add", "10.99.0.2/24", "dev", "eth0"]);
-    // 4 Mbit/s (500 kB/s) each way, 256 kbit (32 kB) bursts.
-    let (rate, burst) = (500_000.0, 32_000.0);
+    let (into_addr, out_addr) = ("10.99.0.2:5201", "10.99.0.1:5202");
+    // The same path before the plugin runs.
+    let unshaped_into = rate(&host, &p.ctr, into_addr, 8_000_000);
+    let unshaped_out = rate(&p.ctr, &host, out_addr, 8_000_000);
+    // Into the container 2 Mbit/s (250 kB/s), out of it 8 Mbit/s (1 MB/s): 4x apart, 256 kbit
+    // (32 kB) bursts. Each transfer lasts about two seconds at its nominal rate.
     let c = conf(
         "1.0.0",
         NET,
-        json!({"ingressRate": 4_000_000, "ingressBurst": 256_000, "egressRate": 4_000_000,
+        json!({"ingressRate": 2_000_000, "ingressBurst": 256_000, "egressRate": 8_000_000,
                "egressBurst": 256_000, "prevResult": p.prev(&host)}),
     );
     p.exec(&host, "ADD").run(&c).ok();
-    let n = 1_000_000usize;
-    // A token bucket lets at most burst + rate × t bytes through in t seconds (counting
-    // headers too, so payload is slower still): t >= (n - burst) / rate. The factor leaves room
-    // for clock granularity only; there is deliberately no upper bound.
-    let floor = Duration::from_secs_f64((n as f64 - burst) / rate * 0.9);
-    let into = timed_transfer(&host, &p.ctr, "10.99.0.2:5201".parse().unwrap(), n);
-    assert!(
-        into >= floor,
-        "into the container: {n} bytes in {into:?}, a {rate} B/s limit needs >= {floor:?}"
+    let into = rate(&host, &p.ctr, into_addr, 500_000);
+    let out = rate(&p.ctr, &host, out_addr, 2_000_000);
+    eprintln!(
+        "payload rates (B/s): unshaped into {unshaped_into:.0}, out {unshaped_out:.0}; \
+         shaped into {into:.0} (limit 250000), out {out:.0} (limit 1000000)"
     );
-    let out = timed_transfer(&p.ctr, &host, "10.99.0.1:5202".parse().unwrap(), n);
     assert!(
-        out >= floor,
-        "out of the container: {n} bytes in {out:?}, a {rate} B/s limit needs >= {floor:?}"
+        into * 10.0 < unshaped_into,
+        "into the container: {into:.0} B/s shaped vs {unshaped_into:.0} unshaped"
     );
-    eprintln!("shaped 1 MB: into {into:?}, out {out:?} (floor {floor:?})");
+    assert!(
+        out * 10.0 < unshaped_out,
+        "out of the container: {out:.0} B/s shaped vs {unshaped_out:.0} unshaped"
+    );
+    assert!(
+        into * 2.0 < out,
+        "ingressRate is 4x below egressRate, yet into the container ran at {into:.0} B/s and out of it at \
+         {out:.0} B/s: the limits are not applied per direction"
+    );
     p.exec(&host, "DEL").run(&c).ok_silent();
+    let after = rate(&host, &p.ctr, into_addr, 8_000_000);
+    assert!(after > into * 10.0, "DEL left the limit in place: {after:.0} B/s");
 }

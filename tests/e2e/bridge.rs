@@ -3,8 +3,8 @@
 //! things upstream lacks (GC, STATUS, L2 CHECK, DEL with empty netns, traffic tests).
 
 use cni_tests::{
-    assert_bridge_ns_state_returns, bridge_ns_state, cni_path_with, dir_state, probe_in_scratch_ns,
-    wait_until, Exec, Netns, PluginOutput, TempDir,
+    assert_bridge_ns_state_returns, bridge_ns_state, cni_path_with, dir_state, skip_if_present, skip_unless,
+    wait_until, Exec, Feature, Netns, PluginOutput, TempDir,
 };
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -371,83 +371,198 @@ fn l2_attachment_check_del_and_disabled_interface() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// VLANs: the kernel here may lack bridge VLAN filtering.
+// VLANs: the kernel here may lack bridge VLAN filtering (then the first test is a visible skip
+// and the second shows the clean refusal; on a kernel with it, the other way round).
+
+const VLAN_CASES: [&str; 5] = [
+    r#"{"vlan": 100}"#,
+    r#"{"vlanTrunk": [{"id": 101}, {"minID": 200, "maxID": 210}]}"#,
+    r#"{"vlan": 100, "vlanTrunk": [{"id": 101}]}"#,
+    r#"{"vlan": 100, "preserveDefaultVlan": true}"#,
+    r#"{"vlan": 100, "isGateway": true}"#,
+];
+
+fn vlan_cases() -> Vec<Value> {
+    VLAN_CASES.iter().map(|c| serde_json::from_str(c).unwrap()).collect()
+}
 
 #[test]
-fn vlans_or_a_clean_refusal_without_kernel_support() {
-    let supported =
-        probe_in_scratch_ns(&["ip", "link", "add", "vbr0", "type", "bridge", "vlan_filtering", "1"]);
+fn vlans_applied_to_ports_checked_and_removed() {
+    if !skip_unless(Feature::BridgeVlanFiltering) {
+        return;
+    }
     let w = World::new();
-    let cases = [
-        json!({"vlan": 100}),
-        json!({"vlanTrunk": [{"id": 101}, {"minID": 200, "maxID": 210}]}),
-        json!({"vlan": 100, "vlanTrunk": [{"id": 101}]}),
-        json!({"vlan": 100, "preserveDefaultVlan": true}),
-        json!({"vlan": 100, "isGateway": true}),
-    ];
-    match supported {
-        Err(why) => {
-            println!("bridge VLAN kernel test did not run: this kernel has no bridge VLAN filtering ({why}); \
-                      ADD must refuse VLAN configs cleanly (checked below), requests are covered by unit tests");
-            for (i, extra) in cases.iter().enumerate() {
-                for l3 in [true, false] {
-                    let ctr = Netns::new("brc");
-                    let mut conf = w.conf("1.0.0", extra.clone());
-                    if !l3 {
-                        conf["ipam"] = json!({});
-                        conf["isGateway"] = json!(false);
-                    }
-                    let before_host = bridge_ns_state(&w.host);
-                    let before_ctr = bridge_ns_state(&ctr);
-                    let before_data = dir_state(w.data.path());
-                    let out = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string());
-                    let msg = out.err(2);
-                    assert!(msg.contains("VLAN filtering"), "{msg}");
-                    assert_eq!(bridge_ns_state(&w.host), before_host, "{extra}: no bridge, no veth");
-                    assert_eq!(bridge_ns_state(&ctr), before_ctr);
-                    assert_eq!(dir_state(w.data.path()), before_data, "{extra}: IPAM never ran");
-                }
-            }
-            // An existing bridge (up, MAC set by its owner — an unpinned bridge would take the
-            // temporary port's MAC, as the kernel does for any port): the port VLAN request
-            // fails, the veth is taken back.
-            w.host.run("ip", &["link", "add", "cni0", "address", "02:00:00:00:00:42", "type", "bridge"]);
-            w.host.run("ip", &["link", "set", "cni0", "up"]);
-            wait_no_tentative(&w.host, "cni0");
-            let ctr = Netns::new("brc");
-            let before = bridge_ns_state(&w.host);
-            let before_data = dir_state(w.data.path());
-            let msg = w
-                .exec("ADD", "vx", &ctr, "eth0")
-                .run(&w.conf("1.0.0", json!({"vlan": 7})).to_string())
-                .err(2);
-            assert!(msg.contains("\"vlan\""), "{msg}");
-            assert_bridge_ns_state_returns(&w.host, &before, "veth taken back");
-            assert!(!bridge_ns_state(&ctr).contains("eth0"));
-            assert_eq!(dir_state(w.data.path()), before_data);
+    let show = |dev: &str| -> Value {
+        let out = w.host.run("bridge", &["-j", "vlan", "show", "dev", dev]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for (i, extra) in vlan_cases().iter().enumerate() {
+        let ctr = Netns::new("brc");
+        let conf = w.conf("1.0.0", extra.clone());
+        let r = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string()).ok();
+        let hv = r["interfaces"][1]["name"].as_str().unwrap();
+        let vlans = show(hv).to_string();
+        if extra.get("vlan").is_some() {
+            assert!(vlans.contains("\"vlan\":100") && vlans.contains("PVID"), "{vlans}");
         }
-        Ok(()) => {
-            let show = |dev: &str| -> Value {
-                let out = w.host.run("bridge", &["-j", "vlan", "show", "dev", dev]);
-                serde_json::from_slice(&out.stdout).unwrap()
-            };
-            for (i, extra) in cases.iter().enumerate() {
-                let ctr = Netns::new("brc");
-                let conf = w.conf("1.0.0", extra.clone());
-                let r = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string()).ok();
-                let hv = r["interfaces"][1]["name"].as_str().unwrap();
-                let vlans = show(hv).to_string();
-                if extra.get("vlan").is_some() {
-                    assert!(vlans.contains("\"vlan\":100") && vlans.contains("PVID"), "{vlans}");
-                }
-                if extra.get("preserveDefaultVlan").is_none() && extra.get("vlan").is_some() {
-                    assert!(!vlans.contains("\"vlan\":1,"), "default VLAN removed: {vlans}");
-                }
-                w.exec("CHECK", &format!("v{i}"), &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
-                w.exec("DEL", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string()).ok_silent();
+        if extra.get("preserveDefaultVlan").is_none() && extra.get("vlan").is_some() {
+            assert!(!vlans.contains("\"vlan\":1,"), "default VLAN removed: {vlans}");
+        }
+        w.exec("CHECK", &format!("v{i}"), &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
+        w.exec("DEL", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string()).ok_silent();
+    }
+}
+
+#[test]
+fn vlan_configs_refused_cleanly_without_kernel_vlan_filtering() {
+    if !skip_if_present(Feature::BridgeVlanFiltering) {
+        return;
+    }
+    let w = World::new();
+    for (i, extra) in vlan_cases().iter().enumerate() {
+        for l3 in [true, false] {
+            let ctr = Netns::new("brc");
+            let mut conf = w.conf("1.0.0", extra.clone());
+            if !l3 {
+                conf["ipam"] = json!({});
+                conf["isGateway"] = json!(false);
             }
+            let before_host = bridge_ns_state(&w.host);
+            let before_ctr = bridge_ns_state(&ctr);
+            let before_data = dir_state(w.data.path());
+            let out = w.exec("ADD", &format!("v{i}"), &ctr, "eth0").run(&conf.to_string());
+            let msg = out.err(2);
+            assert!(msg.contains("VLAN filtering"), "{msg}");
+            assert_eq!(bridge_ns_state(&w.host), before_host, "{extra}: no bridge, no veth");
+            assert_eq!(bridge_ns_state(&ctr), before_ctr);
+            assert_eq!(dir_state(w.data.path()), before_data, "{extra}: IPAM never ran");
         }
     }
+    // An existing bridge (up, MAC set by its owner — an unpinned bridge would take the
+    // temporary port's MAC, as the kernel does for any port): the port VLAN request
+    // fails, the veth is taken back.
+    w.host.run("ip", &["link", "add", "cni0", "address", "02:00:00:00:00:42", "type", "bridge"]);
+    w.host.run("ip", &["link", "set", "cni0", "up"]);
+    wait_no_tentative(&w.host, "cni0");
+    let ctr = Netns::new("brc");
+    let before = bridge_ns_state(&w.host);
+    let before_data = dir_state(w.data.path());
+    let msg = w.exec("ADD", "vx", &ctr, "eth0").run(&w.conf("1.0.0", json!({"vlan": 7})).to_string()).err(2);
+    assert!(msg.contains("\"vlan\""), "{msg}");
+    assert_bridge_ns_state_returns(&w.host, &before, "veth taken back");
+    assert!(!bridge_ns_state(&ctr).contains("eth0"));
+    assert_eq!(dir_state(w.data.path()), before_data);
+}
+
+// ---------------------------------------------------------------------------------------------
+// enabledad and the 1.1.0 route fields, read back from the container
+
+/// `enabledad`: DAD on for the container's interface (accept_dad 1, enhanced_dad 1), ADD waits for
+/// it and fails when another host on the bridge already has the address; without it DAD is off
+/// (accept_dad 0) and the same duplicate goes unnoticed.
+#[test]
+fn enabledad_turns_duplicate_address_detection_on_in_the_container() {
+    let w = World::new();
+    // The bridge exists first, with a squatter on it that holds the one address the range can
+    // hand out (nodad: it claims the address at once).
+    w.host.run("ip", &["link", "add", "cni0", "address", "02:00:00:00:00:43", "type", "bridge"]);
+    w.host.run("ip", &["link", "set", "cni0", "up"]);
+    let squatter = Netns::new("brq");
+    w.host
+        .run("ip", &["link", "add", "sq0", "type", "veth", "peer", "name", "eth0", "netns", squatter.name()]);
+    w.host.run("ip", &["link", "set", "sq0", "master", "cni0", "up"]);
+    squatter.run("ip", &["link", "set", "eth0", "up"]);
+    squatter.run("ip", &["-6", "addr", "add", "fd00:da::5/64", "dev", "eth0", "nodad"]);
+    let conf = |dad: bool| {
+        let mut c = w.conf("1.1.0", json!({"enabledad": dad}));
+        c["ipam"] = json!({"type": "host-local", "dataDir": w.data.str(),
+                           "ranges": [[{"subnet": "fd00:da::/64", "gateway": "fd00:da::1",
+                                        "rangeStart": "fd00:da::5", "rangeEnd": "fd00:da::5"}]]});
+        c
+    };
+    let ctr_sysctl = |ctr: &Netns, leaf: &str| sysctl(ctr, &format!("net/ipv6/conf/eth0/{leaf}"));
+
+    // Without enabledad: DAD off, the duplicate is not detected.
+    let ctr = Netns::new("brc");
+    let c = conf(false);
+    let r = w.exec("ADD", "nodad", &ctr, "eth0").run(&c.to_string()).ok();
+    assert_eq!(r["ips"][0]["address"], "fd00:da::5/64", "{r}");
+    assert_eq!(ctr_sysctl(&ctr, "accept_dad"), "0");
+    let flags = ctr.ip_json(&["-6", "addr", "show", "dev", "eth0", "scope", "global"]).to_string();
+    assert!(!flags.contains("dadfailed") && !flags.contains("tentative"), "{flags}");
+    w.exec("DEL", "nodad", &ctr, "eth0").run(&c.to_string()).ok_silent();
+
+    // With enabledad: the kernel's DAD finds the squatter, ADD fails and leaves no reservation.
+    let ctr = Netns::new("brc");
+    let c = conf(true);
+    let msg = w.exec("ADD", "dad", &ctr, "eth0").run(&c.to_string()).err(999);
+    assert!(msg.contains("duplicate address detection"), "{msg}");
+    assert!(w.reservations("brtest").is_empty(), "the failed ADD released its address");
+    assert!(ctr.link("eth0").is_none(), "the failed ADD took its interface back");
+
+    // With enabledad and no duplicate: DAD on, and ADD returns once it has finished.
+    squatter.run("ip", &["-6", "addr", "del", "fd00:da::5/64", "dev", "eth0"]);
+    let r = w.exec("ADD", "dad", &ctr, "eth0").run(&c.to_string()).ok();
+    assert_eq!(r["ips"][0]["address"], "fd00:da::5/64", "{r}");
+    assert_eq!(ctr_sysctl(&ctr, "accept_dad"), "1");
+    assert_eq!(ctr_sysctl(&ctr, "enhanced_dad"), "1");
+    let tentative = ctr.ip_json(&["-6", "addr", "show", "dev", "eth0", "tentative"]);
+    assert!(
+        tentative.as_array().is_none_or(|a| a.is_empty()),
+        "ADD returned before DAD finished: {tentative}"
+    );
+    w.exec("DEL", "dad", &ctr, "eth0").run(&c.to_string()).ok_silent();
+}
+
+/// Every 1.1.0 route field IPAM hands back (`table`, `mtu`, `advmss`, `scope`, `priority`) is what
+/// the kernel holds in the container afterwards.
+#[test]
+fn route_fields_of_1_1_0_are_set_in_the_container() {
+    let w = World::new();
+    let routes = json!([
+        {"dst": "192.168.50.0/24", "table": 100, "priority": 77},
+        {"dst": "192.168.51.0/24", "mtu": 1300, "advmss": 1200},
+        {"dst": "192.168.52.0/24", "gw": "10.10.0.1", "scope": 200, "priority": 5},
+        {"dst": "fd00:52::/64", "mtu": 1400, "priority": 9},
+    ]);
+    let mut c = w.conf("1.1.0", json!({"isGateway": true}));
+    c["ipam"] = w.ipam(&["10.10.0.0/24", "fd00:10::/64"], routes);
+    let ctr = Netns::new("brc");
+    let r = w.exec("ADD", "routes", &ctr, "eth0").run(&c.to_string()).ok();
+    assert_eq!(r["routes"][0]["table"], 100, "the result carries the fields: {r}");
+
+    let route = |args: &[&str], dst: &str| -> Value {
+        let all = ctr.ip_json(args);
+        all.as_array()
+            .and_then(|a| a.iter().find(|x| x["dst"] == dst).cloned())
+            .unwrap_or_else(|| panic!("no route to {dst} in `ip {args:?}`: {all}"))
+    };
+    let metric = |rt: &Value, name: &str| -> Value {
+        rt["metrics"]
+            .as_array()
+            .and_then(|m| m.iter().find_map(|x| x.get(name).cloned()))
+            .unwrap_or(Value::Null)
+    };
+    // table 100 (and not the main table), with its priority
+    let main4 = ctr.ip_json(&["-4", "route", "show", "table", "main"]).to_string();
+    assert!(!main4.contains("192.168.50.0/24"), "table ignored: {main4}");
+    let t = route(&["-4", "-d", "route", "show", "table", "100"], "192.168.50.0/24");
+    assert_eq!(t["metric"], 77, "{t}");
+    assert_eq!(t["gateway"], "10.10.0.1", "{t}");
+    // mtu and advmss
+    let m = route(&["-4", "-d", "route", "show"], "192.168.51.0/24");
+    assert_eq!((metric(&m, "mtu"), metric(&m, "advmss")), (json!(1300), json!(1200)), "{m}");
+    // scope 200 ("site": a gateway route takes any scope below link), priority 5
+    let u = route(&["-4", "-d", "route", "show"], "192.168.52.0/24");
+    assert_eq!((u["scope"].clone(), u["metric"].clone()), (json!("site"), json!(5)), "{u}");
+    assert_eq!(t["scope"], "global", "a route without scope is universe: {t}");
+    // IPv6: mtu and priority
+    let six = route(&["-6", "-d", "route", "show"], "fd00:52::/64");
+    assert_eq!((metric(&six, "mtu"), six["metric"].clone()), (json!(1400), json!(9)), "{six}");
+    // routes without those fields got none of them
+    assert_eq!(metric(&t, "mtu"), Value::Null, "{t}");
+    w.exec("CHECK", "routes", &ctr, "eth0").run(&with_prev(&c, &r)).ok_silent();
+    w.exec("DEL", "routes", &ctr, "eth0").run(&c.to_string()).ok_silent();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -825,6 +940,27 @@ fn kubenet_non_masquerade_cidrs_auto_mtu_and_bridge_nf_call() {
     w.exec("CHECK", "kn", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
     w.exec("DEL", "kn", &ctr, "eth0").run(&conf.to_string()).ok_silent();
     assert!(!nft_ruleset(&w.host).contains(&ctr_ip));
+}
+
+/// `bridgeNfCallIptables` without br_netfilter (its /proc/sys/net/bridge hidden by a tmpfs in a
+/// private mount namespace of the plugin's own; the module stays loaded for everyone else): ADD
+/// refuses with code 50 before anything is reserved or created. Without the key, the same ADD
+/// works in that same setting.
+#[test]
+fn bridge_nf_call_iptables_is_refused_with_code_50_without_br_netfilter() {
+    let w = World::new();
+    let hide = "mount -t tmpfs none /proc/sys/net/bridge";
+    let conf = w.conf("1.0.0", json!({"isGateway": true, "bridgeNfCallIptables": true}));
+    let ctr = Netns::new("brc");
+    let (host0, ctr0, data0) = (bridge_ns_state(&w.host), bridge_ns_state(&ctr), dir_state(w.data.path()));
+    let msg = w.exec("ADD", "nobrnf", &ctr, "eth0").in_private_mounts(hide).run(&conf.to_string()).err(50);
+    assert!(msg.contains("br_netfilter"), "{msg}");
+    assert_eq!(bridge_ns_state(&w.host), host0, "the host changed");
+    assert_eq!(bridge_ns_state(&ctr), ctr0, "the container changed");
+    assert_eq!(dir_state(w.data.path()), data0, "IPAM ran");
+    let plain = w.conf("1.0.0", json!({"isGateway": true}));
+    w.exec("ADD", "nobrnf", &ctr, "eth0").in_private_mounts(hide).run(&plain.to_string()).ok();
+    w.exec("DEL", "nobrnf", &ctr, "eth0").run(&plain.to_string()).ok_silent();
 }
 
 // ---------------------------------------------------------------------------------------------

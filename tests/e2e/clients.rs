@@ -9,8 +9,8 @@
 //! docs/real-clients.md.
 
 use cni_tests::clients::{
-    cached_host_veth, cached_ip, poll, wait_for, Containerd, HostSnapshot, PluginSet, Podman, Sandbox,
-    HOST_ADDR, HOST_ADDR6, OUTSIDE_ADDR,
+    cached_host_veth, cached_ip, poll, shaped_rate_into, shaped_rate_out_of, wait_for, Containerd,
+    HostSnapshot, PluginSet, Podman, Sandbox, HOST_ADDR, HOST_ADDR6, OUTSIDE_ADDR,
 };
 use cni_tests::traffic::Server;
 use serde_json::{json, Value};
@@ -19,8 +19,11 @@ use std::time::Duration;
 
 const SUBNET: &str = "10.89.0.0/24";
 const GATEWAY: &str = "10.89.0.1";
-/// bits per second and bits, as the bandwidth plugin takes them
-const RATE: u64 = 80_000_000;
+/// bits per second and bits, as the bandwidth plugin takes them: a different rate per
+/// direction (into the container 4 Mbit/s, out of it 16 Mbit/s), so that limits applied the
+/// wrong way round show in the traffic
+const INGRESS_RATE: u64 = 4_000_000;
+const EGRESS_RATE: u64 = 16_000_000;
 const BURST: u64 = 800_000;
 
 fn conflist(sb: &Sandbox, net: &str, bridge: &str) -> Value {
@@ -48,8 +51,8 @@ fn conflist_on(sb: &Sandbox, net: &str, bridge: &str, subnet: &str, gateway: &st
             {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true},
             {
                 "type": "bandwidth",
-                "ingressRate": RATE, "ingressBurst": BURST,
-                "egressRate": RATE, "egressBurst": BURST
+                "ingressRate": INGRESS_RATE, "ingressBurst": BURST,
+                "egressRate": EGRESS_RATE, "egressBurst": BURST
             }
         ]
     })
@@ -148,7 +151,10 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
         let ifb: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
         assert_eq!(ifb.len(), 1, "one ifb for ingress shaping: {ifb:?}");
         assert!(q.lines().any(|l| l.contains("tbf") && l.contains(&format!("dev {} ", ifb[0]))), "{q}");
-        assert!(q.contains("rate 80Mbit"), "{q}");
+        let on = |dev: &str| {
+            q.lines().find(|l| l.contains("tbf") && l.contains(&format!("dev {dev} "))).unwrap_or("")
+        };
+        assert!(on(&veth).contains("rate 4Mbit") && on(&ifb[0]).contains("rate 16Mbit"), "{q}");
         let fw = sb.firewall_text();
         assert!(fw.contains("18080") && mentions_ip(&fw, &ip), "port mapping in the firewall:\n{fw}");
 
@@ -183,6 +189,20 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
             &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {HOST_ADDR} 18080"),
         ]);
         assert!(hairpin.contains(page.trim()), "hairpin through the host port: {hairpin:?}");
+
+        // Shaped traffic through the host port, a different limit per direction. Direction and
+        // order of magnitude only (a loaded machine only makes a transfer slower): each direction
+        // stays under 1.5x its own limit and the one limited 4x lower is clearly the slower.
+        let into = shaped_rate_into(&sb, 18080, BURST / 8, INGRESS_RATE);
+        let out_of = shaped_rate_out_of(&sb, 18080, BURST / 8, EGRESS_RATE);
+        eprintln!("podman: measured {into:.0} bit/s into the container, {out_of:.0} bit/s out of it");
+        for (what, r, limit) in [("into", into, INGRESS_RATE), ("out of", out_of, EGRESS_RATE)] {
+            assert!(r < 1.5 * limit as f64, "{what} the container: {r:.0} bit/s, limit {limit}: not shaped");
+        }
+        assert!(
+            into * 1.5 < out_of,
+            "into {into:.0} bit/s is not clearly slower than out of {out_of:.0} bit/s"
+        );
 
         // A restart is a full DEL + ADD of the same attachment. host-local hands out the next
         // free address (round robin, as upstream), so the old one must be released and the

@@ -12,7 +12,7 @@
 
 use cni_tests::chain::Chain;
 use cni_tests::traffic::{fetch, Server};
-use cni_tests::{cni_path_with, kubeproxy, unique, Netns};
+use cni_tests::{cni_path_with, kubeproxy, skip_unless, unique, Feature, Netns};
 use serde_json::{json, Value};
 
 const SERVICES: usize = 300;
@@ -29,10 +29,14 @@ fn hostport_and_masquerading_work_beside_kube_proxy_and_del_leaves_its_rules() {
     for ns in [&host, &outside] {
         ns.run("ip", &["link", "set", "lo", "up"]);
     }
-    // br_netfilter's bridge-nf-call-iptables off (absent without the module): hairpin must
-    // work through our rules alone.
-    for key in ["net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"] {
-        host.try_run("sysctl", &["-qw", key]);
+    // A kube-proxy node runs with br_netfilter's bridge-nf-call-iptables on: bridged frames go
+    // through the nat hooks too, so a hairpin connection is DNATed on the bridge and has to
+    // leave by the port it came in on, which only the bridge plugin's hairpinMode allows.
+    if !skip_unless(Feature::BrNetfilter) {
+        return;
+    }
+    for key in ["net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1"] {
+        host.run("sysctl", &["-qw", key]);
     }
     host.run("ip", &["link", "add", "ext0", "type", "veth", "peer", "name", "up0", "netns", outside.name()]);
     host.run("ip", &["addr", "add", "10.250.7.1/24", "dev", "ext0"]);

@@ -95,21 +95,33 @@ fn prev_result_is_passed_through_in_the_config_version() {
     assert_eq!(r["interfaces"][0]["name"], "eth0");
 }
 
+/// DEL without a namespace to act on succeeds and touches nothing: not the namespace it runs in
+/// (whose `lo` is up and must stay up), not another container's.
 #[test]
 fn del_succeeds_with_empty_or_vanished_netns() {
     let host = Netns::new("lohost");
-    let e = Exec::new("loopback").in_ns(&host).attachment("DEL", "c1", "", "eth0", "/x");
-    e.run(&conf("1.1.0")).ok_silent();
-    let e =
-        Exec::new("loopback").in_ns(&host).attachment("DEL", "c1", "/run/netns/does-not-exist", "eth0", "/x");
-    e.run(&conf("1.1.0")).ok_silent();
+    host.run("ip", &["link", "set", "lo", "up"]);
+    let other = Netns::new("lo");
+    exec(&host, "ADD", &other).run(&conf("1.1.0")).ok();
+    let (host_before, other_before) = (ns_state(&host), ns_state(&other));
+    let del = |netns: &str| Exec::new("loopback").in_ns(&host).attachment("DEL", "c1", netns, "eth0", "/x");
+    let unchanged = |what: &str| {
+        assert!(host.link_is_up("lo") && other.link_is_up("lo"), "{what}: a lo went down");
+        assert_eq!(ns_state(&host), host_before, "{what}: the plugin's own namespace changed");
+        assert_eq!(ns_state(&other), other_before, "{what}: another container changed");
+    };
+    del("").run(&conf("1.1.0")).ok_silent();
+    unchanged("empty CNI_NETNS");
+    del("/run/netns/does-not-exist").run(&conf("1.1.0")).ok_silent();
+    unchanged("missing CNI_NETNS");
     // a netns deleted between ADD and DEL
     let ctr = Netns::new("lo");
     let path = ctr.path_str().to_string();
     exec(&host, "ADD", &ctr).run(&conf("1.1.0")).ok();
     drop(ctr);
-    let e = Exec::new("loopback").in_ns(&host).attachment("DEL", "c1", &path, "eth0", "/x");
-    e.run(&conf("1.1.0")).ok_silent();
+    assert!(!std::path::Path::new(&path).exists(), "{path} is gone");
+    del(&path).run(&conf("1.1.0")).ok_silent();
+    unchanged("vanished CNI_NETNS");
 }
 
 #[test]
@@ -128,22 +140,26 @@ fn refuses_to_act_on_its_own_netns() {
     assert_eq!(ns_state(&host), before);
 }
 
+/// loopback keeps no state outside the container: GC and STATUS succeed and change nothing,
+/// neither where they run nor in a container whose `lo` an ADD brought up.
 #[test]
-fn gc_and_status_succeed() {
+fn gc_and_status_succeed_and_change_nothing() {
     let host = Netns::new("lohost");
-    let gc = json!({"cniVersion": "1.1.0", "name": "n", "type": "loopback", "cni.dev/valid-attachments": []});
-    Exec::new("loopback")
-        .in_ns(&host)
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/x")
-        .run(&gc.to_string())
-        .ok_silent();
-    Exec::new("loopback")
-        .in_ns(&host)
-        .env("CNI_COMMAND", "STATUS")
-        .env("CNI_PATH", "/x")
-        .run(&conf("1.1.0"))
-        .ok_silent();
+    host.run("ip", &["link", "set", "lo", "up"]);
+    let ctr = Netns::new("lo");
+    exec(&host, "ADD", &ctr).run(&conf("1.1.0")).ok();
+    let (host_before, ctr_before) = (ns_state(&host), ns_state(&ctr));
+    let global = |cmd: &str| Exec::new("loopback").in_ns(&host).env("CNI_COMMAND", cmd).env("CNI_PATH", "/x");
+    let gc = json!({"cniVersion": "1.1.0", "name": "lo-test", "type": "loopback", "cni.dev/valid-attachments": []});
+    global("GC").run(&gc.to_string()).ok_silent();
+    global("STATUS").run(&conf("1.1.0")).ok_silent();
+    assert!(ctr.link_is_up("lo"), "GC of a network with no valid attachment took lo down");
+    assert_eq!(ns_state(&host), host_before);
+    assert_eq!(ns_state(&ctr), ctr_before);
+    // Both are 1.1.0 verbs: refused for older configs, still without a change.
+    global("GC").run(&conf("1.0.0")).err(1);
+    global("STATUS").run(&conf("1.0.0")).err(1);
+    assert_eq!(ns_state(&host), host_before);
 }
 
 #[test]

@@ -20,7 +20,8 @@ use cni_tests::chain::Chain;
 use cni_tests::leaks::leaks;
 use cni_tests::traffic::{fetch, fetch_udp, Server, UdpServer};
 use cni_tests::{
-    bin, cni_path_with, wait_until, without_counters, workspace_root, Exec, Netns, PluginOutput, TempDir,
+    bin, cni_path_with, skip_unless, wait_until, without_counters, workspace_root, Exec, Feature, Netns,
+    PluginOutput, TempDir,
 };
 use serde_json::{json, Value};
 use std::io::Write as _;
@@ -121,19 +122,6 @@ fn upstream_present() {
             std::path::Path::new(UPSTREAM).join(p).is_file(),
             "upstream plugin {p} missing: scripts/install-deps.sh installs containernetworking-plugins"
         );
-    }
-}
-
-/// Whether the kernel has the legacy x_tables nat table (iptables-legacy); when not, the
-/// legacy variants print one line saying so (a missing kernel feature, as the project's rules
-/// ask) and the nf_tables variants cover the logic.
-fn legacy_available() -> bool {
-    match cni_tests::probe_in_scratch_ns(&["iptables-legacy", "-t", "nat", "-L", "-n"]) {
-        Ok(()) => true,
-        Err(why) => {
-            println!("NOT RUN: this kernel has no legacy iptables nat table (iptables-legacy: {why})");
-            false
-        }
     }
 }
 
@@ -508,7 +496,7 @@ fn adopt_nft_netns_gone() {
 
 #[test]
 fn adopt_legacy_ipv4() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     adopt(Ipt::Legacy, false, None, false);
@@ -516,7 +504,7 @@ fn adopt_legacy_ipv4() {
 
 #[test]
 fn adopt_legacy_dual_stack() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     adopt(Ipt::Legacy, true, None, false);
@@ -524,7 +512,7 @@ fn adopt_legacy_dual_stack() {
 
 #[test]
 fn adopt_legacy_snat_off() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     adopt(Ipt::Legacy, false, Some(false), false);
@@ -532,7 +520,7 @@ fn adopt_legacy_snat_off() {
 
 #[test]
 fn adopt_legacy_netns_gone() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     adopt(Ipt::Legacy, true, None, true);
@@ -601,7 +589,7 @@ fn gc_upstream_leftovers_nft() {
 
 #[test]
 fn gc_upstream_leftovers_legacy() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     gc_leftovers(Ipt::Legacy);
@@ -756,7 +744,7 @@ fn to_upstream_nft() {
 
 #[test]
 fn to_upstream_legacy() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     to_upstream(Ipt::Legacy);
@@ -791,7 +779,7 @@ fn from_upstream_nft() {
 
 #[test]
 fn from_upstream_legacy() {
-    if !legacy_available() {
+    if !skip_unless(Feature::IptablesLegacyNat) {
         return;
     }
     from_upstream(Ipt::Legacy);

@@ -371,7 +371,87 @@ fn list(dir: &Path) -> Vec<String> {
     v
 }
 
-/// A minimal rootfs: static busybox and a page for httpd at /www/index.html.
+/// `GET /cgi-bin/zeros?N`: N bytes of zeros.
+const ZEROS: &str =
+    "#!/bin/sh\nprintf 'Content-Type: application/octet-stream\\r\\n\\r\\n'\nexec head -c \"$QUERY_STRING\" /dev/zero\n";
+
+/// `POST /cgi-bin/sink?SKIP-TIMED`: reads SKIP blocks of the body, then TIMED blocks between
+/// two readings of /proc/uptime; answers "<start> <end> <bytes of the timed part>".
+const SINK: &str = r#"#!/bin/sh
+skip=${QUERY_STRING%-*}
+timed=${QUERY_STRING#*-}
+dd bs=1000 count="$skip" iflag=fullblock of=/dev/null 2>/dev/null
+read t1 rest < /proc/uptime
+n=$(dd bs=1000 count="$timed" iflag=fullblock 2>/dev/null | wc -c)
+read t2 rest < /proc/uptime
+printf 'Content-Type: text/plain\r\n\r\n%s %s %s\n' "$t1" "$t2" "$n"
+"#;
+
+/// Transfers count in blocks of this many bytes (`dd bs=1000 … iflag=fullblock` reads exact
+/// amounts on both sides).
+const BLOCK: u64 = 1000;
+/// Seconds of traffic at the shaped rate sent after the bucket is empty and before the timing
+/// starts, so that TCP has left slow start and its first losses behind.
+const WARMUP_SECONDS: u64 = 2;
+/// Seconds of traffic at the shaped rate in each timed transfer.
+const TRANSFER_SECONDS: u64 = 6;
+
+/// Blocks to skip (the token bucket of `burst` bytes, then the warm-up) and to time, for a
+/// transfer shaped to `bits` bit/s.
+fn transfer_blocks(burst: u64, bits: u64) -> (u64, u64) {
+    let per_second = bits / 8 / BLOCK;
+    (burst.div_ceil(BLOCK) + WARMUP_SECONDS * per_second, TRANSFER_SECONDS * per_second)
+}
+
+/// Steady-state rate out of a container (through its egress shaping), in bit/s of payload: one
+/// download from the container's busybox httpd (rootfs of [`make_rootfs`]) through host port
+/// `port`, from the outside netns, timed there between the end of the skipped part and the end
+/// of the timed part. `burst` (bytes) and `bits` (bit/s) are the limit's, which size the parts.
+pub fn shaped_rate_out_of(sb: &Sandbox, port: u16, burst: u64, bits: u64) -> f64 {
+    let (skip, timed) = transfer_blocks(burst, bits);
+    let url = format!("http://{HOST_ADDR}:{port}/cgi-bin/zeros?{}", (skip + timed) * BLOCK);
+    let script = format!(
+        "set -o pipefail; curl -gsS --noproxy '*' --max-time 170 '{url}' | {{ \
+         dd bs={BLOCK} count={skip} iflag=fullblock of=/dev/null 2>/dev/null; date +%s%N; \
+         dd bs={BLOCK} count={timed} iflag=fullblock 2>/dev/null | wc -c; date +%s%N; cat >/dev/null; }}"
+    );
+    let out =
+        sb.outside.command("timeout").args(["-k", "2", "180", "bash", "-c", &script]).output().expect("bash");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "download: {text} {}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> = text.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "download printed {text:?}");
+    assert_eq!(v[1], timed * BLOCK, "bytes in the timed part");
+    v[1] as f64 * 8.0 / ((v[2] - v[0]) as f64 / 1e9)
+}
+
+/// Steady-state rate into a container (through its ingress shaping), in bit/s of payload: one
+/// upload from the outside netns through host port `port` that the container's `/cgi-bin/sink`
+/// reads, timed in the container (/proc/uptime, 10 ms steps).
+pub fn shaped_rate_into(sb: &Sandbox, port: u16, burst: u64, bits: u64) -> f64 {
+    let (skip, timed) = transfer_blocks(burst, bits);
+    let file = sb.dir.join("upload");
+    std::fs::write(&file, vec![0u8; ((skip + timed) * BLOCK) as usize]).unwrap();
+    let url = format!("http://{HOST_ADDR}:{port}/cgi-bin/sink?{skip}-{timed}");
+    let data = format!("@{}", file.display());
+    let out = sb
+        .outside
+        .command("timeout")
+        .args(["-k", "2", "120", "curl", "-gsS", "--noproxy", "*", "--max-time", "110"])
+        .args(["-H", "Expect:", "-H", "Content-Type: application/octet-stream", "--data-binary", &data, &url])
+        .output()
+        .expect("run curl");
+    let _ = std::fs::remove_file(&file);
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "upload: {answer}{}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<f64> = answer.split_whitespace().map(|x| x.parse().expect("numbers")).collect();
+    assert_eq!(v.len(), 3, "the sink answered {answer:?}");
+    assert_eq!(v[2] as u64, timed * BLOCK, "bytes in the timed part");
+    v[2] * 8.0 / (v[1] - v[0])
+}
+
+/// A minimal rootfs: static busybox, a page for httpd at /www/index.html and the CGI scripts of
+/// the timed transfers.
 fn make_rootfs(root: &Path) {
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .into_iter()
@@ -382,10 +462,19 @@ fn make_rootfs(root: &Path) {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy(busybox, root.join("bin/busybox")).expect("copy busybox");
-    for a in ["sh", "httpd", "nc", "ip", "cat", "sleep", "ls", "echo", "printf"] {
+    for a in ["sh", "httpd", "nc", "ip", "cat", "sleep", "ls", "echo", "printf", "head", "wc", "dd"] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(a)).unwrap();
     }
     std::fs::write(root.join("www/index.html"), "hello from the container\n").unwrap();
+    // The CGI scripts of the timed transfers (shaped_rate_out_of, shaped_rate_into).
+    let cgi = root.join("www/cgi-bin");
+    std::fs::create_dir_all(&cgi).unwrap();
+    for (name, text) in [("zeros", ZEROS), ("sink", SINK)] {
+        let p = cgi.join(name);
+        std::fs::write(&p, text).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
     std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
 }

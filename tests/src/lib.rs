@@ -6,7 +6,8 @@
 //! dataDir and caches. Everything is removed when the guards drop, also when a test fails.
 //!
 //! Tests need root. They do not skip: if a namespace cannot be made, the test fails and says
-//! why.
+//! why. The one exception is a kernel feature some machines lack, and that skip is visible:
+//! [`skip_unless`] (module `skip`).
 
 use serde_json::Value;
 use std::ffi::OsStr;
@@ -492,13 +493,36 @@ pub struct Exec<'a> {
     plugin: PathBuf,
     env: Vec<(String, String)>,
     in_ns: Option<&'a Netns>,
+    /// A command the plugin runs under (`program args… <plugin>`), see [`Exec::under`].
+    wrapper: Vec<String>,
 }
 
 impl<'a> Exec<'a> {
     /// `plugin` is a binary name (resolved with [`bin`]) or a path.
     pub fn new(plugin: &str) -> Exec<'a> {
         let plugin = if plugin.contains('/') { PathBuf::from(plugin) } else { bin(plugin) };
-        Exec { plugin, env: Vec::new(), in_ns: None }
+        Exec { plugin, env: Vec::new(), in_ns: None, wrapper: Vec::new() }
+    }
+
+    /// Run the plugin as the last argument of `command` (e.g. `unshare -m sh -c '… exec "$0"'`),
+    /// which must exec it with the environment and stdio it got.
+    pub fn under(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Run the plugin in a private mount namespace in which `script` (sh) ran first, e.g. to hide
+    /// a /proc/sys directory with a tmpfs. Nothing of it reaches the machine's mounts.
+    pub fn in_private_mounts(self, script: &str) -> Self {
+        self.under(&[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-ec",
+            &format!("{script}; exec \"$0\""),
+        ])
     }
 
     /// Run inside `ns` (normally the fake host namespace).
@@ -531,10 +555,14 @@ impl<'a> Exec<'a> {
 
     /// The command with the plugin's CNI environment (only what the test set), in the namespace.
     fn command(&self) -> Command {
+        let program = self.wrapper.first().map(PathBuf::from).unwrap_or_else(|| self.plugin.clone());
         let mut cmd = match self.in_ns {
-            Some(ns) => ns.command(&self.plugin),
-            None => Command::new(&self.plugin),
+            Some(ns) => ns.command(&program),
+            None => Command::new(&program),
         };
+        if !self.wrapper.is_empty() {
+            cmd.args(&self.wrapper[1..]).arg(&self.plugin);
+        }
         for (k, _) in std::env::vars() {
             if k.starts_with("CNI_") && k != KEPT_ENV {
                 cmd.env_remove(k);
@@ -822,17 +850,6 @@ pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// Probe a kernel feature by running a command in a scratch namespace. Returns Err(reason)
-/// when the feature is missing, so a test can print one line and cover the logic elsewhere.
-pub fn probe_in_scratch_ns(args: &[&str]) -> Result<(), String> {
-    let ns = Netns::new("probe");
-    let out = ns.try_run(args[0], &args[1..]);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
 pub mod bench;
 pub mod chain;
 pub mod clients;
@@ -840,7 +857,10 @@ pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
 pub mod raw;
+pub mod skip;
 pub mod traffic;
+
+pub use skip::{skip_if_present, skip_unless, Feature};
 
 #[cfg(test)]
 mod tests {

@@ -570,6 +570,10 @@ mod tests {
         assert_eq!(old.ticks_per_usec, 1000.0);
         assert!(Psched::parse("").is_none());
         assert!(Psched::parse("0 0 0").is_none());
+        // any one of the three values zero: unusable
+        for text in ["0 40 f4240", "3e8 0 f4240", "3e8 40 0"] {
+            assert!(Psched::parse(text).is_none(), "{text}");
+        }
         assert!(Psched::parse("zz 40 f4240").is_none());
     }
 
@@ -586,6 +590,13 @@ mod tests {
         let t = Tbf::with_latency(125_000, 10_240, Duration::from_millis(25), &psched());
         assert_eq!(t, Tbf { rate: 125_000, buffer: 0x13_8800, limit: 13_365 });
         assert_eq!(t.burst_bytes(&psched()), 10_240);
+    }
+
+    #[test]
+    fn tbf_rates_above_32_bits_get_the_64_bit_attribute() {
+        let t = |rate| Tbf { rate, buffer: 1, limit: 1 }.options().len();
+        assert_eq!(t(u64::from(u32::MAX)), 1, "fits TCA_TBF_PARMS");
+        assert_eq!(t(u64::from(u32::MAX) + 1), 2, "plus TCA_TBF_RATE64");
     }
 
     #[test]

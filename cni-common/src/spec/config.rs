@@ -310,4 +310,35 @@ mod tests {
         )
         .is_err());
     }
+
+    #[test]
+    fn prev_result_is_decoded_in_any_version_and_absent_or_null_is_none() {
+        let conf = |prev: Value| -> NetConf {
+            let mut v = json!({"cniVersion": "1.0.0", "name": "n", "type": "t"});
+            v["prevResult"] = prev;
+            NetConf::from_value(&v).unwrap()
+        };
+        let prev = json!({"cniVersion": "0.3.1", "ips": [{"version": "4", "address": "10.0.0.2/24"}]});
+        let r = conf(prev).prev_result(Version::V1_0_0).unwrap().expect("a result");
+        assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
+        assert_eq!(conf(json!(null)).prev_result(Version::V1_0_0).unwrap(), None);
+        let none = NetConf::from_value(&json!({"cniVersion": "1.0.0", "name": "n", "type": "t"})).unwrap();
+        assert_eq!(none.prev_result(Version::V1_0_0).unwrap(), None);
+        let e = conf(json!({"ips": 5})).prev_result(Version::V1_0_0).unwrap_err();
+        assert!(e.msg.starts_with("prevResult"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_gateway_of_the_wrong_type_says_what_it_expects() {
+        #[derive(Debug, Deserialize)]
+        struct G {
+            #[serde(default, deserialize_with = "empty_ip_is_none")]
+            gw: Option<IpAddr>,
+        }
+        let e = serde_json::from_value::<G>(json!({"gw": 5})).unwrap_err().to_string();
+        assert!(e.contains("an IP address or an empty string"), "{e}");
+        for none in [json!({"gw": ""}), json!({"gw": null}), json!({})] {
+            assert_eq!(serde_json::from_value::<G>(none).unwrap().gw, None);
+        }
+    }
 }

@@ -420,4 +420,30 @@ mod tests {
         // order does not matter: IgnoreUnknown may come last
         assert!(CniArgs::parse("X=1;IgnoreUnknown=1").unwrap().validate(&[]).is_ok());
     }
+
+    #[test]
+    fn command_names_round_trip() {
+        for name in ["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"] {
+            assert_eq!(Command::parse(name).map(Command::as_str), Some(name));
+        }
+    }
+
+    #[test]
+    fn go_bools_and_cni_args_pairs() {
+        for (text, want) in [
+            ("1", Some(true)),
+            ("True", Some(true)),
+            ("0", Some(false)),
+            ("false", Some(false)),
+            ("False", Some(false)),
+            ("yes", None),
+        ] {
+            assert_eq!(parse_go_bool(text), want, "{text}");
+        }
+        let a = CniArgs::parse("IgnoreUnknown=1;K8S_POD_NAME=web").unwrap();
+        assert_eq!(
+            a.pairs(),
+            [("IgnoreUnknown".to_string(), "1".to_string()), ("K8S_POD_NAME".to_string(), "web".to_string())]
+        );
+    }
 }

@@ -352,3 +352,31 @@ impl From<WireIp> for IpConfig {
         IpConfig { interface: w.interface, address: w.address, gateway: w.gateway }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn dns_is_empty_only_without_any_field() {
+        assert!(Dns::default().is_empty());
+        for d in [
+            Dns { nameservers: vec!["10.0.0.1".into()], ..Dns::default() },
+            Dns { domain: "example.com".into(), ..Dns::default() },
+            Dns { search: vec!["svc".into()], ..Dns::default() },
+            Dns { options: vec!["ndots:5".into()], ..Dns::default() },
+        ] {
+            assert!(!d.is_empty(), "{d:?}");
+        }
+    }
+
+    #[test]
+    fn an_empty_result_version_means_the_configs() {
+        let r = json!({"cniVersion": "", "ips": [{"version": "4", "address": "10.0.0.2/24"}]});
+        let decoded = CniResult::decode(&r, Version::V0_3_1).unwrap();
+        assert_eq!(decoded.ips[0].address.to_string(), "10.0.0.2/24");
+        let e = CniResult::decode(&json!({"cniVersion": "9.9.9"}), Version::V0_3_1).unwrap_err();
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
+    }
+}

@@ -184,4 +184,12 @@ mod tests {
             r#"{"cniVersion":"1.1.0","supportedVersions":["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}"#
         );
     }
+
+    #[test]
+    fn semver_parts_are_plain_digits() {
+        assert_eq!(parse_semver("2.10.0"), Some((2, 10, 0)));
+        for bad in ["+1.0.0", "1.+2.0", "1..0", "01.0.0", "1.0", "1.0.0.0", "a.0.0"] {
+            assert_eq!(parse_semver(bad), None, "{bad}");
+        }
+    }
 }

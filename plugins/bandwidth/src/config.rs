@@ -291,6 +291,23 @@ mod tests {
         assert!(e.msg.contains("at least 8 bit/s"), "{}", e.msg);
         let e = limits(&base(json!({"ingressRate": 800, "ingressBurst": 7}))).unwrap_err();
         assert!(e.msg.contains("at least 8 bits"), "{}", e.msg);
+        // One byte is enough, for the rate and the burst, static or from the runtime.
+        let l = limits(&base(json!({"ingressRate": 8, "ingressBurst": 8}))).unwrap();
+        assert_eq!(l.ingress, Some(Shape { rate: 8, burst: Some(8) }));
+        let rt = json!({"bandwidth": {"egressRate": 8, "egressBurst": CRI_UNSET_BURST_BITS}});
+        let l = limits(&base(json!({"runtimeConfig": rt}))).unwrap();
+        assert_eq!(l.egress, Some(Shape { rate: 8, burst: None }));
+        let rt = json!({"bandwidth": {"egressRate": 7, "egressBurst": CRI_UNSET_BURST_BITS}});
+        assert!(limits(&base(json!({"runtimeConfig": rt}))).unwrap_err().msg.contains("at least 8 bit/s"));
+    }
+
+    #[test]
+    fn limits_are_empty_only_without_either_direction() {
+        let one =
+            |k: &str| limits(&base(json!({format!("{k}Rate"): 8000, format!("{k}Burst"): 800}))).unwrap();
+        assert!(!one("ingress").is_empty());
+        assert!(!one("egress").is_empty());
+        assert!(limits(&base(json!({}))).unwrap().is_empty());
     }
 
     #[test]

@@ -199,6 +199,9 @@ pub fn add(req: &Request) -> Result<CniResult> {
     }
 }
 
+// The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
+// not reach field deletions); tests/e2e/bridge.rs reads every field back from the kernel.
+#[cfg_attr(mutants, mutants::skip)]
 impl<'r> Add<'r> {
     /// Validation: everything the configuration can get wrong, and conflicts that would make
     /// setup fail halfway, are refused here, before anything is reserved or created.
@@ -556,6 +559,9 @@ pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
     plan
 }
 
+// The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
+// not reach field deletions); tests/e2e/bridge.rs reads every field back from the kernel.
+#[cfg_attr(mutants, mutants::skip)]
 impl Add<'_> {
     /// `<bridge>.<vlan>`: a veth whose one end joins the bridge as an access port of the VLAN
     /// and whose other end (in the host) carries the gateway address (upstream's VLAN gateway).
@@ -692,7 +698,7 @@ pub(crate) fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Vec<IpNet> {
             ip.gateway = Some(first_host(&ip.address));
         }
         let (v4, gw, prefix) = (ip.address.addr().is_ipv4(), ip.gateway, ip.address.prefix_len());
-        let fam = usize::from(!v4);
+        let fam = if v4 { 0 } else { 1 };
         if conf.is_default_gateway && !default_done[fam] {
             let default: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
             if !result.routes.iter().any(|r| r.gw.is_some() && r.dst == default) {
@@ -799,5 +805,27 @@ mod tests {
         );
         assert_eq!(port_vlan_plan(100, &[101]), vec![PortVlan::access(100), PortVlan::tagged(101)]);
         assert!(port_vlan_plan(0, &[]).is_empty());
+    }
+
+    #[test]
+    fn ipv6_settings_turn_dad_off_unless_enabledad_and_enable_ipv6_with_v6_addresses() {
+        let list = |dad: bool, v6: bool| -> Vec<(String, &'static str, bool)> {
+            ipv6_settings("eth0", &conf(json!({"enabledad": dad})), v6)
+        };
+        let k = |dev: &str, leaf: &str| format!("net/ipv6/conf/{dev}/{leaf}");
+        assert_eq!(list(false, false), vec![(k("eth0", "accept_dad"), "0", false)]);
+        assert_eq!(
+            list(true, false),
+            vec![(k("eth0", "enhanced_dad"), "1", false), (k("eth0", "accept_dad"), "1", false)]
+        );
+        assert_eq!(
+            list(false, true),
+            vec![
+                (k("eth0", "accept_dad"), "0", false),
+                (k("lo", "disable_ipv6"), "0", true),
+                (k("eth0", "disable_ipv6"), "0", true),
+                (k("eth0", "keep_addr_on_down"), "1", false),
+            ]
+        );
     }
 }

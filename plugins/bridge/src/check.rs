@@ -253,3 +253,58 @@ fn route_matches(k: &Route, dst: IpNet, gw: Option<IpAddr>, table: u32, oif: u32
         && k.table == table
         && k.paths().iter().any(|(g, o)| (gw.is_none() || *g == gw) && (o.is_none() || *o == Some(oif)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cni_common::netlink::{NextHop, RouteKind};
+
+    fn route(dst: &str, gw: Option<&str>, oif: Option<u32>, table: u32) -> Route {
+        Route {
+            dst: dst.parse().unwrap(),
+            gw: gw.map(|g| g.parse().unwrap()),
+            oif,
+            table,
+            priority: None,
+            scope: 0,
+            protocol: 3,
+            mtu: None,
+            advmss: None,
+            kind: RouteKind::Unicast,
+            prefsrc: None,
+            nexthops: vec![],
+        }
+    }
+
+    #[test]
+    fn a_kernel_route_matches_by_destination_table_gateway_and_interface() {
+        let gw: Option<IpAddr> = Some("10.1.0.1".parse().unwrap());
+        let dst = "10.9.0.0/16".parse().unwrap();
+        let k = route("10.9.0.0/16", Some("10.1.0.1"), Some(7), TABLE_MAIN);
+        assert!(route_matches(&k, dst, gw, TABLE_MAIN, 7));
+        assert!(route_matches(&k, "10.9.3.4/16".parse().unwrap(), gw, TABLE_MAIN, 7), "host bits ignored");
+        assert!(route_matches(&k, dst, None, TABLE_MAIN, 7), "no gateway wanted: any");
+        assert!(!route_matches(&k, "10.8.0.0/16".parse().unwrap(), gw, TABLE_MAIN, 7), "destination");
+        assert!(!route_matches(&k, dst, gw, 100, 7), "table");
+        assert!(!route_matches(&k, dst, Some("10.1.0.9".parse().unwrap()), TABLE_MAIN, 7), "gateway");
+        assert!(!route_matches(&k, dst, gw, TABLE_MAIN, 8), "interface");
+        // A route the kernel reports without an interface matches any.
+        assert!(route_matches(
+            &route("10.9.0.0/16", Some("10.1.0.1"), None, TABLE_MAIN),
+            dst,
+            gw,
+            TABLE_MAIN,
+            8
+        ));
+        // Multipath (IPv6 routes added with append): any of the next hops.
+        let mut m = route("fd00::/64", None, None, TABLE_MAIN);
+        let hop = |g: &str, oif| NextHop { gw: Some(g.parse().unwrap()), oif: Some(oif), weight: 1 };
+        m.nexthops = vec![hop("fd01::1", 3), hop("fd01::2", 7)];
+        let d6 = "fd00::/64".parse().unwrap();
+        assert!(route_matches(&m, d6, Some("fd01::2".parse().unwrap()), TABLE_MAIN, 7));
+        assert!(
+            !route_matches(&m, d6, Some("fd01::2".parse().unwrap()), TABLE_MAIN, 3),
+            "gateway and interface of one hop"
+        );
+    }
+}

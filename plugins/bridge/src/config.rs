@@ -533,4 +533,26 @@ mod tests {
         let t = Teardown::from_raw(&raw(json!({"deferredDelete": true})), false);
         assert!(t.deferred_delete && !t.firewall() && !t.l3);
     }
+
+    #[test]
+    fn vlans_in_use_a_trunk_of_one_and_what_teardown_needs_a_firewall_for() {
+        assert!(conf(json!({"vlan": 7})).unwrap().uses_vlans());
+        assert!(conf(json!({"vlanTrunk": [{"id": 7}]})).unwrap().uses_vlans());
+        assert_eq!(conf(json!({"vlanTrunk": [{"minID": 9, "maxID": 9}]})).unwrap().trunk, vec![9]);
+        let raw = |v: serde_json::Value| -> RawConf { json::from_value(v).unwrap() };
+        for (v, fw) in
+            [(json!({}), false), (json!({"ipMasq": true}), true), (json!({"macspoofchk": true}), true)]
+        {
+            assert_eq!(Teardown::from_raw(&raw(v.clone()), false).firewall(), fw, "{v}");
+        }
+    }
+
+    #[test]
+    fn dns_of_the_config_is_kept_unless_empty() {
+        let with =
+            |dns: Dns| Conf::from_raw(json::from_value(json!({})).unwrap(), "", false, Some(dns)).unwrap();
+        let d = Dns { nameservers: vec!["10.0.0.10".into()], ..Dns::default() };
+        assert_eq!(with(d.clone()).dns, Some(d));
+        assert_eq!(with(Dns::default()).dns, None);
+    }
 }

@@ -135,4 +135,22 @@ mod tests {
         let m = random_mac();
         assert_eq!(m[0] & 0x03, 0x02, "unicast, locally administered");
     }
+
+    #[test]
+    fn random_macs_are_unicast_locally_administered_and_differ() {
+        let macs: Vec<[u8; 6]> = (0..64).map(|_| random_mac()).collect();
+        for m in &macs {
+            assert_eq!(m[0] & 0x03, 0x02, "unicast and locally administered: {m:02x?}");
+        }
+        // 64 draws of 46 random bits: all distinct, and the first octet is random apart from
+        // its two low bits (not a constant).
+        let distinct: std::collections::HashSet<_> = macs.iter().collect();
+        assert_eq!(distinct.len(), macs.len());
+        let firsts: std::collections::HashSet<u8> = macs.iter().map(|m| m[0]).collect();
+        assert!(firsts.len() > 8, "{firsts:?}");
+        let names: std::collections::HashSet<String> = (0..64).map(|_| host_veth_name()).collect();
+        assert_eq!(names.len(), 64);
+        let bytes: [u8; 32] = random_bytes();
+        assert!(bytes.iter().any(|b| *b != bytes[0]), "{bytes:?}");
+    }
 }

@@ -185,7 +185,7 @@ impl Config {
                     gateway: ipam.gateway,
                 }],
             )),
-            None if ipam.range_start.is_some() || ipam.range_end.is_some() || ipam.gateway.is_some() => {
+            None if ipam.range_start.or(ipam.range_end).or(ipam.gateway).is_some() => {
                 // Upstream ignores these without `subnet`; so do we, but say so.
                 eprintln!("host-local: ipam.rangeStart/rangeEnd/gateway are ignored without ipam.subnet");
             }
@@ -445,6 +445,13 @@ mod tests {
         let one_each = json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"ranges": [
             [{"subnet": "10.0.0.0/24"}], [{"subnet": "2001:db8::/64"}]]}});
         assert!(load(one_each).is_ok(), "one v4 and one v6 are fine for 0.2.0");
+        let two_v6 = json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"ranges": [
+            [{"subnet": "2001:db8::/64"}], [{"subnet": "2001:db9::/64"}]]}});
+        assert_eq!(load(two_v6).unwrap_err().code, code::UNSUPPORTED_FIELD);
+        for subnet in ["10.0.0.0/24", "2001:db8::/64"] {
+            let one = json!({"cniVersion": "0.2.0", "name": "n", "ipam": {"ranges": [[{"subnet": subnet}]]}});
+            assert!(load(one).is_ok(), "a single {subnet} range is fine for 0.2.0");
+        }
     }
 
     #[test]
@@ -519,5 +526,22 @@ mod tests {
         assert_eq!(d.domain, "example.com");
         assert_eq!(d.search, vec!["a.example", "b.example", "c.example"]);
         assert_eq!(d.options, vec!["ndots:5", "rotate"]);
+    }
+
+    #[test]
+    fn resolv_conf_is_read_from_its_path_which_may_not_hold_a_nul() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resolv.conf");
+        std::fs::write(&path, "nameserver 10.0.0.53\nsearch svc.local\n").unwrap();
+        let d = read_resolv_conf(&path).unwrap();
+        assert_eq!((d.nameservers, d.search), (vec!["10.0.0.53".to_string()], vec!["svc.local".to_string()]));
+        assert!(read_resolv_conf(&dir.path().join("missing")).unwrap_err().msg.contains("cannot read"));
+        let with = |p: &str| {
+            load(json!({"cniVersion": "1.0.0", "name": "n",
+                                         "ipam": {"subnet": "10.0.0.0/24", "resolvConf": p}}))
+        };
+        assert_eq!(with(path.to_str().unwrap()).unwrap().resolv_conf.as_deref(), Some(path.as_path()));
+        let e = with("/etc/res\u{0}olv.conf").unwrap_err();
+        assert!(e.msg.contains("NUL byte"), "{}", e.msg);
     }
 }

@@ -1128,6 +1128,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_reservation_file_is_debris_and_is_reclaimed() {
+        let (_d, net) = seeded(&[("10.0.0.5", b""), ("10.0.0.6", b"other\r\neth0")]);
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.5", "c1"), "an empty file (an interrupted write) is taken over");
+        assert!(!reserve(&mut s, "10.0.0.6", "c1"), "a file with an owner is not");
+        s.finish();
+        assert_eq!(std::fs::read(net.join("10.0.0.5")).unwrap(), b"c1\r\neth0");
+        assert_eq!(std::fs::read(net.join("10.0.0.6")).unwrap(), b"other\r\neth0");
+    }
+
+    #[test]
     fn index_is_trusted_only_while_the_directory_is_unchanged() {
         let (_d, net) = net_dir();
         {
