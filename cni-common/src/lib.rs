@@ -14,6 +14,7 @@
 //! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
+pub mod alloc;
 pub mod attachment;
 pub mod child;
 pub mod delegate;

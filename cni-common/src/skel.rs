@@ -64,6 +64,8 @@ pub struct Request {
     /// `prevResult`, decoded (any version) before the plugin runs, so a malformed one is
     /// rejected by every plugin before anything is touched.
     pub prev: Option<CniResult>,
+    /// CNI_NETNS as the skeleton opened and checked it ([`Request::container_netns`]).
+    ns: Option<std::sync::Arc<NetNs>>,
 }
 
 impl Request {
@@ -81,6 +83,38 @@ impl Request {
     /// CNI_NETNS, or None when empty (DEL may be called without one).
     pub fn netns(&self) -> Option<&Path> {
         Some(Path::new(&self.env.netns)).filter(|_| !self.env.netns.is_empty())
+    }
+
+    /// The container's network namespace: the handle the skeleton opened when it checked
+    /// CNI_NETNS (so the namespace used is the one checked, and it is opened once), or, where
+    /// it did not (CNI_NETNS_OVERRIDE), CNI_NETNS opened now. None when CNI_NETNS is empty or
+    /// the namespace is gone (only DEL gets this far with a vanished one).
+    pub fn container_netns(&self) -> Result<Option<std::sync::Arc<NetNs>>> {
+        if let Some(ns) = &self.ns {
+            return Ok(Some(ns.clone()));
+        }
+        match self.netns() {
+            Some(path) if self.env.netns_override => {
+                Ok(NetNs::open_if_exists(path)?.map(std::sync::Arc::new))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Request::container_netns`] where the verb needs it (ADD, CHECK): an error naming
+    /// CNI_NETNS when there is none.
+    pub fn require_netns(&self) -> Result<std::sync::Arc<NetNs>> {
+        match self.container_netns()? {
+            Some(ns) => Ok(ns),
+            None if self.netns().is_none() => Err(CniError::env("CNI_NETNS is required")),
+            None => Err(CniError::new(
+                code::UNKNOWN_CONTAINER,
+                format!(
+                    "CNI_NETNS {:?} does not exist: the container's network namespace is gone",
+                    self.env.netns
+                ),
+            )),
+        }
     }
 
     /// CNI_ARGS checked against the keys this plugin understands.
@@ -179,10 +213,12 @@ impl Request {
             ));
         }
         let prev = conf.prev_result(version)?;
-        if command.has_attachment() && !env.netns_override {
-            check_netns(command, &env.netns)?;
-        }
-        Ok(Request { command, env, version, stdin, config, conf, prev })
+        let ns = if command.has_attachment() && !env.netns_override {
+            check_netns(command, &env.netns)?.map(std::sync::Arc::new)
+        } else {
+            None
+        };
+        Ok(Request { command, env, version, stdin, config, conf, prev, ns })
     }
 }
 
@@ -487,15 +523,15 @@ fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Versi
 /// at the path is looked at through an `O_PATH` descriptor and opened for real only when it is
 /// on nsfs ([`NetNs::open_if_exists`]): a FIFO or a device there is refused (code 4) without
 /// blocking and without the side effects of opening it.
-fn check_netns(command: Command, netns: &str) -> Result<()> {
+fn check_netns(command: Command, netns: &str) -> Result<Option<NetNs>> {
     if netns.is_empty() {
-        return Ok(()); // only DEL gets here: ADD/CHECK require the variable
+        return Ok(None); // only DEL gets here: ADD/CHECK require the variable
     }
     let is_del = command == Command::Del;
     let path = Path::new(netns);
     let ns = match NetNs::open_if_exists(path) {
         Ok(Some(ns)) => ns,
-        Ok(None) | Err(_) if is_del => return Ok(()),
+        Ok(None) | Err(_) if is_del => return Ok(None),
         Ok(None) if !path.exists() => {
             return Err(CniError::new(
                 code::UNKNOWN_CONTAINER,
@@ -512,7 +548,7 @@ fn check_netns(command: Command, netns: &str) -> Result<()> {
         )
         .with_details(format!("CNI_NETNS {netns:?} is the namespace the plugin runs in")));
     }
-    Ok(())
+    Ok(Some(ns))
 }
 
 #[cfg(test)]

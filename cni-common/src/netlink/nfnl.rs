@@ -27,23 +27,25 @@ pub(crate) fn message(
     res_id: u16,
     attrs: &[(u16, Vec<u8>)],
 ) -> Vec<u8> {
-    let mut body = vec![family, NFNETLINK_V0];
-    body.extend_from_slice(&res_id.to_be_bytes());
-    for (kind, value) in attrs {
-        put_attr(&mut body, *kind, value);
-    }
-    let mut packet = Vec::with_capacity(NLMSG_HDRLEN + body.len());
-    packet.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+    let len = NLMSG_HDRLEN + 4 + attrs.iter().map(|(_, v)| (4 + v.len()).next_multiple_of(4)).sum::<usize>();
+    let mut packet = Vec::with_capacity(len);
+    packet.extend_from_slice(&(len as u32).to_ne_bytes());
     packet.extend_from_slice(&msg_type.to_ne_bytes());
     packet.extend_from_slice(&flags.to_ne_bytes());
     packet.extend_from_slice(&[0; 8]); // sequence number (set when sent) and port id
-    packet.extend_from_slice(&body);
+    packet.extend_from_slice(&[family, NFNETLINK_V0]);
+    packet.extend_from_slice(&res_id.to_be_bytes());
+    for (kind, value) in attrs {
+        put_attr(&mut packet, *kind, value);
+    }
+    debug_assert_eq!(packet.len(), len);
     packet
 }
 
 /// Append attribute `kind` holding `value`, padded to 4 bytes.
 pub(crate) fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = 4 + value.len();
+    out.reserve(len.next_multiple_of(4));
     out.extend_from_slice(&(len as u16).to_ne_bytes());
     out.extend_from_slice(&kind.to_ne_bytes());
     out.extend_from_slice(value);

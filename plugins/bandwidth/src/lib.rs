@@ -19,7 +19,6 @@ pub mod shape;
 use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
 use cni_common::error_list::ErrorList;
 use cni_common::netlink::{Link, Netlink};
-use cni_common::netns::NetNs;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
 
@@ -38,8 +37,7 @@ pub fn shaped_veth(
     prev: &CniResult,
     limits: &config::Limits,
 ) -> Result<(Netlink, Link, Plan)> {
-    let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
-    let ns = NetNs::open(path)?;
+    let ns = req.require_netns()?;
     let mut host = Netlink::new()?;
     let mut ctr = Netlink::new_in(&ns)?;
     let veth = shape::host_veth(&mut host, &mut ctr, &req.env.ifname)?;
@@ -50,8 +48,8 @@ pub fn shaped_veth(
 
 /// Remove the shaping of the host veth whose container end is `ifname` in the namespace at
 /// `path`, if the namespace still exists.
-fn clear_host_veth(host: &mut Netlink, path: &std::path::Path, ifname: &str, ifb: Option<u32>) -> Result<()> {
-    let Some(ns) = NetNs::open_if_exists(path)? else { return Ok(()) };
+fn clear_host_veth(host: &mut Netlink, req: &Request, ifname: &str, ifb: Option<u32>) -> Result<()> {
+    let Some(ns) = req.container_netns()? else { return Ok(()) };
     let mut ctr = Netlink::new_in(&ns)?;
     match shape::host_veth(host, &mut ctr, ifname) {
         Ok(veth) => shape::clear_veth(host, &veth, ifb),
@@ -103,9 +101,7 @@ impl Plugin for Bandwidth {
             Some(shape::Existing::Stale(l)) => Some(l.index),
             _ => None,
         };
-        if let Some(path) = req.netns() {
-            errors.take(clear_host_veth(&mut host, path, &req.env.ifname, ifb));
-        }
+        errors.take(clear_host_veth(&mut host, req, &req.env.ifname, ifb));
         errors.take(shape::del_ifb(&mut host, &name, &att));
         errors.finish()
     }

@@ -126,13 +126,11 @@ struct Ipv6Conf {
 }
 
 impl Ipv6Conf {
-    fn start(netns: &std::path::Path) -> Result<Ipv6Conf> {
+    fn start(ns: NetNs) -> Result<Ipv6Conf> {
         let (jobs, rx) = std::sync::mpsc::channel::<Vec<(String, &'static str, bool)>>();
-        let path = netns.to_path_buf();
         let done = std::thread::Builder::new()
             .name("ipv6conf".into())
             .spawn(move || -> Result<()> {
-                let ns = NetNs::open(&path)?;
                 ns.run(|| {
                     let _warm = std::fs::File::open("/proc/sys/net/ipv6/conf"); // absent without IPv6
                     let Ok(list) = rx.recv() else { return Ok(()) }; // ADD gave up: nothing to do
@@ -189,7 +187,7 @@ pub fn add(req: &Request) -> Result<CniResult> {
     let mut a = Add::prepare(req)?;
     // The container's IPv6 helper starts before anything is reserved or created: if it cannot
     // start, the ADD fails having changed nothing. From here on every failure is undone.
-    let v6conf = Ipv6Conf::start(a.ns_path())?;
+    let v6conf = Ipv6Conf::start(a.ns.try_clone()?)?;
     match a.run(v6conf) {
         Ok(r) => Ok(r),
         Err(e) => {
@@ -218,8 +216,7 @@ impl<'r> Add<'r> {
                 "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
             ));
         }
-        let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for ADD"))?;
-        let ns = NetNs::open(netns)?;
+        let ns = req.require_netns()?.try_clone()?;
         let mut host = Netlink::new()?;
         let mut ctr = Netlink::new_in(&ns)?;
         if let Some(l) = host.link_by_name(&conf.bridge)? {
@@ -243,10 +240,6 @@ impl<'r> Add<'r> {
             None => None,
         };
         Ok(Add { req, conf, ns, host, ctr, nft, mtu, undo: Undo::default() })
-    }
-
-    fn ns_path(&self) -> &'r std::path::Path {
-        self.req.netns().expect("checked by prepare")
     }
 
     fn ifname(&self) -> &'r str {

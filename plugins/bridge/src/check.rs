@@ -11,7 +11,6 @@ use cni_common::error::{CniError, Result};
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
-use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface};
 use cni_common::spec::Command;
 use cni_common::Request;
@@ -43,9 +42,8 @@ pub fn check(req: &Request) -> Result<()> {
 }
 
 fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
-    let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required for CHECK"))?;
     let ifname = req.env.ifname.as_str();
-    let ns = NetNs::open(netns)?;
+    let ns = req.require_netns()?;
     let mut host = Netlink::new()?;
     let mut ctr = Netlink::new_in(&ns)?;
 

@@ -1,5 +1,7 @@
 #![warn(clippy::too_many_lines)]
 
+cni_common::global_allocator!();
+
 use cni_common::delegate::{allow_in_process, InProcess};
 
 /// host-local runs inside this process when the `host-local` found on CNI_PATH is this very

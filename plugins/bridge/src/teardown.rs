@@ -175,8 +175,8 @@ pub fn del(req: &Request) -> Result<()> {
     errors.take(cni_common::upstream::masq::del(req));
     let fw_socket = errors.take(remove_firewall(req, conf.firewall())).flatten();
     let mut link = None;
-    if let Some(path) = req.netns() {
-        match NetNs::open_if_exists(path) {
+    if req.netns().is_some() {
+        match req.container_netns() {
             // A namespace that is gone took its interfaces with it.
             Ok(None) => {}
             Ok(Some(ns)) if conf.deferred_delete => {

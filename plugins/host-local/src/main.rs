@@ -2,6 +2,8 @@
 
 #![warn(clippy::too_many_lines)]
 
+cni_common::global_allocator!();
+
 /// This build's identity, where `cni_common::ident::file_carries` looks for it.
 #[used]
 #[link_section = ".cni_rs_ident"]

@@ -6,17 +6,17 @@
 
 #![warn(clippy::too_many_lines)]
 
+cni_common::global_allocator!();
+
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
 use cni_common::{CniError, Context, Plugin, Request, Result};
-use std::path::Path;
 
 struct Loopback;
 
-fn open_netns(req: &Request) -> Result<NetNs> {
-    let path = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
-    NetNs::open(path)
+fn open_netns(req: &Request) -> Result<std::sync::Arc<NetNs>> {
+    req.require_netns()
 }
 
 /// Addresses on `lo` after bringing it up; all must be loopback addresses.
@@ -63,8 +63,7 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, req: &Request) -> Result<()> {
-        let Some(path) = req.netns() else { return Ok(()) };
-        let Some(ns) = NetNs::open_if_exists(Path::new(path))? else { return Ok(()) };
+        let Some(ns) = req.container_netns()? else { return Ok(()) };
         let mut nl = Netlink::new_in(&ns)?;
         if let Some(lo) = nl.link_by_name("lo")? {
             nl.link_set_down(lo.index).context("set lo down")?;

@@ -1,6 +1,9 @@
 //! `portmap`: the CNI plugin around the [`portmap`] library (request in, side effects of the
 //! kernel's answers out: `route_localnet`, UDP conntrack flushes, upstream's leftovers).
+
 #![warn(clippy::too_many_lines)]
+
+cni_common::global_allocator!();
 
 use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::net::Family;
@@ -88,7 +91,7 @@ impl Plugin for Portmap {
         if conf.mappings.is_empty() {
             return Ok(prev);
         }
-        let record = netns::record(req.netns())?;
+        let record = netns::record(req)?;
         let (intent, intent_notes) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), record)?;
         for n in intent_notes {
             eprintln!("{n}");
@@ -142,7 +145,7 @@ impl Plugin for Portmap {
         if conf.mappings.is_empty() {
             return Ok(());
         }
-        let now = netns::record(req.netns())?;
+        let now = netns::record(req)?;
         let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
         flow::check(&mut nf_tables()?, &conf, &intent, now.map(|(id, _)| id))
     }

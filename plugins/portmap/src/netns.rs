@@ -17,8 +17,7 @@
 
 use crate::model::NsId;
 use cni_common::netns::NetNs;
-use cni_common::{nsident, Result};
-use std::path::Path;
+use cni_common::{nsident, Request, Result};
 
 /// Paths longer than this, or with other characters than these, are not recorded: the comment
 /// that holds the path is limited to 128 bytes, and nft would escape other characters.
@@ -34,11 +33,10 @@ fn id_of(ns: &NetNs) -> Result<NsId> {
     Ok(NsId { ino: id.ino, cookie: id.cookie })
 }
 
-/// What ADD records for CNI_NETNS (already verified by the skeleton to be a network
+/// What ADD records for CNI_NETNS (the skeleton's handle, verified to be a network
 /// namespace): its identity and its path (empty when the path cannot be recorded).
-pub fn record(path: Option<&Path>) -> Result<Option<(NsId, String)>> {
-    let Some(path) = path else { return Ok(None) };
-    let Some(ns) = NetNs::open_if_exists(path)? else { return Ok(None) };
+pub fn record(req: &Request) -> Result<Option<(NsId, String)>> {
+    let (Some(path), Some(ns)) = (req.netns(), req.container_netns()?) else { return Ok(None) };
     let id = id_of(&ns)?;
     let text = path.to_str().filter(|p| recordable(p)).unwrap_or_default();
     Ok(Some((id, text.to_string())))

@@ -215,7 +215,7 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
     }
     let prev =
         req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
-    let record = netns::record(req.netns())?;
+    let record = netns::record(req)?;
     let now = record.as_ref().map(|(id, _)| *id);
     let owner = Owner::of(&AttachmentId::of(req));
     let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner, record)?;

@@ -70,6 +70,9 @@ pub struct NftChain {
     pub chain_type: Option<String>,
     /// Base chain policy (`NF_ACCEPT` = 1, `NF_DROP` = 0).
     pub policy: Option<u32>,
+    /// How many references lead to the chain (`NFTA_CHAIN_USE`: its rules and the jumps and
+    /// gotos into it).
+    pub uses: Option<u32>,
 }
 
 /// A dump request of the nf_tables subsystem with string attributes.
@@ -105,13 +108,14 @@ pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
 fn chain_of(payload: &[u8], table: &str) -> Option<NftChain> {
     let body = payload.get(4..)?;
     let mut t = None;
-    let mut c = NftChain { name: String::new(), hook: None, chain_type: None, policy: None };
+    let mut c = NftChain { name: String::new(), hook: None, chain_type: None, policy: None, uses: None };
     for (k, value) in attrs(body) {
         match k {
             NFTA_CHAIN_TABLE => t = Some(string_of(value)),
             NFTA_CHAIN_NAME => c.name = string_of(value),
             NFTA_CHAIN_TYPE => c.chain_type = Some(string_of(value)),
             NFTA_CHAIN_POLICY => c.policy = decode_be32(value),
+            NFTA_CHAIN_USE => c.uses = decode_be32(value),
             NFTA_CHAIN_HOOK => {
                 let num = find_attr(value, NFTA_HOOK_HOOKNUM).and_then(decode_be32);
                 let prio = find_attr(value, NFTA_HOOK_PRIORITY).and_then(decode_be32).map(|p| p as i32);
@@ -325,13 +329,10 @@ impl NfTables {
                 .iter()
                 .map(|(set, key)| (super::set::get_element_request(req.family, req.table, set, key), false)),
         );
-        reqs.extend(req.chains.iter().map(|c| {
-            get(
-                NFT_MSG_GETCHAIN,
-                req.family.proto(),
-                &[(NFTA_CHAIN_TABLE, cstr(req.table)), (NFTA_CHAIN_NAME, cstr(c))],
-            )
-        }));
+        if !req.chains.is_empty() {
+            // one dump of the family's chains rather than one request per chain
+            reqs.push((dump_request(NFT_MSG_GETCHAIN, req.family, &[(NFTA_CHAIN_TABLE, req.table)]), true));
+        }
         if req.rules {
             reqs.push((dump_request(NFT_MSG_GETRULE, req.family, &[(NFTA_RULE_TABLE, req.table)]), true));
         }
@@ -391,17 +392,23 @@ impl NfTables {
                 Err(e) => return Err(e),
             });
         }
-        for _ in req.chains {
-            s.chain_uses.push(match answers.next().expect("asked") {
+        if !req.chains.is_empty() {
+            let found: Vec<NftChain> = match answers.next().expect("asked") {
                 Ok(r) => {
                     seen(&r);
                     r.iter()
                         .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWCHAIN))
-                        .find_map(|r| find_attr(r.payload.get(4..)?, NFTA_CHAIN_USE).and_then(decode_be32))
+                        .filter_map(|r| chain_of(&r.payload, req.table))
+                        .collect()
                 }
-                Err(e) if e.errno == libc::ENOENT => None,
+                Err(e) if e.errno == libc::ENOENT => Vec::new(),
                 Err(e) => return Err(e),
-            });
+            };
+            s.chain_uses = req
+                .chains
+                .iter()
+                .map(|c| found.iter().find(|f| f.name == *c).map(|f| f.uses.unwrap_or(0)))
+                .collect();
         }
         if let Some(accept) = req.listing {
             let sets = dump_request(NFT_MSG_GETSET, req.family, &[(NFTA_SET_TABLE, req.table)]);
