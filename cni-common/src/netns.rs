@@ -46,12 +46,16 @@ enum Probe {
 /// Open `path` with `O_PATH`: no open(2) side effect of the file itself happens (a FIFO does
 /// not block waiting for a writer, a device driver's open is not called), whatever is there.
 /// `nofollow`: a symlink as the last component is opened itself, not followed.
+///
+/// Not through `OpenOptions::custom_flags`: musl counts `O_PATH` in `O_ACCMODE` (its
+/// `O_SEARCH`), so std masks it out there and the file would be opened for real.
 fn open_o_path(path: &Path, nofollow: bool) -> io::Result<File> {
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    let flags = libc::O_PATH | if nofollow { libc::O_NOFOLLOW } else { 0 };
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, flags);
-    o.open(path)
+    use nix::fcntl::OFlag;
+    let mut flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
+    if nofollow {
+        flags |= OFlag::O_NOFOLLOW;
+    }
+    Ok(File::from(nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())?))
 }
 
 /// Whether the open file is on nsfs, the filesystem of namespace files (Linux 3.19 and

@@ -617,7 +617,11 @@ impl Add<'_> {
                 }
             }
         }
-        if v6gw.is_some() && conf.enable_dad {
+        // With an IPv6 gateway, routes wait until no address is tentative (as upstream): with
+        // DAD on, the kernel's DAD verdict; with DAD off, the moment the kernel clears the
+        // flag (its DAD work runs after the address is added), so that ADD never returns an
+        // address the container cannot bind yet.
+        if v6gw.is_some() {
             self.ns.run(|| Ok(ctr.wait_addrs_settled(index, Some(Family::V6), DAD_TIMEOUT)?))?;
         }
         for r in &result.routes {
