@@ -172,12 +172,12 @@ echo
 if [ -n "$base" ]; then
     echo "## Against an earlier build of ours (\`$BASELINE_REF\`)"
     echo
-    echo "The same bridge, full-chain and bandwidth cases with the other side being our own release"
+    echo "The start-up, loopback, bridge, full-chain and bandwidth cases with the other side being our own release"
     echo "build of \`$BASELINE_REF\` ($(git rev-parse --short=12 "$BASELINE_REF^{commit}")), built by"
     echo "\`scripts/build-baseline.sh\`, on a node without any legacy (upstream-made) state. The"
     echo "ratio is **current / baseline**: above 1 the current build is slower."
     echo
-    bench bridge chain bandwidth --iterations $((it * 2 / 3)) --baseline "$base" --baseline-name "$BASELINE_REF" |
+    bench startup loopback bridge chain bandwidth --iterations $((it * 2 / 3)) --baseline "$base" --baseline-name "$BASELINE_REF" |
         grep -v '^Machine' | sed '/^Peak RSS/,$d'
     echo
 fi

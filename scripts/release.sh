@@ -142,7 +142,7 @@ README
     size=$(find "$d/usr" "$d/lib" \( -type d -printf '1024\n' \) -o -printf '%s\n' |
         awk '{ s += int(($1 + 1023) / 1024) } END { print s }')
     sed "s/@VERSION@/$version/; s/@ARCH@/$arch/; s/@INSTALLED_SIZE@/$size/" packaging/deb/control.in >"$d/DEBIAN/control"
-    (cd "$d" && find usr -type f | LC_ALL=C sort | xargs md5sum >DEBIAN/md5sums)
+    (cd "$d" && find usr lib -type f | LC_ALL=C sort | xargs md5sum >DEBIAN/md5sums)
     chmod 0644 "$d/DEBIAN/control" "$d/DEBIAN/md5sums"
     normalize "$d"
     dpkg-deb --root-owner-group -Zxz --threads-max=1 --build "$d" "$dist/cni-rs_${version}_$arch.deb" >/dev/null
