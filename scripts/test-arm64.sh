@@ -13,7 +13,8 @@
 #     versions and cnitool_loopback whole (ADD/CHECK/DEL/GC/STATUS of loopback and host-local in
 #     scratch namespaces, every spec version), and the bridge tests that use only links,
 #     addresses and routes (ARM64_BRIDGE_TESTS below: bridge + host-local ADD/CHECK/DEL of every
-#     version and family, pings between two containers, L2, DNS, port flags, bad input).
+#     version and family, pings between two containers, L2, DNS, port flags, bad input), but
+#     host-local's two tests that need netns cookies (ARM64_NO_COOKIE_TESTS below, named when run).
 # What cannot run under qemu-user (the kernel is the same x86_64 one; the limits are qemu's
 # translation of netlink, linux-user/syscall.c): NETLINK_NETFILTER sockets are refused
 # (EPROTONOSUPPORT), so nothing that uses nf_tables or conntrack — portmap, bridge's ipMasq and
@@ -84,14 +85,26 @@ ARM64_BRIDGE_TESTS=(
     status_forwards_to_ipam
     two_containers_ping_each_other_and_the_gateway_dual_stack
 )
+# host-local's tests that need the netns cookie (SO_NETNS_COOKIE), which qemu-user's
+# getsockopt does not translate: the binary reads 0 there, as on a kernel before 5.14, and then
+# tells namespaces apart by nsfs inode only, so a dead pod whose inode a live one reused counts
+# as live (the safe side): these tests assert the cookie and the reclaim it makes possible.
+ARM64_NO_COOKIE_TESTS=(
+    add_records_the_namespace_beside_each_reservation
+    churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_namespaces
+)
+for t in "${ARM64_NO_COOKIE_TESTS[@]}"; do
+    echo "test-arm64: not run under qemu (no netns cookie there; run by the amd64 suite): host_local::$t"
+done
 export CNI_TEST_BIN_DIR=$scratch/bin
 suites=(--test loopback --test host_local --test versions --test cnitool_loopback)
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run -p cni-tests "${suites[@]}" --no-fail-fast
+    skip=$(printf 'test(=%s) | ' "${ARM64_NO_COOKIE_TESTS[@]}")
+    cargo nextest run -p cni-tests "${suites[@]}" --no-fail-fast -E "not (${skip% | })"
     filter=$(printf 'test(=%s) | ' "${ARM64_BRIDGE_TESTS[@]}")
     cargo nextest run -p cni-tests --test bridge --no-fail-fast -E "${filter% | }"
 else
-    cargo test -p cni-tests "${suites[@]}" --no-fail-fast
+    cargo test -p cni-tests "${suites[@]}" --no-fail-fast -- $(printf -- '--skip %s ' "${ARM64_NO_COOKIE_TESTS[@]}")
     cargo test -p cni-tests --test bridge --no-fail-fast -- --exact "${ARM64_BRIDGE_TESTS[@]}"
 fi
 echo "test-arm64: the arm64 binaries passed under $("$qemu" --version | head -1)" >&2
