@@ -7,7 +7,7 @@ use crate::config::{Conf, Intent};
 use crate::flow;
 use crate::kernel::fake::{Fake, Fault};
 use crate::layout::{self, LAYOUT_SET};
-use crate::model::{Elem, Key, NsId, Owner, Set};
+use crate::model::{Elem, Key, NsId, Owner, Set, Target};
 use cni_common::netlink::nft::{NftElem, NftExpr};
 use cni_common::spec::config::PortMapConf;
 use cni_common::spec::json;
@@ -226,6 +226,21 @@ fn attachments_of_one_container_share_a_host_port() {
     assert_eq!(owner.hash_data(), Some(crate::model::shared_hash("ctr")));
     // another container is refused
     assert_eq!(add(&k, &pod("n1", "other", "10.0.0.9/24", &[(18090, 80, "tcp")])).unwrap_err().code, 7);
+    // a shared port's DNAT element led elsewhere: CHECK of either claimant fails (on a full read)
+    let dnat = Key::Dnat(a1.intent.entries[0].host);
+    let saved = k.table();
+    k.edit(|t| {
+        let set = t.as_mut().unwrap().sets.get_mut(&dnat.set().name()).unwrap();
+        let e = set.elems.values_mut().next().unwrap();
+        let hijacked =
+            Elem::dnat(a1.intent.entries[0].host, Target { ip: "10.9.9.9".parse().unwrap(), port: 80 });
+        e.data = hijacked.encode(None).data;
+    });
+    for p in [&a1, &a2] {
+        let e = check(&k, p).unwrap_err();
+        assert!(e.msg.contains("10.9.9.9"), "{}", e.msg);
+    }
+    k.edit(|t| *t = saved);
     // DEL of the active claimant: the other takes over and holds the port alone
     del(&k, &a1).unwrap();
     assert!(traces(&k, &a1.intent.owner).is_empty());
@@ -332,6 +347,72 @@ fn a_table_that_never_stops_changing_is_code_11_and_changes_nothing() {
 }
 
 #[test]
+fn a_verb_past_its_deadline_is_code_11_and_changes_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let long_ago = Instant::now().checked_sub(DEADLINE * 2).unwrap();
+    let e = run(&mut k.clone(), plan::add_scope(&a.intent, &a.conf.conditions), "add", long_ago, |s| {
+        plan::add(s, &a.intent, &a.conf.conditions, &alive)
+    })
+    .unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{}", e.msg);
+    assert!(k.table().is_none() && k.commits() == 0);
+}
+
+/// A failure that is not the table changing (no permission, no memory, a kernel that
+/// refuses the transaction) is reported at once with what failed, not retried into code 11.
+#[test]
+fn a_kernel_error_is_reported_at_once_and_changes_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    let reported = |e: CniError, what: &str| {
+        assert_eq!(e.code, code::INTERNAL, "{}", e.msg);
+        assert!(e.msg.contains(what), "{}", e.msg);
+    };
+    k.fail_reads([libc::EPERM]);
+    reported(add(&k, &a).unwrap_err(), "could not install the port mappings");
+    assert!(k.table().is_none());
+    // refused on a point read's plan, and on a full read's
+    k.fail_next([Fault::Before(libc::EPERM)]);
+    reported(add(&k, &a).unwrap_err(), "could not install the port mappings");
+    assert!(k.table().is_none());
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    let before = k.table();
+    k.fail_next([Fault::Before(libc::ENOMEM)]);
+    let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
+    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    reported(flow::gc(&mut k.clone(), &prefix, &valid).unwrap_err(), "garbage-collect");
+    assert_eq!(k.table(), before);
+    check(&k, &b).unwrap();
+}
+
+/// A transaction planned on a full read that the kernel still refuses as if the table had
+/// changed (`EEXIST`, `ENOENT`, `EBUSY`: a change outside the generation's account) is planned
+/// again three more times, then reported.
+#[test]
+fn a_full_plan_refused_without_a_new_generation_is_retried_three_times() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    let only_a = BTreeSet::from([a.intent.owner.tag.clone()]);
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    k.fail_next([Fault::Before(libc::EBUSY), Fault::Before(libc::EEXIST), Fault::Before(libc::ENOENT)]);
+    flow::gc(&mut k.clone(), &prefix, &only_a).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty());
+    add(&k, &b).unwrap();
+    let before = k.table();
+    k.fail_next(std::iter::repeat_n(Fault::Before(libc::EBUSY), 4));
+    let e = flow::gc(&mut k.clone(), &prefix, &only_a).unwrap_err();
+    assert_eq!(e.code, code::INTERNAL, "{}", e.msg);
+    assert_eq!(k.table(), before);
+    check(&k, &b).unwrap();
+}
+
+#[test]
 fn a_flushed_hook_is_repaired_by_the_next_add() {
     let k = Fake::new();
     let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
@@ -378,13 +459,24 @@ fn conditions_get_their_own_gate_chain_written_by_nft_once() {
         &[(1, 1, "tcp")],
     );
     k2.fail_next([]);
-    let e = flow::add(&mut BadNft(k2.clone()), &bad.conf, &bad.intent, &alive).unwrap_err();
+    let e = flow::add(&mut BadNft(k2.clone(), syntax_error()), &bad.conf, &bad.intent, &alive).unwrap_err();
     assert_eq!(e.code, 7, "{}", e.msg);
     assert!(k2.table().is_none());
+    // nft missing (50) or timing out (11) is said as such, not blamed on the conditions
+    for c in [code::NOT_AVAILABLE, code::TRY_AGAIN] {
+        let mut nft = BadNft(k2.clone(), CniError::new(c, "nft: no answer"));
+        let e = flow::add(&mut nft, &bad.conf, &bad.intent, &alive).unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (c, "nft: no answer"));
+        assert!(k2.table().is_none());
+    }
 }
 
-/// A kernel whose nft refuses every script.
-struct BadNft(Fake);
+fn syntax_error() -> CniError {
+    CniError::internal("nft transaction failed: Error: syntax error, unexpected newline")
+}
+
+/// A kernel whose nft fails every script with this error.
+struct BadNft(Fake, CniError);
 
 impl crate::kernel::Kernel for BadNft {
     fn read(&mut self, s: &Scope) -> std::result::Result<State, NlError> {
@@ -401,7 +493,7 @@ impl crate::kernel::Kernel for BadNft {
         self.0.validate(ops)
     }
     fn nft(&mut self, _: &str, _: bool) -> Result<()> {
-        Err(CniError::internal("nft transaction failed: Error: syntax error, unexpected newline"))
+        Err(self.1.clone())
     }
 }
 
@@ -498,6 +590,59 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
     assert!(elements(&k).is_empty(), "{:?}", elements(&k));
 }
 
+/// `cni-migrate to-upstream`: the table goes only when no attachment holds anything in it.
+#[test]
+fn an_unused_table_is_dropped_and_a_used_one_kept() {
+    let k = Fake::new();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert!(k.table().is_none(), "no table: nothing to do");
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let before = k.table();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert_eq!(k.table(), before, "a's mapping keeps it");
+    check(&k, &a).unwrap();
+    // records alone (an attachment's elements gone, its records left) hold nothing
+    k.edit(|t| {
+        let t = t.as_mut().unwrap();
+        for (name, set) in t.sets.iter_mut() {
+            if !matches!(Set::parse(name), Some(Set::Attachments | Set::Netns)) {
+                set.elems.clear();
+            }
+        }
+    });
+    assert!(!elements(&k).is_empty());
+    // an ADD between its read and its transaction keeps the table
+    let (k2, b) = (k.clone(), pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]));
+    let b2 = b.clone();
+    k.before_apply(move || add(&k2, &b2).map(|_| ()).unwrap());
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    check(&k, &b).unwrap();
+    del(&k, &b).unwrap();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert!(k.table().is_none());
+}
+
+/// The benchmark's floor sends `plan::add_ops`/`plan::del_ops` bare: they are what ADD and DEL
+/// of a sole holder commit.
+#[test]
+fn the_bare_transactions_are_what_add_and_del_commit() {
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(53, 53, "udp"), (9090, 90, "tcp")]);
+    add(&k, &a).unwrap();
+    let mut kk = k.clone();
+    crate::kernel::Kernel::apply(&mut kk, &plan::add_ops(&b.intent), None).unwrap();
+    let bare = elements(&k);
+    del(&k, &b).unwrap();
+    add(&k, &b).unwrap();
+    assert_eq!(elements(&k), bare, "add_ops commits what ADD does");
+    check(&k, &b).unwrap();
+    crate::kernel::Kernel::apply(&mut kk, &plan::del_ops(&b.intent), None).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty(), "{:?}", traces(&k, &b.intent.owner));
+    check(&k, &a).unwrap();
+}
+
 #[test]
 fn thousands_of_mappings_in_one_transaction_each_way() {
     let k = Fake::new();
@@ -557,6 +702,10 @@ fn status_is_50_only_when_no_add_could_work() {
     let with = conf(json!({"conditionsV4": ["ip", "saddr", "!=", "192.0.2.1"]}));
     let mut k = NoNat(Fake::new());
     assert_eq!(flow::status(&mut k, &with).unwrap_err().code, code::NOT_AVAILABLE);
+    // conditions nft -c refuses: 50, naming why
+    let e = flow::status(&mut BadNft(Fake::new(), syntax_error()), &with).unwrap_err();
+    assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
+    assert!(e.msg.contains("cannot hold the portmap rules") && e.msg.contains("syntax error"), "{}", e.msg);
     // a healthy kernel: ready, whatever the table holds (a full table of conflicts is ADD's
     // business, not STATUS's)
     let k = Fake::new();
