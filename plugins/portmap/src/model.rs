@@ -633,6 +633,8 @@ mod tests {
             Elem::owner(hp(V6, None, Proto::Udp, 53), H),
             Elem::claim(hp(V4, Some("192.0.2.1"), Proto::Tcp, 80), H, t("10.0.0.5", 80)),
             Elem::claim(hp(V6, None, Proto::Tcp, 80), H, t("fd00::5", 80)),
+            Elem::owner(hp(V6, Some("fd00::1"), Proto::Tcp, 443), H),
+            Elem::claim(hp(V6, Some("fd00::1"), Proto::Tcp, 443), H, t("fd00::5", 8443)),
             masq("10.0.0.0/24", "10.0.0.5", Proto::Tcp, 80),
             masq("127.0.0.1/32", "10.0.0.5", Proto::Udp, 53),
             masq("0.0.0.0/0", "10.0.0.5", Proto::Tcp, 80),
@@ -649,11 +651,11 @@ mod tests {
             assert_eq!(Set::parse(&e.set().name()), Some(e.set()));
         }
         // nft's byte layout: protocol and port padded to 4 bytes, IPv4 in 4 bytes
-        assert_eq!(cases[8].encode(None).key, [10, 0, 0, 0, 10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0]);
-        assert_eq!(cases[10].encode(None).key, [10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0], "/0: no source");
+        assert_eq!(cases[10].encode(None).key, [10, 0, 0, 0, 10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0]);
+        assert_eq!(cases[12].encode(None).key, [10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0], "/0: no source");
         assert_eq!(cases[4].encode(None).key.len(), 16 + 4 + 4);
         assert_eq!(
-            cases[13].encode(None).data,
+            cases[15].encode(None).data,
             Some(NftData::Value(NsId { ino: 4026532001, cookie: 7 }.to_v6().octets().to_vec()))
         );
         // what does not fit the set's layout is not ours
@@ -713,6 +715,9 @@ mod tests {
         assert_ne!(shared_hash("a"), shared_hash("b"));
         assert_eq!(describe_holder(Some("n,c1,eth0")), "network \"n\", container \"c1\", interface \"eth0\"");
         assert_eq!(container_of("n,c1"), None);
+        // a comment that is not an owner tag (another program's element) is quoted whole
+        assert_eq!(describe_holder(Some("kube-proxy")), "an element with comment \"kube-proxy\"");
+        assert_eq!(describe_holder(Some("n,c1")), "an element with comment \"n,c1\"");
         assert!(NsId { ino: 1, cookie: 2 }.differs(&NsId { ino: 1, cookie: 3 }));
         assert!(!NsId { ino: 1, cookie: 0 }.differs(&NsId { ino: 1, cookie: 3 }));
     }
