@@ -319,14 +319,6 @@ impl Key {
         }
     }
 
-    /// The attachment hash the key names (`claims`, `attachments`, `netns`).
-    pub fn attachment(&self) -> Option<Hash> {
-        match self {
-            Key::Claim(_, h) | Key::Attachment(h) | Key::Netns(h) => Some(*h),
-            _ => None,
-        }
-    }
-
     fn values(&self) -> Vec<Value> {
         let pp = |hp: &HostPort| [Value::Proto(hp.proto), Value::Port(hp.port)];
         match self {

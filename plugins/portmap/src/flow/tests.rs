@@ -101,7 +101,7 @@ fn traces(k: &Fake, o: &Owner) -> Vec<String> {
         .into_iter()
         .filter(|(e, c)| {
             c.as_deref() == Some(o.tag.as_str())
-                || e.key.attachment() == Some(o.hash)
+                || matches!(e.key, Key::Claim(_, h) | Key::Attachment(h) | Key::Netns(h) if h == o.hash)
                 || e.hash_data() == Some(o.hash)
         })
         .map(|(e, _)| e.to_string())
