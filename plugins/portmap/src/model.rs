@@ -454,14 +454,6 @@ impl Elem {
         self.key.set()
     }
 
-    /// The target of a `claims` or DNAT element.
-    pub fn target(&self) -> Option<Target> {
-        match self.data {
-            Some(Data::Target(t)) => Some(t),
-            _ => None,
-        }
-    }
-
     /// The hash of an `owner` or `attachments` element.
     pub fn hash_data(&self) -> Option<Hash> {
         match self.data {
