@@ -648,6 +648,13 @@ mod tests {
         let m24 = masq("10.0.1.0/24", "10.0.1.5", Proto::Tcp, 80);
         assert!(Elem::decode(Set::Net(V4, 16), &m24.encode(None)).is_none(), "host bits set for /16");
         assert!(Elem::decode(Set::Hp(V6), &cases[0].encode(None)).is_none());
+        // interval elements (another program's, in a set of the same name) are not ours
+        let mut ranged = cases[0].encode(None);
+        ranged.key_end = Some(ranged.key.clone());
+        assert!(Elem::decode(Set::Hp(V4), &ranged).is_none());
+        let mut end = cases[0].encode(None);
+        end.interval_end = true;
+        assert!(Elem::decode(Set::Hp(V4), &end).is_none());
         let mut odd = cases[0].encode(None);
         odd.key[0] = 1; // icmp
         assert!(Elem::decode(Set::Hp(V4), &odd).is_none());
