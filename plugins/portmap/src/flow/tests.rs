@@ -590,6 +590,150 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
     assert!(elements(&k).is_empty(), "{:?}", elements(&k));
 }
 
+/// What ADD plans on its first read (the point read).
+fn first_plan(k: &Fake, p: &Pod) -> Step {
+    let s =
+        crate::kernel::Kernel::read(&mut k.clone(), &plan::add_scope(&p.intent, &p.conf.conditions)).unwrap();
+    plan::add(&s, &p.intent, &p.conf.conditions, &alive).unwrap()
+}
+
+fn deletes(p: &Plan, set: &str) -> bool {
+    p.ops
+        .iter()
+        .any(|o| matches!(o, cni_common::netlink::nft::NftOp::DeleteElements { set: s, .. } if s == set))
+}
+
+/// A repeated ADD of an attachment (a runtime retrying, `podman restart` in a new namespace)
+/// is planned from the point read: only adds when nothing changed, the netns record replaced
+/// (guarded) when the namespace or its path did; other mappings need a full read.
+#[test]
+fn a_repeated_add_is_planned_from_the_point_read() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let Step::Apply(p) = first_plan(&k, &a) else { panic!("the same ADD needs no full read") };
+    assert!(!p.guarded && !deletes(&p, "netns"), "{p:?}");
+    let mut moved = a.clone();
+    moved.intent.netns = Some((NsId { ino: 4242, cookie: 9 }, "/run/netns/a".into()));
+    let Step::Apply(p) = first_plan(&k, &moved) else { panic!("a new namespace needs no full read") };
+    assert!(p.guarded && deletes(&p, "netns"), "{p:?}");
+    add(&k, &moved).unwrap();
+    check(&k, &moved).unwrap();
+    assert!(check(&k, &a).is_err(), "recorded for the new namespace");
+    let mut renamed = moved.clone();
+    renamed.intent.netns = Some((NsId { ino: 4242, cookie: 9 }, "/var/run/netns/a".into()));
+    add(&k, &renamed).unwrap();
+    let rec = elements(&k).into_iter().find(|(e, _)| matches!(e.key, Key::Netns(_))).unwrap();
+    assert_eq!(rec.1.as_deref(), Some("/var/run/netns/a"), "the path recorded is the new one");
+    let other = pod("n", "a", "10.0.0.5/24", &[(9090, 80, "tcp")]);
+    assert_eq!(first_plan(&k, &other), Step::ReadAll);
+}
+
+/// What DEL plans on its first read (the point read).
+fn first_del_plan(k: &Fake, p: &Pod) -> Step {
+    let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::del_scope(&p.intent.owner)).unwrap();
+    plan::del(&s, &p.intent.owner, Some(&p.intent)).unwrap()
+}
+
+/// DEL by the attachment's record: from the point read when its mappings are all the record
+/// says it has (guarded, as every plan that deletes what it read); a part of them needs a full
+/// read, and everything goes.
+#[test]
+fn a_del_is_planned_from_the_point_read_when_the_record_agrees() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    let Step::Apply(p) = first_del_plan(&k, &a) else { panic!("the record agrees: no full read") };
+    assert!(p.guarded && deletes(&p, "attachments") && deletes(&p, "netns") && deletes(&p, "hp4"), "{p:?}");
+    let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    assert_eq!(first_del_plan(&k, &part), Step::ReadAll);
+    del(&k, &part).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    // a netns record left alone (its attachment's elements removed by hand): it goes, guarded
+    add(&k, &a).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if Set::parse(name).is_some_and(|s| s != Set::Netns) {
+                set.elems.clear();
+            }
+        }
+    });
+    let Step::Apply(p) = first_del_plan(&k, &a) else { panic!("no record: nothing else to read") };
+    assert!(p.guarded && deletes(&p, "netns"), "{p:?}");
+    del(&k, &a).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+}
+
+/// A repeated ADD planned on a full read (here: a hook to repair) leaves what it already has
+/// as it is: its UDP port's target did not change, so its conntrack entries are not flushed.
+#[test]
+fn a_repeated_add_on_a_full_read_changes_nothing_it_has() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(53, 53, "udp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| t.as_mut().unwrap().chains.iter_mut().find(|(n, _)| n == "prerouting").unwrap().1.clear());
+    let before = elements(&k);
+    let out = add(&k, &a).unwrap();
+    assert!(out.udp.is_empty(), "{out:?}");
+    assert_eq!(elements(&k), before);
+    check(&k, &a).unwrap();
+}
+
+/// A table mangled outside the plugin (restored from a dump without element comments, the
+/// attachment's claims deleted by hand): DEL still removes everything of the attachment, by its hash.
+#[test]
+fn del_goes_by_hash_when_comments_or_claims_are_lost() {
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24"], json!({"snat": false}), &[(8080, 80, "tcp")]);
+    let b = pod_with("n", "b", "eth0", &["10.0.0.6/24"], json!({"snat": false}), &[(9090, 90, "tcp")]);
+    let strip = |k: &Fake| {
+        k.edit(|t| {
+            for set in t.as_mut().unwrap().sets.values_mut() {
+                set.elems.values_mut().for_each(|e| e.comment = None);
+            }
+        })
+    };
+    let ah = a.intent.owner.hash;
+    let mine = move |e: &NftElem| matches!(Elem::decode(Set::Claims, e), Some(Elem { key: Key::Claim(_, h), .. }) if h == ah);
+    let drop_claims = |k: &Fake| {
+        k.edit(|t| t.as_mut().unwrap().sets.get_mut("claims").unwrap().elems.retain(|_, e| !mine(e)))
+    };
+    for mangle in [&strip as &dyn Fn(&Fake), &|k: &Fake| (strip(k), drop_claims(k)).0] {
+        add(&k, &a).unwrap();
+        add(&k, &b).unwrap();
+        mangle(&k);
+        flow::del(&mut k.clone(), &a.intent.owner, None).unwrap();
+        assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
+        assert!(dnat_target(&k, &a, 0).is_none());
+        assert_eq!(dnat_target(&k, &b, 0).as_deref(), Some("10.0.0.6 . 90"));
+        flow::del(&mut k.clone(), &b.intent.owner, None).unwrap();
+        assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    }
+}
+
+/// Records of an attachment that claims nothing (its mappings removed by hand) are cleaned by
+/// the next full plan.
+#[test]
+fn records_without_claims_are_removed_by_the_next_full_plan() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("m", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if !matches!(Set::parse(name), Some(Set::Attachments | Set::Netns)) {
+                set.elems.retain(|_, e| e.comment.as_deref() != Some(a.intent.owner.tag.as_str()));
+            }
+        }
+    });
+    assert_eq!(traces(&k, &a.intent.owner).len(), 2, "its records");
+    let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &valid).unwrap();
+    assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
+    check(&k, &b).unwrap();
+}
+
 /// `cni-migrate to-upstream`: the table goes only when no attachment holds anything in it.
 #[test]
 fn an_unused_table_is_dropped_and_a_used_one_kept() {
