@@ -313,6 +313,34 @@ fn a_del_racing_a_second_claimant_leaves_the_right_holder() {
     assert_eq!(dnat_target(&k, &a2, 0).as_deref(), Some("10.1.0.5 . 80"));
 }
 
+/// The two claimants of a shared port withdrawn at once (each DEL, or a GC of one's network,
+/// planned on a full read while the other's DEL commits): nothing of either is left, and the
+/// port is free. A full plan holds only at the generation it read.
+#[test]
+fn both_claimants_of_a_shared_port_withdrawn_at_once_leave_nothing() {
+    let a1 = pod("n1", "ctr", "10.0.0.5/24", &[(18090, 80, "tcp")]);
+    let a2 = pod_with("n2", "ctr", "eth1", &["10.1.0.5/24"], json!({}), &[(18090, 80, "tcp")]);
+    for gc in [false, true] {
+        let k = Fake::new();
+        add(&k, &a1).unwrap();
+        add(&k, &a2).unwrap();
+        let (k2, p2) = (k.clone(), a2.clone());
+        if gc {
+            k.before_apply(move || del(&k2, &p2).map(|_| ()).unwrap());
+            let prefix = cni_common::attachment::portmap_net_prefix("n1");
+            flow::gc(&mut k.clone(), &prefix, &BTreeSet::new()).unwrap();
+        } else {
+            // a1's DEL by record fails (the port is shared), and the full plan meets a2's DEL
+            k.before_apply(|| {});
+            k.before_apply(move || del(&k2, &p2).map(|_| ()).unwrap());
+            del(&k, &a1).unwrap();
+        }
+        k.clear_hooks();
+        assert!(elements(&k).is_empty(), "gc: {gc}: {:?}", elements(&k));
+        add(&k, &pod("n1", "other", "10.0.0.9/24", &[(18090, 80, "tcp")])).unwrap();
+    }
+}
+
 #[test]
 fn lost_answers_and_refused_transactions_are_read_again() {
     let k = Fake::new();
