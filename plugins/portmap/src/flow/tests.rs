@@ -692,6 +692,21 @@ fn a_del_is_planned_from_the_point_read_when_the_record_agrees() {
     assert!(elements(&k).is_empty(), "{:?}", elements(&k));
 }
 
+/// CHECK of a sole holder decides on its point read; given a part of the attachment's
+/// mappings it fails, naming why.
+#[test]
+fn check_decides_on_the_point_read_and_knows_the_mappings_added() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::check_scope(&a.intent)).unwrap();
+    let now = a.intent.netns.as_ref().map(|(id, _)| *id);
+    assert_eq!(plan::check(&s, &a.intent, &a.conf.conditions, now).unwrap(), plan::Checked::Ok);
+    let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let e = check(&k, &part).unwrap_err();
+    assert!(e.msg.contains("added with other port mappings"), "{}", e.msg);
+}
+
 /// A repeated ADD planned on a full read (here: a hook to repair) leaves what it already has
 /// as it is: its UDP port's target did not change, so its conntrack entries are not flushed.
 #[test]
