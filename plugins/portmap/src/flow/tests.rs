@@ -765,7 +765,7 @@ fn records_without_claims_are_removed_by_the_next_full_plan() {
     add(&k, &b).unwrap();
     k.edit(|t| {
         for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
-            if !matches!(Set::parse(name), Some(Set::Attachments | Set::Netns)) {
+            if Set::parse(name).is_some_and(|s| !matches!(s, Set::Attachments | Set::Netns)) {
                 set.elems.retain(|_, e| e.comment.as_deref() != Some(a.intent.owner.tag.as_str()));
             }
         }
@@ -793,7 +793,7 @@ fn an_unused_table_is_dropped_and_a_used_one_kept() {
     k.edit(|t| {
         let t = t.as_mut().unwrap();
         for (name, set) in t.sets.iter_mut() {
-            if !matches!(Set::parse(name), Some(Set::Attachments | Set::Netns)) {
+            if Set::parse(name).is_some_and(|s| !matches!(s, Set::Attachments | Set::Netns)) {
                 set.elems.clear();
             }
         }
