@@ -754,6 +754,25 @@ fn del_goes_by_hash_when_comments_or_claims_are_lost() {
     }
 }
 
+/// A full plan keeps the records it finds: the attachment's record is what its ADD wrote, even
+/// when some of its elements no longer say whose they are (masquerade elements' comments
+/// lost), so CHECK still passes.
+#[test]
+fn a_full_plan_keeps_the_records_it_finds() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if matches!(Set::parse(name), Some(Set::Net(..))) {
+                set.elems.values_mut().for_each(|e| e.comment = None);
+            }
+        }
+    });
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    check(&k, &a).unwrap();
+}
+
 /// Records of an attachment that claims nothing (its mappings removed by hand) are cleaned by
 /// the next full plan.
 #[test]
