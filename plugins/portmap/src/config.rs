@@ -611,6 +611,14 @@ mod tests {
             {"hostPort": 80, "containerPort": 81, "hostIP": "0.0.0.0"}]}}))
         .unwrap();
         assert_eq!(intent(&c, Some("10.0.0.5/24"), None).unwrap_err().code, 7);
+        // the same mapping twice that way is one host port, not a conflict
+        let c = conf(json!({"runtimeConfig": {"portMappings": [
+            {"hostPort": 80, "containerPort": 80},
+            {"hostPort": 80, "containerPort": 80, "hostIP": "0.0.0.0"}]}}))
+        .unwrap();
+        let (i, _) = intent(&c, Some("10.0.0.5/24"), Some("fd00::5/64")).unwrap();
+        let ports: Vec<String> = i.ports().map(|p| p.describe()).collect();
+        assert_eq!(ports, ["tcp/80 (all IPv4 addresses)", "tcp/80 (all IPv6 addresses)"]);
     }
 
     fn conf(v: serde_json::Value) -> Result<Conf> {

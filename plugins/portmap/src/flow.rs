@@ -51,14 +51,15 @@ fn nl(what: &str, e: NlError) -> CniError {
     CniError::new(code, format!("portmap: could not {what}: {}", e.msg))
 }
 
-/// Read, plan with `plan_for`, apply; again as the module says.
+/// Read, plan with `plan_for`, apply; again as the module says, until [`DEADLINE`] after
+/// `start` (when the verb started).
 fn run(
     k: &mut dyn Kernel,
     first: Scope,
     what: &str,
+    start: Instant,
     mut plan_for: impl FnMut(&State) -> Result<Step>,
 ) -> Result<Outcome> {
-    let start = Instant::now();
     let mut scope = first;
     let mut lost = Outcome::default();
     let mut refused = 0;
@@ -127,19 +128,19 @@ fn nft_failed(what: &str, e: CniError) -> CniError {
 
 /// ADD.
 pub fn add(k: &mut dyn Kernel, conf: &Conf, want: &Intent, judge: Judge<'_>) -> Result<Outcome> {
-    run(k, plan::add_scope(want, &conf.conditions), "install the port mappings", |s| {
+    run(k, plan::add_scope(want, &conf.conditions), "install the port mappings", Instant::now(), |s| {
         plan::add(s, want, &conf.conditions, judge)
     })
 }
 
 /// DEL of attachment `me`; `intent` when the configuration names its elements.
 pub fn del(k: &mut dyn Kernel, me: &Owner, intent: Option<&Intent>) -> Result<Outcome> {
-    run(k, plan::del_scope(me), "delete the port mappings", |s| plan::del(s, me, intent))
+    run(k, plan::del_scope(me), "delete the port mappings", Instant::now(), |s| plan::del(s, me, intent))
 }
 
 /// GC of the attachments of a network (tag prefix `prefix`) not in `valid`.
 pub fn gc(k: &mut dyn Kernel, prefix: &str, valid: &BTreeSet<String>) -> Result<Outcome> {
-    run(k, Scope::Full, "garbage-collect stale port mappings", |s| {
+    run(k, Scope::Full, "garbage-collect stale port mappings", Instant::now(), |s| {
         plan::gc(s, prefix, valid).map(Step::Apply)
     })
 }
@@ -147,7 +148,7 @@ pub fn gc(k: &mut dyn Kernel, prefix: &str, valid: &BTreeSet<String>) -> Result<
 /// Delete the table when no attachment holds anything in it (a node going back to upstream's
 /// plugins: `cni-migrate to-upstream`). Guarded: an ADD in the meantime keeps it.
 pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
-    run(k, Scope::Full, "delete the unused table", |s| {
+    run(k, Scope::Full, "delete the unused table", Instant::now(), |s| {
         let used = s.elems().any(|l| !matches!(l.elem.key, Key::Attachment(_) | Key::Netns(_)));
         let ops = if s.found.table && !used {
             vec![cni_common::netlink::nft::NftOp::Delete(cni_common::netlink::nft::NftDelete::Table {

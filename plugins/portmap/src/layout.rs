@@ -427,12 +427,6 @@ pub struct Setup {
     pub nft: Option<String>,
 }
 
-impl Setup {
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.nft.is_none()
-    }
-}
-
 /// The prefix lengths of the masquerade rules found (the sets in use).
 pub fn lens_in(rules: &[NftRule]) -> Lens {
     rules

@@ -319,14 +319,6 @@ impl Key {
         }
     }
 
-    /// The attachment hash the key names (`claims`, `attachments`, `netns`).
-    pub fn attachment(&self) -> Option<Hash> {
-        match self {
-            Key::Claim(_, h) | Key::Attachment(h) | Key::Netns(h) => Some(*h),
-            _ => None,
-        }
-    }
-
     fn values(&self) -> Vec<Value> {
         let pp = |hp: &HostPort| [Value::Proto(hp.proto), Value::Port(hp.port)];
         match self {
@@ -460,14 +452,6 @@ impl Elem {
 
     pub fn set(&self) -> Set {
         self.key.set()
-    }
-
-    /// The target of a `claims` or DNAT element.
-    pub fn target(&self) -> Option<Target> {
-        match self.data {
-            Some(Data::Target(t)) => Some(t),
-            _ => None,
-        }
     }
 
     /// The hash of an `owner` or `attachments` element.
@@ -633,6 +617,8 @@ mod tests {
             Elem::owner(hp(V6, None, Proto::Udp, 53), H),
             Elem::claim(hp(V4, Some("192.0.2.1"), Proto::Tcp, 80), H, t("10.0.0.5", 80)),
             Elem::claim(hp(V6, None, Proto::Tcp, 80), H, t("fd00::5", 80)),
+            Elem::owner(hp(V6, Some("fd00::1"), Proto::Tcp, 443), H),
+            Elem::claim(hp(V6, Some("fd00::1"), Proto::Tcp, 443), H, t("fd00::5", 8443)),
             masq("10.0.0.0/24", "10.0.0.5", Proto::Tcp, 80),
             masq("127.0.0.1/32", "10.0.0.5", Proto::Udp, 53),
             masq("0.0.0.0/0", "10.0.0.5", Proto::Tcp, 80),
@@ -649,11 +635,11 @@ mod tests {
             assert_eq!(Set::parse(&e.set().name()), Some(e.set()));
         }
         // nft's byte layout: protocol and port padded to 4 bytes, IPv4 in 4 bytes
-        assert_eq!(cases[8].encode(None).key, [10, 0, 0, 0, 10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0]);
-        assert_eq!(cases[10].encode(None).key, [10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0], "/0: no source");
+        assert_eq!(cases[10].encode(None).key, [10, 0, 0, 0, 10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0]);
+        assert_eq!(cases[12].encode(None).key, [10, 0, 0, 5, 6, 0, 0, 0, 0, 80, 0, 0], "/0: no source");
         assert_eq!(cases[4].encode(None).key.len(), 16 + 4 + 4);
         assert_eq!(
-            cases[13].encode(None).data,
+            cases[15].encode(None).data,
             Some(NftData::Value(NsId { ino: 4026532001, cookie: 7 }.to_v6().octets().to_vec()))
         );
         // what does not fit the set's layout is not ours
@@ -662,6 +648,13 @@ mod tests {
         let m24 = masq("10.0.1.0/24", "10.0.1.5", Proto::Tcp, 80);
         assert!(Elem::decode(Set::Net(V4, 16), &m24.encode(None)).is_none(), "host bits set for /16");
         assert!(Elem::decode(Set::Hp(V6), &cases[0].encode(None)).is_none());
+        // interval elements (another program's, in a set of the same name) are not ours
+        let mut ranged = cases[0].encode(None);
+        ranged.key_end = Some(ranged.key.clone());
+        assert!(Elem::decode(Set::Hp(V4), &ranged).is_none());
+        let mut end = cases[0].encode(None);
+        end.interval_end = true;
+        assert!(Elem::decode(Set::Hp(V4), &end).is_none());
         let mut odd = cases[0].encode(None);
         odd.key[0] = 1; // icmp
         assert!(Elem::decode(Set::Hp(V4), &odd).is_none());
@@ -713,6 +706,9 @@ mod tests {
         assert_ne!(shared_hash("a"), shared_hash("b"));
         assert_eq!(describe_holder(Some("n,c1,eth0")), "network \"n\", container \"c1\", interface \"eth0\"");
         assert_eq!(container_of("n,c1"), None);
+        // a comment that is not an owner tag (another program's element) is quoted whole
+        assert_eq!(describe_holder(Some("kube-proxy")), "an element with comment \"kube-proxy\"");
+        assert_eq!(describe_holder(Some("n,c1")), "an element with comment \"n,c1\"");
         assert!(NsId { ino: 1, cookie: 2 }.differs(&NsId { ino: 1, cookie: 3 }));
         assert!(!NsId { ino: 1, cookie: 0 }.differs(&NsId { ino: 1, cookie: 3 }));
     }

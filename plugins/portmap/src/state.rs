@@ -236,4 +236,29 @@ mod tests {
         let s = State::decode(&scope, &Snapshot::default());
         assert!(!s.found.table && s.complete);
     }
+
+    /// What each read asks the kernel for: ADD's and DEL's point reads no rule and no listing,
+    /// CHECK's every rule, a full read every rule and the elements of our sets only (not of
+    /// retired maps or another program's sets).
+    #[test]
+    fn reads_ask_for_what_they_use() {
+        let h = Hash([1; 16]);
+        let accept = |n: &str| dumped(n);
+        for (scope, rules, listing) in [
+            (Scope::Point { keys: vec![Key::Attachment(h)], chains: Vec::new(), rules: false }, false, false),
+            (Scope::Point { keys: vec![Key::Attachment(h)], chains: Vec::new(), rules: true }, true, false),
+            (Scope::Full, true, true),
+        ] {
+            let (keys, chains) = (scope.keys(), scope.chains());
+            let req = scope.request(&keys, &chains, &accept);
+            assert_eq!((req.rules, req.listing.is_some()), (rules, listing), "{scope:?}");
+        }
+        for ours in ["layout", "hp4", "hip6", "owner", "claims", "attachments", "netns", "net4_24", "net6_0"]
+        {
+            assert!(dumped(ours), "{ours}");
+        }
+        for other in ["gates", "conditions", "net4_33", "kube_proxy_set"] {
+            assert!(!dumped(other), "{other}");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use crate::config::{Conf, Intent};
 use crate::flow;
 use crate::kernel::fake::{Fake, Fault};
 use crate::layout::{self, LAYOUT_SET};
-use crate::model::{Elem, Key, NsId, Owner, Set};
+use crate::model::{Elem, Key, NsId, Owner, Set, Target};
 use cni_common::netlink::nft::{NftElem, NftExpr};
 use cni_common::spec::config::PortMapConf;
 use cni_common::spec::json;
@@ -101,7 +101,7 @@ fn traces(k: &Fake, o: &Owner) -> Vec<String> {
         .into_iter()
         .filter(|(e, c)| {
             c.as_deref() == Some(o.tag.as_str())
-                || e.key.attachment() == Some(o.hash)
+                || matches!(e.key, Key::Claim(_, h) | Key::Attachment(h) | Key::Netns(h) if h == o.hash)
                 || e.hash_data() == Some(o.hash)
         })
         .map(|(e, _)| e.to_string())
@@ -226,6 +226,21 @@ fn attachments_of_one_container_share_a_host_port() {
     assert_eq!(owner.hash_data(), Some(crate::model::shared_hash("ctr")));
     // another container is refused
     assert_eq!(add(&k, &pod("n1", "other", "10.0.0.9/24", &[(18090, 80, "tcp")])).unwrap_err().code, 7);
+    // a shared port's DNAT element led elsewhere: CHECK of either claimant fails (on a full read)
+    let dnat = Key::Dnat(a1.intent.entries[0].host);
+    let saved = k.table();
+    k.edit(|t| {
+        let set = t.as_mut().unwrap().sets.get_mut(&dnat.set().name()).unwrap();
+        let e = set.elems.values_mut().next().unwrap();
+        let hijacked =
+            Elem::dnat(a1.intent.entries[0].host, Target { ip: "10.9.9.9".parse().unwrap(), port: 80 });
+        e.data = hijacked.encode(None).data;
+    });
+    for p in [&a1, &a2] {
+        let e = check(&k, p).unwrap_err();
+        assert!(e.msg.contains("10.9.9.9"), "{}", e.msg);
+    }
+    k.edit(|t| *t = saved);
     // DEL of the active claimant: the other takes over and holds the port alone
     del(&k, &a1).unwrap();
     assert!(traces(&k, &a1.intent.owner).is_empty());
@@ -298,6 +313,34 @@ fn a_del_racing_a_second_claimant_leaves_the_right_holder() {
     assert_eq!(dnat_target(&k, &a2, 0).as_deref(), Some("10.1.0.5 . 80"));
 }
 
+/// The two claimants of a shared port withdrawn at once (each DEL, or a GC of one's network,
+/// planned on a full read while the other's DEL commits): nothing of either is left, and the
+/// port is free. A full plan holds only at the generation it read.
+#[test]
+fn both_claimants_of_a_shared_port_withdrawn_at_once_leave_nothing() {
+    let a1 = pod("n1", "ctr", "10.0.0.5/24", &[(18090, 80, "tcp")]);
+    let a2 = pod_with("n2", "ctr", "eth1", &["10.1.0.5/24"], json!({}), &[(18090, 80, "tcp")]);
+    for gc in [false, true] {
+        let k = Fake::new();
+        add(&k, &a1).unwrap();
+        add(&k, &a2).unwrap();
+        let (k2, p2) = (k.clone(), a2.clone());
+        if gc {
+            k.before_apply(move || del(&k2, &p2).map(|_| ()).unwrap());
+            let prefix = cni_common::attachment::portmap_net_prefix("n1");
+            flow::gc(&mut k.clone(), &prefix, &BTreeSet::new()).unwrap();
+        } else {
+            // a1's DEL by record fails (the port is shared), and the full plan meets a2's DEL
+            k.before_apply(|| {});
+            k.before_apply(move || del(&k2, &p2).map(|_| ()).unwrap());
+            del(&k, &a1).unwrap();
+        }
+        k.clear_hooks();
+        assert!(elements(&k).is_empty(), "gc: {gc}: {:?}", elements(&k));
+        add(&k, &pod("n1", "other", "10.0.0.9/24", &[(18090, 80, "tcp")])).unwrap();
+    }
+}
+
 #[test]
 fn lost_answers_and_refused_transactions_are_read_again() {
     let k = Fake::new();
@@ -329,6 +372,72 @@ fn a_table_that_never_stops_changing_is_code_11_and_changes_nothing() {
     assert!(e.msg.contains("kept changing"), "{}", e.msg);
     assert_eq!(k.table(), before);
     check(&k, &a).unwrap();
+}
+
+#[test]
+fn a_verb_past_its_deadline_is_code_11_and_changes_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let long_ago = Instant::now().checked_sub(DEADLINE * 2).unwrap();
+    let e = run(&mut k.clone(), plan::add_scope(&a.intent, &a.conf.conditions), "add", long_ago, |s| {
+        plan::add(s, &a.intent, &a.conf.conditions, &alive)
+    })
+    .unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{}", e.msg);
+    assert!(k.table().is_none() && k.commits() == 0);
+}
+
+/// A failure that is not the table changing (no permission, no memory, a kernel that
+/// refuses the transaction) is reported at once with what failed, not retried into code 11.
+#[test]
+fn a_kernel_error_is_reported_at_once_and_changes_nothing() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    let reported = |e: CniError, what: &str| {
+        assert_eq!(e.code, code::INTERNAL, "{}", e.msg);
+        assert!(e.msg.contains(what), "{}", e.msg);
+    };
+    k.fail_reads([libc::EPERM]);
+    reported(add(&k, &a).unwrap_err(), "could not install the port mappings");
+    assert!(k.table().is_none());
+    // refused on a point read's plan, and on a full read's
+    k.fail_next([Fault::Before(libc::EPERM)]);
+    reported(add(&k, &a).unwrap_err(), "could not install the port mappings");
+    assert!(k.table().is_none());
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    let before = k.table();
+    k.fail_next([Fault::Before(libc::ENOMEM)]);
+    let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
+    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    reported(flow::gc(&mut k.clone(), &prefix, &valid).unwrap_err(), "garbage-collect");
+    assert_eq!(k.table(), before);
+    check(&k, &b).unwrap();
+}
+
+/// A transaction planned on a full read that the kernel still refuses as if the table had
+/// changed (`EEXIST`, `ENOENT`, `EBUSY`: a change outside the generation's account) is planned
+/// again three more times, then reported.
+#[test]
+fn a_full_plan_refused_without_a_new_generation_is_retried_three_times() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    let only_a = BTreeSet::from([a.intent.owner.tag.clone()]);
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    k.fail_next([Fault::Before(libc::EBUSY), Fault::Before(libc::EEXIST), Fault::Before(libc::ENOENT)]);
+    flow::gc(&mut k.clone(), &prefix, &only_a).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty());
+    add(&k, &b).unwrap();
+    let before = k.table();
+    k.fail_next(std::iter::repeat_n(Fault::Before(libc::EBUSY), 4));
+    let e = flow::gc(&mut k.clone(), &prefix, &only_a).unwrap_err();
+    assert_eq!(e.code, code::INTERNAL, "{}", e.msg);
+    assert_eq!(k.table(), before);
+    check(&k, &b).unwrap();
 }
 
 #[test]
@@ -378,13 +487,24 @@ fn conditions_get_their_own_gate_chain_written_by_nft_once() {
         &[(1, 1, "tcp")],
     );
     k2.fail_next([]);
-    let e = flow::add(&mut BadNft(k2.clone()), &bad.conf, &bad.intent, &alive).unwrap_err();
+    let e = flow::add(&mut BadNft(k2.clone(), syntax_error()), &bad.conf, &bad.intent, &alive).unwrap_err();
     assert_eq!(e.code, 7, "{}", e.msg);
     assert!(k2.table().is_none());
+    // nft missing (50) or timing out (11) is said as such, not blamed on the conditions
+    for c in [code::NOT_AVAILABLE, code::TRY_AGAIN] {
+        let mut nft = BadNft(k2.clone(), CniError::new(c, "nft: no answer"));
+        let e = flow::add(&mut nft, &bad.conf, &bad.intent, &alive).unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (c, "nft: no answer"));
+        assert!(k2.table().is_none());
+    }
 }
 
-/// A kernel whose nft refuses every script.
-struct BadNft(Fake);
+fn syntax_error() -> CniError {
+    CniError::internal("nft transaction failed: Error: syntax error, unexpected newline")
+}
+
+/// A kernel whose nft fails every script with this error.
+struct BadNft(Fake, CniError);
 
 impl crate::kernel::Kernel for BadNft {
     fn read(&mut self, s: &Scope) -> std::result::Result<State, NlError> {
@@ -401,7 +521,7 @@ impl crate::kernel::Kernel for BadNft {
         self.0.validate(ops)
     }
     fn nft(&mut self, _: &str, _: bool) -> Result<()> {
-        Err(CniError::internal("nft transaction failed: Error: syntax error, unexpected newline"))
+        Err(self.1.clone())
     }
 }
 
@@ -498,6 +618,237 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
     assert!(elements(&k).is_empty(), "{:?}", elements(&k));
 }
 
+/// What ADD plans on its first read (the point read).
+fn first_plan(k: &Fake, p: &Pod) -> Step {
+    let s =
+        crate::kernel::Kernel::read(&mut k.clone(), &plan::add_scope(&p.intent, &p.conf.conditions)).unwrap();
+    plan::add(&s, &p.intent, &p.conf.conditions, &alive).unwrap()
+}
+
+fn deletes(p: &Plan, set: &str) -> bool {
+    p.ops
+        .iter()
+        .any(|o| matches!(o, cni_common::netlink::nft::NftOp::DeleteElements { set: s, .. } if s == set))
+}
+
+/// A repeated ADD of an attachment (a runtime retrying, `podman restart` in a new namespace)
+/// is planned from the point read: only adds when nothing changed, the netns record replaced
+/// (guarded) when the namespace or its path did; other mappings need a full read.
+#[test]
+fn a_repeated_add_is_planned_from_the_point_read() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let Step::Apply(p) = first_plan(&k, &a) else { panic!("the same ADD needs no full read") };
+    assert!(!p.guarded && !deletes(&p, "netns"), "{p:?}");
+    let mut moved = a.clone();
+    moved.intent.netns = Some((NsId { ino: 4242, cookie: 9 }, "/run/netns/a".into()));
+    let Step::Apply(p) = first_plan(&k, &moved) else { panic!("a new namespace needs no full read") };
+    assert!(p.guarded && deletes(&p, "netns"), "{p:?}");
+    add(&k, &moved).unwrap();
+    check(&k, &moved).unwrap();
+    assert!(check(&k, &a).is_err(), "recorded for the new namespace");
+    let mut renamed = moved.clone();
+    renamed.intent.netns = Some((NsId { ino: 4242, cookie: 9 }, "/var/run/netns/a".into()));
+    add(&k, &renamed).unwrap();
+    let rec = elements(&k).into_iter().find(|(e, _)| matches!(e.key, Key::Netns(_))).unwrap();
+    assert_eq!(rec.1.as_deref(), Some("/var/run/netns/a"), "the path recorded is the new one");
+    let other = pod("n", "a", "10.0.0.5/24", &[(9090, 80, "tcp")]);
+    assert_eq!(first_plan(&k, &other), Step::ReadAll);
+}
+
+/// What DEL plans on its first read (the point read).
+fn first_del_plan(k: &Fake, p: &Pod) -> Step {
+    let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::del_scope(&p.intent.owner)).unwrap();
+    plan::del(&s, &p.intent.owner, Some(&p.intent)).unwrap()
+}
+
+/// DEL by the attachment's record: from the point read when its mappings are all the record
+/// says it has (guarded, as every plan that deletes what it read); a part of them needs a full
+/// read, and everything goes.
+#[test]
+fn a_del_is_planned_from_the_point_read_when_the_record_agrees() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    let Step::Apply(p) = first_del_plan(&k, &a) else { panic!("the record agrees: no full read") };
+    assert!(p.guarded && deletes(&p, "attachments") && deletes(&p, "netns") && deletes(&p, "hp4"), "{p:?}");
+    let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    assert_eq!(first_del_plan(&k, &part), Step::ReadAll);
+    del(&k, &part).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    // a netns record left alone (its attachment's elements removed by hand): it goes, guarded
+    add(&k, &a).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if Set::parse(name).is_some_and(|s| s != Set::Netns) {
+                set.elems.clear();
+            }
+        }
+    });
+    let Step::Apply(p) = first_del_plan(&k, &a) else { panic!("no record: nothing else to read") };
+    assert!(p.guarded && deletes(&p, "netns"), "{p:?}");
+    del(&k, &a).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+}
+
+/// CHECK of a sole holder decides on its point read; given a part of the attachment's
+/// mappings it fails, naming why.
+#[test]
+fn check_decides_on_the_point_read_and_knows_the_mappings_added() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp"), (8443, 443, "tcp")]);
+    add(&k, &a).unwrap();
+    let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::check_scope(&a.intent)).unwrap();
+    let now = a.intent.netns.as_ref().map(|(id, _)| *id);
+    assert_eq!(plan::check(&s, &a.intent, &a.conf.conditions, now).unwrap(), plan::Checked::Ok);
+    let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let e = check(&k, &part).unwrap_err();
+    assert!(e.msg.contains("added with other port mappings"), "{}", e.msg);
+}
+
+/// A repeated ADD planned on a full read (here: a hook to repair) leaves what it already has
+/// as it is: its UDP port's target did not change, so its conntrack entries are not flushed.
+#[test]
+fn a_repeated_add_on_a_full_read_changes_nothing_it_has() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(53, 53, "udp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| t.as_mut().unwrap().chains.iter_mut().find(|(n, _)| n == "prerouting").unwrap().1.clear());
+    let before = elements(&k);
+    let out = add(&k, &a).unwrap();
+    assert!(out.udp.is_empty(), "{out:?}");
+    assert_eq!(elements(&k), before);
+    check(&k, &a).unwrap();
+}
+
+/// A table mangled outside the plugin (restored from a dump without element comments, the
+/// attachment's claims deleted by hand): DEL still removes everything of the attachment, by its hash.
+#[test]
+fn del_goes_by_hash_when_comments_or_claims_are_lost() {
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24"], json!({"snat": false}), &[(8080, 80, "tcp")]);
+    let b = pod_with("n", "b", "eth0", &["10.0.0.6/24"], json!({"snat": false}), &[(9090, 90, "tcp")]);
+    let strip = |k: &Fake| {
+        k.edit(|t| {
+            for set in t.as_mut().unwrap().sets.values_mut() {
+                set.elems.values_mut().for_each(|e| e.comment = None);
+            }
+        })
+    };
+    let ah = a.intent.owner.hash;
+    let mine = move |e: &NftElem| matches!(Elem::decode(Set::Claims, e), Some(Elem { key: Key::Claim(_, h), .. }) if h == ah);
+    let drop_claims = |k: &Fake| {
+        k.edit(|t| t.as_mut().unwrap().sets.get_mut("claims").unwrap().elems.retain(|_, e| !mine(e)))
+    };
+    for mangle in [&strip as &dyn Fn(&Fake), &|k: &Fake| (strip(k), drop_claims(k)).0] {
+        add(&k, &a).unwrap();
+        add(&k, &b).unwrap();
+        mangle(&k);
+        flow::del(&mut k.clone(), &a.intent.owner, None).unwrap();
+        assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
+        assert!(dnat_target(&k, &a, 0).is_none());
+        assert_eq!(dnat_target(&k, &b, 0).as_deref(), Some("10.0.0.6 . 90"));
+        flow::del(&mut k.clone(), &b.intent.owner, None).unwrap();
+        assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    }
+}
+
+/// A full plan keeps the records it finds: the attachment's record is what its ADD wrote, even
+/// when some of its elements no longer say whose they are (masquerade elements' comments
+/// lost), so CHECK still passes.
+#[test]
+fn a_full_plan_keeps_the_records_it_finds() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if matches!(Set::parse(name), Some(Set::Net(..))) {
+                set.elems.values_mut().for_each(|e| e.comment = None);
+            }
+        }
+    });
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    check(&k, &a).unwrap();
+}
+
+/// Records of an attachment that claims nothing (its mappings removed by hand) are cleaned by
+/// the next full plan.
+#[test]
+fn records_without_claims_are_removed_by_the_next_full_plan() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let b = pod("m", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
+    add(&k, &a).unwrap();
+    add(&k, &b).unwrap();
+    k.edit(|t| {
+        for (name, set) in t.as_mut().unwrap().sets.iter_mut() {
+            if Set::parse(name).is_some_and(|s| !matches!(s, Set::Attachments | Set::Netns)) {
+                set.elems.retain(|_, e| e.comment.as_deref() != Some(a.intent.owner.tag.as_str()));
+            }
+        }
+    });
+    assert_eq!(traces(&k, &a.intent.owner).len(), 2, "its records");
+    let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &valid).unwrap();
+    assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
+    check(&k, &b).unwrap();
+}
+
+/// `cni-migrate to-upstream`: the table goes only when no attachment holds anything in it.
+#[test]
+fn an_unused_table_is_dropped_and_a_used_one_kept() {
+    let k = Fake::new();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert!(k.table().is_none(), "no table: nothing to do");
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let before = k.table();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert_eq!(k.table(), before, "a's mapping keeps it");
+    check(&k, &a).unwrap();
+    // records alone (an attachment's elements gone, its records left) hold nothing
+    k.edit(|t| {
+        let t = t.as_mut().unwrap();
+        for (name, set) in t.sets.iter_mut() {
+            if Set::parse(name).is_some_and(|s| !matches!(s, Set::Attachments | Set::Netns)) {
+                set.elems.clear();
+            }
+        }
+    });
+    assert!(!elements(&k).is_empty());
+    // an ADD between its read and its transaction keeps the table
+    let (k2, b) = (k.clone(), pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]));
+    let b2 = b.clone();
+    k.before_apply(move || add(&k2, &b2).map(|_| ()).unwrap());
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    check(&k, &b).unwrap();
+    del(&k, &b).unwrap();
+    flow::drop_if_unused(&mut k.clone()).unwrap();
+    assert!(k.table().is_none());
+}
+
+/// The benchmark's floor sends `plan::add_ops`/`plan::del_ops` bare: they are what ADD and DEL
+/// of a sole holder commit.
+#[test]
+fn the_bare_transactions_are_what_add_and_del_commit() {
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &[(8080, 80, "tcp")]);
+    let b = pod("n", "b", "10.0.0.6/24", &[(53, 53, "udp"), (9090, 90, "tcp")]);
+    add(&k, &a).unwrap();
+    let mut kk = k.clone();
+    crate::kernel::Kernel::apply(&mut kk, &plan::add_ops(&b.intent), None).unwrap();
+    let bare = elements(&k);
+    del(&k, &b).unwrap();
+    add(&k, &b).unwrap();
+    assert_eq!(elements(&k), bare, "add_ops commits what ADD does");
+    check(&k, &b).unwrap();
+    crate::kernel::Kernel::apply(&mut kk, &plan::del_ops(&b.intent), None).unwrap();
+    assert!(traces(&k, &b.intent.owner).is_empty(), "{:?}", traces(&k, &b.intent.owner));
+    check(&k, &a).unwrap();
+}
+
 #[test]
 fn thousands_of_mappings_in_one_transaction_each_way() {
     let k = Fake::new();
@@ -557,6 +908,10 @@ fn status_is_50_only_when_no_add_could_work() {
     let with = conf(json!({"conditionsV4": ["ip", "saddr", "!=", "192.0.2.1"]}));
     let mut k = NoNat(Fake::new());
     assert_eq!(flow::status(&mut k, &with).unwrap_err().code, code::NOT_AVAILABLE);
+    // conditions nft -c refuses: 50, naming why
+    let e = flow::status(&mut BadNft(Fake::new(), syntax_error()), &with).unwrap_err();
+    assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
+    assert!(e.msg.contains("cannot hold the portmap rules") && e.msg.contains("syntax error"), "{}", e.msg);
     // a healthy kernel: ready, whatever the table holds (a full table of conflicts is ADD's
     // business, not STATUS's)
     let k = Fake::new();

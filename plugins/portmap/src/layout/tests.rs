@@ -58,7 +58,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 2, "hooks, gates, dnat, masquerading, net4_24/32, guard");
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
-    assert!(d.setup(&found).is_empty());
+    assert_eq!(d.setup(&found), Setup::default(), "an intact table needs nothing");
     assert!(found.hooked());
     assert_eq!(lens_in(&found.rules), lens);
     let uses: std::collections::BTreeMap<String, u32> = d.uses().into_iter().collect();
@@ -84,11 +84,29 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     let r = tampered.rules.iter_mut().find(|r| r.chain == "localnet").unwrap();
     *r.exprs.last_mut().unwrap() = cni_common::netlink::nft::NftExpr::Verdict(Verdict::Accept);
     assert_eq!(d.problems(&tampered), ["chain localnet does not hold the rules of this layout"]);
+    // a set gone (a table edited by hand) is said by name, and added again
+    let mut lost = found.clone();
+    lost.sets.as_mut().unwrap().retain(|s| s != "net4_24");
+    assert_eq!(d.problems(&lost), ["set net4_24 is missing"]);
+    assert!(d
+        .setup(&lost)
+        .ops
+        .iter()
+        .any(|o| matches!(o, NftOp::AddSet { set, .. } if set.name == "net4_24")));
     // an earlier layout: retired maps and the gate chain of other conditions go
     let mut v1 = found.clone();
     v1.current = false;
     v1.sets.as_mut().unwrap().extend(["gates".to_string(), "conditions".to_string()]);
     v1.chains.as_mut().unwrap().push("gate4_0123456789ab".into());
+    assert_eq!(
+        d.problems(&v1),
+        [
+            "table inet cni_portmap is not of layout 2 (set layout lacks the version)",
+            "set gates of an earlier layout is still there",
+            "set conditions of an earlier layout is still there",
+            "gate chain gate4_0123456789ab is no longer used",
+        ]
+    );
     let ops = d.setup(&v1).ops;
     for (what, gone) in
         [("gates", true), ("conditions", true), ("gate4_0123456789ab", true), ("gate4", false)]
@@ -101,6 +119,36 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
         assert_eq!(deleted, gone, "{what}");
     }
     assert!(ops.iter().any(|o| matches!(o, NftOp::AddElements { set, .. } if set == LAYOUT_SET)));
+}
+
+/// Within one transaction a set being created is named by its id as well as by its name
+/// (`NFTA_SET_ID`, `NFTA_LOOKUP_SET_ID`): every set of the setup has an id of its own, and
+/// every look-up gives the id of the set it names.
+#[test]
+fn look_ups_name_the_ids_of_the_sets_created_with_them() {
+    let lens: Lens = [(Family::V4, 24), (Family::V6, 0)].into();
+    let d = declaration(&lens, &Conditions::default());
+    let ops = d.setup(&Found::default()).ops;
+    let ids: std::collections::BTreeMap<&str, u32> = ops
+        .iter()
+        .filter_map(|o| match o {
+            NftOp::AddSet { set, .. } => Some((set.name.as_str(), set.id)),
+            _ => None,
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<u32> = ids.values().copied().collect();
+    assert_eq!((ids.len(), distinct.len()), (1 + 8 + 2, ids.len()), "{ids:?}");
+    let mut lookups = 0;
+    for o in &ops {
+        let NftOp::AddRule { exprs, .. } = o else { continue };
+        for e in exprs {
+            if let RuleExpr::Lookup { set, set_id, .. } = e {
+                assert_eq!(ids.get(set.as_str()), Some(set_id), "{set}");
+                lookups += 1;
+            }
+        }
+    }
+    assert_eq!(lookups, 4 + 2, "hip and hp of each family, net4_24, net6_0");
 }
 
 #[test]
