@@ -60,8 +60,14 @@ use std::time::Duration;
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub const LOCK_NAME: &str = "lock";
 /// Named temp files used only where `O_TMPFILE` is not available; a leftover one is removed
-/// by the next scan (all our work happens under the lock, so any such file found is stale).
+/// by the next scan (all our work happens under the lock, so any such file found is stale,
+/// except this process's own: [`tmp_name`]).
 const TMP_PREFIX: &str = ".host-local-tmp-";
+
+/// This process's named temp file.
+fn tmp_name() -> String {
+    format!("{TMP_PREFIX}{}", std::process::id())
+}
 /// Largest reservation file read: a container id comes from an environment variable (at most
 /// 128 KiB, the kernel's limit for one), plus the interface name and some whitespace.
 pub const RESERVATION_CAP: u64 = 256 << 10;
@@ -395,8 +401,8 @@ impl Store {
         Ok(())
     }
 
-    /// Read every reservation file (the slow path, as upstream does on every call). Removes our
-    /// own stale temp files on the way (except in read-only calls). Entries that are no
+    /// Read every reservation file (the slow path, as upstream does on every call). Removes the
+    /// stale temp files of earlier calls on the way (except in read-only calls). Entries that are no
     /// reservation files (FIFOs, links, oversized files) are skipped with a warning.
     pub fn scan(&self) -> Result<Vec<(IpAddr, Owner)>> {
         let listing = format!("/proc/self/fd/{}", self.dirf.as_raw_fd());
@@ -408,7 +414,8 @@ impl Store {
             let name = ent.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.starts_with(TMP_PREFIX) {
-                if self.access != Access::Read {
+                // Ours may hold a pending reservation (Store::pending_named removes a stale one).
+                if self.access != Access::Read && name != tmp_name() {
                     let _ = unlink_if_there(self.at(), name);
                 }
                 continue;
@@ -555,7 +562,7 @@ impl Store {
     /// Prepare `content` in a named temp file, linked then removed (where the filesystem has
     /// no `O_TMPFILE`).
     fn pending_named(&self, content: Vec<u8>) -> Result<Pending> {
-        let name = format!("{TMP_PREFIX}{}", std::process::id());
+        let name = tmp_name();
         unlink_if_there(self.at(), &name)
             .map_err(|e| io_err(format!("remove {}", self.path_of(&name).display()), e))?;
         let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
@@ -1556,7 +1563,7 @@ mod tests {
         let (_d, net) = net_dir();
         let mut s = open(&net);
         assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty(), "index loaded, as reserve does first");
-        let tmp = format!("{TMP_PREFIX}{}", std::process::id());
+        let tmp = tmp_name();
         let p = s.pending_named(b"c1\r\neth0".to_vec()).unwrap();
         assert_eq!(std::fs::read(net.join(&tmp)).unwrap(), b"c1\r\neth0");
         drop(p);
@@ -1566,6 +1573,20 @@ mod tests {
         s.finish();
         assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
         assert_eq!(names(&net), [INDEX_NAME, "10.0.0.2", "lock"], "no temp file left");
+    }
+
+    /// A scan later in the same call (after an index read error, during an exhaustion
+    /// reclaim) removed the call's own pending temp file, and the next candidate's link failed.
+    #[test]
+    fn a_scan_during_the_call_keeps_its_own_named_temp_file() {
+        let (_d, net) = seeded(&[(".host-local-tmp-1", b"stale")]);
+        let mut s = open(&net);
+        assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty());
+        assert!(!net.join(".host-local-tmp-1").exists(), "another process's is stale");
+        let mut p = Some(s.pending_named(b"c1\r\neth0".to_vec()).unwrap());
+        s.rebuild().unwrap();
+        assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
+        assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
     }
 
     #[test]
