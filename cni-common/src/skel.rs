@@ -64,8 +64,20 @@ pub struct Request {
     /// `prevResult`, decoded (any version) before the plugin runs, so a malformed one is
     /// rejected by every plugin before anything is touched.
     pub prev: Option<CniResult>,
-    /// CNI_NETNS as the skeleton opened and checked it ([`Request::container_netns`]).
-    ns: Option<std::sync::Arc<NetNs>>,
+    /// CNI_NETNS as the skeleton found it ([`Request::container_netns`]).
+    ns: Checked,
+}
+
+/// What the skeleton's check of CNI_NETNS found.
+#[derive(Debug, Clone)]
+enum Checked {
+    /// Opened, a network namespace, not the plugin's own.
+    Open(std::sync::Arc<NetNs>),
+    /// DEL: nothing there any more (or CNI_NETNS empty).
+    Gone,
+    /// Not checked (CNI_NETNS_OVERRIDE, a verb without an attachment), or DEL found something
+    /// it cannot use (the plugin opens it and reports why).
+    Unchecked,
 }
 
 impl Request {
@@ -90,14 +102,10 @@ impl Request {
     /// it did not (CNI_NETNS_OVERRIDE), CNI_NETNS opened now. None when CNI_NETNS is empty or
     /// the namespace is gone (only DEL gets this far with a vanished one).
     pub fn container_netns(&self) -> Result<Option<std::sync::Arc<NetNs>>> {
-        if let Some(ns) = &self.ns {
-            return Ok(Some(ns.clone()));
-        }
-        match self.netns() {
-            Some(path) if self.env.netns_override => {
-                Ok(NetNs::open_if_exists(path)?.map(std::sync::Arc::new))
-            }
-            _ => Ok(None),
+        match (&self.ns, self.netns()) {
+            (Checked::Open(ns), _) => Ok(Some(ns.clone())),
+            (Checked::Gone, _) | (Checked::Unchecked, None) => Ok(None),
+            (Checked::Unchecked, Some(path)) => Ok(NetNs::open_if_exists(path)?.map(std::sync::Arc::new)),
         }
     }
 
@@ -214,9 +222,9 @@ impl Request {
         }
         let prev = conf.prev_result(version)?;
         let ns = if command.has_attachment() && !env.netns_override {
-            check_netns(command, &env.netns)?.map(std::sync::Arc::new)
+            check_netns(command, &env.netns)?
         } else {
-            None
+            Checked::Unchecked
         };
         Ok(Request { command, env, version, stdin, config, conf, prev, ns })
     }
@@ -523,15 +531,16 @@ fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Versi
 /// at the path is looked at through an `O_PATH` descriptor and opened for real only when it is
 /// on nsfs ([`NetNs::open_if_exists`]): a FIFO or a device there is refused (code 4) without
 /// blocking and without the side effects of opening it.
-fn check_netns(command: Command, netns: &str) -> Result<Option<NetNs>> {
+fn check_netns(command: Command, netns: &str) -> Result<Checked> {
     if netns.is_empty() {
-        return Ok(None); // only DEL gets here: ADD/CHECK require the variable
+        return Ok(Checked::Gone); // only DEL gets here: ADD/CHECK require the variable
     }
     let is_del = command == Command::Del;
     let path = Path::new(netns);
     let ns = match NetNs::open_if_exists(path) {
         Ok(Some(ns)) => ns,
-        Ok(None) | Err(_) if is_del => return Ok(None),
+        Ok(None) if is_del => return Ok(Checked::Gone),
+        Err(_) if is_del => return Ok(Checked::Unchecked),
         Ok(None) if !path.exists() => {
             return Err(CniError::new(
                 code::UNKNOWN_CONTAINER,
@@ -548,7 +557,7 @@ fn check_netns(command: Command, netns: &str) -> Result<Option<NetNs>> {
         )
         .with_details(format!("CNI_NETNS {netns:?} is the namespace the plugin runs in")));
     }
-    Ok(Some(ns))
+    Ok(Checked::Open(std::sync::Arc::new(ns)))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Links: query, create (bridge, veth with the peer in another namespace, ifb, dummy), change
 //! and delete.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use netlink_packet_core::{
     parse_string, NlasIterator, ParseableParametrized, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
@@ -291,6 +291,29 @@ impl Netlink {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
         self.get_link(msg).map_err(|e| e.during(format!("look up link {name}")))
+    }
+
+    /// The id this connection's namespace gives namespace `ns` (what a link's
+    /// [`Link::link_netnsid`] names), or `None` when it gives it none (`RTM_GETNSID`).
+    pub fn nsid_of(&mut self, ns: &NetNs) -> Result<Option<i32>, NlError> {
+        /// `RTM_NEWNSID`, and `NETNSA_NSID` in its answer.
+        const RTM_NEWNSID: u16 = 88;
+        const NETNSA_NSID: u16 = 1;
+        let mut msg = netlink_packet_route::nsid::NsidMessage::default();
+        msg.attributes.push(netlink_packet_route::nsid::NsidAttribute::Fd(ns.as_fd().as_raw_fd() as u32));
+        let replies = self
+            .sock
+            .request(RouteNetlinkMessage::GetNsId(msg), 0)
+            .map_err(|e| e.during("get a namespace id"))?;
+        Ok(replies
+            .iter()
+            .filter(|r| r.msg_type == RTM_NEWNSID)
+            .find_map(|r| {
+                super::nfnl::attrs(r.payload.get(4..)?)
+                    .find(|(t, _)| *t & 0x3fff == NETNSA_NSID)
+                    .and_then(|(_, v)| Some(i32::from_ne_bytes(v.get(..4)?.try_into().ok()?)))
+            })
+            .filter(|id| *id >= 0))
     }
 
     /// The link with ifindex `index`, or `None`.

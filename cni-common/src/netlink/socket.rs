@@ -100,7 +100,8 @@ impl NlSocket {
     /// Every receive on this socket fails with `ETIMEDOUT` after `d` without a datagram.
     pub(crate) fn set_recv_deadline(&self, d: std::time::Duration) -> Result<(), NlError> {
         let tv = libc::timeval {
-            tv_sec: d.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+            // capped at 2^31 - 1 s (68 years), which fits every platform's time_t
+            tv_sec: d.as_secs().min(i32::MAX as u64) as _,
             tv_usec: d.subsec_micros().into(),
         };
         // SAFETY: setsockopt with a pointer to a timeval of the size passed.

@@ -132,6 +132,9 @@ fn veth_with_peer_in_other_netns() {
     assert_eq!(host.txqlen, 500);
     assert_eq!(host.alias.as_deref(), Some("ctr-1/eth0"));
     assert!(host.link_netnsid.is_some(), "peer is in another netns: {host:?}");
+    assert_eq!(nl.nsid_of(&container).unwrap(), host.link_netnsid, "the peer's namespace by its id");
+    let unrelated = spare_netns();
+    assert_eq!(nl.nsid_of(&unrelated).unwrap(), None, "a namespace nothing here points at has no id");
     let peer_index = host.link.expect("veth has IFLA_LINK");
 
     // The peer is not here...

@@ -116,7 +116,13 @@ fn base(kind: &str, hook: u32, priority: i32) -> BaseChain {
 /// The set's declaration for a transaction: its types and an id unique in the transaction.
 pub fn nft_set(set: Set, id: u32) -> NftSet {
     let (key, data) = set.types();
-    NftSet { name: set.name(), key, data: data.map(NftSetData::Values), interval: false, id }
+    NftSet {
+        name: set.name(),
+        key: key.to_vec(),
+        data: data.map(|d| NftSetData::Values(d.to_vec())),
+        interval: false,
+        id,
+    }
 }
 
 fn type_name(t: NftType) -> &'static str {
@@ -133,8 +139,8 @@ fn type_name(t: NftType) -> &'static str {
 fn set_text(set: Set) -> String {
     let join = |t: &[NftType]| t.iter().map(|t| type_name(*t)).collect::<Vec<_>>().join(" . ");
     match set.types() {
-        (key, None) => format!("set {set} {{ type {}; }}", join(&key)),
-        (key, Some(d)) => format!("map {set} {{ type {} : {}; }}", join(&key), join(&d)),
+        (key, None) => format!("set {set} {{ type {}; }}", join(key)),
+        (key, Some(d)) => format!("map {set} {{ type {} : {}; }}", join(key), join(d)),
     }
 }
 

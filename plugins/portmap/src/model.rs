@@ -8,7 +8,7 @@
 
 use cni_common::attachment::AttachmentId;
 use cni_common::net::{Family, Proto};
-use cni_common::netlink::nft::{concat, split_concat, NftData, NftElem, NftType};
+use cni_common::netlink::nft::{split_concat, NftData, NftElem, NftType};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -262,17 +262,21 @@ impl Set {
     }
 
     /// Key and data types (data: None for a set).
-    pub fn types(&self) -> (Vec<NftType>, Option<Vec<NftType>>) {
+    pub fn types(&self) -> (&'static [NftType], Option<&'static [NftType]>) {
+        use Family::{V4, V6};
         use NftType::{InetProto as P, InetService as S, Ipv4Addr as A4, Ipv6Addr as A6};
-        let a = |f: &Family| if *f == Family::V4 { A4 } else { A6 };
         match self {
-            Set::Hp(f) => (vec![P, S], Some(vec![a(f), S])),
-            Set::Hip(f) => (vec![a(f), P, S], Some(vec![a(f), S])),
-            Set::Owner => (vec![A6, P, S], Some(vec![A6])),
-            Set::Claims => (vec![A6, P, S, A6], Some(vec![A6, S])),
-            Set::Attachments | Set::Netns => (vec![A6], Some(vec![A6])),
-            Set::Net(f, 0) => (vec![a(f), P, S], None),
-            Set::Net(f, _) => (vec![a(f), a(f), P, S], None),
+            Set::Hp(V4) => (&[P, S], Some(&[A4, S])),
+            Set::Hp(V6) => (&[P, S], Some(&[A6, S])),
+            Set::Hip(V4) => (&[A4, P, S], Some(&[A4, S])),
+            Set::Hip(V6) => (&[A6, P, S], Some(&[A6, S])),
+            Set::Owner => (&[A6, P, S], Some(&[A6])),
+            Set::Claims => (&[A6, P, S, A6], Some(&[A6, S])),
+            Set::Attachments | Set::Netns => (&[A6], Some(&[A6])),
+            Set::Net(V4, 0) => (&[A4, P, S], None),
+            Set::Net(V6, 0) => (&[A6, P, S], None),
+            Set::Net(V4, _) => (&[A4, A4, P, S], None),
+            Set::Net(V6, _) => (&[A6, A6, P, S], None),
         }
     }
 }
@@ -485,9 +489,9 @@ impl Elem {
     /// The element's bytes in its set, with `comment`.
     pub fn encode(&self, comment: Option<&str>) -> NftElem {
         let (key_types, data_types) = self.set().types();
-        let mut out = NftElem::new(bytes(&key_types, &self.key.values()));
+        let mut out = NftElem::new(bytes(key_types, &self.key.values()));
         if let (Some(d), Some(t)) = (&self.data, data_types) {
-            out.data = Some(NftData::Value(bytes(&t, &d.values(&self.key))));
+            out.data = Some(NftData::Value(bytes(t, &d.values(&self.key))));
         }
         out.comment = comment.filter(|c| !c.is_empty()).map(str::to_string);
         out
@@ -495,7 +499,7 @@ impl Elem {
 
     /// The key's bytes alone: what a deletion or a look-up names.
     pub fn encode_key(key: &Key) -> NftElem {
-        NftElem::new(bytes(&key.set().types().0, &key.values()))
+        NftElem::new(bytes(key.set().types().0, &key.values()))
     }
 
     /// An element of `set` as ours; None when it does not have the set's layout (then it is
@@ -505,10 +509,10 @@ impl Elem {
             return None;
         }
         let (key_types, data_types) = set.types();
-        let key = Key::from_values(set, &values(&key_types, &e.key)?)?;
+        let key = Key::from_values(set, &values(key_types, &e.key)?)?;
         let data = match (&e.data, data_types) {
             (None, None) => None,
-            (Some(NftData::Value(b)), Some(t)) => Some(Data::from_values(&key, &values(&t, b)?)?),
+            (Some(NftData::Value(b)), Some(t)) => Some(Data::from_values(&key, &values(t, b)?)?),
             _ => return None,
         };
         Some(Elem { key, data })
@@ -559,21 +563,21 @@ impl fmt::Display for Value {
 /// The bytes of `vals` typed `types` (a concatenation when more than one).
 fn bytes(types: &[NftType], vals: &[Value]) -> Vec<u8> {
     debug_assert_eq!(types.len(), vals.len(), "{types:?} {vals:?}");
-    let parts: Vec<Vec<u8>> = vals
-        .iter()
-        .zip(types)
-        .map(|(v, t)| match (v, t) {
-            (Value::Ip(IpAddr::V4(a)), NftType::Ipv4Addr) => a.octets().to_vec(),
-            (Value::Ip(IpAddr::V4(a)), _) => a.to_ipv6_mapped().octets().to_vec(),
-            (Value::Ip(IpAddr::V6(a)), _) => a.octets().to_vec(),
-            (Value::Proto(p), _) => vec![p.number()],
-            (Value::Port(p), _) => p.to_be_bytes().to_vec(),
-        })
-        .collect();
-    match parts.as_slice() {
-        [one] => one.clone(),
-        _ => concat(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+    let mut out = Vec::with_capacity(16 * vals.len());
+    for (v, t) in vals.iter().zip(types) {
+        match (v, t) {
+            (Value::Ip(IpAddr::V4(a)), NftType::Ipv4Addr) => out.extend_from_slice(&a.octets()),
+            (Value::Ip(IpAddr::V4(a)), _) => out.extend_from_slice(&a.to_ipv6_mapped().octets()),
+            (Value::Ip(IpAddr::V6(a)), _) => out.extend_from_slice(&a.octets()),
+            (Value::Proto(p), _) => out.push(p.number()),
+            (Value::Port(p), _) => out.extend_from_slice(&p.to_be_bytes()),
+        }
+        if vals.len() > 1 {
+            // inside a concatenation every value is padded to 4 bytes (nft_set_concat)
+            out.resize(out.len().next_multiple_of(4), 0);
+        }
     }
+    out
 }
 
 /// The values of `b` typed `types`; None when the bytes do not have that layout.

@@ -127,7 +127,13 @@ fn holds(host: &mut Netlink, path: &Path, ifname: &str, ip: IpAddr) -> bool {
         return false;
     }
     let Some(peer) = link.link else { return false };
-    matches!(host.link_by_index(peer), Ok(Some(h)) if h.kind.as_deref() == Some("veth") && h.link == Some(link.index))
+    // ifindexes repeat from namespace to namespace: the host's end must also name `ns` as
+    // the namespace of its peer
+    let Ok(Some(h)) = host.link_by_index(peer) else { return false };
+    h.kind.as_deref() == Some("veth")
+        && h.link == Some(link.index)
+        && h.link_netnsid.is_some()
+        && host.nsid_of(&ns).is_ok_and(|id| id == h.link_netnsid)
 }
 
 /// The pod's network namespace, as a path our portmap can record (it tells a live holder of a

@@ -319,11 +319,12 @@ impl NfTables {
         let get = |msg: u16, family: u8, attrs: &[(u16, Vec<u8>)]| {
             (message(nft_msg(msg), NLM_F_REQUEST, family, 0, attrs), false)
         };
-        let mut reqs = vec![get(NFT_MSG_GETGEN, 0, &[])];
-        if !req.rules {
-            // with the rules dumped, a missing table is the dump's ENOENT
-            reqs.push(get(NFT_MSG_GETTABLE, req.family.proto(), &[(NFTA_TABLE_NAME, cstr(req.table))]));
-        }
+        // A dump filtered by a table that does not exist answers nothing rather than ENOENT:
+        // only GETTABLE tells a missing table from an empty one.
+        let mut reqs = vec![
+            get(NFT_MSG_GETGEN, 0, &[]),
+            get(NFT_MSG_GETTABLE, req.family.proto(), &[(NFTA_TABLE_NAME, cstr(req.table))]),
+        ];
         reqs.extend(
             req.keys
                 .iter()
@@ -348,36 +349,31 @@ impl NfTables {
         };
         let rules = if req.rules { answers.pop() } else { None };
         let mut answers = answers.into_iter().skip(1);
-        let table = if req.rules {
-            match rules.expect("asked") {
-                Ok(r) => {
-                    seen(&r);
-                    let rules = r
-                        .iter()
-                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
-                        .filter_map(|r| parse_rule(&r.payload))
-                        .filter(|r| r.table == req.table)
-                        .collect();
-                    Some((NftTable { name: req.table.to_string(), comment: None }, rules))
-                }
-                Err(e) if e.errno == libc::ENOENT => None,
-                Err(e) => return Err(e),
+        let table = match answers.next().expect("asked") {
+            Ok(r) => {
+                seen(&r);
+                r.iter()
+                    .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
+                    .find_map(|r| table_of(&r.payload))
             }
-        } else {
-            match answers.next().expect("asked") {
-                Ok(r) => {
-                    seen(&r);
-                    r.iter()
-                        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
-                        .find_map(|r| table_of(&r.payload))
-                        .map(|t| (t, Vec::new()))
-                }
-                Err(e) if e.errno == libc::ENOENT => None,
-                Err(e) => return Err(e),
-            }
+            Err(e) if e.errno == libc::ENOENT => None,
+            Err(e) => return Err(e),
         };
-        let Some((table, rules)) = table else {
+        let Some(table) = table else {
             return Ok(Some(Snapshot { generation, ..Default::default() }));
+        };
+        let rules = match rules {
+            None => Vec::new(),
+            Some(Ok(r)) => {
+                seen(&r);
+                r.iter()
+                    .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
+                    .filter_map(|r| parse_rule(&r.payload))
+                    .filter(|r| r.table == req.table)
+                    .collect()
+            }
+            Some(Err(e)) if e.errno == libc::ENOENT => Vec::new(),
+            Some(Err(e)) => return Err(e),
         };
         let mut s = Snapshot { generation, table: Some(table), rules, ..Default::default() };
         for (set, _) in req.keys {

@@ -746,3 +746,37 @@ fn snapshots_count_the_jumps_into_a_chain() {
     nft.apply("flush chain inet snap out\n").unwrap();
     assert_eq!(nf.snapshot(&req).unwrap().chain_uses[0], Some(1));
 }
+
+/// A rule dump filtered by a table that does not exist answers nothing, not ENOENT: a snapshot
+/// tells a missing table from an empty one by the table itself, whatever else it reads.
+#[test]
+fn snapshots_tell_a_missing_table_from_an_empty_one() {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    let mut nf = NfTables::new().unwrap();
+    let chains = ["c".to_string()];
+    for (rules, chains) in [(true, &chains[..0]), (false, &chains[..]), (true, &chains[..])] {
+        let req = SnapshotRequest {
+            family: NftFamily::Inet,
+            table: "gone",
+            rules,
+            keys: &[],
+            chains,
+            listing: None,
+        };
+        let s = nf.snapshot(&req).unwrap();
+        assert!(s.table.is_none() && s.rules.is_empty(), "rules {rules}, chains {chains:?}: {s:?}");
+    }
+    nft.apply("table inet gone {\n}\n").unwrap();
+    let req = SnapshotRequest {
+        family: NftFamily::Inet,
+        table: "gone",
+        rules: true,
+        keys: &[],
+        chains: &chains,
+        listing: None,
+    };
+    let s = nf.snapshot(&req).unwrap();
+    assert!(s.table.is_some() && s.rules.is_empty(), "{s:?}");
+    assert_eq!(s.chain_uses, [None]);
+}
