@@ -658,4 +658,25 @@ mod tests {
         );
         assert_eq!(idx.lookup(Kind::Legacy, 300).unwrap().len(), 200, "slots 300 … 499");
     }
+
+    /// A table without an empty slot (damaged, or written by something else: the header check
+    /// allows `used == slots`): a lookup walks all of it, also the slots before where its
+    /// sequence starts, across the end of the table and a short read there.
+    #[test]
+    fn a_lookup_in_a_table_without_an_empty_slot_sees_every_slot() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let idx = Index::create(dir.as_fd(), &[]).unwrap();
+        assert_eq!(idx.slots, 1024);
+        let e = Entry { kind: Kind::Attachment, key: 100, ip: "10.0.0.2".parse().unwrap() };
+        let mut table = vec![0u8; (idx.slots * SLOT) as usize];
+        for (slot, s) in table.chunks_exact_mut(SLOT as usize).enumerate() {
+            s.copy_from_slice(&encode_slot(TOMB, &e));
+            if slot == 99 {
+                s.copy_from_slice(&encode_slot(LIVE, &e));
+            }
+        }
+        idx.file.write_all_at(&table, HDR).unwrap();
+        assert_eq!(idx.lookup(Kind::Attachment, 100).unwrap(), [(99, e.ip)]);
+    }
 }

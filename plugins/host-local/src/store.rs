@@ -1563,7 +1563,8 @@ mod tests {
         let (_d, net) = net_dir();
         let mut s = open(&net);
         assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty(), "index loaded, as reserve does first");
-        let tmp = tmp_name();
+        // The name a later call's scan recognises as a leftover (a killed call's) and removes.
+        let tmp = format!(".host-local-tmp-{}", std::process::id());
         let p = s.pending_named(b"c1\r\neth0".to_vec()).unwrap();
         assert_eq!(std::fs::read(net.join(&tmp)).unwrap(), b"c1\r\neth0");
         drop(p);
@@ -1573,6 +1574,28 @@ mod tests {
         s.finish();
         assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
         assert_eq!(names(&net), [INDEX_NAME, "10.0.0.2", "lock"], "no temp file left");
+    }
+
+    /// An index that cannot be written (its temporary name taken by a directory here; a full
+    /// filesystem in practice): the call works from the files, publishes no index, and the next
+    /// call finds the reservations all the same.
+    #[test]
+    fn without_a_writable_index_the_call_works_from_the_files() {
+        let (_d, net) = seeded(&[("10.0.0.3", b"c2\r\neth0")]);
+        std::fs::create_dir_all(net.join(".host-local-index.tmp/x")).unwrap();
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
+        assert_eq!(ips(&s.held_exact(&att("c2", "eth0")).unwrap()), [ip("10.0.0.3")]);
+        s.finish();
+        assert_eq!(
+            names(&net),
+            [".host-local-index.tmp", "10.0.0.2", "10.0.0.3", "lock"],
+            "no index published"
+        );
+        drop(s);
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
     }
 
     /// A scan later in the same call (after an index read error, during an exhaustion
@@ -1587,6 +1610,20 @@ mod tests {
         s.rebuild().unwrap();
         assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
         assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
+    }
+
+    /// A record is replaced by a new file, never rewritten in place: whoever opened the old one
+    /// reads it whole (where the filesystem has O_TMPFILE, as here).
+    #[test]
+    fn replace_file_puts_a_new_file_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"the old record").unwrap();
+        let old = File::open(d.path().join("f")).unwrap();
+        let dirf = File::open(d.path()).unwrap();
+        replace_file(dirf.as_fd(), "f", b"new").unwrap();
+        assert_eq!(std::fs::read(d.path().join("f")).unwrap(), b"new");
+        assert_eq!(std::io::read_to_string(old).unwrap(), "the old record");
+        assert_eq!(names(d.path()), ["f"]);
     }
 
     #[test]
