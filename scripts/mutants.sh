@@ -10,7 +10,8 @@
 #                                     scripts/test.sh runs: one job, in place (it mutates the
 #                                     work tree and restores it; reuses target/ as built)
 #   scripts/mutants.sh --in-diff REF  only mutants in lines changed since git REF (e.g. main)
-#   scripts/mutants.sh [...] -- ARGS  extra cargo-mutants arguments (e.g. -- --file 'plugins/bridge/src/config.rs')
+#   scripts/mutants.sh [...] -- ARGS  extra cargo-mutants arguments (e.g. one file: -- --re '^plugins/bridge/src/config\.rs';
+#                                     --file does not narrow the set: .cargo/mutants.toml's examine_globs win)
 #
 # Two groups, run one after the other: cni-common (its unit tests of `spec` and `netlink::tc`,
 # the result goldens and the skeleton tests; not its kernel tests) and the plugins (their unit

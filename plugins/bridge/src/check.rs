@@ -305,4 +305,34 @@ mod tests {
             "gateway and interface of one hop"
         );
     }
+
+    #[test]
+    fn the_container_interface_is_found_by_name_and_sandbox_with_its_addresses() {
+        let prev = CniResult::decode(
+            &serde_json::json!({
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    {"name": "cni0", "mac": "0a:58:0a:01:00:01"},
+                    {"name": "eth0"},
+                    {"name": "eth0", "sandbox": "/run/netns/other"},
+                    {"name": "eth0", "sandbox": "/run/netns/mine"},
+                ],
+                "ips": [
+                    {"address": "10.1.0.5/24", "interface": 3},
+                    {"address": "10.1.0.6/24", "interface": 2},
+                    {"address": "fd00::5/64"},
+                ],
+            }),
+            cni_common::Version::V1_0_0,
+        )
+        .unwrap();
+        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/mine").unwrap();
+        assert_eq!(pos, 3);
+        let want: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00::5/64".parse().unwrap()];
+        assert_eq!(addrs, want, "its own and those that name no interface");
+        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/other").unwrap();
+        assert_eq!((pos, addrs.len()), (2, 2));
+        let e = container_of(&prev, "eth1", "/run/netns/mine").unwrap_err();
+        assert_eq!(e.msg, r#"prevResult lists no interface "eth1" in sandbox "/run/netns/mine""#);
+    }
 }

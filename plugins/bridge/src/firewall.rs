@@ -773,5 +773,61 @@ mod tests {
         assert!(m.contains("no masquerade rule for source 10.1.0.5"), "{m}");
         let m = masq_missing(&hooked(vec![]), &a(), &addrs, None).expect("no rule at all");
         assert!(m.contains("expected 1 masquerade rule"), "{m}");
+        // every rule there, but the base chain no longer leads to them
+        let unhooked = Found { masq_hooked: false, ..hooked(vec![rule(vec![10, 1, 0, 5])]) };
+        assert_eq!(
+            masq_missing(&unhooked, &a(), &addrs, None).as_deref(),
+            Some("masquerading is not hooked: chain postrouting of table inet cni_plugins_masquerade does not go to masq_checks")
+        );
+        // nonMasqueradeCIDRs 0.0.0.0/0: nothing to masquerade, so nothing to hook
+        let everything: Vec<IpNet> = vec!["0.0.0.0/0".parse().unwrap()];
+        assert_eq!(masq_missing(&Found::default(), &a(), &addrs, Some(&everything)), None);
+    }
+
+    /// The rules of `ops` as a rule dump lists them: jumps from the base chain, the rest.
+    fn read_back(ops: &[NftOp]) -> (Vec<NftRule>, Vec<NftRule>) {
+        let rules = ops.iter().filter_map(|op| match op {
+            NftOp::AddRule { chain, exprs, .. } => {
+                Some(NftRule { exprs: cni_common::netlink::nft::listed(exprs), ..rule_at(chain, 1) })
+            }
+            _ => None,
+        });
+        rules.partition(|r| r.chain == SPOOF_BASE_CHAIN)
+    }
+
+    #[test]
+    fn spoof_missing_names_what_the_spoof_check_lacks() {
+        let mac = Mac([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]);
+        let (jumps, rules) = read_back(&spoof_add_ops(&a(), "veth1234abcd", mac, &Found::default()));
+        let f = Found {
+            spoof_base: true,
+            spoof_jumps: jumps,
+            spoof_chains: (true, true),
+            spoof_rules: rules,
+            ..Found::default()
+        };
+        assert_eq!(spoof_missing(&f, "veth1234abcd", mac), None, "what ADD writes");
+        assert_eq!(
+            spoof_missing(&f, "veth99", mac).as_deref(),
+            Some("macspoofchk: no rule in bridge nat PREROUTING for veth99"),
+            "the jump is for another veth"
+        );
+        let other = Mac([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x06]);
+        assert_eq!(
+            spoof_missing(&f, "veth1234abcd", other).as_deref(),
+            Some("macspoofchk: rules do not allow 0a:58:0a:01:00:06 on veth1234abcd")
+        );
+        let flushed = Found { spoof_rules: vec![], ..f.clone() };
+        assert!(spoof_missing(&flushed, "veth1234abcd", mac).is_some(), "chains emptied");
+        let without_verdicts: Vec<NftRule> = f
+            .spoof_rules
+            .iter()
+            .map(|r| NftRule {
+                exprs: r.exprs.iter().filter(|e| !matches!(e, NftExpr::Verdict(_))).cloned().collect(),
+                ..r.clone()
+            })
+            .collect();
+        let f = Found { spoof_rules: without_verdicts, ..f };
+        assert!(spoof_missing(&f, "veth1234abcd", mac).is_some(), "the MAC compared, nothing decided");
     }
 }

@@ -332,6 +332,31 @@ mod tests {
         .unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/cni/networks"));
         assert!(c.routes.is_empty() && c.resolv_conf.is_none() && c.requested.is_empty());
+        assert_eq!(c.lock_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn lock_timeout_in_seconds_from_one_to_an_hour() {
+        let with = |t: Value| {
+            load(
+                json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"subnet": "10.0.0.0/24", "lockTimeout": t}}),
+            )
+        };
+        for secs in [1, 5, 3600] {
+            assert_eq!(with(json!(secs)).unwrap().lock_timeout, Duration::from_secs(secs));
+        }
+        for secs in [0, 3601] {
+            let e = with(json!(secs)).unwrap_err();
+            assert_eq!(
+                (e.code, e.msg),
+                (
+                    code::INVALID_CONFIG,
+                    format!(
+                        "ipam.lockTimeout {secs} is out of range: give a number of seconds from 1 to 3600"
+                    )
+                )
+            );
+        }
     }
 
     #[test]
@@ -535,7 +560,14 @@ mod tests {
         std::fs::write(&path, "nameserver 10.0.0.53\nsearch svc.local\n").unwrap();
         let d = read_resolv_conf(&path).unwrap();
         assert_eq!((d.nameservers, d.search), (vec!["10.0.0.53".to_string()], vec!["svc.local".to_string()]));
-        assert!(read_resolv_conf(&dir.path().join("missing")).unwrap_err().msg.contains("cannot read"));
+        let e = read_resolv_conf(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("cannot read"), "{}", e.msg);
+        let big = dir.path().join("big");
+        std::fs::File::create(&big).unwrap().set_len(RESOLV_CONF_CAP + 1).unwrap();
+        let e = read_resolv_conf(&big).unwrap_err();
+        assert_eq!(e.code, code::IO, "past the cap: an I/O error");
+        assert!(e.msg.contains("larger than 1048576 bytes"), "{}", e.msg);
         let with = |p: &str| {
             load(json!({"cniVersion": "1.0.0", "name": "n",
                                          "ipam": {"subnet": "10.0.0.0/24", "resolvConf": p}}))

@@ -136,6 +136,18 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
 }
 
+/// The table size for `n` entries: room for one more at most a third full (a power of two,
+/// at least [`MIN_SLOTS`]); more than [`MAX_SLOTS`] is an error.
+fn slots_for(n: usize) -> io::Result<u64> {
+    let slots = (n as u64 + 1).saturating_mul(3).next_power_of_two().max(MIN_SLOTS);
+    if slots > MAX_SLOTS {
+        return Err(io::Error::other(format!(
+            "{n} reservations are more than an index of at most {MAX_SLOTS} slots holds"
+        )));
+    }
+    Ok(slots)
+}
+
 impl Index {
     /// Open the index in the store directory `dir` (never through a symbolic link, never a
     /// FIFO or device); `None` when it is missing or not an intact index of ours. `writable`:
@@ -204,14 +216,7 @@ impl Index {
     /// place only with [`Index::publish`] (a call that fails leaves the old one, or none, as it
     /// was: [`Index::discard`]). A partly written temporary file (no space left) is removed.
     pub fn build(dir: BorrowedFd<'_>, entries: &[Entry]) -> io::Result<Index> {
-        let want = (entries.len() as u64 + 1).saturating_mul(3).next_power_of_two();
-        let slots = want.max(MIN_SLOTS);
-        if slots > MAX_SLOTS {
-            return Err(io::Error::other(format!(
-                "{} reservations are more than an index of at most {MAX_SLOTS} slots holds",
-                entries.len()
-            )));
-        }
+        let slots = slots_for(entries.len())?;
         let mut table = vec![0u8; (slots * SLOT) as usize];
         let mask = slots - 1;
         for e in entries {
@@ -498,6 +503,10 @@ mod tests {
         ok.resize((HDR + MIN_SLOTS * SLOT) as usize, 0);
         put(&ok);
         assert!(Index::open(at, true).is_some(), "the same shape with sane numbers is fine");
+        let mut full = crafted_header(MIN_SLOTS, MIN_SLOTS, MIN_SLOTS);
+        full.resize(ok.len(), 0);
+        put(&full);
+        assert!(Index::open(at, true).is_some(), "live ≤ used ≤ slots holds for a full table");
         for (used, live) in [(u64::MAX, 0), (MIN_SLOTS + 1, 0), (5, 6)] {
             let mut bad = crafted_header(MIN_SLOTS, used, live);
             bad.resize(ok.len(), 0);
@@ -536,5 +545,138 @@ mod tests {
         let e2dir = File::open(e2.path()).unwrap();
         Index::build(e2dir.as_fd(), &[]).unwrap().discard(e2dir.as_fd());
         assert_eq!(std::fs::read_dir(e2.path()).unwrap().count(), 0);
+    }
+
+    /// FNV-1a (64 bit) as published, for checking [`fnv`] against.
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// Index keys and the records' content hashes are on disk: an upgraded plugin must compute
+    /// the same values as the build that wrote them.
+    #[test]
+    fn hashes_are_fnv1a_with_a_separator_after_each_part() {
+        // the published test vectors
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(fnv(&[b"foobar"]), fnv1a(b"foobar\xff"));
+        assert_eq!(fnv(&[b"c1\r\neth0"]), fnv1a(b"c1\r\neth0\xff"));
+        assert_eq!(key_hash(Kind::Attachment, "c1", "eth0"), fnv1a(b"a\xffc1\xffeth0\xff"));
+        assert_eq!(key_hash(Kind::Legacy, "c1", "ignored"), fnv1a(b"l\xffc1\xff"));
+        assert_eq!(fnv(&[]), fnv1a(b""));
+    }
+
+    /// The header as documented at the top of this file, byte for byte: an index written by
+    /// one build is trusted by the next.
+    #[test]
+    fn the_header_layout_is_fixed() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let mut idx = Index::create(at, &[e(Kind::Legacy, "old", "", "10.0.0.3")]).unwrap();
+        let stamp = Stamp { dev: 11, ino: 12, sec: 13, nsec: 14, boot: [0xb0; 16] };
+        idx.set_stamp(stamp).unwrap();
+        let b = std::fs::read(d.path().join(INDEX_NAME)).unwrap();
+        assert_eq!(b.len(), 4096 + 1024 * 32);
+        assert_eq!(&b[..64], MAGIC);
+        let field = |i: usize| u64::from_le_bytes(b[64 + 8 * i..72 + 8 * i].try_into().unwrap());
+        assert_eq!(
+            [1024, 1, 1, 11, 12, 13, 14],
+            [0, 1, 2, 3, 4, 5, 6].map(field),
+            "slots used live dev ino sec nsec"
+        );
+        assert_eq!(b[120..136], [0xb0; 16], "boot id");
+        let sum = u64::from_le_bytes(b[136..144].try_into().unwrap());
+        assert_eq!(sum, fnv1a(&[&b[64..136], &[0xff][..]].concat()), "checksum of the fields");
+        assert!(b[144..4096].iter().all(|&x| x == 0));
+        // the one slot: tag, kind, family, padding, key, address
+        let key = key_hash(Kind::Legacy, "old", "");
+        let slot = 4096 + (key & 1023) as usize * 32;
+        assert_eq!(b[slot..slot + 8], [1, 1, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(b[slot + 8..slot + 16], key.to_le_bytes());
+        assert_eq!(b[slot + 16..slot + 32], [10, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_table_has_room_for_one_more_entry_at_most_a_third_full() {
+        assert_eq!(slots_for(0).unwrap(), MIN_SLOTS);
+        assert_eq!(slots_for(341).unwrap(), 2048, "3 × 342 = 1026");
+        assert_eq!(slots_for(681).unwrap(), 2048, "3 × 682 = 2046");
+        assert_eq!(slots_for(682).unwrap(), 4096, "3 × 683 = 2049");
+        assert_eq!(slots_for(5_592_404).unwrap(), MAX_SLOTS, "3 × 5 592 405 = 2^24 - 1");
+        let e = slots_for(5_592_405).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "5592405 reservations are more than an index of at most 16777216 slots holds"
+        );
+    }
+
+    #[test]
+    fn the_table_grows_when_seventy_percent_used() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let len = || std::fs::metadata(d.path().join(INDEX_NAME)).unwrap().len();
+        let mut idx = Index::create(at, &[]).unwrap();
+        let entry = |i: u32| Entry {
+            kind: Kind::Attachment,
+            key: u64::from(i) * 7,
+            ip: IpAddr::V4(Ipv4Addr::from(i)),
+        };
+        for i in 0..716 {
+            idx.insert(at, entry(i)).unwrap();
+        }
+        idx.publish(at).unwrap();
+        assert_eq!(len(), HDR + 1024 * SLOT, "716 of 1024 slots: below 70 %");
+        idx.insert(at, entry(716)).unwrap();
+        idx.publish(at).unwrap();
+        assert_eq!(len(), HDR + 4096 * SLOT, "the 717th: rebuilt for 717 entries");
+        assert_eq!(Index::open(at, true).unwrap().entries().unwrap().len(), 717);
+    }
+
+    /// Lookups read 128 slots at a time: a probe sequence that runs past the end of the table
+    /// or past one read finds every entry.
+    #[test]
+    fn probe_sequences_wrap_around_the_table_and_span_reads() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let at = dir.as_fd();
+        let mut entries = Vec::new();
+        for i in 0..10u32 {
+            entries.push(Entry { kind: Kind::Attachment, key: 1020, ip: IpAddr::V4(Ipv4Addr::from(i)) });
+        }
+        for i in 0..200u32 {
+            entries.push(Entry { kind: Kind::Legacy, key: 300, ip: IpAddr::V4(Ipv4Addr::from(1000 + i)) });
+        }
+        let idx = Index::create(at, &entries).unwrap();
+        assert_eq!(idx.slots, 1024);
+        let wrapped = idx.lookup(Kind::Attachment, 1020).unwrap();
+        assert_eq!(
+            wrapped.iter().map(|h| h.0).collect::<Vec<_>>(),
+            [1020, 1021, 1022, 1023, 0, 1, 2, 3, 4, 5]
+        );
+        assert_eq!(idx.lookup(Kind::Legacy, 300).unwrap().len(), 200, "slots 300 … 499");
+    }
+
+    /// A table without an empty slot (damaged, or written by something else: the header check
+    /// allows `used == slots`): a lookup walks all of it, also the slots before where its
+    /// sequence starts, across the end of the table and a short read there.
+    #[test]
+    fn a_lookup_in_a_table_without_an_empty_slot_sees_every_slot() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let idx = Index::create(dir.as_fd(), &[]).unwrap();
+        assert_eq!(idx.slots, 1024);
+        let e = Entry { kind: Kind::Attachment, key: 100, ip: "10.0.0.2".parse().unwrap() };
+        let mut table = vec![0u8; (idx.slots * SLOT) as usize];
+        for (slot, s) in table.chunks_exact_mut(SLOT as usize).enumerate() {
+            s.copy_from_slice(&encode_slot(TOMB, &e));
+            if slot == 99 {
+                s.copy_from_slice(&encode_slot(LIVE, &e));
+            }
+        }
+        idx.file.write_all_at(&table, HDR).unwrap();
+        assert_eq!(idx.lookup(Kind::Attachment, 100).unwrap(), [(99, e.ip)]);
     }
 }

@@ -565,4 +565,128 @@ mod tests {
         assert_eq!(got, ["10.0.0.253/24", "10.0.0.254/24", "10.0.5.100/24"]);
         assert!(alloc(&mut s, &set, "d", None).is_err());
     }
+
+    /// A namespace that is gone: its path leads nowhere and nothing holds its identity.
+    fn gone_note() -> Option<NsNote> {
+        let path = format!("/run/netns/cni-rs-unit-gone-{}", std::process::id());
+        Some(NsNote { id: cni_common::nsident::NsIdent { ino: 1, cookie: 1 }, path })
+    }
+
+    /// This test's own namespace, alive at its recorded path.
+    fn live_note() -> Option<NsNote> {
+        let (id, path) = liveness::capture(&format!("/proc/{}/ns/net", std::process::id())).unwrap();
+        assert!(!path.is_empty());
+        Some(NsNote { id, path })
+    }
+
+    /// One ADD call: allocate for each of `ids` with namespace `note` recorded.
+    fn add_call(d: &tempfile::TempDir, set: &RangeSet, note: Option<NsNote>, ids: &[&str]) -> Vec<String> {
+        let mut s = store(d);
+        s.note = note;
+        let got = ids.iter().map(|id| alloc(&mut s, set, id, None).unwrap()).collect();
+        s.finish();
+        got
+    }
+
+    fn exists(d: &tempfile::TempDir, ip: &str) -> bool {
+        d.path().join("net").join(ip).exists()
+    }
+
+    #[test]
+    fn an_exhausted_pool_takes_back_the_addresses_of_dead_pods_once_per_call() {
+        let d = tempfile::tempdir().unwrap();
+        let set = set(&[("192.168.1.0/29", None, None)]); // .2 … .6
+        assert_eq!(add_call(&d, &set, gone_note(), &["a", "b"]), ["192.168.1.2/29", "192.168.1.3/29"]);
+        assert_eq!(add_call(&d, &set, live_note(), &["c", "d"]), ["192.168.1.4/29", "192.168.1.5/29"]);
+        assert_eq!(add_call(&d, &set, None, &["e"]), ["192.168.1.6/29"]);
+        let mut s = store(&d);
+        let mut reclaim = Reclaim::default();
+        let mut next = |s: &mut Store, id: &str| {
+            let a = AttachmentId::new("net", id, "eth0");
+            allocate_in_set(s, &set, 0, &a, None, &mut reclaim).map(|c| c.address.to_string())
+        };
+        assert_eq!(next(&mut s, "f").unwrap(), "192.168.1.2/29", "a's and b's released");
+        assert!(!exists(&d, "192.168.1.3"));
+        assert_eq!(next(&mut s, "g").unwrap(), "192.168.1.3/29");
+        // f's and g's records say gone too: only the once-per-call rule keeps them
+        s.note = gone_note();
+        s.finish();
+        let e = next(&mut s, "h").unwrap_err();
+        assert_eq!(
+            e.msg, "no IP addresses available in range set: 192.168.1.1-192.168.1.6",
+            "reclaimed once"
+        );
+        for live in ["192.168.1.4", "192.168.1.5", "192.168.1.6"] {
+            assert!(exists(&d, live), "{live}: a live namespace or no record");
+        }
+    }
+
+    #[test]
+    fn the_first_add_after_a_reboot_releases_the_reservations_of_earlier_boots() {
+        let d = tempfile::tempdir().unwrap();
+        let set = set(&[("192.168.1.0/29", None, None)]);
+        add_call(&d, &set, live_note(), &["a", "b"]);
+        let records = d.path().join("net").join(record::RECORDS_DIR);
+        let earlier_boot = |ip: &str| {
+            let path = records.join(ip);
+            let mut rec = Record::parse(&std::fs::read(&path).unwrap()).unwrap();
+            rec.boot = [9; 16];
+            std::fs::write(&path, rec.encode()).unwrap();
+        };
+        earlier_boot("192.168.1.2");
+        std::fs::write(records.join(record::BOOT_MARKER), record::boot_marker(&[9; 16])).unwrap();
+        let mut s = store(&d);
+        reclaim_after_reboot(&mut s, "net");
+        assert!(!exists(&d, "192.168.1.2"), "made before the reboot");
+        assert!(exists(&d, "192.168.1.3"), "made in this boot, for a live namespace");
+        let marker = std::fs::read(records.join(record::BOOT_MARKER)).unwrap();
+        assert_eq!(record::parse_boot_marker(&marker), Some(cni_common::nsident::boot_id()));
+        // once per boot: the next ADD does not look again
+        earlier_boot("192.168.1.3");
+        reclaim_after_reboot(&mut s, "net");
+        assert!(exists(&d, "192.168.1.3"));
+    }
+
+    #[test]
+    fn a_container_restarted_under_its_id_gets_an_address_only_when_its_namespace_is_gone() {
+        let d = tempfile::tempdir().unwrap();
+        let set = set(&[("192.168.1.0/29", None, None)]);
+        assert_eq!(add_call(&d, &set, gone_note(), &["a"]), ["192.168.1.2/29"]);
+        assert_eq!(add_call(&d, &set, None, &["a"]), ["192.168.1.3/29"], "the gone one's address released");
+        assert!(!exists(&d, "192.168.1.2"));
+        add_call(&d, &set, live_note(), &["b"]);
+        let e = alloc(&mut store(&d), &set, "b", None).unwrap_err();
+        assert_eq!(e.msg, "192.168.1.4 has been allocated to b, duplicate allocation is not allowed");
+        // a record that is not for the file there now (another writer replaced it) decides nothing
+        add_call(&d, &set, gone_note(), &["c"]);
+        let file = d.path().join("net/192.168.1.5");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "c\r\neth0").unwrap();
+        let e = alloc(&mut store(&d), &set, "c", None).unwrap_err();
+        assert_eq!(e.msg, "192.168.1.5 has been allocated to c, duplicate allocation is not allowed");
+    }
+
+    #[test]
+    fn a_late_del_is_told_from_the_del_of_the_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let set = set(&[("192.168.1.0/29", None, None)]);
+        let live = live_note().unwrap().path;
+        add_call(&d, &set, live_note(), &["a"]);
+        let s = store(&d);
+        let a = ip("192.168.1.2");
+        assert_eq!(late_del(&s, a, ""), None, "no namespace named: the DEL goes ahead");
+        assert_eq!(late_del(&s, a, &live), None, "the holder's own DEL");
+        let other = format!("/run/netns/cni-rs-unit-other-{}", std::process::id());
+        assert_eq!(
+            late_del(&s, a, &other),
+            Some(format!(
+                "DEL names network namespace {other}, but the address is held for this container and \
+                 interface by the live network namespace {live}"
+            ))
+        );
+        let file = d.path().join("net/192.168.1.2");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "a\r\neth0").unwrap();
+        assert_eq!(late_del(&s, a, &other), None, "the record is for another file");
+    }
 }

@@ -60,8 +60,14 @@ use std::time::Duration;
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub const LOCK_NAME: &str = "lock";
 /// Named temp files used only where `O_TMPFILE` is not available; a leftover one is removed
-/// by the next scan (all our work happens under the lock, so any such file found is stale).
+/// by the next scan (all our work happens under the lock, so any such file found is stale,
+/// except this process's own: [`tmp_name`]).
 const TMP_PREFIX: &str = ".host-local-tmp-";
+
+/// This process's named temp file.
+fn tmp_name() -> String {
+    format!("{TMP_PREFIX}{}", std::process::id())
+}
 /// Largest reservation file read: a container id comes from an environment variable (at most
 /// 128 KiB, the kernel's limit for one), plus the interface name and some whitespace.
 pub const RESERVATION_CAP: u64 = 256 << 10;
@@ -214,6 +220,18 @@ pub struct Pending {
     tmp_name: Option<String>,
     dir: Option<File>,
     content: Vec<u8>,
+}
+
+impl Pending {
+    /// Write `content` into `file`; `named`: the temp file's name and directory, removed when
+    /// the pending reservation is dropped (also when this write fails).
+    fn filled(mut file: File, named: Option<(String, File)>, content: Vec<u8>) -> Result<Pending> {
+        let (tmp_name, dir) = named.unzip();
+        let mut pending = Pending { file: None, tmp_name, dir, content };
+        file.write_all(&pending.content).map_err(|e| io_err("write reservation", e))?;
+        pending.file = Some(file);
+        Ok(pending)
+    }
 }
 
 impl Drop for Pending {
@@ -383,8 +401,8 @@ impl Store {
         Ok(())
     }
 
-    /// Read every reservation file (the slow path, as upstream does on every call). Removes our
-    /// own stale temp files on the way (except in read-only calls). Entries that are no
+    /// Read every reservation file (the slow path, as upstream does on every call). Removes the
+    /// stale temp files of earlier calls on the way (except in read-only calls). Entries that are no
     /// reservation files (FIFOs, links, oversized files) are skipped with a warning.
     pub fn scan(&self) -> Result<Vec<(IpAddr, Owner)>> {
         let listing = format!("/proc/self/fd/{}", self.dirf.as_raw_fd());
@@ -396,7 +414,8 @@ impl Store {
             let name = ent.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.starts_with(TMP_PREFIX) {
-                if self.access != Access::Read {
+                // Ours may hold a pending reservation (Store::pending_named removes a stale one).
+                if self.access != Access::Read && name != tmp_name() {
                     let _ = unlink_if_there(self.at(), name);
                 }
                 continue;
@@ -533,25 +552,24 @@ impl Store {
             OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
         );
-        let (mut file, tmp_name, dir) = match tmpfile {
-            Ok(fd) => (File::from(fd), None, None),
-            Err(_) => {
-                // No O_TMPFILE on this filesystem: a named temp file, linked then removed.
-                let name = format!("{TMP_PREFIX}{}", std::process::id());
-                unlink_if_there(self.at(), &name)
-                    .map_err(|e| io_err(format!("remove {}", self.path_of(&name).display()), e))?;
-                let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
-                let f = open_regular_at(self.at(), &name, create, 0o600)
-                    .map_err(|e| io_err(format!("create {}", self.path_of(&name).display()), e))?;
-                let dir = self.dirf.try_clone().map_err(|e| io_err("duplicate a directory handle", e))?;
-                (f, Some(name), Some(dir))
-            }
-        };
-        // Owns the temp name from here on, so an error below removes it.
-        let mut pending = Pending { file: None, tmp_name, dir, content };
-        file.write_all(&pending.content).map_err(|e| io_err("write reservation", e))?;
-        pending.file = Some(file);
-        Ok(pending)
+        match tmpfile {
+            Ok(fd) => Pending::filled(File::from(fd), None, content),
+            // No O_TMPFILE on this filesystem.
+            Err(_) => self.pending_named(content),
+        }
+    }
+
+    /// Prepare `content` in a named temp file, linked then removed (where the filesystem has
+    /// no `O_TMPFILE`).
+    fn pending_named(&self, content: Vec<u8>) -> Result<Pending> {
+        let name = tmp_name();
+        unlink_if_there(self.at(), &name)
+            .map_err(|e| io_err(format!("remove {}", self.path_of(&name).display()), e))?;
+        let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+        let f = open_regular_at(self.at(), &name, create, 0o600)
+            .map_err(|e| io_err(format!("create {}", self.path_of(&name).display()), e))?;
+        let dir = self.dirf.try_clone().map_err(|e| io_err("duplicate a directory handle", e))?;
+        Pending::filled(f, Some((name, dir)), content)
     }
 
     /// Link `p` under the name of `ip`. `false` when the address is taken.
@@ -664,13 +682,10 @@ impl Store {
         }
     }
 
-    /// Replace the content of the regular file `name` (created when missing).
+    /// Replace the content of the regular file `name` in place (created when missing).
     fn write_file(&self, name: &str, content: &[u8]) -> Result<()> {
-        let fail = |e: io::Error| io_err(format!("write {}", self.path_of(name).display()), e);
-        let mut f =
-            open_regular_at(self.at(), name, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600).map_err(fail)?;
-        f.set_len(0).map_err(fail)?;
-        f.write_all(content).map_err(fail)
+        write_in_place(self.at(), name, content)
+            .map_err(|e| io_err(format!("write {}", self.path_of(name).display()), e))
     }
 
     /// Write the cursor in place, as upstream does (it is only a hint: a torn write just
@@ -816,9 +831,7 @@ impl Store {
                 Ok(()) => {
                     // New: nothing from an earlier boot is in it.
                     let d = self.records_dir(false)?.expect("just made");
-                    let mut f =
-                        open_regular_at(d.as_fd(), BOOT_MARKER, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600)?;
-                    f.write_all(record::boot_marker(&self.boot).as_bytes())?;
+                    write_in_place(d.as_fd(), BOOT_MARKER, record::boot_marker(&self.boot).as_bytes())?;
                     return Ok(Some(d));
                 }
                 Err(Errno::EEXIST) => {}
@@ -1010,8 +1023,15 @@ impl Store {
     }
 }
 
+/// Replace the content of the regular file `name` in `dir` in place (created when missing).
+fn write_in_place(dir: BorrowedFd<'_>, name: &str, content: &[u8]) -> io::Result<()> {
+    let mut f = open_regular_at(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600)?;
+    f.set_len(0)?;
+    f.write_all(content)
+}
+
 /// Replace (or create) the regular file `name` in `dir` atomically with `content`: an unnamed
-/// file linked in place of the old one.
+/// file linked in place of the old one (in place where the filesystem has no `O_TMPFILE`).
 fn replace_file(dir: BorrowedFd<'_>, name: &str, content: &[u8]) -> io::Result<()> {
     let fd = nix::fcntl::openat(
         dir,
@@ -1019,11 +1039,7 @@ fn replace_file(dir: BorrowedFd<'_>, name: &str, content: &[u8]) -> io::Result<(
         OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o600),
     );
-    let Ok(fd) = fd else {
-        let mut f = open_regular_at(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT, 0o600)?;
-        f.set_len(0)?;
-        return f.write_all(content);
-    };
+    let Ok(fd) = fd else { return write_in_place(dir, name, content) };
     let mut f = File::from(fd);
     f.write_all(content)?;
     let src = format!("/proc/self/fd/{}", f.as_raw_fd());
@@ -1273,16 +1289,25 @@ mod tests {
         let (d, net) = seeded(&[("10.0.0.9", b"up\r\neth0")]);
         let target = d.path().join("target");
         std::os::unix::fs::symlink(&target, net.join(LOCK_NAME)).unwrap();
-        let e = Store::open(&net, Access::Add, DEFAULT_LOCK_TIMEOUT).err().unwrap();
-        assert_eq!(e.code, code::IO);
-        assert!(e.msg.ends_with("/net/lock: a symbolic link, which is not followed"), "{}", e.msg);
+        for access in [Access::Add, Access::Change, Access::Read] {
+            let e = Store::open(&net, access, DEFAULT_LOCK_TIMEOUT).err().unwrap();
+            assert_eq!(e.code, code::IO);
+            assert_eq!(
+                e.msg,
+                format!("open {}/lock: a symbolic link, which is not followed", net.display()),
+                "{access:?}"
+            );
+        }
         assert!(!target.exists());
         std::fs::remove_file(net.join(LOCK_NAME)).unwrap();
         std::fs::write(&target, "victim").unwrap();
         std::os::unix::fs::symlink(&target, net.join("last_reserved_ip.0")).unwrap();
         let mut s = open(&net);
-        assert!(s.last_reserved(0).is_err());
-        assert!(s.set_last_reserved(0, ip("10.0.0.2")).is_err());
+        let cursor = net.join("last_reserved_ip.0");
+        let e = s.last_reserved(0).unwrap_err();
+        assert_eq!(e.msg, format!("read {}: a symbolic link, which is not followed", cursor.display()));
+        let e = s.set_last_reserved(0, ip("10.0.0.2")).unwrap_err();
+        assert_eq!(e.msg, format!("write {}: a symbolic link, which is not followed", cursor.display()));
         assert_eq!(std::fs::read(&target).unwrap(), b"victim");
     }
 
@@ -1331,5 +1356,406 @@ mod tests {
         let e = io_err("remove /d/10.0.0.2", Errno::EROFS);
         assert_eq!(e.code, code::IO);
         assert_eq!(e.msg, "remove /d/10.0.0.2: Read-only file system (os error 30)");
+    }
+
+    /// The names in directory `d`, sorted.
+    fn names(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    fn note(path: &str) -> Option<NsNote> {
+        Some(NsNote { id: NsIdent { ino: 7, cookie: 8 }, path: path.into() })
+    }
+
+    fn ips(held: &[Held]) -> Vec<IpAddr> {
+        held.iter().map(|h| h.1).collect()
+    }
+
+    #[test]
+    fn a_store_directory_that_is_a_link_or_a_file_is_refused() {
+        let (d, real) = seeded(&[]);
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let file = d.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        for access in [Access::Add, Access::Change, Access::Read] {
+            let e = Store::open(&link, access, DEFAULT_LOCK_TIMEOUT).err().unwrap();
+            assert_eq!(e.code, code::IO);
+            assert_eq!(
+                e.msg,
+                format!("store directory {} is a symbolic link, not a directory", link.display())
+            );
+        }
+        for access in [Access::Change, Access::Read] {
+            let e = Store::open(&file, access, DEFAULT_LOCK_TIMEOUT).err().unwrap();
+            assert_eq!(
+                e.msg,
+                format!("store directory {} is a regular file, not a directory", file.display())
+            );
+        }
+        assert_eq!(names(&real), Vec::<String>::new(), "nothing made through the link");
+        let why = Store::usable(&link, 1).unwrap_err();
+        assert_eq!(why, format!("store directory {} is a symbolic link, not a directory", link.display()));
+        let why = Store::usable(&file, 1).unwrap_err();
+        assert_eq!(why, format!("store directory {} is a regular file, not a directory", file.display()));
+    }
+
+    #[test]
+    fn status_finds_a_store_usable_only_when_an_add_could_work() {
+        let (d, net) = seeded(&[("last_reserved_ip.0", b"10.0.0.5"), (LOCK_NAME, b"")]);
+        assert_eq!(Store::usable(&net, 2), Ok(()), "regular lock and cursor; cursor 1 not made yet");
+        assert_eq!(Store::usable(&d.path().join("new/net"), 1), Ok(()), "ADD would create it");
+        std::fs::write(d.path().join("plain"), "").unwrap();
+        let under_file = d.path().join("plain/net");
+        let why = Store::usable(&under_file, 1).unwrap_err();
+        assert_eq!(why, format!("open {}: Not a directory (os error 20)", under_file.display()));
+        std::os::unix::fs::symlink("/etc/hostname", net.join("last_reserved_ip.1")).unwrap();
+        assert_eq!(Store::usable(&net, 1), Ok(()), "one range set: cursor 1 is not used");
+        let why = Store::usable(&net, 2).unwrap_err();
+        assert_eq!(
+            why,
+            format!("{}/last_reserved_ip.1 is a symbolic link, not a regular file", net.display())
+        );
+        std::fs::remove_file(net.join(LOCK_NAME)).unwrap();
+        nix::unistd::mkfifo(&net.join(LOCK_NAME), Mode::from_bits_truncate(0o600)).unwrap();
+        let why = Store::usable(&net, 1).unwrap_err();
+        assert_eq!(why, format!("{}/lock is a FIFO, not a regular file", net.display()));
+    }
+
+    #[test]
+    fn check_and_status_share_the_lock_and_changes_wait_for_every_holder() {
+        let (_d, net) = net_dir();
+        drop(open(&net));
+        let short = Duration::from_millis(20);
+        let check1 = Store::open(&net, Access::Read, short).unwrap().unwrap();
+        let check2 = Store::open(&net, Access::Read, short).unwrap().unwrap();
+        for access in [Access::Change, Access::Add] {
+            let e = Store::open(&net, access, short).err().unwrap();
+            assert_eq!(e.code, code::TRY_AGAIN, "{access:?}");
+            assert!(e.msg.starts_with(&format!("lock {}/lock: ", net.display())), "{}", e.msg);
+        }
+        drop((check1, check2));
+        let del = Store::open(&net, Access::Change, short).unwrap().unwrap();
+        let e = Store::open(&net, Access::Read, short).err().unwrap();
+        assert_eq!(e.code, code::TRY_AGAIN, "CHECK waits for a DEL");
+        drop(del);
+    }
+
+    #[test]
+    fn a_store_directory_removed_under_the_call_is_never_used_without_its_lock() {
+        let (_d, net) = seeded(&[]);
+        let dirf = File::open(&net).unwrap();
+        std::fs::remove_dir(&net).unwrap();
+        for access in [Access::Add, Access::Change] {
+            let e = Store::open_lock(&dirf, &net, access).unwrap_err();
+            assert_eq!(
+                (e.code, e.msg),
+                (code::IO, format!("open {}/lock: No such file or directory (os error 2)", net.display()))
+            );
+        }
+        assert!(Store::open_lock(&dirf, &net, Access::Read).unwrap().is_none(), "CHECK: no lock to share");
+    }
+
+    #[test]
+    fn who_holds_an_address_that_is_no_reservation_file() {
+        let (_d, net) = seeded(&[("10.0.0.2", b"c1\r\neth0")]);
+        nix::unistd::mkfifo(&net.join("10.0.0.5"), Mode::from_bits_truncate(0o600)).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(net.join("10.0.0.6")).unwrap();
+        let s = open(&net);
+        assert_eq!(s.owner_of(ip("10.0.0.7")).unwrap(), None, "no file: nobody");
+        assert_eq!(
+            s.owner_of(ip("10.0.0.5")).unwrap(),
+            Some(Owner::Foreign("not a regular file but a FIFO".into()))
+        );
+        let e = s.owner_of(ip("10.0.0.6")).unwrap_err();
+        assert_eq!(
+            (e.code, e.msg),
+            (code::IO, format!("read {}/10.0.0.6: No such device or address (os error 6)", net.display()))
+        );
+        assert_eq!(
+            s.owner_of(ip("10.0.0.2")).unwrap(),
+            Some(Owner::Attachment { id: "c1".into(), ifname: "eth0".into() })
+        );
+    }
+
+    #[test]
+    fn every_change_leaves_an_index_the_next_call_trusts() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        for (addr, id) in [("10.0.0.2", "c1"), ("10.0.0.3", "c2"), ("10.0.0.4", "c3")] {
+            assert!(reserve(&mut s, addr, id));
+        }
+        s.finish();
+        drop(s);
+        // DEL of c2: found in the on-disk index, released from it
+        let mut s = Store::open(&net, Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap();
+        let held = s.held_exact(&att("c2", "eth0")).unwrap();
+        assert_eq!((s.rebuilds, held.len()), (0, 1));
+        assert!(held[0].0.is_some(), "an index slot");
+        s.release(held[0].0, held[0].1).unwrap();
+        s.finish();
+        drop(s);
+        let dirf = File::open(&net).unwrap();
+        let idx = Index::open(dirf.as_fd(), false).unwrap();
+        assert_eq!(idx.live(), 2);
+        assert!(idx.lookup(Kind::Attachment, key_hash(Kind::Attachment, "c2", "eth0")).unwrap().is_empty());
+        // One call reserves two addresses and releases one of them again (an ADD that meets
+        // an earlier incarnation's reservation, or a rollback).
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
+        assert!(s.held_exact(&att("c2", "eth0")).unwrap().is_empty());
+        assert!(reserve(&mut s, "10.0.0.5", "c4"));
+        assert!(reserve(&mut s, "10.0.0.6", "c5"));
+        s.release(None, ip("10.0.0.5")).unwrap();
+        s.finish();
+        drop(s);
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c5", "eth0")).unwrap()), [ip("10.0.0.6")]);
+        assert!(s.held_exact(&att("c4", "eth0")).unwrap().is_empty());
+        assert_eq!(ips(&s.held_exact(&att("c3", "eth0")).unwrap()), [ip("10.0.0.4")]);
+        assert_eq!(s.rebuilds, 0, "every index above was trusted");
+    }
+
+    #[test]
+    fn the_directory_is_stamped_one_second_in_the_past() {
+        // A later change by anyone sets the mtime to the current time, which can then never
+        // equal the stamp, even where timestamps have a resolution of one second.
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        let before = std::time::SystemTime::now();
+        s.finish();
+        let after = std::time::SystemTime::now();
+        let m = std::fs::metadata(&net).unwrap().modified().unwrap();
+        let second = Duration::from_secs(1);
+        assert!(before - second <= m && m <= after - second, "{m:?} not 1 s before {before:?} … {after:?}");
+    }
+
+    #[test]
+    fn an_index_damaged_during_a_call_gives_way_to_the_files() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert!(reserve(&mut s, "10.0.0.3", "c2"));
+        s.finish();
+        drop(s);
+        let mut s = Store::open(&net, Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap();
+        assert_eq!(s.held_exact(&att("c1", "eth0")).unwrap().len(), 1, "index loaded");
+        let f = std::fs::OpenOptions::new().write(true).open(net.join(INDEX_NAME)).unwrap();
+        f.set_len(4096).unwrap(); // the table is gone
+        let held = s.held_exact(&att("c1", "eth0")).unwrap();
+        assert_eq!(held, [(None, ip("10.0.0.2"))], "from a scan");
+        s.release(None, ip("10.0.0.2")).unwrap();
+        assert_eq!(s.held_exact(&att("c2", "eth0")).unwrap(), [(None, ip("10.0.0.3"))]);
+        s.finish();
+        drop(s);
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c2", "eth0")).unwrap()), [ip("10.0.0.3")]);
+        assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty());
+        assert_eq!(s.rebuilds, 1, "the damaged index was not stamped as trusted");
+    }
+
+    #[test]
+    fn without_o_tmpfile_a_named_temp_file_is_linked_and_always_removed() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty(), "index loaded, as reserve does first");
+        // The name a later call's scan recognises as a leftover (a killed call's) and removes.
+        let tmp = format!(".host-local-tmp-{}", std::process::id());
+        let p = s.pending_named(b"c1\r\neth0".to_vec()).unwrap();
+        assert_eq!(std::fs::read(net.join(&tmp)).unwrap(), b"c1\r\neth0");
+        drop(p);
+        assert!(!net.join(&tmp).exists(), "an unused one is removed");
+        let mut p = Some(s.pending_named(b"c1\r\neth0".to_vec()).unwrap());
+        assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
+        s.finish();
+        assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
+        assert_eq!(names(&net), [INDEX_NAME, "10.0.0.2", "lock"], "no temp file left");
+    }
+
+    /// An index that cannot be written (its temporary name taken by a directory here; a full
+    /// filesystem in practice): the call works from the files, publishes no index, and the next
+    /// call finds the reservations all the same.
+    #[test]
+    fn without_a_writable_index_the_call_works_from_the_files() {
+        let (_d, net) = seeded(&[("10.0.0.3", b"c2\r\neth0")]);
+        std::fs::create_dir_all(net.join(".host-local-index.tmp/x")).unwrap();
+        let mut s = open(&net);
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
+        assert_eq!(ips(&s.held_exact(&att("c2", "eth0")).unwrap()), [ip("10.0.0.3")]);
+        s.finish();
+        assert_eq!(
+            names(&net),
+            [".host-local-index.tmp", "10.0.0.2", "10.0.0.3", "lock"],
+            "no index published"
+        );
+        drop(s);
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
+    }
+
+    /// A scan later in the same call (after an index read error, during an exhaustion
+    /// reclaim) removed the call's own pending temp file, and the next candidate's link failed.
+    #[test]
+    fn a_scan_during_the_call_keeps_its_own_named_temp_file() {
+        let (_d, net) = seeded(&[(".host-local-tmp-1", b"stale")]);
+        let mut s = open(&net);
+        assert!(s.held_exact(&att("c1", "eth0")).unwrap().is_empty());
+        assert!(!net.join(".host-local-tmp-1").exists(), "another process's is stale");
+        let mut p = Some(s.pending_named(b"c1\r\neth0".to_vec()).unwrap());
+        s.rebuild().unwrap();
+        assert!(s.reserve(&mut p, ip("10.0.0.2"), &att("c1", "eth0")).unwrap());
+        assert_eq!(std::fs::read(net.join("10.0.0.2")).unwrap(), b"c1\r\neth0");
+    }
+
+    /// A record is replaced by a new file, never rewritten in place: whoever opened the old one
+    /// reads it whole (where the filesystem has O_TMPFILE, as here).
+    #[test]
+    fn replace_file_puts_a_new_file_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f"), b"the old record").unwrap();
+        let old = File::open(d.path().join("f")).unwrap();
+        let dirf = File::open(d.path()).unwrap();
+        replace_file(dirf.as_fd(), "f", b"new").unwrap();
+        assert_eq!(std::fs::read(d.path().join("f")).unwrap(), b"new");
+        assert_eq!(std::io::read_to_string(old).unwrap(), "the old record");
+        assert_eq!(names(d.path()), ["f"]);
+    }
+
+    #[test]
+    fn cursors_are_put_back_as_they_were() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        let cursor = net.join("last_reserved_ip.0");
+        assert_eq!(s.cursor_snapshot(0), None);
+        s.set_last_reserved(0, ip("10.0.0.5")).unwrap();
+        let saved = s.cursor_snapshot(0);
+        assert_eq!(saved.as_deref(), Some(&b"10.0.0.5"[..]));
+        s.set_last_reserved(0, ip("10.0.0.9")).unwrap();
+        s.restore_cursor(0, saved).unwrap();
+        assert_eq!(std::fs::read(&cursor).unwrap(), b"10.0.0.5");
+        s.restore_cursor(0, None).unwrap();
+        assert!(!cursor.exists(), "no cursor before: none after");
+    }
+
+    #[test]
+    fn records_are_written_for_what_the_call_still_holds() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        s.note = note("/run/netns/x");
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert!(reserve(&mut s, "10.0.0.3", "c2"));
+        s.release(None, ip("10.0.0.2")).unwrap();
+        s.finish();
+        assert_eq!(s.records().into_iter().map(|r| r.0).collect::<Vec<_>>(), [ip("10.0.0.3")]);
+        let rec = s.record(ip("10.0.0.3")).unwrap();
+        assert_eq!(
+            (rec.path.as_str(), rec.ns, rec.boot),
+            ("/run/netns/x", NsIdent { ino: 7, cookie: 8 }, boot_id())
+        );
+        assert_eq!(Some(rec.file), s.file_id(ip("10.0.0.3")));
+        assert!(s.record(ip("10.0.0.2")).is_none());
+    }
+
+    #[test]
+    fn reclaim_releases_what_is_judged_dead_and_keeps_the_rest_in_the_index() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        s.note = note("/run/netns/x");
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        assert!(reserve(&mut s, "2001:db8::2", "c1"));
+        s.finish();
+        drop(s);
+        let mut s = open(&net);
+        let v4 = s.file_id(ip("10.0.0.2"));
+        let released = s.reclaim(|rec| (Some(rec.file) == v4).then(|| "gone".to_string())).unwrap();
+        let c1 = Owner::Attachment { id: "c1".into(), ifname: "eth0".into() };
+        assert_eq!(released, [(ip("10.0.0.2"), c1, "gone".to_string())]);
+        s.finish();
+        drop(s);
+        assert!(!net.join("10.0.0.2").exists());
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("2001:db8::2")]);
+        assert_eq!(s.rebuilds, 0);
+        assert_eq!(s.records().into_iter().map(|r| r.0).collect::<Vec<_>>(), [ip("2001:db8::2")]);
+    }
+
+    #[test]
+    fn gc_removes_what_is_not_kept_with_its_record_and_stale_records() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        s.note = note("/run/netns/x");
+        for (addr, id) in [("10.0.0.2", "c1"), ("10.0.0.3", "c2"), ("10.0.0.4", "c3")] {
+            assert!(reserve(&mut s, addr, id));
+        }
+        s.finish();
+        drop(s);
+        // upstream released 10.0.0.3 and reserved it again: its record is for another file
+        std::fs::remove_file(net.join("10.0.0.3")).unwrap();
+        std::fs::write(net.join("10.0.0.3"), b"c2\r\neth0").unwrap();
+        let mut s = Store::open(&net, Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap();
+        let c1 = Owner::Attachment { id: "c1".into(), ifname: "eth0".into() };
+        let (removed, errors) = s.retain(|o| *o != c1).unwrap();
+        assert_eq!((removed, errors.len()), (vec![ip("10.0.0.2")], 0));
+        s.finish();
+        assert_eq!(names(&net), [INDEX_NAME, RECORDS_DIR, "10.0.0.3", "10.0.0.4", "lock"]);
+        assert_eq!(s.records().into_iter().map(|r| r.0).collect::<Vec<_>>(), [ip("10.0.0.4")]);
+    }
+
+    #[test]
+    fn gc_of_an_upstream_store_leaves_an_index_even_when_it_removes_nothing() {
+        let (_d, net) = seeded(&[("10.0.0.2", b"c1\r\neth0"), (LOCK_NAME, b"")]);
+        let mut s = Store::open(&net, Access::Change, DEFAULT_LOCK_TIMEOUT).unwrap().unwrap();
+        assert!(s.retain(|_| true).unwrap().0.is_empty());
+        s.finish();
+        drop(s);
+        let mut s = open(&net);
+        assert_eq!(ips(&s.held_exact(&att("c1", "eth0")).unwrap()), [ip("10.0.0.2")]);
+        assert_eq!(s.rebuilds, 0, "the index GC wrote is trusted");
+    }
+
+    #[test]
+    fn the_boot_marker_says_which_boot_last_dealt_with_earlier_boots() {
+        let (_d, net) = net_dir();
+        let mut s = open(&net);
+        assert_eq!(s.boot(), boot_id());
+        assert_eq!(s.records_boot(), None, "no records");
+        s.note = note("/run/netns/x");
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        s.finish();
+        assert_eq!(s.records_boot(), Some(boot_id()), "a new records directory: nothing of earlier boots");
+        let marker = net.join(RECORDS_DIR).join(BOOT_MARKER);
+        std::fs::write(&marker, record::boot_marker(&[9; 16])).unwrap();
+        assert_eq!(s.records_boot(), Some([9; 16]));
+        s.set_records_boot();
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), record::boot_marker(&boot_id()));
+        std::fs::write(&marker, "junk").unwrap();
+        assert_eq!(s.records_boot(), Some([0; 16]), "damaged: some earlier boot");
+        std::fs::remove_file(&marker).unwrap();
+        assert_eq!(s.records_boot(), Some([0; 16]), "missing: some earlier boot");
+    }
+
+    #[test]
+    fn a_records_directory_that_is_a_link_or_a_file_is_not_used() {
+        let (d, net) = seeded(&[]);
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join(BOOT_MARKER), record::boot_marker(&[9; 16])).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, net.join(RECORDS_DIR)).unwrap();
+        let mut s = open(&net);
+        assert_eq!(s.records_boot(), None);
+        s.note = note("/run/netns/x");
+        assert!(reserve(&mut s, "10.0.0.2", "c1"));
+        s.finish();
+        assert!(s.records().is_empty());
+        assert_eq!(names(&elsewhere), [BOOT_MARKER], "nothing written through the link");
+        std::fs::remove_file(net.join(RECORDS_DIR)).unwrap();
+        std::fs::write(net.join(RECORDS_DIR), record::boot_marker(&[9; 16])).unwrap();
+        assert_eq!(s.records_boot(), None);
+        assert!(s.record(ip("10.0.0.2")).is_none());
     }
 }
