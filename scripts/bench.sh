@@ -180,6 +180,12 @@ if [ -n "$base" ]; then
     bench startup loopback bridge chain bandwidth --iterations $((it * 2 / 3)) --baseline "$base" --baseline-name "$BASELINE_REF" |
         grep -v '^Machine' | sed '/^Peak RSS/,$d'
     echo
+    echo "The two builds may keep portmap's table in different layouts (\`5fca5c6\` and earlier: layout 1;"
+    echo "plugins/portmap/README.md, \"Upgrading\"), and both sides of this run share one host"
+    echo "namespace and so one table: then each side's ADD after the other's finds the other layout and"
+    echo "rebuilds the table, and the full chain's \`ADD portmap\` and \`ADD (whole chain)\` rows time that"
+    echo "back-and-forth, not portmap."
+    echo
 fi
 echo "## Binary sizes"
 echo
