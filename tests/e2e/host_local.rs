@@ -683,26 +683,30 @@ fn killed_adds_never_leave_partial_files_and_the_store_stays_usable() {
     let net = d.path().join("mynet");
     let (mut kills, mut mid_write) = (0usize, 0usize);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
-    // Rounds of 20 concurrent ADDs: half are killed after a random delay wherever they are,
-    // half are stopped (SIGSTOP) again and again until one is caught with a reservation or
-    // record half written, and killed there. At least 5 rounds, and until a kill landed
-    // mid-write (bounded).
+    // Rounds of 20 ADDs: 10 started together and killed after a random delay wherever they
+    // are; while they run, 10 more one by one, each stopped (SIGSTOP) again and again from its
+    // start (it runs a random slice of up to 0.2 ms between two looks) until it is caught with
+    // a reservation or record half written, and killed there. At least 5 rounds, and until a
+    // kill landed mid-write (bounded). (Each is watched from its start, not after the others:
+    // on a quiet machine an ADD has finished writing before a late look.)
     for round in 0..60 {
         let mut children = Vec::new();
-        for i in 0..20 {
+        for i in 0..10 {
             children.push(hl("ADD", &format!("k{round}-{i}"), &ns).spawn(&text));
         }
-        for (i, ch) in children.iter_mut().enumerate() {
+        for i in 0..20 {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let pid = ch.id();
             if i % 2 == 0 {
                 std::thread::sleep(std::time::Duration::from_micros(rng % 3000));
-                let _ = ch.kill();
+                let _ = children[i / 2].kill();
                 kills += 1;
                 continue;
             }
+            children.push(hl("ADD", &format!("k{round}-{}", 10 + i / 2), &ns).spawn(&text));
+            let ch = children.last_mut().expect("just pushed");
+            let pid = ch.id();
             let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
             while std::time::Instant::now() < end && matches!(ch.try_wait(), Ok(None)) {
                 // SAFETY: signals to our own child, not yet reaped.
@@ -720,6 +724,11 @@ fn killed_adds_never_leave_partial_files_and_the_store_stays_usable() {
                 }
                 // SAFETY: as above.
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+                // let it run a random slice (up to 0.2 ms) before the next look
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                std::thread::sleep(std::time::Duration::from_micros(rng % 200));
             }
         }
         for mut ch in children {
