@@ -26,6 +26,16 @@ impl NsIdent {
     }
 }
 
+/// Whether a CNI_NETNS path can be recorded beside an attachment's state (portmap's element
+/// comment, host-local's record) and read back as one token: not empty, at most `max` bytes,
+/// and only characters that cannot break a line or need escaping (no space, control or
+/// non-ASCII character). What is read back is still only opened by [`NetNs::open_recorded`].
+pub fn recordable_path(path: &str, max: usize) -> bool {
+    !path.is_empty()
+        && path.len() <= max
+        && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-~".contains(&b))
+}
+
 /// The netns cookie of the calling thread's network namespace; 0 when the kernel lacks
 /// `SO_NETNS_COOKIE`.
 pub fn cookie_here() -> u64 {

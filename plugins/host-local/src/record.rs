@@ -50,12 +50,9 @@ pub struct Record {
     pub path: String,
 }
 
-/// Whether `path` can be written into a record: a bounded length and no characters that could
-/// break the line (spaces, control characters, non-ASCII).
+/// Whether `path` can be written into a record (one token of a line).
 pub fn recordable(path: &str) -> bool {
-    !path.is_empty()
-        && path.len() <= PATH_MAX
-        && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-~".contains(&b))
+    cni_common::nsident::recordable_path(path, PATH_MAX)
 }
 
 pub fn hex(b: &[u8]) -> String {

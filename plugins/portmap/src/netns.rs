@@ -19,12 +19,12 @@ use crate::model::NsId;
 use cni_common::netns::NetNs;
 use cni_common::{nsident, Request, Result};
 
-/// Paths longer than this, or with other characters than these, are not recorded: the comment
-/// that holds the path is limited to 128 bytes, and nft would escape other characters.
+/// Paths longer than this are not recorded: the comment that holds the path is limited to 128
+/// bytes (nor paths with characters nft would escape: `nsident::recordable_path`).
 const PATH_MAX: usize = 128;
 
 fn recordable(path: &str) -> bool {
-    path.len() <= PATH_MAX && path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.:@,=+-".contains(&b))
+    nsident::recordable_path(path, PATH_MAX)
 }
 
 /// The identity of an open namespace (cni-common's, in portmap's element form).
