@@ -302,6 +302,24 @@ impl Netlink {
         Ok(all.into_iter().filter(|r| family.is_none_or(|f| Family::of(&r.dst.addr()) == f)).collect())
     }
 
+    /// The route the kernel would use to reach `dst` (`ip route get`: one lookup, policy
+    /// routing included, no dump), or `None` when `dst` is unreachable. The answer is a host
+    /// route to `dst` carrying the chosen `oif` and gateway.
+    pub fn route_get(&mut self, dst: IpAddr) -> Result<Option<Route>, NlError> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = af_of(Some(Family::of(&dst)));
+        msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        match self.sock.request(RouteNetlinkMessage::GetRoute(msg), 0) {
+            Ok(replies) => Ok(replies
+                .iter()
+                .filter(|r| r.msg_type == RTM_NEWROUTE)
+                .find_map(|r| parse_route(&r.payload))),
+            Err(e) if matches!(e.errno, libc::ENETUNREACH | libc::EHOSTUNREACH) => Ok(None),
+            Err(e) => Err(e.during(format!("look up the route to {dst}"))),
+        }
+    }
+
     /// Add a route. EEXIST ([`NlError::is_exists`]) when it exists, unless `append`/`replace`.
     pub fn route_add(&mut self, spec: &RouteSpec) -> Result<(), NlError> {
         let msg = route_message(spec)?;

@@ -404,6 +404,14 @@ fn routes_add_and_list() {
         .route_add(&RouteSpec { gw: Some(ip("10.99.99.1")), ..RouteSpec::new(net("10.30.0.0/16")) })
         .unwrap_err();
     assert_eq!(e.errno(), libc::ENETUNREACH, "{e}");
+
+    // One lookup, as `ip route get`: the connected network, a route via the gateway (the
+    // default route above), nothing (IPv6 has no default route here).
+    let got = nl.route_get(ip("192.168.50.9")).unwrap().expect("connected");
+    assert_eq!((got.oif, got.gw), (Some(d.index), None), "{got:?}");
+    let got = nl.route_get(ip("10.10.3.4")).unwrap().expect("via the gateway");
+    assert_eq!((got.oif, got.gw), (Some(d.index), Some(ip("192.168.50.1"))), "{got:?}");
+    assert_eq!(nl.route_get(ip("2001:db8:77::1")).unwrap(), None, "no IPv6 default route here: unreachable");
 }
 
 #[test]

@@ -8,7 +8,7 @@ cni_common::global_allocator!();
 use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::net::Family;
 use cni_common::netlink::conntrack;
-use cni_common::netlink::{Netlink, RouteKind, TABLE_MAIN};
+use cni_common::netlink::{Netlink, RouteKind};
 use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, sysctl, CniError, ErrorList, Plugin, Request, Result};
@@ -54,11 +54,8 @@ fn nf_tables() -> Result<kernel::Netlink> {
 /// The table's `localnet` guard keeps containers from using it to reach the host's loopback.
 fn enable_route_localnet(ctr: IpAddr) -> Result<()> {
     let mut nl = Netlink::new().map_err(CniError::from)?;
-    let routes = nl.routes(Some(Family::V4)).map_err(CniError::from)?;
-    let best = routes
-        .iter()
-        .filter(|r| r.table == TABLE_MAIN && r.kind == RouteKind::Unicast && r.dst.contains(&ctr))
-        .max_by_key(|r| r.dst.prefix_len());
+    // the kernel's own choice for the container's address: one lookup, not a dump of every route
+    let best = nl.route_get(ctr).map_err(CniError::from)?.filter(|r| r.kind == RouteKind::Unicast);
     let Some(oif) = best.and_then(|r| r.oif.or_else(|| r.nexthops.first().and_then(|h| h.oif))) else {
         eprintln!("portmap: note: no route to {ctr} in the host; route_localnet not set");
         return Ok(());
