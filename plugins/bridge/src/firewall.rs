@@ -113,14 +113,14 @@ pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Res
                     && c.chain_type.as_deref() == Some("nat")
             });
             let prefix = a.masq_tag();
-            let rules = nf.rules(NftFamily::Inet, MASQ_TABLE, None)?;
-            let post: Vec<&NftRule> = rules.iter().filter(|r| r.chain == MASQ_HOOK_CHAIN).collect();
-            f.masq_hooked = hook_ok && postrouting_ok(&post);
-            f.masq = rules
+            // chain by chain: rules another process appends to masq_checks while a dump of
+            // the whole table is under way would shift the rules of postrouting after them
+            let post = nf.rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_HOOK_CHAIN))?;
+            f.masq_hooked = hook_ok && postrouting_ok(&post.iter().collect::<Vec<_>>());
+            f.masq = nf
+                .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
                 .into_iter()
-                .filter(|r| {
-                    r.chain == MASQ_CHAIN && r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix))
-                })
+                .filter(|r| r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix)))
                 .collect();
         }
     }
@@ -137,11 +137,14 @@ pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Res
         });
         f.spoof_chains = (chains.iter().any(|c| c.name == chain), chains.iter().any(|c| c.name == mac_chain));
         if !chains.is_empty() {
-            for r in nf.rules(NftFamily::Bridge, SPOOF_TABLE, None)? {
-                if r.chain == SPOOF_BASE_CHAIN && r.comment.as_deref() == Some(comment.as_str()) {
-                    f.spoof_jumps.push(r);
-                } else if r.chain == chain || r.chain == mac_chain {
-                    f.spoof_rules.push(r);
+            f.spoof_jumps = nf
+                .rules(NftFamily::Bridge, SPOOF_TABLE, Some(SPOOF_BASE_CHAIN))?
+                .into_iter()
+                .filter(|r| r.comment.as_deref() == Some(comment.as_str()))
+                .collect();
+            for (name, exists) in [(&chain, f.spoof_chains.0), (&mac_chain, f.spoof_chains.1)] {
+                if exists {
+                    f.spoof_rules.extend(nf.rules(NftFamily::Bridge, SPOOF_TABLE, Some(name))?);
                 }
             }
         }

@@ -45,6 +45,7 @@ pub(crate) const NFTA_RULE_TABLE: u16 = 1;
 pub(crate) const NFTA_RULE_CHAIN: u16 = 2;
 pub(crate) const NFTA_RULE_HANDLE: u16 = 3;
 pub(crate) const NFTA_RULE_EXPRESSIONS: u16 = 4;
+pub(crate) const NFTA_RULE_POSITION: u16 = 6;
 pub(crate) const NFTA_RULE_USERDATA: u16 = 7;
 
 pub(crate) const NFTA_GEN_ID: u16 = 1;

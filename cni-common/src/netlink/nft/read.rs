@@ -105,6 +105,48 @@ pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
     Some(rule)
 }
 
+/// Whether the rules of a dump are one listing, each chain's rules in order with none
+/// missing or repeated. A dump longer than one datagram is resumed by counting rules, and the
+/// kernel counts rules that an uncommitted transaction of another process has just linked
+/// into a chain (or unlinks when that transaction aborts) without marking the dump as
+/// interrupted: the next datagram then repeats a rule or skips one. Every dumped rule names
+/// the rule before it in its chain (`NFTA_RULE_POSITION`, absent for the first), so a listing
+/// is whole when each rule's position is the handle of the rule received just before it in
+/// the same chain, and no handle comes twice.
+pub(super) fn rules_are_linked(replies: &[Reply]) -> bool {
+    let mut before: Vec<(&[u8], u64)> = Vec::new(); // (chain name, handle of its last rule)
+    let mut handles = std::collections::HashSet::new();
+    for r in replies.iter().filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE)) {
+        let Some(body) = r.payload.get(4..) else { return false };
+        let (mut chain, mut handle, mut position): (&[u8], Option<u64>, u64) = (&[], None, 0);
+        for (k, value) in attrs(body) {
+            let be64 = || Some(u64::from_be_bytes(value.get(..8)?.try_into().ok()?));
+            match k {
+                NFTA_RULE_CHAIN => chain = value,
+                NFTA_RULE_HANDLE => handle = be64(),
+                NFTA_RULE_POSITION => position = be64().unwrap_or(u64::MAX),
+                _ => {}
+            }
+        }
+        let Some(handle) = handle else { return false };
+        let slot = match before.iter().position(|(c, _)| *c == chain) {
+            Some(i) => i,
+            None => {
+                before.push((chain, 0));
+                before.len() - 1
+            }
+        };
+        if before[slot].1 != position || !handles.insert(handle) {
+            return false;
+        }
+        before[slot].1 = handle;
+    }
+    true
+}
+
+/// How often a rule dump that came back torn ([`rules_are_linked`]) is read again.
+const RULE_DUMP_ATTEMPTS: usize = 20;
+
 fn chain_of(payload: &[u8], table: &str) -> Option<NftChain> {
     let body = payload.get(4..)?;
     let mut t = None;
@@ -138,7 +180,14 @@ impl NfTables {
     }
 
     /// Rules of `table` (all chains, or only `chain`), in chain order. Empty when the table or
-    /// chain does not exist.
+    /// chain does not exist. A listing torn by other processes' transactions is read again
+    /// ([`rules_are_linked`]); after [`RULE_DUMP_ATTEMPTS`] torn ones the error is `EINTR`.
+    /// Listed by chain, the rules are always whole: transactions append at a chain's end, so
+    /// a dump resumed by count inside one chain can only be torn by a rule unlinked before the
+    /// resume point, which a commit does (the kernel then flags the dump as interrupted) and
+    /// which the linkage shows otherwise. Listed for the whole table, an aborted transaction
+    /// that had appended to one chain can also cut off the last rules of a later chain, which
+    /// nothing shows: whoever needs a chain whole lists it by name.
     pub fn rules(
         &mut self,
         family: NftFamily,
@@ -150,13 +199,23 @@ impl NfTables {
             attrs.push((NFTA_RULE_CHAIN, c));
         }
         let what = format!("list nftables rules of {} {table}", family.keyword());
-        let replies = self.dump(dump_request(NFT_MSG_GETRULE, family, &attrs), &what)?;
-        Ok(replies
-            .iter()
-            .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
-            .filter_map(|r| parse_rule(&r.payload))
-            .filter(|r| r.table == table && chain.is_none_or(|c| r.chain == c))
-            .collect())
+        for _ in 0..RULE_DUMP_ATTEMPTS {
+            let replies = self.dump(dump_request(NFT_MSG_GETRULE, family, &attrs), &what)?;
+            if !rules_are_linked(&replies) {
+                continue;
+            }
+            return Ok(replies
+                .iter()
+                .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
+                .filter_map(|r| parse_rule(&r.payload))
+                .filter(|r| r.table == table && chain.is_none_or(|c| r.chain == c))
+                .collect());
+        }
+        let mut e = NlError::new(what, libc::EINTR);
+        e.detail = Some(format!(
+            "every one of {RULE_DUMP_ATTEMPTS} listings was torn by concurrent changes (a rule repeated or missing)"
+        ));
+        Err(e)
     }
 
     /// The chains of `table` (empty when it does not exist).
@@ -366,6 +425,9 @@ impl NfTables {
             None => Vec::new(),
             Some(Ok(r)) => {
                 seen(&r);
+                if !rules_are_linked(&r) {
+                    return Ok(None); // torn by another process's transaction: read again
+                }
                 r.iter()
                     .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
                     .filter_map(|r| parse_rule(&r.payload))
