@@ -112,10 +112,12 @@ pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
 /// interrupted: the next datagram then repeats a rule or skips one. Every dumped rule names
 /// the rule before it in its chain (`NFTA_RULE_POSITION`, absent for the first), so a listing
 /// is whole when each rule's position is the handle of the rule received just before it in
-/// the same chain, and no handle comes twice.
+/// the same chain, and no handle comes twice. A kernel that names no position at all (none
+/// known; the attribute is as old as nf_tables) leaves only the repeat check.
 pub(super) fn rules_are_linked(replies: &[Reply]) -> bool {
     let mut before: Vec<(&[u8], u64)> = Vec::new(); // (chain name, handle of its last rule)
     let mut handles = std::collections::HashSet::new();
+    let (mut positions, mut unlinked) = (false, false);
     for r in replies.iter().filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE)) {
         let Some(body) = r.payload.get(4..) else { return false };
         let (mut chain, mut handle, mut position): (&[u8], Option<u64>, u64) = (&[], None, 0);
@@ -124,11 +126,17 @@ pub(super) fn rules_are_linked(replies: &[Reply]) -> bool {
             match k {
                 NFTA_RULE_CHAIN => chain = value,
                 NFTA_RULE_HANDLE => handle = be64(),
-                NFTA_RULE_POSITION => position = be64().unwrap_or(u64::MAX),
+                NFTA_RULE_POSITION => {
+                    positions = true;
+                    position = be64().unwrap_or(u64::MAX);
+                }
                 _ => {}
             }
         }
         let Some(handle) = handle else { return false };
+        if !handles.insert(handle) {
+            return false;
+        }
         let slot = match before.iter().position(|(c, _)| *c == chain) {
             Some(i) => i,
             None => {
@@ -136,12 +144,10 @@ pub(super) fn rules_are_linked(replies: &[Reply]) -> bool {
                 before.len() - 1
             }
         };
-        if before[slot].1 != position || !handles.insert(handle) {
-            return false;
-        }
+        unlinked |= before[slot].1 != position;
         before[slot].1 = handle;
     }
-    true
+    !(positions && unlinked)
 }
 
 /// How often a rule dump that came back torn ([`rules_are_linked`]) is read again.

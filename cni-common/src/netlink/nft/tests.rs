@@ -610,6 +610,12 @@ fn a_rule_listing_is_whole_when_each_rule_follows_the_one_it_names() {
     let mut odd = whole();
     odd[4] = dumped_rule("b", 5, Some(9));
     assert!(!rules_are_linked(&odd));
+    // a kernel that reports no positions: only repeats can be seen
+    let unplaced = || vec![dumped_rule("a", 1, None), dumped_rule("a", 2, None), dumped_rule("b", 4, None)];
+    assert!(rules_are_linked(&unplaced()));
+    let mut repeated = unplaced();
+    repeated.push(dumped_rule("b", 4, None));
+    assert!(!rules_are_linked(&repeated));
     // messages other than rules are not looked at
     let mut with_done = whole();
     with_done.push(crate::netlink::socket::Reply { msg_type: 3, payload: vec![0; 4] });
