@@ -81,16 +81,21 @@ pub(super) fn dump_request(msg: u16, family: NftFamily, attrs: &[(u16, &str)]) -
     message(nft_msg(msg), NLM_F_REQUEST | NLM_F_DUMP, family.proto(), 0, &attrs)
 }
 
-/// Decode one `NFT_MSG_NEWRULE` payload (after the netlink header).
-pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
+/// Decode one `NFT_MSG_NEWRULE` payload (after the netlink header), with the position the
+/// kernel reports for it: the handle of the rule before it in its chain (`NFTA_RULE_POSITION`,
+/// absent for the first).
+pub(super) fn parse_rule(payload: &[u8]) -> Option<(NftRule, Option<u64>)> {
     let body = payload.get(4..)?; // nfgenmsg
     let mut rule =
         NftRule { table: String::new(), chain: String::new(), handle: 0, comment: None, exprs: Vec::new() };
+    let (mut handle, mut position) = (None, None);
+    let be64 = |value: &[u8]| Some(u64::from_be_bytes(value.get(..8)?.try_into().ok()?));
     for (k, value) in attrs(body) {
         match k {
             NFTA_RULE_TABLE => rule.table = string_of(value),
             NFTA_RULE_CHAIN => rule.chain = string_of(value),
-            NFTA_RULE_HANDLE => rule.handle = u64::from_be_bytes(value.get(..8)?.try_into().ok()?),
+            NFTA_RULE_HANDLE => handle = Some(be64(value)?),
+            NFTA_RULE_POSITION => position = Some(be64(value)?),
             NFTA_RULE_USERDATA => rule.comment = comment_of(value),
             NFTA_RULE_EXPRESSIONS => {
                 for (ek, ev) in attrs(value) {
@@ -102,7 +107,19 @@ pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
             _ => {}
         }
     }
-    Some(rule)
+    rule.handle = handle?; // every rule the kernel lists has one
+    Some((rule, position))
+}
+
+/// The rules of a rule dump's answer, in the order listed, if they are one whole listing
+/// ([`rules_are_linked`]); None when the listing was torn (or a message did not decode).
+pub(super) fn whole_listing(replies: &[Reply]) -> Option<Vec<NftRule>> {
+    let listed: Vec<(NftRule, Option<u64>)> = replies
+        .iter()
+        .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
+        .map(|r| parse_rule(&r.payload))
+        .collect::<Option<_>>()?;
+    rules_are_linked(&listed).then(|| listed.into_iter().map(|(rule, _)| rule).collect())
 }
 
 /// Whether the rules of a dump are one listing, each chain's rules in order with none
@@ -110,42 +127,29 @@ pub(super) fn parse_rule(payload: &[u8]) -> Option<NftRule> {
 /// kernel counts rules that an uncommitted transaction of another process has just linked
 /// into a chain (or unlinks when that transaction aborts) without marking the dump as
 /// interrupted: the next datagram then repeats a rule or skips one. Every dumped rule names
-/// the rule before it in its chain (`NFTA_RULE_POSITION`, absent for the first), so a listing
-/// is whole when each rule's position is the handle of the rule received just before it in
-/// the same chain, and no handle comes twice. A kernel that names no position at all (none
-/// known; the attribute is as old as nf_tables) leaves only the repeat check.
-pub(super) fn rules_are_linked(replies: &[Reply]) -> bool {
-    let mut before: Vec<(&[u8], u64)> = Vec::new(); // (chain name, handle of its last rule)
+/// the rule before it in its chain (its position), so a listing is whole when each rule's
+/// position is the handle of the rule listed just before it in the same chain, and no handle
+/// comes twice. A kernel that names no position at all (none known; the attribute is as old
+/// as nf_tables) leaves only the repeat check.
+fn rules_are_linked(listed: &[(NftRule, Option<u64>)]) -> bool {
+    let mut last: Vec<(&str, u64)> = Vec::new(); // (chain, handle of its last rule so far)
     let mut handles = std::collections::HashSet::new();
     let (mut positions, mut unlinked) = (false, false);
-    for r in replies.iter().filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE)) {
-        let Some(body) = r.payload.get(4..) else { return false };
-        let (mut chain, mut handle, mut position): (&[u8], Option<u64>, u64) = (&[], None, 0);
-        for (k, value) in attrs(body) {
-            let be64 = || Some(u64::from_be_bytes(value.get(..8)?.try_into().ok()?));
-            match k {
-                NFTA_RULE_CHAIN => chain = value,
-                NFTA_RULE_HANDLE => handle = be64(),
-                NFTA_RULE_POSITION => {
-                    positions = true;
-                    position = be64().unwrap_or(u64::MAX);
-                }
-                _ => {}
-            }
-        }
-        let Some(handle) = handle else { return false };
-        if !handles.insert(handle) {
+    for (rule, position) in listed {
+        if !handles.insert(rule.handle) {
             return false;
         }
-        let slot = match before.iter().position(|(c, _)| *c == chain) {
-            Some(i) => i,
-            None => {
-                before.push((chain, 0));
-                before.len() - 1
+        positions |= position.is_some();
+        match last.iter_mut().find(|(c, _)| *c == rule.chain) {
+            Some((_, before)) => {
+                unlinked |= *position != Some(*before);
+                *before = rule.handle;
             }
-        };
-        unlinked |= before[slot].1 != position;
-        before[slot].1 = handle;
+            None => {
+                unlinked |= position.is_some();
+                last.push((&rule.chain, rule.handle));
+            }
+        }
     }
     !(positions && unlinked)
 }
@@ -207,13 +211,9 @@ impl NfTables {
         let what = format!("list nftables rules of {} {table}", family.keyword());
         for _ in 0..RULE_DUMP_ATTEMPTS {
             let replies = self.dump(dump_request(NFT_MSG_GETRULE, family, &attrs), &what)?;
-            if !rules_are_linked(&replies) {
-                continue;
-            }
-            return Ok(replies
-                .iter()
-                .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
-                .filter_map(|r| parse_rule(&r.payload))
+            let Some(rules) = whole_listing(&replies) else { continue };
+            return Ok(rules
+                .into_iter()
                 .filter(|r| r.table == table && chain.is_none_or(|c| r.chain == c))
                 .collect());
         }
@@ -431,14 +431,9 @@ impl NfTables {
             None => Vec::new(),
             Some(Ok(r)) => {
                 seen(&r);
-                if !rules_are_linked(&r) {
-                    return Ok(None); // torn by another process's transaction: read again
-                }
-                r.iter()
-                    .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWRULE))
-                    .filter_map(|r| parse_rule(&r.payload))
-                    .filter(|r| r.table == req.table)
-                    .collect()
+                // torn by another process's transaction: read again
+                let Some(rules) = whole_listing(&r) else { return Ok(None) };
+                rules.into_iter().filter(|r| r.table == req.table).collect()
             }
             Some(Err(e)) if e.errno == libc::ENOENT => Vec::new(),
             Some(Err(e)) => return Err(e),
