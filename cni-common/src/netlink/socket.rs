@@ -65,6 +65,8 @@ pub(crate) struct NlSocket {
     /// buffer set aside (a link with many VFs). nfnetlink's never exceed [`RX_BUFFER`] (dumps
     /// are cut at 32 KiB, acknowledgements are capped), so those are received in one call.
     peek: bool,
+    /// How long a receive waits for a datagram ([`NlSocket::set_recv_deadline`]).
+    deadline: std::time::Duration,
 }
 
 impl NlSocket {
@@ -92,13 +94,13 @@ impl NlSocket {
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
         let peek = protocol == NETLINK_ROUTE;
-        let out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER], peek };
+        let mut out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER], peek, deadline: RECV_DEADLINE };
         out.set_recv_deadline(RECV_DEADLINE)?;
         Ok(out)
     }
 
     /// Every receive on this socket fails with `ETIMEDOUT` after `d` without a datagram.
-    pub(crate) fn set_recv_deadline(&self, d: std::time::Duration) -> Result<(), NlError> {
+    pub(crate) fn set_recv_deadline(&mut self, d: std::time::Duration) -> Result<(), NlError> {
         let tv = libc::timeval {
             // capped at 2^31 - 1 s (68 years), which fits every platform's time_t
             tv_sec: d.as_secs().min(i32::MAX as u64) as _,
@@ -117,6 +119,7 @@ impl NlSocket {
         if rc != 0 {
             return Err(NlError::from_io("set netlink receive deadline", &std::io::Error::last_os_error()));
         }
+        self.deadline = d;
         Ok(())
     }
 
@@ -373,8 +376,7 @@ impl NlSocket {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let mut e = NlError::new("receive from netlink", libc::ETIMEDOUT);
-                    e.detail =
-                        Some(format!("no answer from the kernel within {} s", RECV_DEADLINE.as_secs()));
+                    e.detail = Some(format!("no answer from the kernel within {:?}", self.deadline));
                     return Err(e);
                 }
                 Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
@@ -681,6 +683,32 @@ mod tests {
         let answer = client.request_packet(packet, false);
         kernel.join().unwrap();
         assert_eq!(answer.expect("the request survives the signals"), Vec::new());
+    }
+
+    /// A peer that never answers: the request fails at the socket's deadline with `ETIMEDOUT`
+    /// (code 11, "try again later"), saying how long it waited, instead of blocking for ever.
+    #[test]
+    fn a_request_nobody_answers_fails_at_the_deadline_with_code_11() {
+        const NETLINK_USERSOCK: isize = 2;
+        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
+        let peer_port = peer.bind_auto().unwrap().port_number();
+        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        client.set_recv_deadline(std::time::Duration::from_millis(300)).unwrap();
+        let packet = encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK);
+        let e = client.request_packet(packet, false).expect_err("nobody answers");
+        // the request did reach the peer, which kept silent
+        let mut buf = vec![0u8; 4096];
+        let mut window: &mut [u8] = &mut buf[..];
+        assert!(peer.recv_from(&mut window, libc::MSG_DONTWAIT).is_ok(), "the request was never sent");
+        assert_eq!(e.errno, libc::ETIMEDOUT, "{e}");
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("no answer from the kernel within 300ms"), "{e}");
+        let cni = crate::CniError::from(e);
+        assert_eq!(cni.code, crate::code::TRY_AGAIN, "{}", cni.msg);
+        // a batch (nf_tables' transactions) waits the same way
+        let acked = encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK);
+        let e = client.request_batch(vec![acked]).expect_err("nobody answers");
+        assert_eq!(e.errno, libc::ETIMEDOUT, "{e}");
     }
 
     #[test]

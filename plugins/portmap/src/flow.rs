@@ -63,13 +63,18 @@ fn run(
     let mut scope = first;
     let mut lost = Outcome::default();
     let mut refused = 0;
+    // the last lost answer or torn read, named if the verb gives up
+    let mut last: Option<NlError> = None;
     for attempt in 1..=ATTEMPTS {
         if start.elapsed() > DEADLINE {
             break;
         }
         let s = match k.read(&scope) {
             Ok(s) => s,
-            Err(e) if e.is_transient() => continue,
+            Err(e) if e.is_transient() => {
+                last = Some(e);
+                continue;
+            }
             Err(e) => return Err(nl(what, e)),
         };
         let plan = match plan_for(&s)? {
@@ -90,11 +95,15 @@ fn run(
                 lost.notes.append(&mut notes);
                 return Ok(Outcome { udp, notes: lost.notes });
             }
-            Err(e) if e.errno == libc::ERESTART => backoff(attempt),
+            Err(e) if e.errno == libc::ERESTART => {
+                last = None;
+                backoff(attempt)
+            }
             Err(e) if matches!(e.errno, libc::ENOBUFS | libc::ETIMEDOUT) => {
                 // it may have committed: the next read tells (a no-op plan then)
                 lost.udp.append(&mut udp);
                 lost.notes.append(&mut notes);
+                last = Some(e);
             }
             Err(e) if matches!(e.errno, libc::EEXIST | libc::ENOENT) && scope != Scope::Full => {
                 scope = Scope::Full
@@ -108,9 +117,13 @@ fn run(
             Err(e) => return Err(nl(what, e)),
         }
     }
+    let waited = format!("{} s, up to {ATTEMPTS} attempts", start.elapsed().as_secs());
     Err(transient(
         what,
-        format!("the table kept changing ({} s, up to {ATTEMPTS} attempts)", start.elapsed().as_secs()),
+        match last {
+            Some(e) => format!("gave up after {waited}; the last attempt: {e}"),
+            None => format!("the table kept changing ({waited})"),
+        },
     ))
 }
 

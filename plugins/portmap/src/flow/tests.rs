@@ -374,6 +374,22 @@ fn a_table_that_never_stops_changing_is_code_11_and_changes_nothing() {
     check(&k, &a).unwrap();
 }
 
+/// A kernel that never answers (every read ends at the socket's receive deadline): code 11,
+/// and the message says what the verb waited for rather than blaming a changing table.
+#[test]
+fn a_kernel_that_never_answers_is_code_11_naming_the_wait() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let before = k.table();
+    k.fail_reads(std::iter::repeat_n(libc::ETIMEDOUT, flow::ATTEMPTS));
+    let e = del(&k, &a).unwrap_err();
+    assert_eq!(e.code, code::TRY_AGAIN, "{}", e.msg);
+    assert!(e.msg.contains("the last attempt: read (injected): Connection timed out"), "{}", e.msg);
+    assert!(!e.msg.contains("kept changing"), "{}", e.msg);
+    assert_eq!(k.table(), before);
+}
+
 #[test]
 fn a_verb_past_its_deadline_is_code_11_and_changes_nothing() {
     let k = Fake::new();
