@@ -958,9 +958,38 @@ fn bridge_nf_call_iptables_is_refused_with_code_50_without_br_netfilter() {
     assert_eq!(bridge_ns_state(&w.host), host0, "the host changed");
     assert_eq!(bridge_ns_state(&ctr), ctr0, "the container changed");
     assert_eq!(dir_state(w.data.path()), data0, "IPAM ran");
+    // STATUS says the same: no ADD of this configuration could work (code 50); without the
+    // key, or with br_netfilter there, the network is ready.
+    let status = w.conf("1.1.0", json!({"isGateway": true, "bridgeNfCallIptables": true}));
+    let msg = w.global("STATUS").in_private_mounts(hide).run(&status.to_string()).err(50);
+    assert!(msg.contains("br_netfilter"), "{msg}");
+    w.global("STATUS").run(&status.to_string()).ok_silent();
+    let plain_status = w.conf("1.1.0", json!({"isGateway": true}));
+    w.global("STATUS").in_private_mounts(hide).run(&plain_status.to_string()).ok_silent();
     let plain = w.conf("1.0.0", json!({"isGateway": true}));
     w.exec("ADD", "nobrnf", &ctr, "eth0").in_private_mounts(hide).run(&plain.to_string()).ok();
     w.exec("DEL", "nobrnf", &ctr, "eth0").run(&plain.to_string()).ok_silent();
+}
+
+/// STATUS of a configuration with `ipMasq` and `macspoofchk` has the kernel process the rules
+/// an ADD would write and commits none of them: ready, and the ruleset is what it was (empty,
+/// and with another attachment's rules in it).
+#[test]
+fn status_proves_the_firewall_rules_without_writing_any() {
+    let w = World::new();
+    let conf = w.conf("1.1.0", json!({"isGateway": true, "ipMasq": true, "macspoofchk": true}));
+    let ruleset = || nft_ruleset(&w.host);
+    let empty = ruleset();
+    w.global("STATUS").run(&conf.to_string()).ok_silent();
+    assert_eq!(ruleset(), empty, "STATUS wrote to an empty ruleset");
+    let ctr = Netns::new("brc");
+    let r = w.exec("ADD", "st1", &ctr, "eth0").run(&conf.to_string()).ok();
+    let held = ruleset();
+    assert!(held.contains("masq_checks") && held.contains("cni-br-iface-"), "{held}");
+    w.global("STATUS").run(&conf.to_string()).ok_silent();
+    assert_eq!(ruleset(), held, "STATUS changed the rules of a live attachment");
+    w.exec("CHECK", "st1", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
+    w.exec("DEL", "st1", &ctr, "eth0").run(&with_prev(&conf, &r)).ok_silent();
 }
 
 // ---------------------------------------------------------------------------------------------

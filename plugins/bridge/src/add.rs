@@ -197,6 +197,18 @@ pub fn add(req: &Request) -> Result<CniResult> {
     }
 }
 
+/// `bridgeNfCallIptables` needs br_netfilter: without it ADD could never work (code 50), which
+/// ADD and STATUS both say.
+pub(crate) fn require_br_netfilter(conf: &Conf) -> Result<()> {
+    if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
+        return Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
+        ));
+    }
+    Ok(())
+}
+
 // The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
 // not reach field deletions); tests/e2e/bridge.rs reads every field back from the kernel.
 #[cfg_attr(mutants, mutants::skip)]
@@ -210,12 +222,7 @@ impl<'r> Add<'r> {
             ipam::path(req)?;
         }
         let nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
-        if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
-            return Err(CniError::new(
-                code::NOT_AVAILABLE,
-                "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
-            ));
-        }
+        require_br_netfilter(&conf)?;
         let ns = req.require_netns()?.try_clone()?;
         let mut host = Netlink::new()?;
         let mut ctr = Netlink::new_in(&ns)?;

@@ -352,6 +352,28 @@ pub fn open() -> Result<NfTables> {
     })
 }
 
+/// STATUS: the ADD transaction of a made-up attachment on an empty ruleset (tables, base
+/// chains, a masquerade rule of each family, the MAC spoof chains), sent to the kernel and never
+/// committed ([`NfTables::validate`]): what an ADD needs of nf_tables (nat, masquerade, the
+/// bridge family) is there, whatever the node holds now.
+pub fn validate_status(masq: bool, spoof: bool) -> Result<()> {
+    let a = AttachmentId::new("status", "status", "eth0");
+    let nothing = Found::default();
+    let mut ops = Vec::new();
+    if masq {
+        let addrs: Vec<IpNet> = vec![
+            "10.255.255.2/24".parse().expect("an address"),
+            "fd00:ffff::2/64".parse().expect("an address"),
+        ];
+        ops.extend(masq_add_ops(&a, &addrs, None, &nothing));
+    }
+    if spoof {
+        ops.extend(spoof_add_ops(&a, "vethstatus", Mac([0x02, 0, 0, 0, 0, 1]), &nothing));
+    }
+    let mut nf = open()?;
+    nf.validate(&ops).map_err(CniError::from)
+}
+
 /// ADD's firewall state for `a`: masquerading of `masq` = (addresses, `nonMasqueradeCIDRs`)
 /// and the MAC spoof check of `spoof` = (host veth, container MAC), in one transaction built
 /// from what the kernel has. If it fails (e.g. a rule it deletes by handle vanished meanwhile),

@@ -253,12 +253,16 @@ pub fn gc(req: &Request) -> Result<()> {
     errors.finish()
 }
 
+/// STATUS: code 50 only when no ADD could work (docs/real-clients.md, "STATUS"): nf_tables
+/// cannot hold the rules `ipMasq`/`macspoofchk` need (their ADD transaction, for a made-up
+/// attachment, is processed by the kernel and never committed), br_netfilter is missing for
+/// `bridgeNfCallIptables`, or the IPAM plugin says so.
 pub fn status(req: &Request) -> Result<()> {
     let conf = Conf::from_request(req)?;
+    crate::add::require_br_netfilter(&conf)?;
     if conf.ip_masq || conf.macspoofchk {
-        // code 50 when nf_tables is not usable: ADD could not set up the rules
-        firewall::open()?.generation().map_err(|e| {
-            CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}"))
+        firewall::validate_status(conf.ip_masq, conf.macspoofchk).map_err(|e| {
+            CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the bridge's rules: {e}"))
         })?;
     }
     if conf.l3 {
