@@ -25,8 +25,6 @@ pub enum Feature {
     IptablesLegacyNat,
     /// Bridge VLAN filtering (`ip link add … type bridge vlan_filtering 1`).
     BridgeVlanFiltering,
-    /// 802.1q VLAN devices (`ip link add … type vlan`).
-    Vlan8021q,
     /// SCTP sockets (`socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP)`).
     SctpSockets,
     /// br_netfilter (`/proc/sys/net/bridge/bridge-nf-call-iptables`; scripts/install-deps.sh
@@ -40,7 +38,6 @@ impl Feature {
         match self {
             Feature::IptablesLegacyNat => "iptables-legacy",
             Feature::BridgeVlanFiltering => "vlan-filtering",
-            Feature::Vlan8021q => "8021q",
             Feature::SctpSockets => "sctp",
             Feature::BrNetfilter => "br_netfilter",
         }
@@ -66,11 +63,6 @@ impl Feature {
             Feature::BridgeVlanFiltering => {
                 in_scratch_ns(&["ip", "link", "add", "vbr0", "type", "bridge", "vlan_filtering", "1"])
             }
-            Feature::Vlan8021q => in_scratch_ns(&[
-                "sh",
-                "-c",
-                "ip link add v0 type veth peer name v1 && ip link add link v0 name v0.7 type vlan id 7",
-            ]),
             Feature::BrNetfilter => {
                 in_scratch_ns(&["test", "-e", "/proc/sys/net/bridge/bridge-nf-call-iptables"])
             }
