@@ -118,13 +118,12 @@ impl Proto {
     }
 }
 
-/// The container addresses a chained plugin forwards to, as upstream's portmap picks them:
-/// the first IPv4 and the first IPv6 address of prevResult whose `interface` is absent or names
-/// an interface called `ifname` that has a sandbox. An `interface` index past the end of
-/// `interfaces` is refused (code 7): prevResult is then not a result any plugin made
-/// (upstream would use the address).
-pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>, Option<IpNet>)> {
-    let (mut v4, mut v6) = (None, None);
+/// Every address of prevResult on the container interface `ifname`: those whose `interface`
+/// is absent or names an interface called `ifname` that has a sandbox, in prevResult's order.
+/// An `interface` index past the end of `interfaces` is refused (code 7): prevResult is then
+/// not a result any plugin made.
+pub fn interface_addrs(prev: &CniResult, ifname: &str) -> Result<Vec<IpNet>> {
+    let mut out = Vec::new();
     for (k, ip) in prev.ips.iter().enumerate() {
         if let Some(i) = ip.interface {
             let intf = prev.interfaces.get(i).ok_or_else(|| {
@@ -137,10 +136,18 @@ pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>,
                 continue;
             }
         }
-        let slot = if ip.address.addr().is_ipv4() { &mut v4 } else { &mut v6 };
-        slot.get_or_insert(ip.address);
+        out.push(ip.address);
     }
-    Ok((v4, v6))
+    Ok(out)
+}
+
+/// The container addresses a chained plugin forwards to, as upstream's portmap picks them:
+/// the first IPv4 and the first IPv6 address of [`interface_addrs`] (upstream would use an
+/// address whose `interface` index is out of range; we refuse it, code 7).
+pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>, Option<IpNet>)> {
+    let addrs = interface_addrs(prev, ifname)?;
+    let first = |v4: bool| addrs.iter().find(|a| a.addr().is_ipv4() == v4).copied();
+    Ok((first(true), first(false)))
 }
 
 #[cfg(test)]
@@ -198,6 +205,9 @@ mod tests {
         assert_eq!(v4, Some("10.0.0.5/24".parse().unwrap()));
         assert_eq!(v6, Some("fd00::5/64".parse().unwrap()));
         assert_eq!(container_addrs(&prev, "eth1").unwrap().0, Some("10.1.0.5/24".parse().unwrap()));
+        let every: Vec<IpNet> =
+            ["10.0.0.5/24", "10.0.0.6/24", "fd00::5/64"].map(|a| a.parse().unwrap()).into();
+        assert_eq!(interface_addrs(&prev, "eth0").unwrap(), every, "in order, none of another interface");
         let bad = CniResult { ips: vec![ip(Some(9), "10.0.0.9/24")], ..Default::default() };
         let e = container_addrs(&bad, "eth0").unwrap_err();
         assert_eq!(e.code, 7);

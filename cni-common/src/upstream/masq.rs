@@ -15,7 +15,6 @@
 use super::iptables::{self, Fam, Rule, Table};
 use super::{locate, names, nftables, Found, Teardown};
 use crate::error_list::ErrorList;
-use crate::spec::result::CniResult;
 use crate::{CniError, Request, Result};
 use ipnet::IpNet;
 use std::collections::HashSet;
@@ -79,18 +78,6 @@ pub fn del(req: &Request) -> Result<()> {
         .map_err(|e| e.context("remove upstream's iptables masquerade rules"))
 }
 
-/// The addresses bridge put on the container interface, from prevResult.
-pub fn container_addrs(prev: &CniResult, ifname: &str) -> Vec<IpNet> {
-    prev.ips
-        .iter()
-        .filter(|ip| match ip.interface.and_then(|i| prev.interfaces.get(i)) {
-            Some(intf) => intf.name == ifname && !intf.sandbox.is_empty(),
-            None => true,
-        })
-        .map(|ip| ip.address)
-        .collect()
-}
-
 /// Whether `t` (the `nat` table of `addr`'s family) holds upstream's rules for `addr`; the
 /// first missing one otherwise.
 pub fn missing_rule(t: &Table, network: &str, container_id: &str, addr: IpNet) -> Option<String> {
@@ -116,7 +103,7 @@ pub fn check(req: &Request) -> Result<Found> {
         return Ok(Found::Absent);
     }
     let addrs = match req.prev_result()? {
-        Some(prev) => container_addrs(&prev, &req.env.ifname),
+        Some(prev) => crate::net::interface_addrs(&prev, &req.env.ifname)?,
         None => Vec::new(),
     };
     for addr in addrs {

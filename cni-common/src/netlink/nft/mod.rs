@@ -65,12 +65,13 @@ pub enum NftFamily {
 }
 
 impl NftFamily {
+    /// The family's `NFPROTO_*` number (the nfgenmsg family of every request).
     pub(crate) fn proto(self) -> u8 {
         match self {
-            NftFamily::Inet => 1,
-            NftFamily::Ip => 2,
-            NftFamily::Bridge => 7,
-            NftFamily::Ip6 => 10,
+            NftFamily::Inet => 1, // NFPROTO_INET
+            NftFamily::Ip => crate::net::NFPROTO_IPV4,
+            NftFamily::Bridge => 7, // NFPROTO_BRIDGE
+            NftFamily::Ip6 => crate::net::NFPROTO_IPV6,
         }
     }
 
