@@ -14,10 +14,16 @@
 //! never follows a symbolic link (`O_NOFOLLOW`). A file a configuration names by path is
 //! opened with [`open_named_regular`], which follows links (`/etc/resolv.conf` usually is one)
 //! but looks at the file through an `O_PATH` handle first, so that a device is never opened.
+//!
+//! A store or cache directory another program fills (host-local's `<dataDir>/<net>`, libcni's
+//! `<cacheDir>/results`) is opened with [`open_dir_at`] (a symbolic link in its place is not
+//! followed), listed with [`names`] (the very directory opened, whatever happens to its path)
+//! and its files read with [`read_regular_at`].
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sys::stat::{fstat, Mode};
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, Mode};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -93,6 +99,41 @@ pub fn open_regular_at(dir: BorrowedFd<'_>, name: &str, flags: OFlag, mode: u32)
 pub fn read_regular_at(dir: BorrowedFd<'_>, name: &str, cap: u64) -> io::Result<Vec<u8>> {
     let mut f = open_regular_at(dir, name, OFlag::O_RDONLY, 0)?;
     read_capped(&mut f, cap)
+}
+
+/// Open the directory `name` in `dir` for listing ([`names`]) and for the `*_at` functions
+/// here (`O_DIRECTORY | O_NOFOLLOW`). A symbolic link (or anything else that is no directory)
+/// in its place is refused with an error of kind `InvalidInput` naming it; a missing one stays
+/// `NotFound`. With `dir` = [`nix::fcntl::AT_FDCWD`], `name` may be a whole path: its earlier
+/// components (the configured part) are followed, its last one is not.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &Path) -> io::Result<File> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(File::from(fd)),
+        // O_DIRECTORY | O_NOFOLLOW on a link gives ELOOP or ENOTDIR: say what is there
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => Err(symlink_refused()),
+            Ok(st) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("not a directory but {}", kind(st.st_mode)),
+            )),
+            Err(_) => Err(e.into()),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`open_dir_at`] of a whole path: its last component is not followed when it is a symbolic
+/// link, the components before it are.
+pub fn open_dir(path: &Path) -> io::Result<File> {
+    open_dir_at(nix::fcntl::AT_FDCWD, path)
+}
+
+/// The names in directory `dir` (without `.` and `..`), unsorted. Listed through
+/// `/proc/self/fd/N`: the directory that was opened, not whatever its path names now.
+pub fn names(dir: &File) -> io::Result<Vec<OsString>> {
+    let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    std::fs::read_dir(&listing)?.map(|e| e.map(|e| e.file_name())).collect()
 }
 
 /// Open the file at `path` (a path a configuration names; links are followed) for reading,
@@ -178,6 +219,37 @@ mod tests {
         assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"keep");
         // a FIFO opened for writing without a reader fails at once (ENXIO) instead of blocking
         assert!(open_regular_at(at, "fifo", w, 0o600).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn directories_are_opened_without_following_a_link_and_listed_as_opened() {
+        let (d, f) = dir();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/a"), "x").unwrap();
+        std::fs::create_dir(d.join("elsewhere")).unwrap();
+        std::fs::write(d.join("elsewhere/secret"), "x").unwrap();
+        symlink(d.join("elsewhere"), d.join("link")).unwrap();
+        let at = f.as_fd();
+        let sub = open_dir_at(at, Path::new("sub")).unwrap();
+        assert_eq!(names(&sub).unwrap(), vec![OsString::from("a")]);
+        let e = open_dir_at(at, Path::new("link")).unwrap_err();
+        assert_eq!(e.to_string(), "a symbolic link, which is not followed");
+        assert_eq!(
+            open_dir_at(at, Path::new("sub/a")).unwrap_err().to_string(),
+            "not a directory but a regular file"
+        );
+        assert_eq!(open_dir_at(at, Path::new("missing")).unwrap_err().kind(), io::ErrorKind::NotFound);
+        // a whole path: the last component is not followed, earlier ones are
+        assert_eq!(
+            open_dir(&d.join("link")).unwrap_err().to_string(),
+            "a symbolic link, which is not followed"
+        );
+        assert_eq!(names(&open_dir(&d.join("link/.")).unwrap()).unwrap(), vec![OsString::from("secret")]);
+        // the listing is of the directory opened, even after its path names another one
+        std::fs::rename(d.join("sub"), d.join("moved")).unwrap();
+        std::fs::rename(d.join("elsewhere"), d.join("sub")).unwrap();
+        assert_eq!(names(&sub).unwrap(), vec![OsString::from("a")]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

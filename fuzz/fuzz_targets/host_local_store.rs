@@ -3,10 +3,16 @@
 //! contents, netns records and the boot marker, and a whole store directory of such files
 //! scanned by a read-only call. Invariants: no panic, no read past the file, bounded memory
 //! (the header caps the table), records that parse re-encode to themselves.
+//!
+//! The first byte selects the mode (modulo 6). Index files come three ways: as given (0); with
+//! magic and checksum made valid first (4), since the FNV checksum rejects nearly every
+//! mutated header before the slot-count, length and counter checks; and sealed and also cut
+//! or extended to the length the header's slot count claims, when that is at most 1 MiB (5),
+//! so that mutated counters reach the table code too.
 #![no_main]
 
 use cni_common::attachment::AttachmentId;
-use host_local::index::{key_hash, Index, Kind};
+use host_local::index::{key_hash, seal_header, Index, Kind};
 use host_local::record::{parse_boot_marker, Record};
 use host_local::store::{reservation_name, Access, Owner, Store};
 use libfuzzer_sys::fuzz_target;
@@ -71,8 +77,13 @@ fn store(data: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else { return };
-    match sel % 4 {
+    match sel % 6 {
         0 if rest.len() >= 8 => index(rest),
+        4 | 5 => {
+            let mut file = rest.to_vec();
+            seal_header(&mut file, (sel % 6 == 5).then_some(1 << 20));
+            index(&file)
+        }
         1 => {
             let _ = Owner::parse(rest);
             if let Ok(s) = std::str::from_utf8(rest) {

@@ -1016,6 +1016,77 @@ fn a_live_namespace_is_never_reclaimed_whoever_holds_it() {
     drop(p4);
 }
 
+/// A process holding a network namespace open by a descriptor only; killed (and reaped) on
+/// drop, which closes the descriptor.
+struct FdHolder(std::process::Child);
+
+impl FdHolder {
+    /// `sh` opens `path` as its descriptor 3, says so, then becomes `sleep` (which keeps it):
+    /// its own network namespace stays the test's.
+    fn new(path: &str) -> FdHolder {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exec 3<\"$1\" && echo open && exec sleep 600", "sh", path])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let holder = FdHolder(child);
+        assert_eq!(line, "open\n", "the helper could not open {path}");
+        holder
+    }
+}
+
+impl Drop for FdHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_namespace_held_only_by_an_open_descriptor_is_not_reclaimed_until_it_is_closed() {
+    let d = TempDir::new("hl");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/30"})); // one address: .2
+    let net = d.path().join("mynet");
+    let pod = PodNetns::new("hlfd");
+    hl_at("ADD", "held", pod.path()).run_json(&c).success();
+    let pod_path = pod.path().to_string();
+    let ino = std::fs::metadata(&pod_path).unwrap().ino();
+    let holder = FdHolder::new(&pod_path);
+    let pid = holder.0.id();
+    // opened through the bind mount, the descriptor's link shows the mount point (and "/" once
+    // the mount is gone), not net:[…]: its fdinfo has the namespace's inode
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/3")).unwrap();
+    assert!(
+        info.lines().any(|l| l == format!("ino:\t{ino}")),
+        "the helper holds the pod's namespace open: {info}"
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        std::fs::read_link("/proc/thread-self/ns/net").unwrap(),
+        "the helper is not in the pod's namespace: only its descriptor holds it"
+    );
+    pod.delete(); // the bind mount goes: no mount, no process inside, one descriptor
+    let before = dir_state(d.path());
+    let newcomer = PodNetns::new("hlfd");
+    let out = hl_at("ADD", "new", newcomer.path()).run_json(&c).err_with(999, "no IP addresses available");
+    assert!(!out.stderr.contains("released"), "{}", out.stderr);
+    assert_store_unchanged(&before, &dir_state(d.path()));
+    assert_eq!(reservations(&net), [("10.1.2.2".to_string(), "held\r\neth0".to_string())]);
+    // the descriptor is closed: nothing holds the namespace any more
+    drop(holder);
+    let out = hl_at("ADD", "new", newcomer.path()).run_json(&c).success();
+    assert_eq!(result_ips(&out.json()), ["10.1.2.2"]);
+    let line = format!(
+        "released 10.1.2.2 of container held interface eth0: its network namespace {pod_path} no longer \
+         exists and no process, mount or open descriptor holds it"
+    );
+    assert!(out.stderr.contains(&line), "{}", out.stderr);
+    assert_eq!(reservations(&net), [("10.1.2.2".to_string(), "new\r\neth0".to_string())]);
+}
+
 #[test]
 fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_namespaces() {
     let cycles: usize = std::env::var("CNI_HL_CHURN_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(240);

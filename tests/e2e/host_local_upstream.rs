@@ -159,7 +159,7 @@ fn call_at(bin: &str, command: &str, id: &str, netns: &str) -> Exec<'static> {
 /// Issue 21: a small pool filled completely by pods in their own namespaces and one
 /// reservation Debian's host-local made; two namespaces deleted without DEL, a third deleted
 /// and another created under its name. The next ADD gets a dead pod's address; every other
-/// file stays byte for byte; a late DEL of a reclaimed attachment frees nothing; upstream's
+/// file of the store (the whole directory, records included) stays byte for byte; a late DEL of a reclaimed attachment frees nothing; upstream's
 /// binary keeps working on the store.
 #[test]
 fn an_exhausted_pool_takes_back_only_what_is_provably_dead() {
@@ -193,18 +193,16 @@ fn an_exhausted_pool_takes_back_only_what_is_provably_dead() {
     let _p2_successor = PodNetns::named(&p2_name);
     // Debian's pod dies too: its reservation has no record, so it counts as live.
     debian.delete();
-    let keep: Vec<(String, Vec<u8>)> = full
-        .iter()
-        .filter(|(n, _)| {
-            n == "small/10.21.0.2" || n == "small/10.21.0.6" || n == "small/.host-local-ns/10.21.0.6"
-        })
-        .cloned()
-        .collect();
-    assert_eq!(keep.len(), 3);
+    // The whole store, names and bytes, the records' directory included, before the
+    // reclaiming ADD: afterwards only what that ADD must change may differ.
+    let before: BTreeMap<String, Vec<u8>> = dir_state(d.path()).into_iter().collect();
+    assert_eq!(before, full.iter().cloned().collect(), "deleting namespaces changes no file");
+    assert!(before.contains_key("small/.host-local-ns/10.21.0.6"), "the snapshot holds the records");
+    let released = ["10.21.0.3", "10.21.0.4", "10.21.0.5"];
 
     let out = call_at(&ours, "ADD", "new", waiting.path()).run_json(&c).success();
     let got = result_ips(&out.json())[0].clone();
-    assert!(["10.21.0.3", "10.21.0.4", "10.21.0.5"].contains(&got.as_str()), "{got}");
+    assert!(released.contains(&got.as_str()), "{got}");
     for (ip, id, why) in [
         ("10.21.0.3", "pod0", "no longer exists"),
         ("10.21.0.4", "pod1", "no longer exists"),
@@ -213,10 +211,54 @@ fn an_exhausted_pool_takes_back_only_what_is_provably_dead() {
         let line = format!("network small: the pool is exhausted: released {ip} of container {id} interface eth0: its network namespace");
         assert!(out.stderr.lines().any(|l| l.contains(&line) && l.contains(why)), "{id}: {}", out.stderr);
     }
-    let now = dir_state(d.path());
-    for f in &keep {
-        assert!(now.contains(f), "{} changed", f.0);
+    let after: BTreeMap<String, Vec<u8>> = dir_state(d.path()).into_iter().collect();
+    // What the ADD may change: the released reservations and their records (removed, or one
+    // replaced by the new pod's), the cursor and the index. Everything else, byte for byte:
+    // Debian's reservation, pod3's reservation and record, the boot marker, the lock, the
+    // directories and their modes, and no file added.
+    let may_change = |n: &str| {
+        n == "small/last_reserved_ip.0"
+            || n == "small/.host-local-index"
+            || released
+                .iter()
+                .any(|ip| n == format!("small/{ip}") || n == format!("small/.host-local-ns/{ip}"))
+    };
+    let rest = |m: &BTreeMap<String, Vec<u8>>| {
+        m.iter().filter(|(n, _)| !may_change(n)).map(|(n, b)| (n.clone(), b.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(rest(&after), rest(&before), "every other file of the store stays byte for byte");
+    for n in [
+        "small/10.21.0.2",
+        "small/10.21.0.6",
+        "small/.host-local-ns/10.21.0.6",
+        "small/.host-local-ns/boot",
+        "small/lock",
+        "small/.host-local-ns/",
+    ] {
+        assert!(after.contains_key(n), "{n} is among the files compared");
     }
+    // ... and what changed, changed exactly so.
+    for ip in released {
+        let (file, record) = (format!("small/{ip}"), format!("small/.host-local-ns/{ip}"));
+        assert!(
+            before.contains_key(&file) && before.contains_key(&record),
+            "{ip}: a reservation and its record"
+        );
+        if ip == got {
+            assert_eq!(after[&file], b"new\r\neth0", "{ip}: the new pod's reservation");
+            let text = String::from_utf8(after[&record].clone()).unwrap();
+            assert!(
+                text.starts_with("cni-rs host-local netns record v1\n") && text.contains(waiting.path()),
+                "{ip}: the new pod's record: {text}"
+            );
+            assert_ne!(after[&record], before[&record], "{ip}: the dead pod's record is replaced");
+        } else {
+            assert!(!after.contains_key(&file), "{ip}: released");
+            assert!(!after.contains_key(&record), "{ip}: its record removed with it");
+        }
+    }
+    assert_eq!(after["small/last_reserved_ip.0"], got.as_bytes(), "the cursor");
+    assert!(after.contains_key("small/.host-local-index"), "the index");
     let mut want = vec![
         format!("{got}=new\r\neth0"),
         "10.21.0.2=debian\r\neth0".into(),

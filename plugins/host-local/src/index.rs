@@ -136,6 +136,34 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
 }
 
+/// The checksum of a header's fields (FNV-1a: it catches damage, not forgery).
+fn checksum(h: &[u8]) -> u64 {
+    fnv(&[&h[64..FIELDS_END]])
+}
+
+/// For fuzzing and tests, no use in the plugin: make the bytes of an index file pass the first
+/// check of [`Index::from_file`] (magic and checksum) whatever else they say, so that the checks
+/// after it (slot count, file length, counters) and the table are what gets exercised. The
+/// magic is put in place and the checksum recomputed over the header fields as they are (a
+/// file shorter than the header is zero-extended to hold them). With `fit_up_to`, the file is
+/// also cut or zero-extended to the length its slot count claims (`4096 + slots × 32`), when
+/// that is at most `fit_up_to` bytes.
+#[doc(hidden)]
+pub fn seal_header(file: &mut Vec<u8>, fit_up_to: Option<u64>) {
+    if file.len() < FIELDS_END + 8 {
+        file.resize(FIELDS_END + 8, 0);
+    }
+    file[..64].copy_from_slice(MAGIC);
+    let sum = checksum(file);
+    file[FIELDS_END..FIELDS_END + 8].copy_from_slice(&sum.to_le_bytes());
+    let claimed = u64_at(file, 64).checked_mul(SLOT).and_then(|t| t.checked_add(HDR));
+    if let (Some(len), Some(max)) = (claimed, fit_up_to) {
+        if len <= max {
+            file.resize(len as usize, 0);
+        }
+    }
+}
+
 /// The table size for `n` entries: room for one more at most a third full (a power of two,
 /// at least [`MIN_SLOTS`]); more than [`MAX_SLOTS`] is an error.
 fn slots_for(n: usize) -> io::Result<u64> {
@@ -172,7 +200,7 @@ impl Index {
     pub fn from_file(file: File) -> Option<Index> {
         let mut h = [0u8; FIELDS_END + 8];
         file.read_exact_at(&mut h, 0).ok()?;
-        if &h[..64] != MAGIC || u64_at(&h, FIELDS_END) != fnv(&[&h[64..FIELDS_END]]) {
+        if &h[..64] != MAGIC || u64_at(&h, FIELDS_END) != checksum(&h) {
             return None;
         }
         let slots = u64_at(&h, 64);
@@ -275,7 +303,7 @@ impl Index {
             h[64 + i * 8..72 + i * 8].copy_from_slice(&v.to_le_bytes());
         }
         h[120..136].copy_from_slice(&s.boot);
-        let sum = fnv(&[&h[64..FIELDS_END]]);
+        let sum = checksum(&h);
         h[FIELDS_END..FIELDS_END + 8].copy_from_slice(&sum.to_le_bytes());
         self.file.write_all_at(&h, 0)
     }
@@ -476,13 +504,51 @@ mod tests {
     /// growth check.
     pub fn crafted_header(slots: u64, used: u64, live: u64) -> Vec<u8> {
         let mut h = vec![0u8; HDR as usize];
-        h[..64].copy_from_slice(MAGIC);
         for (i, v) in [slots, used, live].into_iter().enumerate() {
             h[64 + i * 8..72 + i * 8].copy_from_slice(&v.to_le_bytes());
         }
-        let sum = fnv(&[&h[64..FIELDS_END]]);
-        h[FIELDS_END..FIELDS_END + 8].copy_from_slice(&sum.to_le_bytes());
+        seal_header(&mut h, None);
         h
+    }
+
+    #[test]
+    fn a_sealed_header_passes_the_checksum_and_meets_the_checks_after_it() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(INDEX_NAME);
+        let opened = |b: &[u8]| {
+            std::fs::write(&path, b).unwrap();
+            Index::from_file(File::open(&path).unwrap())
+        };
+        // what a fuzzer makes of a real index: some header bytes changed
+        let real = Index::create(File::open(d.path()).unwrap().as_fd(), &[]).unwrap();
+        let mut bytes = vec![0u8; real.file.metadata().unwrap().len() as usize];
+        real.file.read_exact_at(&mut bytes, 0).unwrap();
+        assert!(opened(&bytes).is_some());
+        bytes[3] ^= 1; // the magic
+        bytes[72] = 7; // used
+        bytes[80] = 5; // live
+        assert!(opened(&bytes).is_none(), "refused by magic and checksum");
+        seal_header(&mut bytes, None);
+        let idx = opened(&bytes).expect("sealed, and the numbers are sane: it opens");
+        assert_eq!((idx.slots, idx.used, idx.live), (MIN_SLOTS, 7, 5));
+        // sealed again with a counter out of bounds: now the counter check is what refuses it
+        bytes[80] = 9;
+        seal_header(&mut bytes, None);
+        assert!(opened(&bytes).is_none(), "live 9 > used 7");
+        // fitting: cut or extended to the length the slot count claims, within the bound
+        let mut short = crafted_header(2 * MIN_SLOTS, 1, 1);
+        seal_header(&mut short, Some(1 << 20));
+        assert_eq!(short.len() as u64, HDR + 2 * MIN_SLOTS * SLOT);
+        assert!(opened(&short).is_some());
+        let mut wrapping = crafted_header(1 << 59, 0, 0);
+        seal_header(&mut wrapping, Some(1 << 20));
+        assert_eq!(wrapping.len() as u64, HDR, "a claim that does not fit leaves the length alone");
+        assert!(opened(&wrapping).is_none());
+        // too short to hold the fields: extended (and refused by the slot count, 0)
+        let mut tiny = vec![0xff; 10];
+        seal_header(&mut tiny, None);
+        assert_eq!(tiny.len(), FIELDS_END + 8);
+        assert!(opened(&tiny).is_none());
     }
 
     #[test]

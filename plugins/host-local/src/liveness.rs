@@ -6,14 +6,22 @@
 //! - it was recorded in an earlier boot (no network namespace survives a reboot), or
 //! - its recorded path no longer leads to the recorded namespace (gone, or another namespace
 //!   mounted under the same name), **and** nothing else holds that namespace: no thread of any
-//!   process is in it, and no nsfs bind mount of it exists in any mount namespace that has a
-//!   process. A mount or thread whose identity cannot be confirmed (another mount namespace, an
-//!   error) counts as holding it.
+//!   process is in it, no nsfs bind mount of it exists in any mount namespace that has a
+//!   process, and no process holds it open (a descriptor in `/proc/<pid>/fd`, or in the table
+//!   of a thread that has its own: a `net:[<ino>]` link, or a link showing a path whose
+//!   `fdinfo` names the inode). A mount, thread or descriptor whose identity cannot be
+//!   confirmed (another mount namespace; a descriptor, which is only `readlink`-ed, never
+//!   opened, so its inode alone counts) counts as holding it, and so does a scan that cannot be
+//!   made (`/proc` unreadable, an unexpected error, more than 2^20 descriptors). Processes even
+//!   root may not look at (`EACCES`, `EPERM`) are not seen.
 //!
 //! Everything else is alive: a reservation without a record (made by upstream or by an older
-//! build), a record that no longer belongs to the reservation file, any error. A namespace
-//! held only by an open file descriptor (no process inside it, no mount) is not seen; such a
-//! namespace has no process that could use the address.
+//! build), a record that no longer belongs to the reservation file, any error.
+//!
+//! Cost: nothing of this runs on an ordinary ADD. The scans run only when a reservation is
+//! judged (an exhausted pool, a restarted container's earlier reservation, STATUS with
+//! `reportExhaustionInStatus` on an exhausted set), at most once per call; descriptors are
+//! read only for a namespace no thread or mount holds.
 //!
 //! Every path read back from a record or from `/proc` is opened through
 //! `NetNs::open_recorded` (only `/run/netns/<name>`, `/var/run/netns/<name>` and
@@ -25,6 +33,8 @@ use cni_common::netns::NetNs;
 use cni_common::nsident::{ident, NsIdent};
 
 use std::collections::HashMap;
+use std::io;
+use std::path::Path;
 
 /// What ADD records for CNI_NETNS: its identity and its path (empty when the path cannot be
 /// recorded). `None` when the namespace cannot be looked at (nothing is recorded then, and the
@@ -69,7 +79,7 @@ impl Judge {
         if refs.holds(rec.ns) {
             return None;
         }
-        Some(format!("{at_path} and no process or mount holds it"))
+        Some(format!("{at_path} and no process, mount or open descriptor holds it"))
     }
 }
 
@@ -97,12 +107,19 @@ pub fn not_for_holder(rec: &Record, boot: &[u8; 16], del_netns: &str) -> Option<
     ))
 }
 
-/// Who holds network namespaces, by nsfs inode: threads, and nsfs bind mounts (in our mount
-/// namespace with their mount point; in another one without).
+/// Who holds network namespaces, by nsfs inode: threads, nsfs bind mounts (in our mount
+/// namespace with their mount point; in another one without) and, looked at only when neither
+/// holds the namespace asked about, open descriptors.
 #[derive(Default)]
 struct Refs {
+    /// Why nothing can be told (`/proc` or our own mount table could not be read, or a thread
+    /// or mount table could not be looked at for another reason than [`out_of_sight`]): every
+    /// namespace counts as held.
+    blind: Option<String>,
     tasks: HashMap<u64, Vec<u32>>,
     mounts: HashMap<u64, Vec<Option<String>>>,
+    /// Namespaces open descriptors hold ([`fd_holders`]); `None` until first needed.
+    fds: Option<std::result::Result<HashMap<u64, Vec<u32>>, String>>,
 }
 
 /// The inode in a `net:[<ino>]` link or mountinfo root.
@@ -110,13 +127,177 @@ fn net_ino(s: &str) -> Option<u64> {
     s.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
 }
 
-fn numeric_entries(dir: &str) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+/// The numeric entries of a `/proc` directory (processes, threads).
+fn numeric_entries(dir: &Path) -> io::Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        if let Some(n) = e?.file_name().to_str().and_then(|n| n.parse().ok()) {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether an error met under `/proc/<pid>` means that the process, thread or descriptor
+/// went away meanwhile (nothing to hold anything any more), or that the process may not be
+/// looked at (`EACCES`, `EPERM`: even root is refused a process of a user namespace it does
+/// not own, or by a security module). The latter cannot be told from one that holds nothing:
+/// such a process is not seen (README, "Known limits"), as it never was by the thread and mount
+/// scans; treating it as holding everything would end every reclaim on such a node.
+fn out_of_sight(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH | libc::EACCES | libc::EPERM))
 }
 
 /// `/proc/<pid>/mountinfo` is generated by the kernel; this bounds it anyway.
 const MOUNTINFO_CAP: u64 = 64 << 20;
+
+/// The most descriptors one scan looks at ([`fd_holders`]): beyond it the scan cannot tell,
+/// and the namespace counts as held. (A few seconds at most.)
+const FD_LINKS_CAP: usize = 1 << 20;
+
+/// The most of one `fdinfo` read: a path's is a few lines (position, flags, mount, inode, locks).
+const FDINFO_CAP: u64 = 64 << 10;
+
+/// `kcmp`'s type for descriptor tables (`linux/kcmp.h`; the libc crate does not name it).
+const KCMP_FILES: libc::c_int = 2;
+
+/// Whether threads `a` and `b` share one descriptor table (`kcmp`, Linux 3.5).
+fn same_fd_table(a: u32, b: u32) -> io::Result<bool> {
+    let (a, b) = (a as libc::pid_t, b as libc::pid_t);
+    // SAFETY: kcmp takes integers only and reads no memory of ours.
+    let r =
+        unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_FILES, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r == 0)
+}
+
+/// What a descriptor's link in `/proc/<pid>/fd` says about the file.
+#[derive(Debug, PartialEq, Eq)]
+enum FdTarget {
+    /// `net:[<ino>]`: a network namespace file opened through nsfs itself (`/proc/…/ns/net`).
+    Net(u64),
+    /// A path: any file reached through a mount, a namespace file opened through its bind mount
+    /// among them (the link shows the mount point, and `/` once the mount is detached).
+    Path,
+    /// `socket:[…]`, `pipe:[…]`, `anon_inode:…`, another namespace type: no network namespace.
+    Other,
+}
+
+fn fd_target(link: &[u8]) -> FdTarget {
+    if link.starts_with(b"/") {
+        return FdTarget::Path;
+    }
+    match std::str::from_utf8(link).ok().and_then(net_ino) {
+        Some(ino) => FdTarget::Net(ino),
+        None => FdTarget::Other,
+    }
+}
+
+/// The `ino:` of a `/proc/<pid>/fdinfo/<fd>` text (Linux 5.14 and later).
+fn fdinfo_ino(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("ino:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Add what the descriptors in directory `dir` (`…/fd` of process or thread `who`) hold to
+/// `out`, by inode, looking at most `budget` descriptors. Each link is read (`readlink`); for
+/// one that shows a path, the inode number comes from the descriptor's `fdinfo` (its file
+/// could be a namespace file opened through a bind mount). The descriptor's file itself is
+/// never opened or looked up. A path's inode may belong to any filesystem: a number equal to a
+/// namespace's by chance makes that namespace count as held, never the other way round.
+fn scan_fd_dir(
+    dir: &Path,
+    who: u32,
+    out: &mut HashMap<u64, Vec<u32>>,
+    budget: &mut usize,
+) -> std::result::Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let cannot = |p: &Path, e: &dyn std::fmt::Display| format!("cannot read {}: {e}", p.display());
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if out_of_sight(&e) => return Ok(()),
+        Err(e) => return Err(cannot(dir, &e)),
+    };
+    let info_dir = dir.with_file_name("fdinfo");
+    for ent in rd {
+        let ent = match ent {
+            Ok(ent) => ent,
+            Err(e) if out_of_sight(&e) => return Ok(()),
+            Err(e) => return Err(cannot(dir, &e)),
+        };
+        let Some(left) = budget.checked_sub(1) else {
+            return Err("more open descriptors than one scan looks at".into());
+        };
+        *budget = left;
+        let link = match std::fs::read_link(ent.path()) {
+            Ok(link) => link,
+            Err(e) if out_of_sight(&e) => continue, // closed meanwhile (or not to be looked at)
+            Err(e) => return Err(cannot(&ent.path(), &e)),
+        };
+        let ino = match fd_target(link.as_os_str().as_bytes()) {
+            FdTarget::Net(ino) => ino,
+            FdTarget::Other => continue,
+            FdTarget::Path => {
+                let info = info_dir.join(ent.file_name());
+                let text = match std::fs::File::open(&info).and_then(|mut f| read_capped(&mut f, FDINFO_CAP))
+                {
+                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Err(e) if out_of_sight(&e) => continue,
+                    Err(e) => return Err(cannot(&info, &e)),
+                };
+                match fdinfo_ino(&text) {
+                    Some(ino) => ino,
+                    None => return Err(cannot(&info, &"no inode number in it (Linux before 5.14)")),
+                }
+            }
+        };
+        out.entry(ino).or_default().push(who);
+    }
+    Ok(())
+}
+
+/// The network namespaces open descriptors may hold, by inode, with the processes (or
+/// threads) holding them: every descriptor in `<proc>/<pid>/fd` ([`scan_fd_dir`]), and in
+/// `<proc>/<pid>/task/<tid>/fd` for a thread with a descriptor table of its own (`unshare
+/// (CLONE_FILES)`; `kcmp` tells, and when it cannot, the thread's table is read too). Processes,
+/// threads and descriptors that go away meanwhile are skipped. `Err(why)`: cannot tell
+/// (`proc`, a descriptor directory or an `fdinfo` cannot be read, more than `cap`
+/// descriptors).
+fn fd_holders(proc: &Path, cap: usize) -> std::result::Result<HashMap<u64, Vec<u32>>, String> {
+    let mut out = HashMap::new();
+    let mut budget = cap;
+    let pids = numeric_entries(proc).map_err(|e| format!("cannot read {}: {e}", proc.display()))?;
+    for pid in pids {
+        process_fd_holders(proc, pid, &mut out, &mut budget)?;
+    }
+    Ok(out)
+}
+
+/// [`fd_holders`] of one process: its descriptor table, and those of its threads that have
+/// one of their own.
+fn process_fd_holders(
+    proc: &Path,
+    pid: u32,
+    out: &mut HashMap<u64, Vec<u32>>,
+    budget: &mut usize,
+) -> std::result::Result<(), String> {
+    let base = proc.join(pid.to_string());
+    scan_fd_dir(&base.join("fd"), pid, out, budget)?;
+    let tids = match numeric_entries(&base.join("task")) {
+        Ok(t) => t,
+        Err(e) if out_of_sight(&e) => return Ok(()),
+        Err(e) => return Err(format!("cannot read {}: {e}", base.join("task").display())),
+    };
+    for tid in tids.into_iter().filter(|t| *t != pid) {
+        match same_fd_table(pid, tid) {
+            Ok(true) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            _ => scan_fd_dir(&base.join(format!("task/{tid}/fd")), tid, out, budget)?,
+        }
+    }
+    Ok(())
+}
 
 /// Undo mountinfo's octal escapes (`\040` for a space, …).
 fn unescape(s: &str) -> String {
@@ -153,42 +334,80 @@ fn nsfs_mounts(text: &str) -> Vec<(u64, String)> {
     out
 }
 
+fn read_mounts(path: &str) -> io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    Ok(String::from_utf8_lossy(&read_capped(&mut f, MOUNTINFO_CAP)?).into_owned())
+}
+
 impl Refs {
     fn scan() -> Refs {
         let mut refs = Refs::default();
-        let own_mnt = std::fs::read_link("/proc/self/ns/mnt").ok();
-        let mut mnt_seen = Vec::new();
-        let read_mounts = |path: &str| -> String {
-            let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
-            read_capped(&mut f, MOUNTINFO_CAP)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default()
-        };
-        for (ino, point) in nsfs_mounts(&read_mounts("/proc/self/mountinfo")) {
-            refs.mounts.entry(ino).or_default().push(Some(point));
-        }
-        for pid in numeric_entries("/proc") {
-            // Other mount namespaces: their nsfs mounts count, by inode.
-            if let Ok(mnt) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) {
-                if Some(&mnt) != own_mnt.as_ref() && !mnt_seen.contains(&mnt) {
-                    for (ino, _) in nsfs_mounts(&read_mounts(&format!("/proc/{pid}/mountinfo"))) {
-                        refs.mounts.entry(ino).or_default().push(None);
-                    }
-                    mnt_seen.push(mnt);
-                }
-            }
-            for tid in numeric_entries(&format!("/proc/{pid}/task")) {
-                let Ok(link) = std::fs::read_link(format!("/proc/{pid}/task/{tid}/ns/net")) else { continue };
-                if let Some(ino) = link.to_str().and_then(net_ino) {
-                    refs.tasks.entry(ino).or_default().push(tid);
-                }
-            }
+        if let Err(why) = refs.scan_tasks_and_mounts() {
+            refs.blind = Some(why);
         }
         refs
     }
 
-    /// Whether a thread or a mount holds the namespace `id` (or might: unconfirmed ones count).
-    fn holds(&self, id: NsIdent) -> bool {
+    /// Threads and mounts. `Err(why)`: cannot tell.
+    fn scan_tasks_and_mounts(&mut self) -> std::result::Result<(), String> {
+        let fail = |what: &str, e: io::Error| format!("cannot read {what}: {e}");
+        let own_mnt = std::fs::read_link("/proc/self/ns/mnt").map_err(|e| fail("/proc/self/ns/mnt", e))?;
+        let mut mnt_seen = vec![own_mnt.clone()];
+        let own = read_mounts("/proc/self/mountinfo").map_err(|e| fail("/proc/self/mountinfo", e))?;
+        for (ino, point) in nsfs_mounts(&own) {
+            self.mounts.entry(ino).or_default().push(Some(point));
+        }
+        for pid in numeric_entries(Path::new("/proc")).map_err(|e| fail("/proc", e))? {
+            // Other mount namespaces: their nsfs mounts count, by inode.
+            let mnt_link = format!("/proc/{pid}/ns/mnt");
+            match std::fs::read_link(&mnt_link) {
+                Ok(mnt) if !mnt_seen.contains(&mnt) => {
+                    let path = format!("/proc/{pid}/mountinfo");
+                    match read_mounts(&path) {
+                        Ok(text) => {
+                            for (ino, _) in nsfs_mounts(&text) {
+                                self.mounts.entry(ino).or_default().push(None);
+                            }
+                            mnt_seen.push(mnt);
+                        }
+                        // a process that exited (EINVAL: a zombie has no mount namespace)
+                        Err(e) if out_of_sight(&e) || e.raw_os_error() == Some(libc::EINVAL) => {}
+                        Err(e) => return Err(fail(&path, e)),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if out_of_sight(&e) => {}
+                Err(e) => return Err(fail(&mnt_link, e)),
+            }
+            let task_dir = format!("/proc/{pid}/task");
+            let tids = match numeric_entries(Path::new(&task_dir)) {
+                Ok(t) => t,
+                Err(e) if out_of_sight(&e) => continue,
+                Err(e) => return Err(fail(&task_dir, e)),
+            };
+            for tid in tids {
+                let net_link = format!("/proc/{pid}/task/{tid}/ns/net");
+                match std::fs::read_link(&net_link) {
+                    Ok(link) => {
+                        if let Some(ino) = link.to_str().and_then(net_ino) {
+                            self.tasks.entry(ino).or_default().push(tid);
+                        }
+                    }
+                    Err(e) if out_of_sight(&e) => {}
+                    Err(e) => return Err(fail(&net_link, e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a thread, a mount or an open descriptor holds the namespace `id` (or might:
+    /// unconfirmed ones count, and so does a scan that could not be made). Descriptors are
+    /// looked at only when no thread or mount holds it, once per `Refs`.
+    fn holds(&mut self, id: NsIdent) -> bool {
+        if self.blind.is_some() {
+            return true;
+        }
         let same = |path: &str| match NetNs::open_recorded(path) {
             Ok(Some(ns)) => ident(&ns).map_or(true, |now| !now.differs(&id)),
             Ok(None) => false, // gone meanwhile
@@ -196,17 +415,27 @@ impl Refs {
         };
         let by_task =
             self.tasks.get(&id.ino).into_iter().flatten().any(|tid| same(&format!("/proc/{tid}/ns/net")));
-        by_task
-            || self.mounts.get(&id.ino).into_iter().flatten().any(|point| match point {
+        let by_mount = || {
+            self.mounts.get(&id.ino).into_iter().flatten().any(|point| match point {
                 Some(p) => same(p), // a path of another shape: cannot tell, so held
                 None => true,
             })
+        };
+        if by_task || by_mount() {
+            return true;
+        }
+        // A descriptor's namespace cannot be confirmed without opening it: its inode counts.
+        match self.fds.get_or_insert_with(|| fd_holders(Path::new("/proc"), FD_LINKS_CAP)) {
+            Ok(held) => held.contains_key(&id.ino),
+            Err(_) => true,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn mountinfo_nsfs_lines() {
@@ -224,8 +453,112 @@ bogus line without separator";
     #[test]
     fn this_threads_namespace_is_held_and_a_made_up_one_is_not() {
         let here = ident(&NetNs::current().unwrap()).unwrap();
-        let refs = Refs::scan();
+        let mut refs = Refs::scan();
         assert!(refs.holds(here), "our own thread is in it");
-        assert!(!refs.holds(NsIdent { ino: 1, cookie: 1 }));
+        // (not 1: the root of /proc, sysfs or a tmpfs is inode 1, and a descriptor of one may be
+        // open somewhere; a path's inode counts, whatever its filesystem)
+        let made_up = refs.holds(NsIdent { ino: u64::MAX - 1, cookie: 1 });
+        assert!(
+            !made_up,
+            "scan: {:?}, descriptors: {:?}",
+            refs.blind,
+            refs.fds.as_ref().map(|r| r.as_ref().err())
+        );
+    }
+
+    /// `(pid, tid)` of the calling thread, from `/proc/thread-self` (`<pid>/task/<tid>`).
+    fn me() -> (u32, u32) {
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        let parts: Vec<u32> = link.to_str().unwrap().split('/').filter_map(|p| p.parse().ok()).collect();
+        (parts[0], parts[1])
+    }
+
+    #[test]
+    fn descriptors_are_found_in_the_process_table_and_in_a_threads_own_table() {
+        let proc = Path::new("/proc");
+        let scan = |pid: u32| {
+            let (mut out, mut budget) = (HashMap::new(), FD_LINKS_CAP);
+            process_fd_holders(proc, pid, &mut out, &mut budget).unwrap();
+            out
+        };
+        let ino = ident(&NetNs::current().unwrap()).unwrap().ino;
+        let (pid, _) = me();
+        // a thread sharing the process's table, alive during the scans
+        let (shared_tx, shared_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let sharing = std::thread::spawn(move || {
+            shared_tx.send(me().1).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let shared_tid = shared_rx.recv().unwrap();
+        let before = scan(pid).remove(&ino).unwrap_or_default();
+        let held = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        let with = scan(pid).remove(&ino).unwrap_or_default();
+        assert_eq!(
+            with.iter().filter(|w| **w == pid).count(),
+            before.iter().filter(|w| **w == pid).count() + 1
+        );
+        assert!(!with.contains(&shared_tid), "a thread sharing the table is not read again: {with:?}");
+        drop(held);
+        // a thread with a table of its own (unshare(CLONE_FILES)) holding a namespace open
+        let own = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES).unwrap();
+            let _held = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            (me().1, scan(pid).remove(&ino).unwrap_or_default())
+        });
+        let (tid, holders) = own.join().unwrap();
+        assert!(holders.contains(&tid), "{tid} in {holders:?}");
+        stop_tx.send(()).unwrap();
+        sharing.join().unwrap();
+    }
+
+    #[test]
+    fn descriptor_links_and_fdinfo() {
+        assert_eq!(fd_target(b"net:[4026532177]"), FdTarget::Net(4_026_532_177));
+        // a namespace file opened through its bind mount, before and after the mount is gone
+        assert_eq!(fd_target(b"/run/netns/pod"), FdTarget::Path);
+        assert_eq!(fd_target(b"/"), FdTarget::Path);
+        assert_eq!(fd_target(b"/tmp/x (deleted)"), FdTarget::Path);
+        for other in
+            [&b"socket:[77]"[..], b"pipe:[5]", b"anon_inode:[eventpoll]", b"mnt:[4026531841]", b"net:[x]"]
+        {
+            assert_eq!(fd_target(other), FdTarget::Other, "{}", String::from_utf8_lossy(other));
+        }
+        let info = "pos:\t0\nflags:\t0100000\nmnt_id:\t43\nino:\t4026532177\n";
+        assert_eq!(fdinfo_ino(info), Some(4_026_532_177));
+        assert_eq!(fdinfo_ino("pos:\t0\nflags:\t0100000\nmnt_id:\t43\n"), None, "Linux before 5.14");
+    }
+
+    #[test]
+    fn a_file_opened_by_path_is_looked_up_by_its_fdinfo_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("f");
+        std::fs::write(&path, "x").unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        let (pid, _) = me();
+        let held = std::fs::File::open(&path).unwrap();
+        let (mut out, mut budget) = (HashMap::new(), FD_LINKS_CAP);
+        process_fd_holders(Path::new("/proc"), pid, &mut out, &mut budget).unwrap();
+        assert_eq!(out.get(&ino), Some(&vec![pid]));
+        drop(held);
+    }
+
+    #[test]
+    fn a_scan_that_cannot_be_made_counts_as_holding() {
+        let e = fd_holders(Path::new("/nonexistent-proc"), FD_LINKS_CAP).unwrap_err();
+        assert!(e.starts_with("cannot read /nonexistent-proc: "), "{e}");
+        let (mut out, mut budget) = (HashMap::new(), 0);
+        let e = process_fd_holders(Path::new("/proc"), me().0, &mut out, &mut budget).unwrap_err();
+        assert_eq!(e, "more open descriptors than one scan looks at");
+        let made_up = NsIdent { ino: 1, cookie: 1 };
+        let mut refs = Refs { fds: Some(Ok(HashMap::new())), ..Refs::default() };
+        assert!(!refs.holds(made_up), "nothing holds it");
+        let mut refs = Refs { fds: Some(Err("cannot read /proc/7/fd".into())), ..Refs::default() };
+        assert!(refs.holds(made_up), "descriptors that could not be read: doubt");
+        let mut refs = Refs { blind: Some("cannot read /proc".into()), ..Refs::default() };
+        assert!(refs.holds(made_up), "threads and mounts that could not be read: doubt");
+        // a descriptor's inode counts (it cannot be confirmed without opening it)
+        let mut refs = Refs { fds: Some(Ok(HashMap::from([(1, vec![7])]))), ..Refs::default() };
+        assert!(refs.holds(made_up));
     }
 }

@@ -9,6 +9,7 @@
 //! omitted when empty), `capabilityArgs` (object, omitted when empty), `result` (the final
 //! ADD result, omitted when empty).
 
+use cni_common::fsread;
 use cni_common::spec::json;
 use cni_common::spec::result::CniResult;
 use cni_common::spec::version::Version;
@@ -16,6 +17,7 @@ use cni_common::{CniError, Result};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 pub const KIND_V1: &str = "cniCacheV1";
@@ -165,7 +167,7 @@ pub fn remove(path: &Path) -> Result<()> {
 /// `cniCacheV1` object is read as a bare result (the pre-cache format).
 pub fn read_result(path: &Path, version: Version) -> Result<Option<Value>> {
     // libcni ignores a cache file it cannot read; so do we, saying why when it exists.
-    let bytes = match crate::conf::read_bounded(path) {
+    let bytes = match read_file(path) {
         Ok(b) => b,
         Err(e) => {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -207,26 +209,70 @@ pub fn encode_result(result: &CniResult, version: Version) -> Result<Value> {
     }
 }
 
+/// A file of the cache directory `results`, read as what it is: a directory anyone who can
+/// write there may have planted things in. Neither `results` nor the file is followed when it
+/// is a symbolic link (a link could hand us another attachment's or any file's content), only
+/// a regular file is read (a FIFO is never waited on) and at most [`crate::conf::FILE_MAX`]
+/// bytes of it.
+fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a cache file path");
+    let dir = path.parent().ok_or_else(bad)?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(bad)?;
+    let dir = fsread::open_dir(dir)?;
+    fsread::read_regular_at(dir.as_fd(), name, crate::conf::FILE_MAX as u64)
+}
+
+/// The cached attachments of a cache directory, and the files that could not be read.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Valid entries, in file-name order.
+    pub entries: Vec<(PathBuf, CacheEntry)>,
+    /// Files skipped because they are no regular files or cannot be read: each path, and why.
+    pub unreadable: Vec<(PathBuf, std::io::Error)>,
+}
+
 /// Every valid cached attachment under `<cacheDir>/results`, in file-name order (libcni's
 /// `GetCachedAttachments("")`): unreadable files, other kinds and entries without an
 /// interface or network name are skipped.
 pub fn attachments(cache_dir: &Path) -> Result<Vec<(PathBuf, CacheEntry)>> {
-    let dir = cache_dir.join("results");
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(CniError::io(format!("cannot read {}: {e}", dir.display()))),
+    Ok(list(cache_dir)?.entries)
+}
+
+/// [`attachments`], also naming the files that could not be read. `results` and its files
+/// are read as [`read_file`] says (no link followed, no FIFO waited on, a cap); a `results`
+/// that is a symbolic link is an error.
+pub fn list(cache_dir: &Path) -> Result<Listing> {
+    let path = cache_dir.join("results");
+    let dir = match fsread::open_dir(&path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
+        Err(e) => return Err(CniError::io(format!("cannot read {}: {e}", path.display()))),
     };
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    paths.sort();
-    let mut out = Vec::new();
-    for p in paths {
-        let Ok(bytes) = crate::conf::read_bounded(&p) else { continue };
+    let mut names =
+        fsread::names(&dir).map_err(|e| CniError::io(format!("cannot read {}: {e}", path.display())))?;
+    names.sort();
+    let mut out = Listing::default();
+    for name in names {
+        let p = path.join(&name);
+        let read = match name.to_str() {
+            Some(n) => fsread::read_regular_at(dir.as_fd(), n, crate::conf::FILE_MAX as u64),
+            // libcni's names are made of validated identifiers
+            None => continue,
+        };
+        let bytes = match read {
+            Ok(b) => b,
+            // removed meanwhile
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                out.unreadable.push((p, e));
+                continue;
+            }
+        };
         let Ok(entry) = CacheEntry::from_json(&bytes) else { continue };
         if entry.if_name.is_empty() || entry.network_name.is_empty() {
             continue;
         }
-        out.push((p, entry));
+        out.entries.push((p, entry));
     }
     Ok(out)
 }
@@ -413,6 +459,59 @@ mod tests {
         remove(&path).unwrap();
         remove(&path).unwrap();
         assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn planted_cache_files_are_never_followed_or_waited_on() {
+        use std::os::unix::fs::symlink;
+        let dir = tmp("planted");
+        let results = dir.join("results");
+        let real = results.join("lo-real-eth0");
+        write(&real, &sample()).unwrap();
+        // a forged attachment outside the cache, linked in: reading it would make GC or
+        // resync act on an attachment nobody made
+        let elsewhere = dir.join("elsewhere");
+        let forged = CacheEntry { container_id: "forged".into(), ..sample() };
+        write(&elsewhere.join("forged"), &forged).unwrap();
+        symlink(elsewhere.join("forged"), results.join("lo-forged-eth0")).unwrap();
+        // a FIFO: a plain read waits for a writer forever
+        let fifo = std::ffi::CString::new(results.join("lo-fifo-eth0").to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        // an oversized (sparse) file: never read whole
+        std::fs::File::create(results.join("lo-huge-eth0")).unwrap().set_len(1 << 31).unwrap();
+
+        let l = list(&dir).unwrap();
+        assert_eq!(l.entries, vec![(real.clone(), sample())]);
+        let why: Vec<(String, String)> = l
+            .unreadable
+            .iter()
+            .map(|(p, e)| (p.file_name().unwrap().to_string_lossy().into_owned(), e.to_string()))
+            .collect();
+        let max = crate::conf::FILE_MAX;
+        assert_eq!(
+            why,
+            vec![
+                ("lo-fifo-eth0".into(), "not a regular file but a FIFO".into()),
+                ("lo-forged-eth0".into(), "a symbolic link, which is not followed".into()),
+                ("lo-huge-eth0".into(), format!("larger than {max} bytes, the most that is read")),
+            ]
+        );
+        assert_eq!(attachments(&dir).unwrap().len(), 1);
+        // a cached result behind a planted file is none (libcni ignores what it cannot read)
+        for name in ["lo-forged-eth0", "lo-fifo-eth0", "lo-huge-eth0"] {
+            assert_eq!(read_result(&results.join(name), Version::V1_0_0).unwrap(), None, "{name}");
+        }
+        assert!(read_result(&real, Version::V1_0_0).unwrap().is_some());
+
+        // `results` itself a link: refused, not followed
+        let moved = dir.join("moved");
+        std::fs::rename(&results, &moved).unwrap();
+        symlink(&moved, &results).unwrap();
+        let e = list(&dir).unwrap_err();
+        assert!(e.msg.contains("a symbolic link, which is not followed"), "{}", e.msg);
+        assert_eq!(read_result(&real, Version::V1_0_0).unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
