@@ -21,8 +21,10 @@
 //!               (one rule per source prefix length in use; no mask for /32, no source for /0)
 //! masquerade6   the same with ip6 and @net6_<len>
 //! localnet      (filter, input) meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
+//!                               ct state & (invalid | untracked) != 0 drop
+//!                               meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
 //!                               ct state & (established | related) == 0 ct status & dnat == 0 drop
-//!                               the same for ip6 daddr ::1
+//!                               the same two for ip6 daddr ::1
 //! ```
 //!
 //! Elements live in `hp4`/`hip4`/`hp6`/`hip6` (DNAT), `owner`, `claims`, `attachments`,
@@ -53,11 +55,14 @@ pub const RETIRED_SETS: [&str; 2] = ["gates", "conditions"];
 /// `NF_INET_LOCAL_IN` and `NF_INET_LOCAL_OUT`.
 const HOOK_INPUT: u32 = 1;
 const HOOK_OUTPUT: u32 = 3;
-/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its established/related bits.
+/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its bits: established and related
+/// (`NF_CT_STATE_BIT(IP_CT_ESTABLISHED)`, `(IP_CT_RELATED)`), invalid
+/// (`NF_CT_STATE_INVALID_BIT`) and untracked (`NF_CT_STATE_UNTRACKED_BIT`).
 const META_IIFTYPE: u32 = 8;
 const ARPHRD_LOOPBACK: u16 = 772;
 const CT_STATE: u32 = 0;
 const CT_STATE_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
+const CT_STATE_INVALID_UNTRACKED: u32 = 0x1 | 0x40;
 
 /// A chain: its name and, for a base chain, its hook (with nft's text for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,26 +286,40 @@ impl Declaration {
         self.rule(&masq_chain(fam), text, Some(e), None);
     }
 
-    /// The guard of a family: what arrives on a non-loopback interface for the loopback
-    /// addresses is dropped unless it belongs to a connection that was DNATed (or is
-    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule.
+    /// The guard of a family, two rules: what arrives on a non-loopback interface for the
+    /// loopback addresses is dropped unless it belongs to a connection that was DNATed (or is
+    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule
+    /// (`! --ctstate RELATED,ESTABLISHED,DNAT`).
+    ///
+    /// A packet conntrack has no entry for (one it calls invalid, e.g. TCP with SYN and FIN
+    /// set, or one marked untracked) has no `ct status`: nft_ct's load of any key but `state`
+    /// ends the rule there (`NFT_BREAK`), so the second rule alone would let it through. Its
+    /// `ct state` is the invalid or the untracked bit, which the first rule drops.
     fn guard(&mut self, fam: Family) {
         let (ip, dst, text_dst): (_, IpNet, _) = match fam {
             Family::V4 => ("ip", "127.0.0.0/8".parse().expect("a prefix"), "127.0.0.0/8"),
             Family::V6 => ("ip6", "::1/128".parse().expect("a prefix"), "::1"),
         };
-        let mut e = RuleExpr::nfproto(fam == Family::V4);
-        e.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
-        e.push(RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 });
-        e.push(RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() });
+        let mut head = RuleExpr::nfproto(fam == Family::V4);
+        head.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
+        head.push(RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 });
+        head.push(RuleExpr::Cmp {
+            sreg: REG_1,
+            op: CmpOp::Neq,
+            data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec(),
+        });
+        let head_text =
+            format!("meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback", fam.nft_keyword());
+        let mut untracked = head.clone();
+        untracked.extend(ct_bits(CT_STATE, CT_STATE_INVALID_UNTRACKED, CmpOp::Neq));
+        untracked.push(RuleExpr::Verdict(Verdict::Drop));
+        let text = format!("{head_text} ct state & (invalid | untracked) != 0 drop");
+        self.rule("localnet", text, Some(untracked), None);
+        let mut e = head;
         e.extend(ct_bits(CT_STATE, CT_STATE_ESTABLISHED_RELATED, CmpOp::Eq));
         e.extend(ct_bits(CT_STATUS, CT_STATUS_DST_NAT, CmpOp::Eq));
         e.push(RuleExpr::Verdict(Verdict::Drop));
-        let text = format!(
-            "meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback ct state & (established | related) == 0 \
-             ct status & dnat == 0 drop",
-            fam.nft_keyword()
-        );
+        let text = format!("{head_text} ct state & (established | related) == 0 ct status & dnat == 0 drop");
         self.rule("localnet", text, Some(e), None);
     }
 }

@@ -55,7 +55,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert!(setup.nft.is_none());
     let rules = setup.ops.iter().filter(|o| matches!(o, NftOp::AddRule { .. })).count();
     assert_eq!(rules, d.rules.len());
-    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 2, "hooks, gates, dnat, masquerading, net4_24/32, guard");
+    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 4, "hooks, gates, dnat, masquerading, net4_24/32, guard");
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
     assert_eq!(d.setup(&found), Setup::default(), "an intact table needs nothing");
@@ -65,7 +65,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(uses["gate4"], 3, "its rule, and both hooks jumping to it");
     assert_eq!(uses["hostports6"], 3, "its two rules and the gate's jump");
     assert!(!uses.contains_key("masquerade4"), "its rules follow the prefix lengths in use");
-    assert_eq!((uses["localnet"], uses["prerouting"]), (2, 2), "a base chain: its rules");
+    assert_eq!((uses["localnet"], uses["prerouting"]), (4, 2), "a base chain: its rules");
     // a flushed chain is refilled, and only it
     let mut flushed = found.clone();
     flushed.rules.retain(|r| r.chain != "prerouting");
@@ -119,6 +119,61 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
         assert_eq!(deleted, gone, "{what}");
     }
     assert!(ops.iter().any(|o| matches!(o, NftOp::AddElements { set, .. } if set == LAYOUT_SET)));
+}
+
+/// The guard, per family: first the drop of what conntrack keeps no entry for (its `ct state`
+/// is invalid or untracked, and it has no `ct status`, whose load would end the second rule
+/// before its verdict), then the KUBE-FIREWALL-shaped drop; the masks are compared when the
+/// table is read back.
+#[test]
+fn the_guard_drops_untracked_packets_before_it_tests_their_status() {
+    use cni_common::netlink::nft::NftExpr;
+    let d = declaration(&Lens::new(), &Conditions::default());
+    let guard: Vec<&RuleDecl> = d.rules.iter().filter(|r| r.chain == "localnet").collect();
+    let loads = |r: &RuleDecl| -> Vec<(u32, Vec<u8>, CmpOp)> {
+        let e = r.exprs.as_ref().unwrap();
+        e.windows(3)
+            .filter_map(|w| match w {
+                [RuleExpr::Ct { key, .. }, RuleExpr::Bitwise { mask, .. }, RuleExpr::Cmp { op, data, .. }]
+                    if data.iter().all(|b| *b == 0) =>
+                {
+                    Some((*key, mask.clone(), *op))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let untracked = vec![(CT_STATE, 0x41u32.to_ne_bytes().to_vec(), CmpOp::Neq)];
+    let firewall = vec![
+        (CT_STATE, 0x06u32.to_ne_bytes().to_vec(), CmpOp::Eq),
+        (CT_STATUS, CT_STATUS_DST_NAT.to_ne_bytes().to_vec(), CmpOp::Eq),
+    ];
+    assert_eq!(guard.len(), 4);
+    for (pair, (fam, dst)) in guard.chunks(2).zip([(Family::V4, "127.0.0.0/8"), (Family::V6, "::1/128")]) {
+        let head = with(
+            with(
+                RuleExpr::nfproto(fam == Family::V4),
+                RuleExpr::addr(false, dst.parse().unwrap(), CmpOp::Eq),
+            ),
+            [
+                RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 },
+                RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() },
+            ],
+        );
+        for r in pair {
+            let e = r.exprs.as_ref().unwrap();
+            assert!(e.starts_with(&head), "{dst}: {}", r.nft);
+            assert_eq!(e.last(), Some(&RuleExpr::Verdict(Verdict::Drop)), "{}", r.nft);
+        }
+        assert_eq!(loads(pair[0]), untracked, "{dst}: first the untracked: {}", pair[0].nft);
+        assert_eq!(loads(pair[1]), firewall, "{dst}: then the KUBE-FIREWALL shape: {}", pair[1].nft);
+    }
+    // another mask read back (invalid only: untracked packets would pass) is noticed
+    let mut found = found_of(&d);
+    let r = found.rules.iter_mut().find(|r| r.chain == "localnet").unwrap();
+    let mask = r.exprs.iter_mut().find(|e| matches!(e, NftExpr::Bitwise { .. })).unwrap();
+    *mask = NftExpr::Bitwise { mask: 0x01u32.to_ne_bytes().to_vec(), xor: vec![0; 4] };
+    assert_eq!(d.problems(&found), ["chain localnet does not hold the rules of this layout"]);
 }
 
 /// Within one transaction a set being created is named by its id as well as by its name
