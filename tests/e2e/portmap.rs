@@ -260,10 +260,49 @@ fn layout_versions(host: &Netns) -> Option<Vec<u64>> {
 }
 
 /// What the table holds when no attachment is left: it still exists (never dropped, so a
-/// concurrent ADD can rely on it), at layout version 2, with no element of any attachment.
+/// concurrent ADD can rely on it), at layout version 2, with no element of any attachment, and
+/// with its `localnet` guard intact (`route_localnet` stays set on the bridge: the guard must
+/// outlive the last attachment).
 fn assert_no_attachment_left(host: &Netns, what: &str) {
     assert_eq!(elements(host), Some(vec![]), "{what}: no element of any attachment");
     assert_eq!(layout_versions(host), Some(vec![2]), "{what}: the layout version stays");
+    assert_guard_intact(host, what);
+}
+
+/// The `localnet` guard as the kernel lists it (over netlink, in `host`) is the declared one:
+/// the base chain at input with priority filter, its rules in order, expression by expression
+/// (ct keys and masks included).
+fn assert_guard_intact(host: &Netns, what: &str) {
+    use cni_common::netlink::nft::{listed, NfTables, NftExpr, NftFamily};
+    use portmap::config::{Conditions, Lens};
+    use portmap::layout::{declaration, TABLE};
+    let (chain, rules) = std::thread::scope(|s| {
+        s.spawn(|| {
+            host.enter_current_thread();
+            let mut nf = NfTables::new().expect("nf_tables socket");
+            let chain =
+                nf.chain_info(NftFamily::Inet, TABLE).unwrap().into_iter().find(|c| c.name == "localnet");
+            (chain, nf.rules(NftFamily::Inet, TABLE, Some("localnet")).unwrap())
+        })
+        .join()
+        .expect("netlink reader")
+    });
+    let chain = chain.unwrap_or_else(|| panic!("{what}: no chain localnet"));
+    assert_eq!(
+        (chain.chain_type.as_deref(), chain.hook),
+        (Some("filter"), Some((1, 0))),
+        "{what}: localnet is hooked at input, priority filter"
+    );
+    let decl = declaration(&Lens::new(), &Conditions::default());
+    let want: Vec<Vec<NftExpr>> = decl
+        .rules
+        .iter()
+        .filter(|r| r.chain == "localnet")
+        .map(|r| listed(r.exprs.as_ref().unwrap()))
+        .collect();
+    assert_eq!(want.len(), 4, "two rules per family");
+    let got: Vec<Vec<NftExpr>> = rules.into_iter().map(|r| r.exprs).collect();
+    assert_eq!(got, want, "{what}: the localnet guard's rules");
 }
 
 /// Chains and rules of our table (no elements), as JSON lines.

@@ -108,6 +108,25 @@ fn traces(k: &Fake, o: &Owner) -> Vec<String> {
         .collect()
 }
 
+/// Whether the table's `localnet` guard holds the declared rules (the guard must outlive the
+/// last attachment: `route_localnet` is never reset).
+fn guard_intact(k: &Fake) -> bool {
+    let Some(t) = k.table() else { return false };
+    let d = layout::declaration(&Default::default(), &Default::default());
+    let want: Vec<Vec<NftExpr>> = d
+        .rules
+        .iter()
+        .filter(|r| r.chain == "localnet")
+        .map(|r| cni_common::netlink::nft::listed(r.exprs.as_ref().unwrap()))
+        .collect();
+    let have: Option<Vec<Vec<NftExpr>>> = t
+        .chains
+        .iter()
+        .find(|(n, _)| n == "localnet")
+        .map(|(_, r)| r.iter().map(|r| r.exprs.clone()).collect());
+    want.len() == 4 && have == Some(want)
+}
+
 fn dnat_target(k: &Fake, p: &Pod, i: usize) -> Option<String> {
     let key = Key::Dnat(p.intent.entries[i].host);
     elements(k).into_iter().find(|(e, _)| e.key == key).map(|(e, _)| e.data_text())
@@ -128,6 +147,7 @@ fn add_check_del_leave_nothing() {
     assert_eq!(out.udp, BTreeSet::from([(Family::V4, 53), (Family::V6, 53)]));
     check(&k, &a).unwrap();
     assert_eq!(dnat_target(&k, &a, 0).as_deref(), Some("10.0.0.5 . 80"));
+    let chains = k.table().unwrap().chains;
     // a repeated ADD changes nothing
     let g = k.generation();
     add(&k, &a).unwrap();
@@ -139,8 +159,10 @@ fn add_check_del_leave_nothing() {
     // DEL is idempotent; CHECK now fails
     del(&k, &a).unwrap();
     assert!(check(&k, &a).is_err());
-    // the table and its static part stay (never dropped: a concurrent ADD may rely on them)
-    assert!(k.table().is_some());
+    // the table and its static part stay (never dropped: a concurrent ADD may rely on them),
+    // the localnet guard with it
+    assert_eq!(k.table().map(|t| t.chains), Some(chains), "every chain and rule as ADD left them");
+    assert!(guard_intact(&k));
 }
 
 #[test]
@@ -270,6 +292,10 @@ fn gc_removes_the_dead_of_its_network_only() {
     flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &BTreeSet::new()).unwrap();
     assert!(traces(&k, &a.intent.owner).is_empty());
     check(&k, &c).unwrap();
+    // and when GC removes the table's last attachment, the localnet guard stays with it
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    assert!(guard_intact(&k));
 }
 
 /// Issue 17, item 2: a GC whose valid list holds X, racing X's ADD (with a stale attachment in
