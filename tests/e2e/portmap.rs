@@ -1999,6 +1999,122 @@ fn a_table_of_a_newer_layout_is_refused_by_name_and_left_unchanged() {
     assert_eq!(fetch(&w.outside, &w.host_ip(), 7511), format!("ctrA 10.250.{n}.2"));
 }
 
+/// Run the nft script `text` in `ns` (`nft -f`).
+fn nft_script(ns: &Netns, text: &str) {
+    use std::io::Write;
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nft");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "nft -f: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Layout 1's table, as the released portmap (5fca5c6) declared it (its `setup_script`, without
+/// conditions), with `owner` of type `owner_type`.
+fn layout_1_table(owner_type: &str) -> String {
+    let t = "inet cni_portmap";
+    let mut s = format!(
+        "table {t} {{
+    map hp4 {{ type inet_proto . inet_service : ipv4_addr . inet_service; }}
+    map hip4 {{ type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; }}
+    map hp6 {{ type inet_proto . inet_service : ipv6_addr . inet_service; }}
+    map hip6 {{ type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }}
+    map owner {{ type {owner_type}; }}
+    map claims {{ type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr . inet_service; }}
+    map netns {{ type ipv6_addr : ipv6_addr; }}
+    map gates {{ type nf_proto : verdict; }}
+    map conditions {{ type nf_proto : ipv6_addr; }}
+    chain prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
+    chain output {{ type nat hook output priority -100; policy accept; }}
+    chain masquerading {{ type nat hook postrouting priority srcnat; policy accept; }}
+    chain masquerade4 {{ }}
+    chain masquerade6 {{ }}
+    chain hostports4 {{ }}
+    chain hostports6 {{ }}
+    chain gate4 {{ }}
+    chain gate6 {{ }}
+}}
+"
+    );
+    for c in ["prerouting", "output"] {
+        s.push_str(&format!("add rule {t} {c} fib daddr type local meta nfproto vmap @gates\n"));
+    }
+    for (ip, f) in [("ip", '4'), ("ip6", '6')] {
+        s.push_str(&format!(
+            "add rule {t} hostports{f} dnat {ip} to {ip} daddr . meta l4proto . th dport map @hip{f}\n"
+        ));
+        s.push_str(&format!("add rule {t} hostports{f} dnat {ip} to meta l4proto . th dport map @hp{f}\n"));
+        s.push_str(&format!("add rule {t} gate{f} meta nfproto ipv{f} jump hostports{f}\n"));
+        s.push_str(&format!(
+            "add rule {t} masquerading ct status dnat meta nfproto ipv{f} jump masquerade{f}\n"
+        ));
+    }
+    s.push_str(&format!("add element {t} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}\n"));
+    s
+}
+
+#[test]
+fn a_table_of_neither_layout_is_refused_and_left_unchanged() {
+    // A table without the layout version used to be taken for the released layout 1 by its set
+    // names alone. Here it is layout 1's table but for `owner`, keyed by an IPv4 address and a
+    // port: every verb refuses it, saying which set differs and how, and changes nothing. The
+    // same table with layout 1's `owner` is upgraded by ADD (so the one set is what decides).
+    // Then, in a table of layout 2, `owner` is made again with that other type: the kernel
+    // refuses keys of the wrong length in the point reads and their transactions (EINVAL), the
+    // full read that follows lists the set, and every verb refuses it too.
+    let mut w = World::new();
+    let n = w.n;
+    let a = w.container();
+    let b = w.container();
+    let _sa = Server::tcp(&a.ns, 80, "ctrA");
+    let ca = conf("pmnet", &w.prev(&a, true, true), tcp(7521), json!({}));
+    let cb = conf("pmnet", &w.prev(&b, true, true), tcp(7522), json!({}));
+    let other = "ipv4_addr . inet_service : ipv4_addr";
+    let refused = |w: &World, parts: &[&str]| {
+        let before = ns_state(&w.host);
+        let mut msgs = Vec::new();
+        for (cmd, x, cfg) in [("ADD", &b, &cb), ("CHECK", &a, &ca), ("DEL", &a, &ca)] {
+            msgs.push((cmd, run(w, cmd, x, cfg).err(999)));
+        }
+        msgs.push(("GC", gc(w, "pmnet", json!([]), json!({})).err(999)));
+        for (cmd, msg) in msgs {
+            for p in std::iter::once(&"table inet cni_portmap").chain(parts) {
+                assert!(msg.contains(p), "{cmd}: {p:?} not in {msg}");
+            }
+        }
+        assert_eq!(ns_state(&w.host), before, "the table is left as it is");
+    };
+    nft_script(&w.host, &layout_1_table(other));
+    refused(
+        &w,
+        &[
+            "has no layout version",
+            "set owner is `map ipv4_addr . inet_service : ipv4_addr` instead of `map ipv6_addr . inet_proto . \
+             inet_service : ipv6_addr`",
+        ],
+    );
+    assert_eq!(route_localnet(&w), "0", "ADD set nothing");
+
+    // layout 1 as released: ADD upgrades it
+    w.host.run("nft", &["delete", "table", "inet", "cni_portmap"]);
+    nft_script(&w.host, &layout_1_table("ipv6_addr . inet_proto . inet_service : ipv6_addr"));
+    run(&w, "ADD", &a, &ca).ok();
+    assert_eq!(layout_versions(&w.host), Some(vec![2]));
+    run(&w, "CHECK", &a, &ca).ok_silent();
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7521), format!("ctrA 10.250.{n}.2"));
+
+    // layout 2 with `owner` of another type
+    w.host.run("nft", &["delete", "set", "inet", "cni_portmap", "owner"]);
+    w.host.run("nft", &["add", "map", "inet", "cni_portmap", "owner", &format!("{{ type {other}; }}")]);
+    refused(&w, &["is of layout 2 but set owner is `map ipv4_addr . inet_service : ipv4_addr` instead of"]);
+    assert_eq!(fetch(&w.outside, &w.host_ip(), 7521), format!("ctrA 10.250.{n}.2"), "A's elements stay");
+}
+
 /// One attachment of the stress test.
 struct Att {
     net: &'static str,

@@ -42,7 +42,12 @@ fn found_of(d: &Declaration) -> Found {
             })
             .collect(),
         uses: d.uses().into_iter().map(|(c, n)| (c, n, Some(n))).collect(),
-        sets: Some(std::iter::once(LAYOUT_SET.to_string()).chain(d.sets.iter().map(Set::name)).collect()),
+        sets: Some(
+            std::iter::once(layout_set())
+                .chain(d.sets.iter().map(|s| nft_set(*s, 0)))
+                .map(|s| ListedSet { shape: s.shape(), name: s.name })
+                .collect(),
+        ),
         chains: Some(d.chains.iter().map(|c| c.name.clone()).collect()),
     }
 }
@@ -86,7 +91,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(d.problems(&tampered), ["chain localnet does not hold the rules of this layout"]);
     // a set gone (a table edited by hand) is said by name, and added again
     let mut lost = found.clone();
-    lost.sets.as_mut().unwrap().retain(|s| s != "net4_24");
+    lost.sets.as_mut().unwrap().retain(|s| s.name != "net4_24");
     assert_eq!(d.problems(&lost), ["set net4_24 is missing"]);
     assert!(d
         .setup(&lost)
@@ -96,7 +101,11 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     // an earlier layout: retired maps and the gate chain of other conditions go
     let mut v1 = found.clone();
     v1.current = false;
-    v1.sets.as_mut().unwrap().extend(["gates".to_string(), "conditions".to_string()]);
+    v1.sets.as_mut().unwrap().extend(
+        ["gates", "conditions"]
+            .map(|n| layout_1_set(n).unwrap())
+            .map(|s| ListedSet { shape: s.shape(), name: s.name }),
+    );
     v1.chains.as_mut().unwrap().push("gate4_0123456789ab".into());
     assert_eq!(
         d.problems(&v1),
@@ -174,6 +183,62 @@ fn the_guard_drops_untracked_packets_before_it_tests_their_status() {
     let mask = r.exprs.iter_mut().find(|e| matches!(e, NftExpr::Bitwise { .. })).unwrap();
     *mask = NftExpr::Bitwise { mask: 0x01u32.to_ne_bytes().to_vec(), xor: vec![0; 4] };
     assert_eq!(d.problems(&found), ["chain localnet does not hold the rules of this layout"]);
+}
+
+/// Which layout a table without the version element is, by the shape of its sets: layout 1's
+/// sets as 5fca5c6 declared them (its element sets with this layout's types, `gates` a verdict
+/// map, `conditions` a map to ipv6_addr), or this layout's; sets missing are fine (they are
+/// added), a set of neither, or of both layouts' kinds at once, is not.
+#[test]
+fn an_unversioned_table_is_judged_by_the_shape_of_its_sets() {
+    let listed = |sets: Vec<NftSet>| -> Vec<ListedSet> {
+        sets.into_iter().map(|s| ListedSet { shape: s.shape(), name: s.name }).collect()
+    };
+    let shared: Vec<NftSet> =
+        Set::FIXED.iter().filter(|s| **s != Set::Attachments).map(|s| nft_set(*s, 0)).collect();
+    let with = |extra: &[NftSet]| listed(shared.iter().chain(extra).cloned().collect());
+    let gates = layout_1_set("gates").unwrap();
+    let conditions = layout_1_set("conditions").unwrap();
+    assert_eq!(gates.shape().to_string(), "map nf_proto : verdict");
+    assert_eq!(conditions.shape().to_string(), "map nf_proto : ipv6_addr");
+    assert_eq!(unversioned_layout(&with(&[gates.clone(), conditions.clone()])), Ok(1), "as released");
+    assert_eq!(unversioned_layout(&with(&[])), Ok(1), "the element sets alone");
+    assert_eq!(unversioned_layout(&[]), Ok(1), "an empty table");
+    let two = [layout_set(), nft_set(Set::Attachments, 0), nft_set(Set::Net(Family::V4, 24), 0)];
+    assert_eq!(unversioned_layout(&with(&two)), Ok(2), "this layout without its version");
+    // both kinds at once: as near to each
+    assert_eq!(
+        unversioned_layout(&with(&[gates.clone(), nft_set(Set::Attachments, 0)])),
+        Err("against layout 1: set attachments is not one of its sets; against layout 2: set gates is not one of \
+             its sets"
+            .into())
+    );
+    // a set of neither layout's name (an earlier build's `masq4`)
+    let masq4 = NftSet {
+        name: "masq4".into(),
+        key: vec![NftType::Ipv4Addr, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService],
+        data: None,
+        interval: true,
+        id: 0,
+    };
+    assert_eq!(
+        unversioned_layout(&with(&[gates.clone(), masq4])),
+        Err("against layout 1, the nearer: set masq4 is not one of its sets".into())
+    );
+    // `netns` of another data type, in a table of this layout: unfit; an unknown name is left alone
+    let mut found = Found { table: true, current: true, ..Found::default() };
+    let mut netns = nft_set(Set::Netns, 0);
+    netns.data = Some(NftSetData::Values(vec![NftType::Ipv4Addr]));
+    found.sets = Some(listed(vec![layout_set(), netns, NftSet { name: "other".into(), ..layout_set() }]));
+    let why = unfit(&found).unwrap();
+    assert!(
+        why.starts_with("table inet cni_portmap is of layout 2 but set netns is `map ipv6_addr : ipv4_addr` instead of `map ipv6_addr : ipv6_addr`;"),
+        "{why}"
+    );
+    found.sets.as_mut().unwrap().remove(1);
+    assert_eq!(unfit(&found), None);
+    found.sets = None;
+    assert_eq!(unfit(&found), None, "a point read lists no sets: nothing to judge");
 }
 
 /// Within one transaction a set being created is named by its id as well as by its name
@@ -376,14 +441,10 @@ fn every_declared_object_is_what_nft_sends() {
         checked += 1;
     };
     check("table", vec![NftOp::AddTable { family: FAMILY, table: tn(), comment: None }]);
-    let layout = NftSet {
-        name: LAYOUT_SET.into(),
-        key: vec![NftType::InetService],
-        data: None,
-        interval: false,
-        id: 1,
-    };
-    check(&format!("set-{LAYOUT_SET}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: layout }]);
+    check(
+        &format!("set-{LAYOUT_SET}"),
+        vec![NftOp::AddSet { family: FAMILY, table: tn(), set: layout_set() }],
+    );
     for s in &d.sets {
         check(&format!("set-{s}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: nft_set(*s, 1) }]);
     }
