@@ -589,5 +589,3 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
     Ok(Checked::Ok)
 }
 
-#[cfg(test)]
-mod tests;
