@@ -171,8 +171,15 @@ pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
     .map(|_| ())
 }
 
-/// CHECK (reads only).
-pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<NsId>) -> Result<()> {
+/// CHECK (reads only). Lines for stderr go to `notes` whatever the outcome (the caller prints
+/// them).
+pub fn check(
+    k: &mut dyn Kernel,
+    conf: &Conf,
+    want: &Intent,
+    netns_now: Option<NsId>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
     let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the port mappings", e));
     let s = match k.read(&plan::check_scope(want)) {
         Ok(s) => s,
@@ -180,11 +187,13 @@ pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<N
         Err(e) if e.errno == libc::EINVAL => read(k, &Scope::Full)?,
         Err(e) => return Err(nl("read the port mappings", e)),
     };
-    if plan::check(&s, want, &conf.conditions, netns_now)? == Checked::Ok {
+    let start = notes.len();
+    if plan::check(&s, want, &conf.conditions, netns_now, notes)? == Checked::Ok {
         return Ok(());
     }
+    notes.truncate(start); // only the notes of the read that decides
     let s = read(k, &Scope::Full)?;
-    match plan::check(&s, want, &conf.conditions, netns_now)? {
+    match plan::check(&s, want, &conf.conditions, netns_now, notes)? {
         Checked::Ok => Ok(()),
         Checked::ReadAll => Err(CniError::internal("portmap: CHECK could not decide on a full read")),
     }

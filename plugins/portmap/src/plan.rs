@@ -500,8 +500,16 @@ pub enum Checked {
 
 /// CHECK of `want`: the static part is the declared one, the attachment's record, claims and
 /// masquerade elements are there, each host port's `owner` and DNAT elements are what its
-/// claimants need, and the recorded namespace is `netns_now` (when both are known).
-pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsId>) -> Result<Checked> {
+/// claimants need, and the recorded namespace is `netns_now` (when both are known). Lines for
+/// stderr go to `notes` (a table of an earlier layout, whose static part is not checked),
+/// whatever the outcome: the caller prints them.
+pub fn check(
+    s: &State,
+    want: &Intent,
+    conds: &Conditions,
+    netns_now: Option<NsId>,
+    notes: &mut Vec<String>,
+) -> Result<Checked> {
     let t = format!("{} {}", layout::FAMILY.keyword(), layout::TABLE);
     let fail = |m: String| Err(CniError::internal(format!("portmap: {m}")));
     if !s.found.table {
@@ -526,9 +534,13 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
             Some(_) => {}
         }
     } else if let Some(Ok(2)) = s.found.sets.as_deref().map(layout::unversioned_layout) {
-        eprintln!("portmap: note: table {t} lacks its layout version; its static part is not checked (the next ADD writes it)");
+        notes.push(format!(
+            "portmap: note: table {t} lacks its layout version; its static part is not checked (the next ADD writes it)"
+        ));
     } else {
-        eprintln!("portmap: note: table {t} is of an earlier layout; its static part is not checked (the next ADD upgrades it)");
+        notes.push(format!(
+            "portmap: note: table {t} is of an earlier layout; its static part is not checked (the next ADD upgrades it)"
+        ));
     }
     let missing = |e: &Elem| CniError::internal(format!("portmap: element {e} is missing"));
     let differs = |e: &Elem, x: &Elem| {
@@ -588,4 +600,3 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
     }
     Ok(Checked::Ok)
 }
-

@@ -76,7 +76,13 @@ fn del(k: &Fake, p: &Pod) -> Result<Outcome> {
 }
 
 fn check(k: &Fake, p: &Pod) -> Result<()> {
-    flow::check(&mut k.clone(), &p.conf, &p.intent, p.intent.netns.as_ref().map(|(id, _)| *id))
+    flow::check(
+        &mut k.clone(),
+        &p.conf,
+        &p.intent,
+        p.intent.netns.as_ref().map(|(id, _)| *id),
+        &mut Vec::new(),
+    )
 }
 
 /// Every element of the table, decoded, with its comment.
@@ -711,8 +717,15 @@ fn an_unversioned_table_of_neither_layout_is_refused_saying_what_differs() {
     add(&k, &c).unwrap();
     check(&k, &a).unwrap();
     check(&k, &c).unwrap();
-    // and a table of this layout that lost its version element gets it back
+    // and a table of this layout that lost its version element gets it back (CHECK notes it)
     k.edit(|t| t.as_mut().unwrap().sets.get_mut(LAYOUT_SET).unwrap().elems.clear());
+    let mut notes = Vec::new();
+    flow::check(&mut k.clone(), &c.conf, &c.intent, None, &mut notes).unwrap();
+    assert_eq!(
+        notes,
+        ["portmap: note: table inet cni_portmap lacks its layout version; its static part is not checked (the next \
+          ADD writes it)"]
+    );
     let d = pod("n", "d", "10.0.0.8/24", &[(9091, 90, "tcp")]);
     add(&k, &d).unwrap();
     assert_eq!(k.table().unwrap().sets[LAYOUT_SET].elems.len(), 1);
@@ -751,9 +764,24 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
     let b = pod("n", "b", "10.0.0.6/24", &[(53, 53, "udp")]);
     add(&k, &a).unwrap();
     add(&k, &b).unwrap();
-    make_layout_1(&k);
-    // CHECK of a layout-1 attachment passes (its elements are what it needs)
     check(&k, &a).unwrap();
+    let notes_of = |p: &Pod| {
+        let mut notes = Vec::new();
+        let r = flow::check(&mut k.clone(), &p.conf, &p.intent, None, &mut notes);
+        (r.map_err(|e| e.msg), notes)
+    };
+    assert_eq!(notes_of(&a), (Ok(()), vec![]), "a table of this layout: no note");
+    make_layout_1(&k);
+    // CHECK of a layout-1 attachment passes (its elements are what it needs), with a note for
+    // its caller to print
+    let earlier =
+        "portmap: note: table inet cni_portmap is of an earlier layout; its static part is not checked \
+                   (the next ADD upgrades it)";
+    assert_eq!(notes_of(&a), (Ok(()), vec![earlier.to_string()]));
+    // the note comes with a failing CHECK too
+    let other = pod("n", "a", "10.0.0.5/24", &[(8081, 80, "tcp")]);
+    let (r, notes) = notes_of(&other);
+    assert!(r.is_err() && notes == [earlier], "{r:?} {notes:?}");
     // DEL of b on the old layout: elements only, no records written
     del(&k, &b).unwrap();
     assert!(traces(&k, &b.intent.owner).is_empty());
@@ -861,7 +889,10 @@ fn check_decides_on_the_point_read_and_knows_the_mappings_added() {
     add(&k, &a).unwrap();
     let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::check_scope(&a.intent)).unwrap();
     let now = a.intent.netns.as_ref().map(|(id, _)| *id);
-    assert_eq!(plan::check(&s, &a.intent, &a.conf.conditions, now).unwrap(), plan::Checked::Ok);
+    assert_eq!(
+        plan::check(&s, &a.intent, &a.conf.conditions, now, &mut Vec::new()).unwrap(),
+        plan::Checked::Ok
+    );
     let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
     let e = check(&k, &part).unwrap_err();
     assert!(e.msg.contains("added with other port mappings"), "{}", e.msg);
