@@ -165,7 +165,7 @@ echo "What is not flat, and why: every nf_tables transaction that commits a chan
 echo "chain of every table in the namespace (\`nf_tables_commit\`), and kube-proxy's rules are ~3"
 echo "chains per service. portmap's ADD commits one transaction (the fast path), so it pays that"
 echo "walk once: about 0.5–1 ms with 5 000 services, measured with bare single-element"
-echo "transactions as well (plugins/portmap/README.md, \"Cost on a kube-proxy-loaded node\"); any"
+echo "transactions as well (plugins/portmap/README.md, section \"Cost\"); any"
 echo "nf_tables user pays it (nft, iptables-nft, kube-proxy itself). Its DEL commits too, but"
 echo "waits longer for the RCU grace period when its socket closes, which hides the walk."
 echo

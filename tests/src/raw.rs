@@ -2,6 +2,9 @@
 //! alone (the default in containerd, CRI-O and Podman), whatever its routes say. Used to show
 //! that a destination the container may not reach (the host's 127.0.0.1) does not answer, and,
 //! as the control, that it does once the rule that stops it is gone.
+//!
+//! Segments that get no answer (conntrack calls a SYN with FIN set invalid, and TCP ignores it)
+//! are sent with [`SynProbe::send`] and watched for where they arrive, with a [`TcpTap`].
 
 use crate::Netns;
 use std::net::IpAddr;
@@ -12,7 +15,8 @@ use std::time::{Duration, Instant};
 const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-const TCP_SYN: u8 = 0x02;
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
 /// One SYN probe: sent from `ifname` in a namespace, from `src` to `dst`:`dport`, in a frame
@@ -94,14 +98,15 @@ fn packet_socket(ifindex: u32) -> (OwnedFd, libc::sockaddr_ll) {
 }
 
 impl SynProbe<'_> {
-    /// The Ethernet frame of a SYN from `sport` with sequence number `seq`.
-    fn frame(&self, src_mac: [u8; 6], sport: u16, seq: u32) -> Vec<u8> {
+    /// The Ethernet frame of a segment with `flags` (a SYN: [`TCP_SYN`]) from `sport` with
+    /// sequence number `seq`.
+    fn frame(&self, src_mac: [u8; 6], sport: u16, seq: u32, flags: u8) -> Vec<u8> {
         let mut tcp = Vec::with_capacity(20);
         tcp.extend(sport.to_be_bytes());
         tcp.extend(self.dport.to_be_bytes());
         tcp.extend(seq.to_be_bytes());
         tcp.extend(0u32.to_be_bytes()); // ack
-        tcp.extend([5 << 4, TCP_SYN]);
+        tcp.extend([5 << 4, flags]);
         tcp.extend(64240u16.to_be_bytes()); // window
         tcp.extend([0, 0, 0, 0]); // checksum, urgent pointer
         let (src, dst) = (octets(self.src), octets(self.dst));
@@ -166,6 +171,41 @@ impl SynProbe<'_> {
             && tcp[13] & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
     }
 
+    /// Send one segment with `flags` from `sport` with sequence number `seq`, and wait for
+    /// nothing.
+    pub fn send(&self, flags: u8, sport: u16, seq: u32) {
+        let src_mac = mac_of(self.ns, self.ifname);
+        let ns_file = std::fs::File::open(self.ns.path()).expect("open netns");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let name = std::ffi::CString::new(self.ifname).expect("interface name");
+                // SAFETY: a NUL-terminated name.
+                let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+                assert_ne!(ifindex, 0, "no interface {} in {}", self.ifname, self.ns.name());
+                let (sock, mut to) = packet_socket(ifindex);
+                to.sll_halen = 6;
+                to.sll_addr[..6].copy_from_slice(&self.dst_mac);
+                let to_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                let f = self.frame(src_mac, sport, seq, flags);
+                // SAFETY: f and `to` live across the call.
+                let n = unsafe {
+                    libc::sendto(
+                        sock.as_raw_fd(),
+                        f.as_ptr().cast(),
+                        f.len(),
+                        0,
+                        (&to as *const libc::sockaddr_ll).cast(),
+                        to_len,
+                    )
+                };
+                assert_eq!(n, f.len() as isize, "send segment: {}", std::io::Error::last_os_error());
+            })
+            .join()
+            .expect("sending thread")
+        })
+    }
+
     /// Send the SYN (again every half second) and watch the interface for the SYN-ACK until
     /// `wait` has passed: true as soon as one is seen.
     pub fn answered(&self, wait: Duration) -> bool {
@@ -193,7 +233,7 @@ impl SynProbe<'_> {
                 let mut buf = vec![0u8; 65536];
                 while Instant::now() < end {
                     if Instant::now() >= next_send {
-                        let f = self.frame(src_mac, sport, seq);
+                        let f = self.frame(src_mac, sport, seq, TCP_SYN);
                         seq += 1;
                         // SAFETY: f and `to` live across the call.
                         let n = unsafe {
@@ -220,6 +260,80 @@ impl SynProbe<'_> {
             .join()
             .expect("SYN probe thread")
         })
+    }
+}
+
+/// A TCP segment a [`TcpTap`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
+    pub flags: u8,
+}
+
+/// A raw `IPPROTO_TCP` socket of one family in a namespace. The kernel hands such a socket a
+/// copy of every TCP segment the namespace delivers locally (`raw_local_deliver`,
+/// `raw6_local_deliver`), after the INPUT hook and before TCP itself looks at the segment: what
+/// nftables' input chains dropped never reaches it, what they let through always does, whether
+/// TCP then answers or not.
+pub struct TcpTap {
+    sock: OwnedFd,
+    v6: bool,
+}
+
+impl TcpTap {
+    /// A tap in `ns` for IPv4 (`v6` false) or IPv6 segments.
+    pub fn open(ns: &Netns, v6: bool) -> TcpTap {
+        let ns_file = std::fs::File::open(ns.path()).expect("open netns");
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        let sock = std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                // SAFETY: plain socket(2); the descriptor is owned right away. A socket stays in
+                // the namespace it was made in, whichever thread reads it.
+                let fd =
+                    unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_TCP) };
+                assert!(fd >= 0, "raw TCP socket: {}", std::io::Error::last_os_error());
+                // SAFETY: fd is a fresh descriptor nobody else owns.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            })
+            .join()
+            .expect("tap thread")
+        });
+        TcpTap { sock, v6 }
+    }
+
+    /// The segments received since the last call (without waiting).
+    pub fn drain(&self) -> Vec<Seen> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        loop {
+            // SAFETY: buf is writable for its length.
+            let n = unsafe {
+                libc::recv(self.sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "receive on the TCP tap: {e}");
+                return out;
+            }
+            let data = &buf[..n as usize];
+            // an IPv4 raw socket gets the IP header too, an IPv6 one the payload only
+            let tcp = if self.v6 {
+                Some(data)
+            } else {
+                data.first().and_then(|b| data.get(usize::from(b & 0x0f) * 4..))
+            };
+            if let Some(t) = tcp.filter(|t| t.len() >= 20) {
+                out.push(Seen {
+                    sport: u16::from_be_bytes([t[0], t[1]]),
+                    dport: u16::from_be_bytes([t[2], t[3]]),
+                    seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+                    flags: t[13],
+                });
+            }
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! The verbs, each one loop: read what the plan needs, plan, apply one transaction; read
 //! again when the transaction was refused because the table changed since it was read
 //! (`ERESTART`), when its answer was lost (`ENOBUFS`, a receive deadline: did it commit? the
-//! next read tells), or when what a point read assumed was not so (`EEXIST`, `ENOENT`: read
-//! everything). Bounded: past [`ATTEMPTS`] or [`DEADLINE`], code 11 ("try again later"), and
-//! nothing half-done (every transaction is all or nothing).
+//! next read tells), or when what a point read assumed was not so (`EEXIST`, `ENOENT`; and
+//! `EINVAL`, a key that does not fit the set of its name, whether looked up or added: read
+//! everything, whose listing of the sets tells what they are). Bounded: past [`ATTEMPTS`] or
+//! [`DEADLINE`], code 11 ("try again later"), and nothing half-done (every transaction is all
+//! or nothing).
 
 use crate::config::{Conf, Intent, Lens};
 use crate::kernel::Kernel;
@@ -75,6 +77,10 @@ fn run(
                 last = Some(e);
                 continue;
             }
+            Err(e) if e.errno == libc::EINVAL && scope != Scope::Full => {
+                scope = Scope::Full;
+                continue;
+            }
             Err(e) => return Err(nl(what, e)),
         };
         let plan = match plan_for(&s)? {
@@ -105,7 +111,9 @@ fn run(
                 lost.notes.append(&mut notes);
                 last = Some(e);
             }
-            Err(e) if matches!(e.errno, libc::EEXIST | libc::ENOENT) && scope != Scope::Full => {
+            Err(e)
+                if matches!(e.errno, libc::EEXIST | libc::ENOENT | libc::EINVAL) && scope != Scope::Full =>
+            {
                 scope = Scope::Full
             }
             Err(e) if matches!(e.errno, libc::EEXIST | libc::ENOENT | libc::EBUSY) && refused < 3 => {
@@ -176,15 +184,29 @@ pub fn drop_if_unused(k: &mut dyn Kernel) -> Result<()> {
     .map(|_| ())
 }
 
-/// CHECK (reads only).
-pub fn check(k: &mut dyn Kernel, conf: &Conf, want: &Intent, netns_now: Option<NsId>) -> Result<()> {
+/// CHECK (reads only). Lines for stderr go to `notes` whatever the outcome (the caller prints
+/// them).
+pub fn check(
+    k: &mut dyn Kernel,
+    conf: &Conf,
+    want: &Intent,
+    netns_now: Option<NsId>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
     let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the port mappings", e));
-    let s = read(k, &plan::check_scope(want))?;
-    if plan::check(&s, want, &conf.conditions, netns_now)? == Checked::Ok {
+    let s = match k.read(&plan::check_scope(want)) {
+        Ok(s) => s,
+        // a key that does not fit the set of its name: the full read's listing says why
+        Err(e) if e.errno == libc::EINVAL => read(k, &Scope::Full)?,
+        Err(e) => return Err(nl("read the port mappings", e)),
+    };
+    let start = notes.len();
+    if plan::check(&s, want, &conf.conditions, netns_now, notes)? == Checked::Ok {
         return Ok(());
     }
+    notes.truncate(start); // only the notes of the read that decides
     let s = read(k, &Scope::Full)?;
-    match plan::check(&s, want, &conf.conditions, netns_now)? {
+    match plan::check(&s, want, &conf.conditions, netns_now, notes)? {
         Checked::Ok => Ok(()),
         Checked::ReadAll => Err(CniError::internal("portmap: CHECK could not decide on a full read")),
     }

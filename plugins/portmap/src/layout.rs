@@ -21,8 +21,10 @@
 //!               (one rule per source prefix length in use; no mask for /32, no source for /0)
 //! masquerade6   the same with ip6 and @net6_<len>
 //! localnet      (filter, input) meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
+//!                               ct state & (invalid | untracked) != 0 drop
+//!                               meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
 //!                               ct state & (established | related) == 0 ct status & dnat == 0 drop
-//!                               the same for ip6 daddr ::1
+//!                               the same two for ip6 daddr ::1
 //! ```
 //!
 //! Elements live in `hp4`/`hip4`/`hp6`/`hip6` (DNAT), `owner`, `claims`, `attachments`,
@@ -32,9 +34,10 @@ use crate::config::{Conditions, Lens};
 use crate::model::{Hash, Set};
 use cni_common::net::Family;
 use cni_common::netlink::nft::{
-    listed, BaseChain, CmpOp, NftDelete, NftElem, NftFamily, NftOp, NftRule, NftSet, NftSetData, NftType,
-    RuleExpr, Verdict, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING, META_L4PROTO,
-    PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3,
+    listed, BaseChain, CmpOp, ListedSet, NftDelete, NftElem, NftFamily, NftOp, NftRule, NftSet, NftSetData,
+    NftType, RuleExpr, Verdict, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING,
+    META_L4PROTO, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2,
+    REG_3,
 };
 use ipnet::IpNet;
 use std::fmt::Write as _;
@@ -44,7 +47,8 @@ pub const FAMILY: NftFamily = NftFamily::Inet;
 pub const TABLE: &str = "cni_portmap";
 /// The layout version, the one element of set [`LAYOUT_SET`]. Version 1 (no such set) is the
 /// previous release's: `gates`/`conditions` maps, no `attachments` records, no `localnet`
-/// guard; any writing verb upgrades it in place.
+/// guard; ADD upgrades it in place. A table without the version is judged by the shape of its
+/// sets ([`unversioned_layout`]), and one of neither layout is refused ([`unfit`]).
 pub const VERSION: u16 = 2;
 pub const LAYOUT_SET: &str = "layout";
 /// Objects of earlier layouts that an upgrade removes (besides gate chains no longer used).
@@ -53,11 +57,14 @@ pub const RETIRED_SETS: [&str; 2] = ["gates", "conditions"];
 /// `NF_INET_LOCAL_IN` and `NF_INET_LOCAL_OUT`.
 const HOOK_INPUT: u32 = 1;
 const HOOK_OUTPUT: u32 = 3;
-/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its established/related bits.
+/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its bits: established and related
+/// (`NF_CT_STATE_BIT(IP_CT_ESTABLISHED)`, `(IP_CT_RELATED)`), invalid
+/// (`NF_CT_STATE_INVALID_BIT`) and untracked (`NF_CT_STATE_UNTRACKED_BIT`).
 const META_IIFTYPE: u32 = 8;
 const ARPHRD_LOOPBACK: u16 = 772;
 const CT_STATE: u32 = 0;
 const CT_STATE_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
+const CT_STATE_INVALID_UNTRACKED: u32 = 0x1 | 0x40;
 
 /// A chain: its name and, for a base chain, its hook (with nft's text for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,19 +132,9 @@ pub fn nft_set(set: Set, id: u32) -> NftSet {
     }
 }
 
-fn type_name(t: NftType) -> &'static str {
-    match t {
-        NftType::NfProto => "nf_proto",
-        NftType::Ipv4Addr => "ipv4_addr",
-        NftType::Ipv6Addr => "ipv6_addr",
-        NftType::InetProto => "inet_proto",
-        NftType::InetService => "inet_service",
-    }
-}
-
 /// `map hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }`
 fn set_text(set: Set) -> String {
-    let join = |t: &[NftType]| t.iter().map(|t| type_name(*t)).collect::<Vec<_>>().join(" . ");
+    let join = |t: &[NftType]| t.iter().map(|t| t.name()).collect::<Vec<_>>().join(" . ");
     match set.types() {
         (key, None) => format!("set {set} {{ type {}; }}", join(key)),
         (key, Some(d)) => format!("map {set} {{ type {} : {}; }}", join(key), join(d)),
@@ -281,26 +278,40 @@ impl Declaration {
         self.rule(&masq_chain(fam), text, Some(e), None);
     }
 
-    /// The guard of a family: what arrives on a non-loopback interface for the loopback
-    /// addresses is dropped unless it belongs to a connection that was DNATed (or is
-    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule.
+    /// The guard of a family, two rules: what arrives on a non-loopback interface for the
+    /// loopback addresses is dropped unless it belongs to a connection that was DNATed (or is
+    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule
+    /// (`! --ctstate RELATED,ESTABLISHED,DNAT`).
+    ///
+    /// A packet conntrack has no entry for (one it calls invalid, e.g. TCP with SYN and FIN
+    /// set, or one marked untracked) has no `ct status`: nft_ct's load of any key but `state`
+    /// ends the rule there (`NFT_BREAK`), so the second rule alone would let it through. Its
+    /// `ct state` is the invalid or the untracked bit, which the first rule drops.
     fn guard(&mut self, fam: Family) {
         let (ip, dst, text_dst): (_, IpNet, _) = match fam {
             Family::V4 => ("ip", "127.0.0.0/8".parse().expect("a prefix"), "127.0.0.0/8"),
             Family::V6 => ("ip6", "::1/128".parse().expect("a prefix"), "::1"),
         };
-        let mut e = RuleExpr::nfproto(fam == Family::V4);
-        e.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
-        e.push(RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 });
-        e.push(RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() });
+        let mut head = RuleExpr::nfproto(fam == Family::V4);
+        head.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
+        head.push(RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 });
+        head.push(RuleExpr::Cmp {
+            sreg: REG_1,
+            op: CmpOp::Neq,
+            data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec(),
+        });
+        let head_text =
+            format!("meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback", fam.nft_keyword());
+        let mut untracked = head.clone();
+        untracked.extend(ct_bits(CT_STATE, CT_STATE_INVALID_UNTRACKED, CmpOp::Neq));
+        untracked.push(RuleExpr::Verdict(Verdict::Drop));
+        let text = format!("{head_text} ct state & (invalid | untracked) != 0 drop");
+        self.rule("localnet", text, Some(untracked), None);
+        let mut e = head;
         e.extend(ct_bits(CT_STATE, CT_STATE_ESTABLISHED_RELATED, CmpOp::Eq));
         e.extend(ct_bits(CT_STATUS, CT_STATUS_DST_NAT, CmpOp::Eq));
         e.push(RuleExpr::Verdict(Verdict::Drop));
-        let text = format!(
-            "meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback ct state & (established | related) == 0 \
-             ct status & dnat == 0 drop",
-            fam.nft_keyword()
-        );
+        let text = format!("{head_text} ct state & (established | related) == 0 ct status & dnat == 0 drop");
         self.rule("localnet", text, Some(e), None);
     }
 }
@@ -400,8 +411,8 @@ pub struct Found {
     /// Chains whose references were counted (a point read): name, the count the declaration
     /// expects, and the count found (None: no such chain).
     pub uses: Vec<(String, u32, Option<u32>)>,
-    /// Set and chain names (None when not listed: a point read).
-    pub sets: Option<Vec<String>>,
+    /// Sets (names and shapes) and chain names (None when not listed: a point read).
+    pub sets: Option<Vec<ListedSet>>,
     pub chains: Option<Vec<String>>,
 }
 
@@ -441,6 +452,97 @@ pub fn lens_in(rules: &[NftRule]) -> Lens {
             _ => None,
         })
         .collect()
+}
+
+/// The `layout` set (its one element: the version).
+fn layout_set() -> NftSet {
+    NftSet { name: LAYOUT_SET.into(), key: vec![NftType::InetService], data: None, interval: false, id: 1 }
+}
+
+/// A set of layout 2 by name, as it is declared: `layout` and the element sets
+/// ([`Set::parse`]); None for any other name.
+fn layout_2_set(name: &str) -> Option<NftSet> {
+    if name == LAYOUT_SET {
+        return Some(layout_set());
+    }
+    Set::parse(name).map(|s| nft_set(s, 0))
+}
+
+/// A set of layout 1 (the release, 5fca5c6) by name, as it declared it: the element sets of
+/// layout 2 but `attachments`, with the same types, and the `gates` (`nf_proto : verdict`) and
+/// `conditions` (`nf_proto : ipv6_addr`) maps; None for any other name.
+fn layout_1_set(name: &str) -> Option<NftSet> {
+    let map = |data| NftSet {
+        name: name.into(),
+        key: vec![NftType::NfProto],
+        data: Some(data),
+        interval: false,
+        id: 0,
+    };
+    match name {
+        "gates" => Some(map(NftSetData::Verdict)),
+        "conditions" => Some(map(NftSetData::Values(vec![NftType::Ipv6Addr]))),
+        _ => Set::parse(name).filter(|s| *s != Set::Attachments).map(|s| nft_set(s, 0)),
+    }
+}
+
+/// What keeps the sets found from being those of a layout (`set_of`: its set of a name), one
+/// line per set (empty: they are, some sets perhaps missing).
+fn misfits(sets: &[ListedSet], set_of: fn(&str) -> Option<NftSet>) -> Vec<String> {
+    sets.iter()
+        .filter_map(|x| match set_of(&x.name) {
+            None => Some(format!("set {} is not one of its sets", x.name)),
+            Some(d) if d.shape() != x.shape => {
+                Some(format!("set {} is `{}` instead of `{}`", x.name, x.shape, d.shape()))
+            }
+            Some(_) => None,
+        })
+        .collect()
+}
+
+/// The layout of a table whose `layout` set has no version element, decided by the shape of
+/// its sets (flags, key and data types): 1 when each is a set layout 1 had, with its types (the
+/// previous release's table); 2 when each is one of this layout (a table of this layout that
+/// lost its version element); else what differs from the nearer of the two (both when they
+/// are as near), for a message.
+pub fn unversioned_layout(sets: &[ListedSet]) -> Result<u16, String> {
+    let (one, two) = (misfits(sets, layout_1_set), misfits(sets, layout_2_set));
+    if one.is_empty() {
+        return Ok(1);
+    }
+    if two.is_empty() {
+        return Ok(2);
+    }
+    Err(match one.len().cmp(&two.len()) {
+        std::cmp::Ordering::Less => format!("against layout 1, the nearer: {}", one.join("; ")),
+        std::cmp::Ordering::Greater => format!("against layout {VERSION}, the nearer: {}", two.join("; ")),
+        std::cmp::Ordering::Equal => {
+            format!("against layout 1: {}; against layout {VERSION}: {}", one.join("; "), two.join("; "))
+        }
+    })
+}
+
+/// Why this build must leave the table found alone, judging by the shape of its sets: a table
+/// without the version element that is neither of layout 1 nor of layout 2, or a table of
+/// layout 2 with a set of this layout's name but another shape (whose elements nobody could
+/// read or write as they are). None when it fits, or when the read listed no sets (a point
+/// read, which a full read follows whenever the table is not of this layout).
+pub fn unfit(found: &Found) -> Option<String> {
+    let sets = found.sets.as_ref()?;
+    let t = format!("{} {TABLE}", FAMILY.keyword());
+    let change =
+        "this build changes nothing in it: delete the table (its host ports stop working), or use the build \
+                  that made it";
+    if found.current {
+        let known: Vec<ListedSet> =
+            sets.iter().filter(|x| layout_2_set(&x.name).is_some()).cloned().collect();
+        let bad = misfits(&known, layout_2_set);
+        return (!bad.is_empty())
+            .then(|| format!("table {t} is of layout {VERSION} but {}; {change}", bad.join("; ")));
+    }
+    unversioned_layout(sets).err().map(|why| {
+        format!("table {t} has no layout version and its sets fit neither layout 1 nor layout {VERSION} ({why}); {change}")
+    })
 }
 
 /// The version element.
@@ -515,12 +617,12 @@ impl Declaration {
         }
         if let Some(sets) = &found.sets {
             for s in &self.sets {
-                if !sets.iter().any(|x| *x == s.name()) {
+                if !sets.iter().any(|x| x.name == s.name()) {
                     out.push(format!("set {s} is missing"));
                 }
             }
-            for s in sets.iter().filter(|s| RETIRED_SETS.contains(&s.as_str())) {
-                out.push(format!("set {s} of an earlier layout is still there"));
+            for s in sets.iter().filter(|s| RETIRED_SETS.contains(&s.name.as_str())) {
+                out.push(format!("set {} of an earlier layout is still there", s.name));
             }
         }
         if let Some(chains) = &found.chains {
@@ -544,14 +646,7 @@ impl Declaration {
         }
         let tn = TABLE.to_string();
         let mut ops = vec![NftOp::AddTable { family: FAMILY, table: tn.clone(), comment: None }];
-        let layout = NftSet {
-            name: LAYOUT_SET.into(),
-            key: vec![NftType::InetService],
-            data: None,
-            interval: false,
-            id: 1,
-        };
-        ops.push(NftOp::AddSet { family: FAMILY, table: tn.clone(), set: layout });
+        ops.push(NftOp::AddSet { family: FAMILY, table: tn.clone(), set: layout_set() });
         ops.extend(self.sets.iter().map(|s| NftOp::AddSet {
             family: FAMILY,
             table: tn.clone(),
@@ -604,8 +699,12 @@ impl Declaration {
                 elems: vec![version_elem()],
             });
         }
-        for s in found.sets.iter().flatten().filter(|s| RETIRED_SETS.contains(&s.as_str())) {
-            ops.push(NftOp::Delete(NftDelete::Set { family: FAMILY, table: tn.clone(), set: s.clone() }));
+        for s in found.sets.iter().flatten().filter(|s| RETIRED_SETS.contains(&s.name.as_str())) {
+            ops.push(NftOp::Delete(NftDelete::Set {
+                family: FAMILY,
+                table: tn.clone(),
+                set: s.name.clone(),
+            }));
         }
         for c in found.chains.iter().flatten() {
             if is_gate_chain(c) && !self.chains.iter().any(|d| d.name == *c) {

@@ -144,7 +144,12 @@ impl Plugin for Portmap {
         }
         let now = netns::record(req)?;
         let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
-        flow::check(&mut nf_tables()?, &conf, &intent, now.map(|(id, _)| id))
+        let mut notes = Vec::new();
+        let checked = flow::check(&mut nf_tables()?, &conf, &intent, now.map(|(id, _)| id), &mut notes);
+        for n in notes {
+            eprintln!("{n}");
+        }
+        checked
     }
 
     fn gc(&self, req: &Request) -> Result<()> {

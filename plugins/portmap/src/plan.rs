@@ -285,9 +285,15 @@ fn reconcile(s: &State, gone: &Gone<'_>, want: Option<&Intent>, records: bool) -
     ch
 }
 
-fn refuse_other_versions(s: &State) -> Result<()> {
+/// Refuse a table this build does not know: one whose `layout` set names another version (a
+/// newer build made it), or, when the read listed the sets, one whose sets are not of a layout
+/// it knows ([`layout::unfit`]). Code 999, nothing changed.
+fn refuse_unknown_layout(s: &State) -> Result<()> {
     if s.other_versions.is_empty() {
-        return Ok(());
+        return match layout::unfit(&s.found) {
+            Some(why) => Err(CniError::internal(format!("portmap: {why}"))),
+            None => Ok(()),
+        };
     }
     Err(CniError::internal(format!(
         "table {} {} is of layout version {:?}, which this build does not know (it writes version {}): \
@@ -365,7 +371,7 @@ fn sole_del_ops(want: &Intent, ch: Change) -> Plan {
 
 /// ADD of `want` with conditions `conds`.
 pub fn add(s: &State, want: &Intent, conds: &Conditions, judge: Judge<'_>) -> Result<Step> {
-    refuse_other_versions(s)?;
+    refuse_unknown_layout(s)?;
     let me = &want.owner;
     if !s.complete {
         // a point read: the jumps ADD relies on are in place, and the attachment is new or
@@ -443,8 +449,9 @@ pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Result<Step> {
     if !s.found.table {
         return Ok(Step::Apply(Plan::default()));
     }
-    // a newer layout (a newer build made it): not ours to change, as for ADD
-    refuse_other_versions(s)?;
+    // a newer layout (a newer build made it), or one of neither layout: not ours to change, as
+    // for ADD
+    refuse_unknown_layout(s)?;
     if !s.complete {
         if !s.found.current {
             return Ok(Step::ReadAll); // an earlier layout (or a newer one): a full read tells
@@ -475,7 +482,7 @@ pub fn del(s: &State, me: &Owner, intent: Option<&Intent>) -> Result<Step> {
 /// GC of network `prefix` (the tag prefix of its attachments) keeping the attachments whose
 /// tags are `valid`. Needs a full read.
 pub fn gc(s: &State, prefix: &str, valid: &BTreeSet<String>) -> Result<Plan> {
-    refuse_other_versions(s)?;
+    refuse_unknown_layout(s)?;
     let dead = |t: &str| t.starts_with(prefix) && !valid.contains(t);
     let held = s.held();
     let dead_hashes: BTreeSet<Hash> = held.iter().filter(|x| dead(&x.tag)).map(|x| x.hash).collect();
@@ -493,8 +500,16 @@ pub enum Checked {
 
 /// CHECK of `want`: the static part is the declared one, the attachment's record, claims and
 /// masquerade elements are there, each host port's `owner` and DNAT elements are what its
-/// claimants need, and the recorded namespace is `netns_now` (when both are known).
-pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsId>) -> Result<Checked> {
+/// claimants need, and the recorded namespace is `netns_now` (when both are known). Lines for
+/// stderr go to `notes` (a table of an earlier layout, whose static part is not checked),
+/// whatever the outcome: the caller prints them.
+pub fn check(
+    s: &State,
+    want: &Intent,
+    conds: &Conditions,
+    netns_now: Option<NsId>,
+    notes: &mut Vec<String>,
+) -> Result<Checked> {
     let t = format!("{} {}", layout::FAMILY.keyword(), layout::TABLE);
     let fail = |m: String| Err(CniError::internal(format!("portmap: {m}")));
     if !s.found.table {
@@ -503,7 +518,7 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
     if !s.found.current && !s.complete {
         return Ok(Checked::ReadAll); // an earlier layout, or a newer one: only a full read tells
     }
-    refuse_other_versions(s)?;
+    refuse_unknown_layout(s)?;
     let me = &want.owner;
     if s.found.current {
         let mut lens = lens_in(&s.found.rules);
@@ -518,8 +533,14 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
             }
             Some(_) => {}
         }
+    } else if let Some(Ok(2)) = s.found.sets.as_deref().map(layout::unversioned_layout) {
+        notes.push(format!(
+            "portmap: note: table {t} lacks its layout version; its static part is not checked (the next ADD writes it)"
+        ));
     } else {
-        eprintln!("portmap: note: table {t} is of an earlier layout; its static part is not checked (the next ADD upgrades it)");
+        notes.push(format!(
+            "portmap: note: table {t} is of an earlier layout; its static part is not checked (the next ADD upgrades it)"
+        ));
     }
     let missing = |e: &Elem| CniError::internal(format!("portmap: element {e} is missing"));
     let differs = |e: &Elem, x: &Elem| {
@@ -579,6 +600,3 @@ pub fn check(s: &State, want: &Intent, conds: &Conditions, netns_now: Option<NsI
     }
     Ok(Checked::Ok)
 }
-
-#[cfg(test)]
-mod tests;

@@ -221,14 +221,22 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
     let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner, record)?;
     let mut k = kernel::Netlink::new()
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))?;
-    let Err(missing) = flow::check(&mut k, &conf, &intent, now) else { return Ok(None) };
+    let check = |k: &mut kernel::Netlink| {
+        let mut notes = Vec::new();
+        let checked = flow::check(k, &conf, &intent, now, &mut notes);
+        for n in notes {
+            eprintln!("{n}");
+        }
+        checked
+    };
+    let Err(missing) = check(&mut k) else { return Ok(None) };
     if !dry_run {
         let done = flow::add(&mut k, &conf, &intent, &netns::gone)?;
         for n in &done.notes {
             eprintln!("{n}");
         }
         conntrack::flush_udp_ports("portmap", &done.udp.iter().copied().collect::<Vec<_>>());
-        flow::check(&mut k, &conf, &intent, now)
+        check(&mut k)
             .map_err(|e| CniError::internal(format!("still missing after rebuilding it: {}", e.msg)))?;
     }
     Ok(Some(missing.msg))

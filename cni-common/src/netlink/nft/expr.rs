@@ -143,7 +143,11 @@ pub enum NftExpr {
     Verdict(Verdict),
     /// `lookup` in a named set or map (`@set`, `vmap @map`, `… map @map`).
     Lookup { set: String },
-    /// Anything else, by name (`payload`, `masq`, `lookup`, `fib`, …).
+    /// `ct load`: the key (`NFT_CT_*`, e.g. 0 = state, 2 = status).
+    Ct { key: u32 },
+    /// `bitwise` with a mask (`reg & mask ^ xor`); a shift is [`NftExpr::Other`].
+    Bitwise { mask: Vec<u8>, xor: Vec<u8> },
+    /// Anything else, by name (`payload`, `masq`, `fib`, `nat`, …).
     Other(String),
 }
 
@@ -164,11 +168,11 @@ fn as_listed(e: &RuleExpr) -> NftExpr {
         RuleExpr::Verdict(v) => NftExpr::Verdict(v.clone()),
         RuleExpr::Lookup { set, .. } => NftExpr::Lookup { set: set.clone() },
         RuleExpr::Payload { .. } => NftExpr::Other("payload".into()),
-        RuleExpr::Bitwise { .. } => NftExpr::Other("bitwise".into()),
+        RuleExpr::Bitwise { mask, xor, .. } => NftExpr::Bitwise { mask: mask.clone(), xor: xor.clone() },
         RuleExpr::Fib { .. } => NftExpr::Other("fib".into()),
         RuleExpr::Masquerade => NftExpr::Other("masq".into()),
         RuleExpr::Dnat { .. } => NftExpr::Other("nat".into()),
-        RuleExpr::Ct { .. } => NftExpr::Other("ct".into()),
+        RuleExpr::Ct { key, .. } => NftExpr::Ct { key: *key },
         RuleExpr::Hton { .. } => NftExpr::Other("byteorder".into()),
     }
 }
@@ -350,6 +354,16 @@ pub(super) fn expr_of(elem: &[u8]) -> Option<NftExpr> {
             Some(set) => NftExpr::Lookup { set: string_of(set) },
             None => NftExpr::Other(name),
         },
+        "ct" => match (find(NFTA_CT_KEY).and_then(decode_be32), find(NFTA_CT_DREG)) {
+            (Some(key), Some(_)) => NftExpr::Ct { key },
+            _ => NftExpr::Other(name), // `ct … set`
+        },
+        "bitwise" => {
+            match (find(NFTA_BITWISE_MASK).and_then(value_of), find(NFTA_BITWISE_XOR).and_then(value_of)) {
+                (Some(mask), Some(xor)) => NftExpr::Bitwise { mask, xor },
+                _ => NftExpr::Other(name),
+            }
+        }
         _ => NftExpr::Other(name),
     })
 }

@@ -53,7 +53,9 @@ pub use self::consts::{
 };
 pub use self::expr::{listed, CmpOp, NftExpr, RuleExpr, Verdict};
 pub use self::read::{NftChain, NftRule, NftTable, Snapshot, SnapshotRequest};
-pub use self::set::{concat, split_concat, NftData, NftElem, NftSet, NftSetData, NftType};
+pub use self::set::{
+    concat, split_concat, ListedSet, NftData, NftElem, NftSet, NftSetData, NftType, SetShape,
+};
 
 /// An nftables address family (`NFPROTO_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 
 use super::consts::*;
 use super::expr::{expr_of, NftExpr, Verdict};
+use super::set::ListedSet;
 use super::{comment_of, nft_msg, NfTables, NftElem, NftFamily};
 use crate::netlink::nfnl::{attrs, cstr, decode_be32, find_attr, message, string_of};
 use crate::netlink::socket::Reply;
@@ -295,19 +296,6 @@ pub struct NftTable {
     pub comment: Option<String>,
 }
 
-/// The name of a set in an `NFT_MSG_NEWSET` message of `table`.
-fn set_name_of(payload: &[u8], table: &str) -> Option<String> {
-    let (mut t, mut n) = (None, None);
-    for (k, value) in attrs(payload.get(4..)?) {
-        match k {
-            NFTA_SET_TABLE => t = Some(string_of(value)),
-            NFTA_SET_NAME => n = Some(string_of(value)),
-            _ => {}
-        }
-    }
-    (t.as_deref() == Some(table)).then_some(n).flatten()
-}
-
 fn table_of(payload: &[u8]) -> Option<NftTable> {
     let mut t = NftTable { name: String::new(), comment: None };
     for (k, value) in attrs(payload.get(4..)?) {
@@ -347,9 +335,9 @@ pub struct Snapshot {
     /// The chains asked for by name, in the request's order: how many references lead to each
     /// (`NFTA_CHAIN_USE`); None when it does not exist.
     pub chain_uses: Vec<Option<u32>>,
-    /// With a listing: the names of the table's sets and chains, and the elements of each set
-    /// the listing accepted.
-    pub sets: Vec<String>,
+    /// With a listing: the table's sets (names and shapes) and chain names, and the elements
+    /// of each set the listing accepted.
+    pub sets: Vec<ListedSet>,
     pub chains: Vec<String>,
     pub dumped: Vec<(String, Vec<NftElem>)>,
 }
@@ -473,19 +461,27 @@ impl NfTables {
             let sets = dump_request(NFT_MSG_GETSET, req.family, &[(NFTA_SET_TABLE, req.table)]);
             let chains = dump_request(NFT_MSG_GETCHAIN, req.family, &[(NFTA_CHAIN_TABLE, req.table)]);
             let mut lists = self.sock.request_many(vec![(sets, true), (chains, true)])?.into_iter();
-            let mut listed = |payload_of: &dyn Fn(&[u8]) -> Option<String>| -> Result<Vec<String>, NlError> {
+            let mut listed = |msg: u16| -> Result<Vec<Reply>, NlError> {
                 match lists.next().expect("asked") {
                     Ok(r) => {
                         seen(&r);
-                        Ok(r.iter().filter_map(|r| payload_of(&r.payload)).collect())
+                        Ok(r.into_iter().filter(|r| r.msg_type == nft_msg(msg)).collect())
                     }
                     Err(e) if e.errno == libc::ENOENT => Ok(Vec::new()),
                     Err(e) => Err(e),
                 }
             };
-            s.sets = listed(&|p| set_name_of(p, req.table))?;
-            s.chains = listed(&|p| chain_of(p, req.table).map(|c| c.name))?;
-            for set in s.sets.clone().into_iter().filter(|n| accept(n)) {
+            s.sets = listed(NFT_MSG_NEWSET)?
+                .iter()
+                .filter_map(|r| super::set::listed_set(&r.payload, req.table))
+                .collect();
+            s.chains = listed(NFT_MSG_NEWCHAIN)?
+                .iter()
+                .filter_map(|r| chain_of(&r.payload, req.table))
+                .map(|c| c.name)
+                .collect();
+            let names: Vec<String> = s.sets.iter().map(|x| x.name.clone()).collect();
+            for set in names.into_iter().filter(|n| accept(n)) {
                 let dump = dump_request(
                     NFT_MSG_GETSETELEM,
                     req.family,

@@ -140,6 +140,105 @@ fn type_id(types: &[NftType]) -> u32 {
     types.iter().fold(0, |acc, t| (acc << 6) | t.id())
 }
 
+impl NftType {
+    const ALL: [NftType; 5] =
+        [NftType::NfProto, NftType::Ipv4Addr, NftType::Ipv6Addr, NftType::InetProto, NftType::InetService];
+
+    /// nft's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            NftType::NfProto => "nf_proto",
+            NftType::Ipv4Addr => "ipv4_addr",
+            NftType::Ipv6Addr => "ipv6_addr",
+            NftType::InetProto => "inet_proto",
+            NftType::InetService => "inet_service",
+        }
+    }
+}
+
+/// What decides which elements a set takes, as the kernel lists it (`NFT_MSG_NEWSET`): flags,
+/// key type and length, and a map's data type and length. Two sets of one name but another
+/// shape are different sets to whoever reads or writes their elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetShape {
+    /// `NFTA_SET_FLAGS` (`NFT_SET_MAP`, `NFT_SET_INTERVAL`, `NFT_SET_TIMEOUT`, …).
+    pub flags: u32,
+    /// nft's type id of the key (6 bits per component of a concatenation) and its length.
+    pub key_type: u32,
+    pub key_len: u32,
+    /// A map's data: its type id and length (a verdict map: `NFT_DATA_VERDICT` and 0, whatever
+    /// length the kernel keeps for a verdict).
+    pub data: Option<(u32, u32)>,
+}
+
+/// The flags the kernel keeps for a set (and lists): `NFT_SET_*` as nft names them.
+const SET_FLAG_NAMES: [(u32, &str); 8] = [
+    (0x1, "anonymous"),
+    (0x2, "constant"),
+    (NFT_SET_INTERVAL, "interval"),
+    (0x10, "timeout"),
+    (0x20, "dynamic"),
+    (0x40, "object"),
+    (0x100, "expr"),
+    (NFT_SET_CONCAT, "concat"),
+];
+
+/// A type id as nft would write it (`ipv6_addr . inet_proto . inet_service`), with the length
+/// when it is not what the named types take.
+fn type_text(id: u32, len: u32) -> String {
+    let mut parts = Vec::new();
+    let mut rest = id;
+    while rest != 0 {
+        parts.push(rest & 0x3f);
+        rest >>= 6;
+    }
+    parts.reverse();
+    let known: Option<Vec<NftType>> =
+        parts.iter().map(|p| NftType::ALL.into_iter().find(|t| t.id() == *p)).collect();
+    match known {
+        Some(types) if !types.is_empty() => {
+            let names: Vec<&str> = types.iter().map(|t| t.name()).collect();
+            let text = names.join(" . ");
+            if types_len(&types) == len {
+                text
+            } else {
+                format!("{text} ({len} bytes)")
+            }
+        }
+        _ => format!("type {id:#x} ({len} bytes)"),
+    }
+}
+
+impl std::fmt::Display for SetShape {
+    /// `map ipv6_addr . inet_proto . inet_service : ipv6_addr`, `set ipv4_addr flags interval`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.flags & NFT_SET_MAP != 0 { "map" } else { "set" };
+        write!(f, "{kind} {}", type_text(self.key_type, self.key_len))?;
+        match self.data {
+            Some((NFT_DATA_VERDICT, _)) => write!(f, " : verdict")?,
+            Some((t, len)) => write!(f, " : {}", type_text(t, len))?,
+            None => {}
+        }
+        let mut flags: Vec<String> =
+            SET_FLAG_NAMES.iter().filter(|(b, _)| self.flags & b != 0).map(|(_, n)| n.to_string()).collect();
+        let named = SET_FLAG_NAMES.iter().fold(NFT_SET_MAP, |acc, (b, _)| acc | b);
+        if self.flags & !named != 0 {
+            flags.push(format!("{:#x}", self.flags & !named));
+        }
+        if !flags.is_empty() {
+            write!(f, " flags {}", flags.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// A set of a table as the kernel lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedSet {
+    pub name: String,
+    pub shape: SetShape,
+}
+
 /// The length of a value of `types`: a concatenation pads every component to 4 bytes.
 fn types_len(types: &[NftType]) -> u32 {
     match types {
@@ -168,6 +267,62 @@ pub struct NftSet {
     /// The transaction-local id rules of the same transaction use to find the set while it is
     /// being created (`NFTA_SET_ID`, `NFTA_LOOKUP_SET_ID`): unique within one transaction.
     pub id: u32,
+}
+
+impl NftSet {
+    /// The shape the kernel lists for this set once it is made.
+    pub fn shape(&self) -> SetShape {
+        SetShape {
+            flags: set_flags(self),
+            key_type: type_id(&self.key),
+            key_len: types_len(&self.key),
+            data: self.data.as_ref().map(|d| match d {
+                NftSetData::Values(t) => (type_id(t), types_len(t)),
+                NftSetData::Verdict => (NFT_DATA_VERDICT, 0),
+            }),
+        }
+    }
+}
+
+/// `NFTA_SET_FLAGS` of a set: a map, an interval set (with the concatenation flag when its key
+/// is one).
+fn set_flags(set: &NftSet) -> u32 {
+    let mut flags = 0;
+    if set.data.is_some() {
+        flags |= NFT_SET_MAP;
+    }
+    if set.interval {
+        flags |= NFT_SET_INTERVAL;
+        if set.key.len() > 1 {
+            flags |= NFT_SET_CONCAT;
+        }
+    }
+    flags
+}
+
+/// A set of `table` in an `NFT_MSG_NEWSET` message.
+pub(super) fn listed_set(payload: &[u8], table: &str) -> Option<ListedSet> {
+    let (mut t, mut name) = (None, None);
+    let mut shape = SetShape { flags: 0, key_type: 0, key_len: 0, data: None };
+    let (mut data_type, mut data_len) = (None, None);
+    for (k, value) in attrs(payload.get(4..)?) {
+        match k {
+            NFTA_SET_TABLE => t = Some(string_of(value)),
+            NFTA_SET_NAME => name = Some(string_of(value)),
+            NFTA_SET_FLAGS => shape.flags = decode_be32(value)?,
+            NFTA_SET_KEY_TYPE => shape.key_type = decode_be32(value)?,
+            NFTA_SET_KEY_LEN => shape.key_len = decode_be32(value)?,
+            NFTA_SET_DATA_TYPE => data_type = decode_be32(value),
+            NFTA_SET_DATA_LEN => data_len = decode_be32(value),
+            _ => {}
+        }
+    }
+    shape.data = match data_type {
+        Some(NFT_DATA_VERDICT) => Some((NFT_DATA_VERDICT, 0)),
+        Some(d) => Some((d, data_len.unwrap_or(0))),
+        None => None,
+    };
+    (t.as_deref() == Some(table)).then_some(ListedSet { name: name?, shape })
 }
 
 /// nft's userdata of a set: the byte orders of key and data, a "typeof" record for a
@@ -207,20 +362,10 @@ fn set_userdata(set: &NftSet) -> Vec<u8> {
 pub(super) fn set_attrs(table: &str, set: &NftSet) -> Vec<(u16, Vec<u8>)> {
     let be = |v: u32| encode_be32(v).to_vec();
     let concat_key = set.key.len() > 1;
-    let mut flags = 0;
-    if set.data.is_some() {
-        flags |= NFT_SET_MAP;
-    }
-    if set.interval {
-        flags |= NFT_SET_INTERVAL;
-        if concat_key {
-            flags |= NFT_SET_CONCAT;
-        }
-    }
     let mut attrs = vec![
         (NFTA_SET_TABLE, cstr(table)),
         (NFTA_SET_NAME, cstr(&set.name)),
-        (NFTA_SET_FLAGS, be(flags)),
+        (NFTA_SET_FLAGS, be(set_flags(set))),
         (NFTA_SET_KEY_TYPE, be(type_id(&set.key))),
         (NFTA_SET_KEY_LEN, be(types_len(&set.key))),
     ];

@@ -850,6 +850,90 @@ fn snapshots_tell_a_missing_table_from_an_empty_one() {
     assert_eq!(s.chain_uses, [None]);
 }
 
+/// Kernel test: a snapshot's listing gives each set's shape (flags, key and data types and
+/// lengths) as the kernel keeps it: for sets made over netlink the shape [`NftSet::shape`]
+/// predicts, for sets nft made the same, and what tells sets of one name apart (types,
+/// lengths, flags such as interval or timeout, a verdict map); shown as nft would write it.
+#[test]
+fn snapshots_list_the_shape_of_every_set() {
+    crate::netns::test_support::private_netns();
+    let nft = Nft::find().expect("nft is installed (scripts/install-deps.sh)");
+    use NftType::*;
+    let decl = |name: &str, key: Vec<NftType>, data: Option<NftSetData>, interval: bool| NftSet {
+        name: name.into(),
+        key,
+        data,
+        interval,
+        id: 0,
+    };
+    let ours = [
+        decl(
+            "owner",
+            vec![Ipv6Addr, InetProto, InetService],
+            Some(NftSetData::Values(vec![Ipv6Addr])),
+            false,
+        ),
+        decl(
+            "hp4",
+            vec![InetProto, InetService],
+            Some(NftSetData::Values(vec![Ipv4Addr, InetService])),
+            false,
+        ),
+        decl("gates", vec![NfProto], Some(NftSetData::Verdict), false),
+        decl("layout", vec![InetService], None, false),
+        decl("masq4", vec![Ipv4Addr, Ipv4Addr, InetProto, InetService], None, true),
+    ];
+    let mut ops = vec![NftOp::AddTable { family: NftFamily::Inet, table: "shapes".into(), comment: None }];
+    ops.extend(ours.iter().enumerate().map(|(i, d)| NftOp::AddSet {
+        family: NftFamily::Inet,
+        table: "shapes".into(),
+        set: NftSet { id: i as u32 + 1, ..d.clone() },
+    }));
+    let mut nf = NfTables::new().unwrap();
+    nf.apply(&ops).unwrap();
+    nft.apply(
+        "table inet shapes {\n  map nft_owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }\n  \
+         map nft_gates { type nf_proto : verdict; }\n  set timed { type ipv4_addr; flags timeout; }\n  \
+         set iv { type ipv4_addr; flags interval; }\n  map other { type ipv4_addr . inet_service : ipv4_addr; }\n}\n",
+    )
+    .unwrap();
+    let accept = |_: &str| false;
+    let req = SnapshotRequest {
+        family: NftFamily::Inet,
+        table: "shapes",
+        rules: false,
+        keys: &[],
+        chains: &[],
+        listing: Some(&accept),
+    };
+    let s = nf.snapshot(&req).unwrap();
+    let shape =
+        |name: &str| s.sets.iter().find(|x| x.name == name).unwrap_or_else(|| panic!("{name}: {s:?}")).shape;
+    for d in &ours {
+        assert_eq!(shape(&d.name), d.shape(), "{}", d.name);
+    }
+    assert_eq!(shape("nft_owner"), shape("owner"), "nft's and ours are one shape");
+    assert_eq!(shape("nft_gates"), shape("gates"));
+    let text: Vec<String> = ["owner", "hp4", "gates", "layout", "masq4", "timed", "iv", "other"]
+        .iter()
+        .map(|n| shape(n).to_string())
+        .collect();
+    assert_eq!(
+        text,
+        [
+            "map ipv6_addr . inet_proto . inet_service : ipv6_addr",
+            "map inet_proto . inet_service : ipv4_addr . inet_service",
+            "map nf_proto : verdict",
+            "set inet_service",
+            "set ipv4_addr . ipv4_addr . inet_proto . inet_service flags interval,concat",
+            "set ipv4_addr flags timeout",
+            "set ipv4_addr flags interval",
+            "map ipv4_addr . inet_service : ipv4_addr",
+        ]
+    );
+    assert_ne!(shape("timed"), shape("iv"));
+}
+
 /// Kernel test: a rule listing longer than one datagram stays whole while other transactions
 /// append rules to an earlier chain and then commit or abort. The kernel resumes such a dump
 /// by counting rules, counts the ones an uncommitted transaction has linked in, and does not

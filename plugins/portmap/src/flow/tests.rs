@@ -76,7 +76,13 @@ fn del(k: &Fake, p: &Pod) -> Result<Outcome> {
 }
 
 fn check(k: &Fake, p: &Pod) -> Result<()> {
-    flow::check(&mut k.clone(), &p.conf, &p.intent, p.intent.netns.as_ref().map(|(id, _)| *id))
+    flow::check(
+        &mut k.clone(),
+        &p.conf,
+        &p.intent,
+        p.intent.netns.as_ref().map(|(id, _)| *id),
+        &mut Vec::new(),
+    )
 }
 
 /// Every element of the table, decoded, with its comment.
@@ -108,6 +114,25 @@ fn traces(k: &Fake, o: &Owner) -> Vec<String> {
         .collect()
 }
 
+/// Whether the table's `localnet` guard holds the declared rules (the guard must outlive the
+/// last attachment: `route_localnet` is never reset).
+fn guard_intact(k: &Fake) -> bool {
+    let Some(t) = k.table() else { return false };
+    let d = layout::declaration(&Default::default(), &Default::default());
+    let want: Vec<Vec<NftExpr>> = d
+        .rules
+        .iter()
+        .filter(|r| r.chain == "localnet")
+        .map(|r| cni_common::netlink::nft::listed(r.exprs.as_ref().unwrap()))
+        .collect();
+    let have: Option<Vec<Vec<NftExpr>>> = t
+        .chains
+        .iter()
+        .find(|(n, _)| n == "localnet")
+        .map(|(_, r)| r.iter().map(|r| r.exprs.clone()).collect());
+    want.len() == 4 && have == Some(want)
+}
+
 fn dnat_target(k: &Fake, p: &Pod, i: usize) -> Option<String> {
     let key = Key::Dnat(p.intent.entries[i].host);
     elements(k).into_iter().find(|(e, _)| e.key == key).map(|(e, _)| e.data_text())
@@ -128,6 +153,7 @@ fn add_check_del_leave_nothing() {
     assert_eq!(out.udp, BTreeSet::from([(Family::V4, 53), (Family::V6, 53)]));
     check(&k, &a).unwrap();
     assert_eq!(dnat_target(&k, &a, 0).as_deref(), Some("10.0.0.5 . 80"));
+    let chains = k.table().unwrap().chains;
     // a repeated ADD changes nothing
     let g = k.generation();
     add(&k, &a).unwrap();
@@ -139,8 +165,10 @@ fn add_check_del_leave_nothing() {
     // DEL is idempotent; CHECK now fails
     del(&k, &a).unwrap();
     assert!(check(&k, &a).is_err());
-    // the table and its static part stay (never dropped: a concurrent ADD may rely on them)
-    assert!(k.table().is_some());
+    // the table and its static part stay (never dropped: a concurrent ADD may rely on them),
+    // the localnet guard with it
+    assert_eq!(k.table().map(|t| t.chains), Some(chains), "every chain and rule as ADD left them");
+    assert!(guard_intact(&k));
 }
 
 #[test]
@@ -270,6 +298,10 @@ fn gc_removes_the_dead_of_its_network_only() {
     flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &BTreeSet::new()).unwrap();
     assert!(traces(&k, &a.intent.owner).is_empty());
     check(&k, &c).unwrap();
+    // and when GC removes the table's last attachment, the localnet guard stays with it
+    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    assert!(elements(&k).is_empty(), "{:?}", elements(&k));
+    assert!(guard_intact(&k));
 }
 
 /// Issue 17, item 2: a GC whose valid list holds X, racing X's ADD (with a stale attachment in
@@ -585,19 +617,160 @@ fn make_layout_1(k: &Fake) {
             let rules = &mut t.chains.iter_mut().find(|(n, _)| n == hook).unwrap().1;
             *rules = vec![cni_common::netlink::nft::NftRule { chain: hook.into(), ..vmap.clone() }];
         }
+        // as 5fca5c6 declared them: `map gates { type nf_proto : verdict; }`,
+        // `map conditions { type nf_proto : ipv6_addr; }`
+        use cni_common::netlink::nft::{NftSetData, NftType};
         for (name, data) in
-            [("gates", None), ("conditions", Some(vec![cni_common::netlink::nft::NftType::Ipv6Addr]))]
+            [("gates", NftSetData::Verdict), ("conditions", NftSetData::Values(vec![NftType::Ipv6Addr]))]
         {
             let decl = cni_common::netlink::nft::NftSet {
                 name: name.into(),
-                key: vec![cni_common::netlink::nft::NftType::NfProto],
-                data: data.map(cni_common::netlink::nft::NftSetData::Values),
+                key: vec![NftType::NfProto],
+                data: Some(data),
                 interval: false,
                 id: 0,
             };
             t.sets.insert(name.into(), crate::kernel::fake::FakeSet { decl, elems: Default::default() });
         }
     });
+}
+
+/// Replace set `name` with one of the same name and another declaration (another program's, or
+/// another build's), without elements.
+fn retype(
+    k: &Fake,
+    name: &str,
+    key: Vec<cni_common::netlink::nft::NftType>,
+    data: Option<cni_common::netlink::nft::NftSetData>,
+    interval: bool,
+) {
+    k.edit(|t| {
+        let decl = cni_common::netlink::nft::NftSet { name: name.into(), key, data, interval, id: 0 };
+        t.as_mut()
+            .unwrap()
+            .sets
+            .insert(name.into(), crate::kernel::fake::FakeSet { decl, elems: Default::default() });
+    });
+}
+
+/// Every verb on the table as it is: refused with code 999 naming the table and `parts`,
+/// and nothing changed.
+fn refused_by_every_verb(k: &Fake, a: &Pod, parts: &[&str]) {
+    let before = k.table();
+    let c = pod("n", "c", "10.0.0.7/24", &[(9090, 90, "tcp")]);
+    let verbs = [
+        ("ADD", add(k, &c).map(|_| ())),
+        ("DEL", del(k, a).map(|_| ())),
+        ("GC", flow::gc(&mut k.clone(), "n,", &BTreeSet::new()).map(|_| ())),
+        ("CHECK", check(k, a)),
+    ];
+    for (verb, r) in verbs {
+        let e = r.expect_err(verb);
+        assert_eq!(e.code, 999, "{verb}: {}", e.msg);
+        for p in std::iter::once(&"table inet cni_portmap").chain(parts) {
+            assert!(e.msg.contains(p), "{verb}: {p:?} not in {}", e.msg);
+        }
+    }
+    assert_eq!(k.table(), before, "nothing changed");
+}
+
+/// A table without the layout version is of layout 1 only when its sets are layout 1's with
+/// layout 1's types and flags (or layout 2's, a table of this layout that lost its version):
+/// a same-named set of another type, of other flags, or sets of both layouts at once make a
+/// table of neither, which every verb refuses, saying what differs, and leaves as it is.
+#[test]
+fn an_unversioned_table_of_neither_layout_is_refused_saying_what_differs() {
+    use cni_common::netlink::nft::{NftSetData, NftType::*};
+    let k = Fake::new();
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24", "fd00::5/64"], json!({}), &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    make_layout_1(&k);
+    let layout_1 = k.table();
+    // `owner` keyed by an IPv4 address and a port
+    retype(&k, "owner", vec![Ipv4Addr, InetService], Some(NftSetData::Values(vec![Ipv4Addr])), false);
+    refused_by_every_verb(
+        &k,
+        &a,
+        &[
+            "no layout version",
+            "(against layout 1, the nearer: set owner is `map ipv4_addr . inet_service : ipv4_addr` instead of \
+             `map ipv6_addr . inet_proto . inet_service : ipv6_addr`)",
+        ],
+    );
+    // `owner` of layout 1's types, but an interval map
+    retype(
+        &k,
+        "owner",
+        vec![Ipv6Addr, InetProto, InetService],
+        Some(NftSetData::Values(vec![Ipv6Addr])),
+        true,
+    );
+    refused_by_every_verb(
+        &k,
+        &a,
+        &["set owner is `map ipv6_addr . inet_proto . inet_service : ipv6_addr flags interval,concat`"],
+    );
+    // `gates` a plain set rather than a verdict map
+    k.edit(|t| *t = layout_1.clone());
+    retype(&k, "gates", vec![NfProto], None, false);
+    refused_by_every_verb(
+        &k,
+        &a,
+        &["(against layout 1, the nearer: set gates is `set nf_proto` instead of `map nf_proto : verdict`)"],
+    );
+    // layout 1's sets with layout 2's records
+    k.edit(|t| *t = layout_1.clone());
+    retype(&k, "attachments", vec![Ipv6Addr], Some(NftSetData::Values(vec![Ipv6Addr])), false);
+    refused_by_every_verb(
+        &k,
+        &a,
+        &["(against layout 1, the nearer: set attachments is not one of its sets)"],
+    );
+    // the control: layout 1 as released is upgraded by the next ADD
+    k.edit(|t| *t = layout_1.clone());
+    check(&k, &a).unwrap();
+    let c = pod("n", "c", "10.0.0.7/24", &[(9090, 90, "tcp")]);
+    add(&k, &c).unwrap();
+    check(&k, &a).unwrap();
+    check(&k, &c).unwrap();
+    // and a table of this layout that lost its version element gets it back (CHECK notes it)
+    k.edit(|t| t.as_mut().unwrap().sets.get_mut(LAYOUT_SET).unwrap().elems.clear());
+    let mut notes = Vec::new();
+    flow::check(&mut k.clone(), &c.conf, &c.intent, None, &mut notes).unwrap();
+    assert_eq!(
+        notes,
+        ["portmap: note: table inet cni_portmap lacks its layout version; its static part is not checked (the next \
+          ADD writes it)"]
+    );
+    let d = pod("n", "d", "10.0.0.8/24", &[(9091, 90, "tcp")]);
+    add(&k, &d).unwrap();
+    assert_eq!(k.table().unwrap().sets[LAYOUT_SET].elems.len(), 1);
+    check(&k, &d).unwrap();
+}
+
+/// A set of this layout's name with another shape in a table of this layout: the point reads
+/// and the transactions planned on them meet keys that do not fit (`EINVAL`), the full read
+/// that follows lists the set, and every verb refuses, naming it, and changes nothing.
+#[test]
+fn a_set_of_another_shape_in_a_table_of_this_layout_is_refused() {
+    use cni_common::netlink::nft::{NftSetData, NftType::*};
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    retype(&k, "owner", vec![Ipv4Addr, InetService], Some(NftSetData::Values(vec![Ipv4Addr])), false);
+    refused_by_every_verb(
+        &k,
+        &a,
+        &["is of layout 2 but set owner is `map ipv4_addr . inet_service : ipv4_addr` instead of"],
+    );
+    // the fake answers as the kernel does: a set of one name and another shape is not made
+    let op = cni_common::netlink::nft::NftOp::AddSet {
+        family: layout::FAMILY,
+        table: layout::TABLE.into(),
+        set: layout::nft_set(Set::Owner, 1),
+    };
+    let e = crate::kernel::Kernel::apply(&mut k.clone(), &[op], None).unwrap_err();
+    assert_eq!(e.errno, libc::EEXIST);
 }
 
 #[test]
@@ -607,9 +780,24 @@ fn the_previous_layout_is_upgraded_in_place_with_its_attachments() {
     let b = pod("n", "b", "10.0.0.6/24", &[(53, 53, "udp")]);
     add(&k, &a).unwrap();
     add(&k, &b).unwrap();
-    make_layout_1(&k);
-    // CHECK of a layout-1 attachment passes (its elements are what it needs)
     check(&k, &a).unwrap();
+    let notes_of = |p: &Pod| {
+        let mut notes = Vec::new();
+        let r = flow::check(&mut k.clone(), &p.conf, &p.intent, None, &mut notes);
+        (r.map_err(|e| e.msg), notes)
+    };
+    assert_eq!(notes_of(&a), (Ok(()), vec![]), "a table of this layout: no note");
+    make_layout_1(&k);
+    // CHECK of a layout-1 attachment passes (its elements are what it needs), with a note for
+    // its caller to print
+    let earlier =
+        "portmap: note: table inet cni_portmap is of an earlier layout; its static part is not checked \
+                   (the next ADD upgrades it)";
+    assert_eq!(notes_of(&a), (Ok(()), vec![earlier.to_string()]));
+    // the note comes with a failing CHECK too
+    let other = pod("n", "a", "10.0.0.5/24", &[(8081, 80, "tcp")]);
+    let (r, notes) = notes_of(&other);
+    assert!(r.is_err() && notes == [earlier], "{r:?} {notes:?}");
     // DEL of b on the old layout: elements only, no records written
     del(&k, &b).unwrap();
     assert!(traces(&k, &b.intent.owner).is_empty());
@@ -717,7 +905,10 @@ fn check_decides_on_the_point_read_and_knows_the_mappings_added() {
     add(&k, &a).unwrap();
     let s = crate::kernel::Kernel::read(&mut k.clone(), &plan::check_scope(&a.intent)).unwrap();
     let now = a.intent.netns.as_ref().map(|(id, _)| *id);
-    assert_eq!(plan::check(&s, &a.intent, &a.conf.conditions, now).unwrap(), plan::Checked::Ok);
+    assert_eq!(
+        plan::check(&s, &a.intent, &a.conf.conditions, now, &mut Vec::new()).unwrap(),
+        plan::Checked::Ok
+    );
     let part = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
     let e = check(&k, &part).unwrap_err();
     assert!(e.msg.contains("added with other port mappings"), "{}", e.msg);

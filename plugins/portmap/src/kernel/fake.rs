@@ -5,6 +5,12 @@
 //! generation fails with `ERESTART`; a set or chain still referenced cannot be deleted; the
 //! generation moves with every commit that changes something.
 //!
+//! A set is kept with its declaration, so a set of one of our names can have another shape
+//! (types, flags: a table another build or program made), with the kernel's answers to that:
+//! a listing gives each set's shape, a set added under an existing name with another shape
+//! fails with `EEXIST`, and a key of another length than the set's fails with `EINVAL`, when
+//! looked up as when added.
+//!
 //! For tests of interleavings and failures: every [`Fake`] cloned from another shares its
 //! world (like processes sharing the kernel); [`Fake::before_apply`] runs something (another
 //! verb) just before the next transaction is processed, after its caller read and planned;
@@ -14,7 +20,8 @@
 use super::Kernel;
 use crate::state::{dumped, Scope, State};
 use cni_common::netlink::nft::{
-    listed, NftData, NftDelete, NftElem, NftExpr, NftOp, NftRule, NftSet, NftTable, Snapshot, Verdict,
+    listed, ListedSet, NftData, NftDelete, NftElem, NftExpr, NftOp, NftRule, NftSet, NftTable, Snapshot,
+    Verdict,
 };
 use cni_common::netlink::NlError;
 use cni_common::{CniError, Result};
@@ -156,13 +163,16 @@ impl Fake {
             Some(own + t.chains.iter().flat_map(|(_, r)| r).filter(|r| r.verdicts().any(jump)).count() as u32)
         };
         s.chain_uses = scope.chains().iter().map(uses).collect();
-        s.keys = scope
-            .keys()
-            .iter()
-            .map(|(set, key)| t.sets.get(set).and_then(|x| x.elems.get(key)).cloned())
-            .collect();
+        for (set, key) in scope.keys() {
+            let x = t.sets.get(&set);
+            if x.is_some_and(|x| key_len(&x.decl) != key.len()) {
+                return Err(err("get element (key of another length than the set's)", libc::EINVAL));
+            }
+            s.keys.push(x.and_then(|x| x.elems.get(&key)).cloned());
+        }
         if matches!(scope, Scope::Full) {
-            s.sets = t.sets.keys().cloned().collect();
+            s.sets =
+                t.sets.iter().map(|(n, x)| ListedSet { name: n.clone(), shape: x.decl.shape() }).collect();
             s.chains = t.chains.iter().map(|(n, _)| n.clone()).collect();
             s.dumped = t
                 .sets
@@ -188,9 +198,13 @@ fn apply_op(t: &mut Option<Table>, op: &NftOp, next_handle: &mut u64) -> std::re
     match op {
         NftOp::AddTable { .. } | NftOp::Delete(NftDelete::Table { .. }) => unreachable!(),
         NftOp::AddSet { set, .. } => {
-            t.sets
+            let x = t
+                .sets
                 .entry(set.name.clone())
                 .or_insert_with(|| FakeSet { decl: set.clone(), elems: BTreeMap::new() });
+            if x.decl.shape() != set.shape() {
+                return Err(err("add set (one of this name with another shape exists)", libc::EEXIST));
+            }
         }
         NftOp::AddChain { chain, .. } => {
             if !t.has_chain(chain) {

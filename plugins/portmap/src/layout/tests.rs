@@ -42,7 +42,12 @@ fn found_of(d: &Declaration) -> Found {
             })
             .collect(),
         uses: d.uses().into_iter().map(|(c, n)| (c, n, Some(n))).collect(),
-        sets: Some(std::iter::once(LAYOUT_SET.to_string()).chain(d.sets.iter().map(Set::name)).collect()),
+        sets: Some(
+            std::iter::once(layout_set())
+                .chain(d.sets.iter().map(|s| nft_set(*s, 0)))
+                .map(|s| ListedSet { shape: s.shape(), name: s.name })
+                .collect(),
+        ),
         chains: Some(d.chains.iter().map(|c| c.name.clone()).collect()),
     }
 }
@@ -55,7 +60,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert!(setup.nft.is_none());
     let rules = setup.ops.iter().filter(|o| matches!(o, NftOp::AddRule { .. })).count();
     assert_eq!(rules, d.rules.len());
-    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 2, "hooks, gates, dnat, masquerading, net4_24/32, guard");
+    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 4, "hooks, gates, dnat, masquerading, net4_24/32, guard");
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
     assert_eq!(d.setup(&found), Setup::default(), "an intact table needs nothing");
@@ -65,7 +70,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(uses["gate4"], 3, "its rule, and both hooks jumping to it");
     assert_eq!(uses["hostports6"], 3, "its two rules and the gate's jump");
     assert!(!uses.contains_key("masquerade4"), "its rules follow the prefix lengths in use");
-    assert_eq!((uses["localnet"], uses["prerouting"]), (2, 2), "a base chain: its rules");
+    assert_eq!((uses["localnet"], uses["prerouting"]), (4, 2), "a base chain: its rules");
     // a flushed chain is refilled, and only it
     let mut flushed = found.clone();
     flushed.rules.retain(|r| r.chain != "prerouting");
@@ -86,7 +91,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(d.problems(&tampered), ["chain localnet does not hold the rules of this layout"]);
     // a set gone (a table edited by hand) is said by name, and added again
     let mut lost = found.clone();
-    lost.sets.as_mut().unwrap().retain(|s| s != "net4_24");
+    lost.sets.as_mut().unwrap().retain(|s| s.name != "net4_24");
     assert_eq!(d.problems(&lost), ["set net4_24 is missing"]);
     assert!(d
         .setup(&lost)
@@ -96,7 +101,11 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     // an earlier layout: retired maps and the gate chain of other conditions go
     let mut v1 = found.clone();
     v1.current = false;
-    v1.sets.as_mut().unwrap().extend(["gates".to_string(), "conditions".to_string()]);
+    v1.sets.as_mut().unwrap().extend(
+        ["gates", "conditions"]
+            .map(|n| layout_1_set(n).unwrap())
+            .map(|s| ListedSet { shape: s.shape(), name: s.name }),
+    );
     v1.chains.as_mut().unwrap().push("gate4_0123456789ab".into());
     assert_eq!(
         d.problems(&v1),
@@ -119,6 +128,117 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
         assert_eq!(deleted, gone, "{what}");
     }
     assert!(ops.iter().any(|o| matches!(o, NftOp::AddElements { set, .. } if set == LAYOUT_SET)));
+}
+
+/// The guard, per family: first the drop of what conntrack keeps no entry for (its `ct state`
+/// is invalid or untracked, and it has no `ct status`, whose load would end the second rule
+/// before its verdict), then the KUBE-FIREWALL-shaped drop; the masks are compared when the
+/// table is read back.
+#[test]
+fn the_guard_drops_untracked_packets_before_it_tests_their_status() {
+    use cni_common::netlink::nft::NftExpr;
+    let d = declaration(&Lens::new(), &Conditions::default());
+    let guard: Vec<&RuleDecl> = d.rules.iter().filter(|r| r.chain == "localnet").collect();
+    let loads = |r: &RuleDecl| -> Vec<(u32, Vec<u8>, CmpOp)> {
+        let e = r.exprs.as_ref().unwrap();
+        e.windows(3)
+            .filter_map(|w| match w {
+                [RuleExpr::Ct { key, .. }, RuleExpr::Bitwise { mask, .. }, RuleExpr::Cmp { op, data, .. }]
+                    if data.iter().all(|b| *b == 0) =>
+                {
+                    Some((*key, mask.clone(), *op))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let untracked = vec![(CT_STATE, 0x41u32.to_ne_bytes().to_vec(), CmpOp::Neq)];
+    let firewall = vec![
+        (CT_STATE, 0x06u32.to_ne_bytes().to_vec(), CmpOp::Eq),
+        (CT_STATUS, CT_STATUS_DST_NAT.to_ne_bytes().to_vec(), CmpOp::Eq),
+    ];
+    assert_eq!(guard.len(), 4);
+    for (pair, (fam, dst)) in guard.chunks(2).zip([(Family::V4, "127.0.0.0/8"), (Family::V6, "::1/128")]) {
+        let head = with(
+            with(
+                RuleExpr::nfproto(fam == Family::V4),
+                RuleExpr::addr(false, dst.parse().unwrap(), CmpOp::Eq),
+            ),
+            [
+                RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 },
+                RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() },
+            ],
+        );
+        for r in pair {
+            let e = r.exprs.as_ref().unwrap();
+            assert!(e.starts_with(&head), "{dst}: {}", r.nft);
+            assert_eq!(e.last(), Some(&RuleExpr::Verdict(Verdict::Drop)), "{}", r.nft);
+        }
+        assert_eq!(loads(pair[0]), untracked, "{dst}: first the untracked: {}", pair[0].nft);
+        assert_eq!(loads(pair[1]), firewall, "{dst}: then the KUBE-FIREWALL shape: {}", pair[1].nft);
+    }
+    // another mask read back (invalid only: untracked packets would pass) is noticed
+    let mut found = found_of(&d);
+    let r = found.rules.iter_mut().find(|r| r.chain == "localnet").unwrap();
+    let mask = r.exprs.iter_mut().find(|e| matches!(e, NftExpr::Bitwise { .. })).unwrap();
+    *mask = NftExpr::Bitwise { mask: 0x01u32.to_ne_bytes().to_vec(), xor: vec![0; 4] };
+    assert_eq!(d.problems(&found), ["chain localnet does not hold the rules of this layout"]);
+}
+
+/// Which layout a table without the version element is, by the shape of its sets: layout 1's
+/// sets as 5fca5c6 declared them (its element sets with this layout's types, `gates` a verdict
+/// map, `conditions` a map to ipv6_addr), or this layout's; sets missing are fine (they are
+/// added), a set of neither, or of both layouts' kinds at once, is not.
+#[test]
+fn an_unversioned_table_is_judged_by_the_shape_of_its_sets() {
+    let listed = |sets: Vec<NftSet>| -> Vec<ListedSet> {
+        sets.into_iter().map(|s| ListedSet { shape: s.shape(), name: s.name }).collect()
+    };
+    let shared: Vec<NftSet> =
+        Set::FIXED.iter().filter(|s| **s != Set::Attachments).map(|s| nft_set(*s, 0)).collect();
+    let with = |extra: &[NftSet]| listed(shared.iter().chain(extra).cloned().collect());
+    let gates = layout_1_set("gates").unwrap();
+    let conditions = layout_1_set("conditions").unwrap();
+    assert_eq!(gates.shape().to_string(), "map nf_proto : verdict");
+    assert_eq!(conditions.shape().to_string(), "map nf_proto : ipv6_addr");
+    assert_eq!(unversioned_layout(&with(&[gates.clone(), conditions.clone()])), Ok(1), "as released");
+    assert_eq!(unversioned_layout(&with(&[])), Ok(1), "the element sets alone");
+    assert_eq!(unversioned_layout(&[]), Ok(1), "an empty table");
+    let two = [layout_set(), nft_set(Set::Attachments, 0), nft_set(Set::Net(Family::V4, 24), 0)];
+    assert_eq!(unversioned_layout(&with(&two)), Ok(2), "this layout without its version");
+    // both kinds at once: as near to each
+    assert_eq!(
+        unversioned_layout(&with(&[gates.clone(), nft_set(Set::Attachments, 0)])),
+        Err("against layout 1: set attachments is not one of its sets; against layout 2: set gates is not one of \
+             its sets"
+            .into())
+    );
+    // a set of neither layout's name (an earlier build's `masq4`)
+    let masq4 = NftSet {
+        name: "masq4".into(),
+        key: vec![NftType::Ipv4Addr, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService],
+        data: None,
+        interval: true,
+        id: 0,
+    };
+    assert_eq!(
+        unversioned_layout(&with(&[gates.clone(), masq4])),
+        Err("against layout 1, the nearer: set masq4 is not one of its sets".into())
+    );
+    // `netns` of another data type, in a table of this layout: unfit; an unknown name is left alone
+    let mut found = Found { table: true, current: true, ..Found::default() };
+    let mut netns = nft_set(Set::Netns, 0);
+    netns.data = Some(NftSetData::Values(vec![NftType::Ipv4Addr]));
+    found.sets = Some(listed(vec![layout_set(), netns, NftSet { name: "other".into(), ..layout_set() }]));
+    let why = unfit(&found).unwrap();
+    assert!(
+        why.starts_with("table inet cni_portmap is of layout 2 but set netns is `map ipv6_addr : ipv4_addr` instead of `map ipv6_addr : ipv6_addr`;"),
+        "{why}"
+    );
+    found.sets.as_mut().unwrap().remove(1);
+    assert_eq!(unfit(&found), None);
+    found.sets = None;
+    assert_eq!(unfit(&found), None, "a point read lists no sets: nothing to judge");
 }
 
 /// Within one transaction a set being created is named by its id as well as by its name
@@ -321,14 +441,10 @@ fn every_declared_object_is_what_nft_sends() {
         checked += 1;
     };
     check("table", vec![NftOp::AddTable { family: FAMILY, table: tn(), comment: None }]);
-    let layout = NftSet {
-        name: LAYOUT_SET.into(),
-        key: vec![NftType::InetService],
-        data: None,
-        interval: false,
-        id: 1,
-    };
-    check(&format!("set-{LAYOUT_SET}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: layout }]);
+    check(
+        &format!("set-{LAYOUT_SET}"),
+        vec![NftOp::AddSet { family: FAMILY, table: tn(), set: layout_set() }],
+    );
     for s in &d.sets {
         check(&format!("set-{s}"), vec![NftOp::AddSet { family: FAMILY, table: tn(), set: nft_set(*s, 1) }]);
     }
