@@ -35,9 +35,10 @@ use crate::model::{Hash, Set};
 use cni_common::net::Family;
 use cni_common::netlink::nft::{
     listed, BaseChain, CmpOp, ListedSet, NftDelete, NftElem, NftFamily, NftOp, NftRule, NftSet, NftSetData,
-    NftType, RuleExpr, Verdict, CT_STATUS, CT_STATUS_DST_NAT, HOOK_POSTROUTING, HOOK_PREROUTING,
-    META_L4PROTO, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2,
-    REG_3,
+    NftType, RuleExpr, Verdict, ARPHRD_LOOPBACK, CT_STATE, CT_STATE_ESTABLISHED_RELATED,
+    CT_STATE_INVALID_UNTRACKED, CT_STATUS, CT_STATUS_DST_NAT, HOOK_INPUT, HOOK_OUTPUT, HOOK_POSTROUTING,
+    HOOK_PREROUTING, META_IIFTYPE, META_L4PROTO, PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER,
+    POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3,
 };
 use ipnet::IpNet;
 use std::fmt::Write as _;
@@ -53,18 +54,6 @@ pub const VERSION: u16 = 2;
 pub const LAYOUT_SET: &str = "layout";
 /// Objects of earlier layouts that an upgrade removes (besides gate chains no longer used).
 pub const RETIRED_SETS: [&str; 2] = ["gates", "conditions"];
-
-/// `NF_INET_LOCAL_IN` and `NF_INET_LOCAL_OUT`.
-const HOOK_INPUT: u32 = 1;
-const HOOK_OUTPUT: u32 = 3;
-/// `NFT_META_IIFTYPE`, `ARPHRD_LOOPBACK`, `NFT_CT_STATE` and its bits: established and related
-/// (`NF_CT_STATE_BIT(IP_CT_ESTABLISHED)`, `(IP_CT_RELATED)`), invalid
-/// (`NF_CT_STATE_INVALID_BIT`) and untracked (`NF_CT_STATE_UNTRACKED_BIT`).
-const META_IIFTYPE: u32 = 8;
-const ARPHRD_LOOPBACK: u16 = 772;
-const CT_STATE: u32 = 0;
-const CT_STATE_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
-const CT_STATE_INVALID_UNTRACKED: u32 = 0x1 | 0x40;
 
 /// A chain: its name and, for a base chain, its hook (with nft's text for it).
 #[derive(Debug, Clone, PartialEq, Eq)]

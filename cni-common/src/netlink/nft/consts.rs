@@ -142,15 +142,24 @@ pub(crate) const RTN_LOCAL: u32 = 2;
 
 /// `NFT_META_*` keys.
 pub const META_IIFNAME: u32 = 6;
+pub const META_IIFTYPE: u32 = 8;
 pub const META_NFPROTO: u32 = 15;
 pub const META_L4PROTO: u32 = 16;
 /// `NFT_PAYLOAD_*` bases.
 pub const PAYLOAD_LL_HEADER: u32 = 0;
 pub const PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+/// `NFT_CT_STATE` and its bits: established and related (`NF_CT_STATE_BIT(IP_CT_ESTABLISHED)`,
+/// `(IP_CT_RELATED)`), invalid (`NF_CT_STATE_INVALID_BIT`), untracked
+/// (`NF_CT_STATE_UNTRACKED_BIT`).
+pub const CT_STATE: u32 = 0;
+pub const CT_STATE_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
+pub const CT_STATE_INVALID_UNTRACKED: u32 = 0x1 | 0x40;
 /// `NFT_CT_STATUS`, and the `IPS_DST_NAT` bit of the status.
 pub const CT_STATUS: u32 = 2;
 pub const CT_STATUS_DST_NAT: u32 = 0x20;
+/// `ARPHRD_LOOPBACK`: the interface type `meta iiftype loopback` compares with.
+pub const ARPHRD_LOOPBACK: u16 = 772;
 /// The verdict register, and the 16-byte data registers nft uses for single values
 /// (`NFT_REG_1`, `NFT_REG_2`, `NFT_REG_3`: each spans four 32-bit registers).
 pub const REG_VERDICT: u32 = 0;
@@ -162,6 +171,8 @@ pub const REG_3: u32 = 3;
 pub const REG32_00: u32 = 8;
 /// `NF_INET_*` hooks (also `NF_BR_*` for the bridge family: prerouting 0, postrouting 4).
 pub const HOOK_PREROUTING: u32 = 0;
+pub const HOOK_INPUT: u32 = 1;
+pub const HOOK_OUTPUT: u32 = 3;
 pub const HOOK_POSTROUTING: u32 = 4;
 /// Chain policies.
 pub const POLICY_ACCEPT: u32 = 1;
