@@ -171,9 +171,9 @@ impl SynProbe<'_> {
             && tcp[13] & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
     }
 
-    /// Send one segment with `flags` from `sport` with sequence number `seq`, and wait for
-    /// nothing.
-    pub fn send(&self, flags: u8, sport: u16, seq: u32) {
+    /// Run `f` on a thread inside the probe's namespace with a packet socket on its interface
+    /// and a way to send a frame to the destination's MAC, passing it the interface's MAC.
+    fn on_interface<R: Send>(&self, f: impl FnOnce(&OwnedFd, &dyn Fn(&[u8]), [u8; 6]) -> R + Send) -> R {
         let src_mac = mac_of(self.ns, self.ifname);
         let ns_file = std::fs::File::open(self.ns.path()).expect("open netns");
         std::thread::scope(|s| {
@@ -187,78 +187,59 @@ impl SynProbe<'_> {
                 to.sll_halen = 6;
                 to.sll_addr[..6].copy_from_slice(&self.dst_mac);
                 let to_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-                let f = self.frame(src_mac, sport, seq, flags);
-                // SAFETY: f and `to` live across the call.
-                let n = unsafe {
-                    libc::sendto(
-                        sock.as_raw_fd(),
-                        f.as_ptr().cast(),
-                        f.len(),
-                        0,
-                        (&to as *const libc::sockaddr_ll).cast(),
-                        to_len,
-                    )
+                let send = |frame: &[u8]| {
+                    // SAFETY: frame and `to` live across the call.
+                    let n = unsafe {
+                        libc::sendto(
+                            sock.as_raw_fd(),
+                            frame.as_ptr().cast(),
+                            frame.len(),
+                            0,
+                            (&to as *const libc::sockaddr_ll).cast(),
+                            to_len,
+                        )
+                    };
+                    assert_eq!(n, frame.len() as isize, "send frame: {}", std::io::Error::last_os_error());
                 };
-                assert_eq!(n, f.len() as isize, "send segment: {}", std::io::Error::last_os_error());
+                f(&sock, &send, src_mac)
             })
             .join()
-            .expect("sending thread")
+            .expect("probe thread")
         })
+    }
+
+    /// Send one segment with `flags` from `sport` with sequence number `seq`, and wait for
+    /// nothing.
+    pub fn send(&self, flags: u8, sport: u16, seq: u32) {
+        self.on_interface(|_, send, src_mac| send(&self.frame(src_mac, sport, seq, flags)))
     }
 
     /// Send the SYN (again every half second) and watch the interface for the SYN-ACK until
     /// `wait` has passed: true as soon as one is seen.
     pub fn answered(&self, wait: Duration) -> bool {
-        let src_mac = mac_of(self.ns, self.ifname);
-        let ns_file = std::fs::File::open(self.ns.path()).expect("open netns");
         // a source port of its own for every probe: a connection an earlier probe opened
         // (and the host's repeated SYN-ACKs of it) says nothing about this one
         static NEXT: AtomicU16 = AtomicU16::new(0);
         let sport =
             40000 + (std::process::id() % 10000) as u16 + NEXT.fetch_add(1, Ordering::Relaxed) % 10000;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-                let name = std::ffi::CString::new(self.ifname).expect("interface name");
-                // SAFETY: a NUL-terminated name.
-                let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-                assert_ne!(ifindex, 0, "no interface {} in {}", self.ifname, self.ns.name());
-                let (sock, mut to) = packet_socket(ifindex);
-                to.sll_halen = 6;
-                to.sll_addr[..6].copy_from_slice(&self.dst_mac);
-                let to_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-                let end = Instant::now() + wait;
-                let mut next_send = Instant::now();
-                let mut seq = 0x1000_0000u32;
-                let mut buf = vec![0u8; 65536];
-                while Instant::now() < end {
-                    if Instant::now() >= next_send {
-                        let f = self.frame(src_mac, sport, seq, TCP_SYN);
-                        seq += 1;
-                        // SAFETY: f and `to` live across the call.
-                        let n = unsafe {
-                            libc::sendto(
-                                sock.as_raw_fd(),
-                                f.as_ptr().cast(),
-                                f.len(),
-                                0,
-                                (&to as *const libc::sockaddr_ll).cast(),
-                                to_len,
-                            )
-                        };
-                        assert_eq!(n, f.len() as isize, "send SYN: {}", std::io::Error::last_os_error());
-                        next_send = Instant::now() + Duration::from_millis(500);
-                    }
-                    // SAFETY: buf is writable for its length.
-                    let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                    if n > 0 && self.is_syn_ack(&buf[..n as usize], sport) {
-                        return true;
-                    }
+        self.on_interface(|sock, send, src_mac| {
+            let end = Instant::now() + wait;
+            let mut next_send = Instant::now();
+            let mut seq = 0x1000_0000u32;
+            let mut buf = vec![0u8; 65536];
+            while Instant::now() < end {
+                if Instant::now() >= next_send {
+                    send(&self.frame(src_mac, sport, seq, TCP_SYN));
+                    seq += 1;
+                    next_send = Instant::now() + Duration::from_millis(500);
                 }
-                false
-            })
-            .join()
-            .expect("SYN probe thread")
+                // SAFETY: buf is writable for its length.
+                let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n > 0 && self.is_syn_ack(&buf[..n as usize], sport) {
+                    return true;
+                }
+            }
+            false
         })
     }
 }

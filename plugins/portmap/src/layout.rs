@@ -769,12 +769,11 @@ pub fn sample_elements() -> Vec<(&'static str, crate::model::Elem)> {
     ]
 }
 
-/// The cases of the golden capture (testdata/capture-cases.txt, made from the declaration by
-/// [`tests::the_capture_cases_follow_the_declaration`]; testdata/capture-nft.py runs each with
-/// nft 1.0.6 and records the messages in testdata/nft-golden.txt): (name, setup, command).
+/// The masquerade prefix lengths of the golden capture: with and without a mask, and no source
+/// at all, in each family.
 #[cfg(test)]
-pub fn capture_cases() -> Vec<(String, String, String)> {
-    let lens: Lens = [
+pub fn capture_lens() -> Lens {
+    [
         (Family::V4, 24),
         (Family::V4, 32),
         (Family::V4, 0),
@@ -782,8 +781,15 @@ pub fn capture_cases() -> Vec<(String, String, String)> {
         (Family::V6, 128),
         (Family::V6, 0),
     ]
-    .into();
-    let d = declaration(&lens, &Conditions::default());
+    .into()
+}
+
+/// The cases of the golden capture (testdata/capture-cases.txt, made from the declaration by
+/// [`tests::the_capture_cases_follow_the_declaration`]; testdata/capture-nft.py runs each with
+/// nft 1.0.6 and records the messages in testdata/nft-golden.txt): (name, setup, command).
+#[cfg(test)]
+pub fn capture_cases() -> Vec<(String, String, String)> {
+    let d = declaration(&capture_lens(), &Conditions::default());
     let kw = FAMILY.keyword();
     let t = format!("{kw} {TABLE}");
     let full = d.nft_text();

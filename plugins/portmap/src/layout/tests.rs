@@ -424,15 +424,7 @@ fn ours(ops: &[NftOp]) -> Vec<String> {
 #[test]
 fn every_declared_object_is_what_nft_sends() {
     use crate::model::Elem;
-    let lens: Lens = [
-        (Family::V4, 24),
-        (Family::V4, 32),
-        (Family::V4, 0),
-        (Family::V6, 64),
-        (Family::V6, 128),
-        (Family::V6, 0),
-    ]
-    .into();
+    let lens = capture_lens();
     let d = declaration(&lens, &Conditions::default());
     let tn = || TABLE.to_string();
     let mut checked = 0;
