@@ -1517,29 +1517,6 @@ fn the_localhost_guard_drops_what_conntrack_does_not_track() {
     );
 }
 
-/// The commit whose portmap wrote the released layout (1): main before the rebuild.
-const RELEASED: &str = "5fca5c6";
-
-/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (unoptimised: the
-/// layout it writes is what matters; it keeps its builds under target/baseline/, so only the
-/// first call builds).
-fn released_portmap() -> String {
-    let root = cni_tests::workspace_root();
-    let out = std::process::Command::new(root.join("scripts/build-baseline.sh"))
-        .args([RELEASED, "portmap"])
-        .env("BASELINE_PROFILE", "dev")
-        .current_dir(&root)
-        .output()
-        .expect("run scripts/build-baseline.sh");
-    assert!(
-        out.status.success(),
-        "cannot build portmap of {RELEASED} with scripts/build-baseline.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = String::from_utf8(out.stdout).unwrap().lines().last().expect("the directory").to_string();
-    format!("{dir}/portmap")
-}
-
 /// Whether anything of the attachment with tag `tag` and network namespace path `path` is
 /// left: elements carrying its tag, and its netns record (commented with the path).
 fn traces_of(host: &Netns, tag: &str, path: &str) -> Vec<String> {
@@ -1559,7 +1536,7 @@ fn upgrade_from_the_released_layout_with_live_traffic() {
     // no `attachments` records, no guard), then this build: CHECK passes, DEL and GC change
     // elements only, and the first ADD upgrades the table in place. Traffic to the old pods
     // works before, in between and after.
-    let old = released_portmap();
+    let old = cni_tests::released_portmap();
     let mut w = World::new();
     let n = w.n;
     let hip = w.host_ip();

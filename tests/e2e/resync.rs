@@ -248,6 +248,52 @@ fn resync_rebuilds_what_a_flush_took_and_a_second_run_changes_nothing() {
     }
 }
 
+/// A node upgraded from the previous release with a pod running: its host port sits in a table
+/// of the released layout (no layout version, no localhost guard), which CHECK passes with a
+/// note. resync upgrades the table in place (the guard is there afterwards), the host port
+/// works before and after, and a second run changes nothing.
+#[test]
+fn resync_upgrades_a_table_of_the_released_layout() {
+    let node = Node::new(&[]);
+    let portmap = node.plugins.join("portmap");
+    let use_portmap = |bin: &str| {
+        std::fs::remove_file(&portmap).unwrap();
+        std::os::unix::fs::symlink(bin, &portmap).unwrap();
+    };
+    use_portmap(&cni_tests::released_portmap());
+    let ctr = Netns::new("rsc");
+    let caps = json!({"portMappings": [{"hostPort": 18090, "containerPort": 80, "protocol": "tcp"}]});
+    node.add("old-pod", &ctr, &caps);
+    let _server = Server::tcp(&ctr, 80, "old-pod");
+    let reached = || fetch(&node.outside, HOST_ADDR, 18090);
+    let table =
+        || String::from_utf8(node.host.run("nft", &["list", "table", "inet", "cni_portmap"]).stdout).unwrap();
+    assert_eq!(reached(), format!("old-pod {OUTSIDE_ADDR}"));
+    let released = table();
+    assert!(!released.contains("chain localnet") && !released.contains("set layout"), "{released}");
+
+    use_portmap(bin("portmap").to_str().unwrap());
+    node.check("old-pod", &ctr, &caps).expect("CHECK passes on the released layout (with a note)");
+    let (code, text) = node.resync(&["--dry-run"], node.plugins.path());
+    assert_eq!(code, 10, "{text}");
+    assert_eq!(table(), released, "a dry run changes nothing");
+    let (code, text) = node.resync(&[], node.plugins.path());
+    assert_eq!(code, 10, "the table was upgraded: exit 10\n{text}");
+    let l = lines_with(&text, &format!("{NET}/old-pod/eth0: portmap: repaired"));
+    assert!(l.len() == 1 && l[0].contains("earlier layout"), "{text}");
+    let upgraded = table();
+    assert!(upgraded.contains("chain localnet") && upgraded.contains("set layout"), "{upgraded}");
+    assert_eq!(reached(), format!("old-pod {OUTSIDE_ADDR}"), "the host port works after the upgrade");
+    node.check("old-pod", &ctr, &caps).expect("CHECK after the upgrade");
+
+    let before = node.ruleset();
+    let (code, text) = node.resync(&[], node.plugins.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(node.ruleset(), before, "the second resync changed the ruleset");
+    let out = node.cnitool("del", "old-pod", ctr.path_str(), &caps);
+    assert!(out.status.success(), "DEL: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn resync_skips_what_is_not_its_own_and_says_what_it_cannot_repair() {
     // upstream's tuning in the chain (its backups in scratch): not ours

@@ -24,6 +24,29 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
+/// The commit whose portmap wrote the released layout (1): main before portmap's rebuild.
+pub const RELEASED: &str = "5fca5c6";
+
+/// The portmap binary of [`RELEASED`], built by scripts/build-baseline.sh (unoptimised: the
+/// layout it writes is what matters; it keeps its builds under target/baseline/, so only the
+/// first call builds).
+pub fn released_portmap() -> String {
+    let root = workspace_root();
+    let out = Command::new(root.join("scripts/build-baseline.sh"))
+        .args([RELEASED, "portmap"])
+        .env("BASELINE_PROFILE", "dev")
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/build-baseline.sh");
+    assert!(
+        out.status.success(),
+        "cannot build portmap of {RELEASED} with scripts/build-baseline.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8(out.stdout).unwrap().lines().last().expect("the directory").to_string();
+    format!("{dir}/portmap")
+}
+
 /// Directory with the built binaries: `CNI_TEST_BIN_DIR`, else `target/debug`.
 pub fn bin_dir() -> PathBuf {
     match std::env::var_os("CNI_TEST_BIN_DIR") {

@@ -203,7 +203,8 @@ fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request>
 }
 
 /// portmap's part: its CHECK's judgment, its ADD's flow (which rebuilds the table, the guard
-/// included, when it is gone), and the conntrack flush of the UDP host ports whose DNAT
+/// included, when it is gone, and upgrades a table of the previous release's layout), and the
+/// conntrack flush of the UDP host ports whose DNAT
 /// target was set (flows the host answered while the table was gone would keep that binding).
 /// Host ports that upstream's portmap made and that are intact are left to it.
 fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
@@ -221,25 +222,29 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
     let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner, record)?;
     let mut k = kernel::Netlink::new()
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))?;
-    let check = |k: &mut kernel::Netlink| {
+    // CHECK's judgment; a table CHECK passes only with a note (of the previous release's
+    // layout, or without its layout version: its static part, the localhost guard included,
+    // is not checked) is rebuilt too: ADD's flow upgrades it in place
+    let check = |k: &mut kernel::Netlink| -> Result<Option<String>> {
         let mut notes = Vec::new();
-        let checked = flow::check(k, &conf, &intent, now, &mut notes);
-        for n in notes {
-            eprintln!("{n}");
+        match flow::check(k, &conf, &intent, now, &mut notes) {
+            Err(missing) => Ok(Some(missing.msg)),
+            Ok(()) if notes.is_empty() => Ok(None),
+            Ok(()) => Ok(Some(notes.join("; "))),
         }
-        checked
     };
-    let Err(missing) = check(&mut k) else { return Ok(None) };
+    let Some(missing) = check(&mut k)? else { return Ok(None) };
     if !dry_run {
         let done = flow::add(&mut k, &conf, &intent, &netns::gone)?;
         for n in &done.notes {
             eprintln!("{n}");
         }
         conntrack::flush_udp_ports("portmap", &done.udp.iter().copied().collect::<Vec<_>>());
-        check(&mut k)
-            .map_err(|e| CniError::internal(format!("still missing after rebuilding it: {}", e.msg)))?;
+        if let Some(still) = check(&mut k)? {
+            return Err(CniError::internal(format!("still missing after rebuilding it: {still}")));
+        }
     }
-    Ok(Some(missing.msg))
+    Ok(Some(missing))
 }
 
 fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
