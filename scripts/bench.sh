@@ -181,10 +181,8 @@ if [ -n "$base" ]; then
         grep -v '^Machine' | sed '/^Peak RSS/,$d'
     echo
     echo "The two builds may keep portmap's table in different layouts (\`5fca5c6\` and earlier: layout 1;"
-    echo "plugins/portmap/README.md, \"Upgrading\"), and both sides of this run share one host"
-    echo "namespace and so one table: then each side's ADD after the other's finds the other layout and"
-    echo "rebuilds the table, and the full chain's \`ADD portmap\` and \`ADD (whole chain)\` rows time that"
-    echo "back-and-forth, not portmap."
+    echo "plugins/portmap/README.md, \"Upgrading\"): in the full chain each build runs in a host namespace"
+    echo "of its own, so that each times its own table, not a rebuild of the other's."
     echo
 fi
 echo "## Binary sizes"
