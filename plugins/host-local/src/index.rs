@@ -549,6 +549,12 @@ mod tests {
         seal_header(&mut tiny, None);
         assert_eq!(tiny.len(), FIELDS_END + 8);
         assert!(opened(&tiny).is_none());
+        // one that holds the fields but not the checksum is extended; a longer one keeps its length
+        for len in [FIELDS_END, FIELDS_END + 16] {
+            let mut b = vec![0u8; len];
+            seal_header(&mut b, None);
+            assert_eq!(b.len(), len.max(FIELDS_END + 8), "{len}");
+        }
     }
 
     #[test]
