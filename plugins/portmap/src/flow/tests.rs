@@ -382,6 +382,10 @@ fn lost_answers_and_refused_transactions_are_read_again() {
     let out = add(&k, &a).unwrap();
     assert!(out.udp.contains(&(Family::V4, 53)), "the lost attempt's UDP ports are still flushed");
     check(&k, &a).unwrap();
+    // a read that fails for another reason than the table changing is CHECK's answer
+    k.fail_reads([libc::EPERM]);
+    let e = check(&k, &a).unwrap_err();
+    assert!(e.msg.contains("Operation not permitted"), "{}", e.msg);
     // refused before anything (a receive deadline), then a generation that moved: both retried
     k.fail_next([Fault::Before(libc::ETIMEDOUT), Fault::Before(libc::ERESTART)]);
     del(&k, &a).unwrap();
@@ -763,6 +767,17 @@ fn a_set_of_another_shape_in_a_table_of_this_layout_is_refused() {
         &a,
         &["is of layout 2 but set owner is `map ipv4_addr . inet_service : ipv4_addr` instead of"],
     );
+    // a key of another length: the point reads meet EINVAL (as the kernel answers a look-up
+    // of a key that does not fit), and the full read that follows says why
+    let k2 = Fake::new();
+    add(&k2, &a).unwrap();
+    retype(&k2, "owner", vec![Ipv6Addr, InetService], Some(NftSetData::Values(vec![Ipv4Addr])), false);
+    refused_by_every_verb(&k2, &a, &["set owner is `map ipv6_addr . inet_service : ipv4_addr` instead of"]);
+    // … in the records every verb's first read looks up
+    let k3 = Fake::new();
+    add(&k3, &a).unwrap();
+    retype(&k3, "attachments", vec![Ipv4Addr], Some(NftSetData::Values(vec![Ipv6Addr])), false);
+    refused_by_every_verb(&k3, &a, &["set attachments is `map ipv4_addr : ipv6_addr` instead of"]);
     // the fake answers as the kernel does: a set of one name and another shape is not made
     let op = cni_common::netlink::nft::NftOp::AddSet {
         family: layout::FAMILY,
