@@ -21,14 +21,26 @@ profile=${BASELINE_PROFILE:-release}
 plugins=${*:-loopback bridge host-local portmap bandwidth}
 out=$root/$rev
 [ "$profile" = dev ] && out=$root/$rev-dev
-ready=1
-for p in $plugins; do [ -x "$out/$p" ] || ready=0; done
-if [ "$ready" = 1 ]; then
+is_ready() {
+    for p in $plugins; do [ -x "$out/$p" ] || return 1; done
+}
+if is_ready; then
+    echo "$out"
+    exit 0
+fi
+# One build at a time: tests of two suites may ask for the same baseline at the same moment
+# (nextest runs them in parallel), and both would check out and build into the same places.
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock -w 1800 9 || {
+    echo "build-baseline: another build of a baseline held $root/.lock for 30 minutes" >&2
+    exit 1
+}
+if is_ready; then # built by whoever held the lock
     echo "$out"
     exit 0
 fi
 src=$root/src-$rev
-mkdir -p "$root"
 git worktree remove --force "$src" >/dev/null 2>&1 || rm -rf "$src"
 git worktree prune
 git worktree add --detach "$src" "$rev" >&2
