@@ -450,6 +450,14 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
         a.ns = None; // the runtime tore the sandbox down before DEL
     }
     w.del(&ours, &a, &ra);
+    if netns_gone {
+        // The pod's veth pair goes with its namespace, in the kernel's own time (the namespace
+        // is cleaned up from a workqueue after its last reference is dropped); DEL, like
+        // upstream's, has no namespace to delete it from.
+        wait_until("the dropped namespace's veth pair to go", Duration::from_secs(10), || {
+            w.host.link_names().iter().all(|l| ["lo", "ext0", BRIDGE].contains(&l.as_str()))
+        });
+    }
     w.assert_nothing_of(&a);
     let ct = w.host.run("conntrack", &["-L", "-p", "udp", "--dport", &HP_UDP.to_string()]);
     assert!(
