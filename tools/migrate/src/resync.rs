@@ -357,8 +357,8 @@ fn attachment(
 /// How long a run waits for another run's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(60);
 
-/// Hold `<dir>/resync.lock` (exclusive), waiting at most [`LOCK_WAIT`].
-fn lock(dir: &Path) -> Result<File> {
+/// Hold `<dir>/resync.lock` (exclusive), waiting at most `wait` ([`LOCK_WAIT`]).
+fn lock(dir: &Path, wait: Duration) -> Result<File> {
     let path = dir.join("resync.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -371,14 +371,14 @@ fn lock(dir: &Path) -> Result<File> {
     loop {
         match f.try_lock() {
             Ok(()) => return Ok(f),
-            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
-                std::thread::sleep(Duration::from_millis(100))
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
+                std::thread::sleep(Duration::from_millis(100).min(wait))
             }
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(crate::refused(format!(
                     "another resync has held {} for {} s; nothing was changed",
                     path.display(),
-                    LOCK_WAIT.as_secs()
+                    wait.as_secs_f64()
                 )))
             }
             Err(std::fs::TryLockError::Error(e)) => {
@@ -392,7 +392,7 @@ fn lock(dir: &Path) -> Result<File> {
 /// `bin_dir`. Err: refused before anything was looked at.
 pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tally> {
     let _lock = match (dry_run, cache_dirs.iter().find(|d| d.is_dir())) {
-        (false, Some(d)) => Some(lock(d)?),
+        (false, Some(d)) => Some(lock(d, LOCK_WAIT)?),
         _ => None,
     };
     let inv = Inventory::load(cache_dirs, &[]);
@@ -433,6 +433,30 @@ mod tests {
             result: None,
             result_json: None,
         }
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_within_the_deadline_then_refused_before_any_change() {
+        let dir = std::env::temp_dir().join(format!("resync-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let held = lock(&dir, Duration::ZERO).expect("a free lock is taken at once");
+        let e = lock(&dir, Duration::from_millis(300)).expect_err("a held lock is not taken");
+        assert_eq!(e.code, code::NOT_AVAILABLE, "a refusal: exit status 2, nothing changed: {e:?}");
+        assert!(e.msg.contains("resync.lock") && e.msg.contains("nothing was changed"), "{e:?}");
+        // released while another run waits: the waiter takes it
+        let waiter = {
+            let dir = dir.clone();
+            std::thread::spawn(move || lock(&dir, Duration::from_secs(30)).map(drop))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        drop(held);
+        waiter.join().unwrap().expect("taken once released");
+        // a planted link in its place is not followed
+        std::fs::remove_file(dir.join("resync.lock")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("resync.lock")).unwrap();
+        let e = lock(&dir, Duration::ZERO).expect_err("a link is not opened");
+        assert!(e.msg.contains("resync.lock"), "{e:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
