@@ -2450,3 +2450,57 @@ fn concurrent_verbs_keep_every_attachment_whole() {
     }
     assert_no_attachment_left(&w.host, "DEL of every live attachment");
 }
+
+/// Chained after upstream's ptp, as upstream's own portmap integration test chains it (ptp with
+/// `ipMasq`, host-local with a default route; no bridge: the container is reached over a /32
+/// route through its host-side veth, which is where route_localnet must go): the host port
+/// answers from outside, from the host to its own address and to 127.0.0.1, from the container
+/// itself (hairpin), over UDP too; CHECK passes; after our DEL and ptp's nothing of the
+/// attachment is left, and a second container gets the same host ports (UDP from the same
+/// client port reaching it: the conntrack entry of the first went with its DEL).
+#[test]
+fn after_upstream_ptp_as_upstreams_integration_test_chains_it() {
+    let w = World::new();
+    let (n, hip) = (w.n, w.host_ip());
+    let data = cni_tests::TempDir::new("pmptp");
+    let cni_path = cni_tests::TempDir::new("pmptpbin");
+    std::os::unix::fs::symlink(cni_tests::bin("host-local"), cni_path.join("host-local")).unwrap();
+    let ptp = cni_tests::upstream_bin("ptp");
+    let ptp_conf = json!({"cniVersion": "1.0.0", "name": "ptpnet", "type": "ptp", "ipMasq": true,
+                          "ipam": {"type": "host-local", "subnet": format!("10.{n}.9.0/24"),
+                                   "routes": [{"dst": "0.0.0.0/0"}], "dataDir": data.str()}})
+    .to_string();
+    let maps = json!([{"hostPort": 9099, "containerPort": 80, "protocol": "tcp"},
+                      {"hostPort": 9098, "containerPort": 81, "protocol": "udp"}]);
+    let exec = |plugin: &str, cmd: &str, id: &str, ctr: &Netns| {
+        Exec::new(plugin).in_ns(&w.host).attachment(cmd, id, ctr.path_str(), "eth0", cni_path.str())
+    };
+    let ptp = ptp.to_str().unwrap();
+    for (round, name) in [(1, "ctrA"), (2, "ctrB")] {
+        let ctr = Netns::new("pmc");
+        ctr.run("ip", &["link", "set", "lo", "up"]);
+        let id = unique("ptp");
+        let prev = exec(ptp, "ADD", &id, &ctr).run(&ptp_conf).ok();
+        let cip = prev["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+        let host_side = prev["interfaces"][0]["name"].as_str().unwrap().to_string();
+        let pm = conf("ptpnet", &prev, maps.clone(), json!({}));
+        let out = exec("portmap", "ADD", &id, &ctr).run(&pm).ok();
+        assert_eq!(out["ips"], prev["ips"], "prevResult is passed through");
+        let _s = Server::tcp(&ctr, 80, name);
+        let _u = UdpServer::start(&ctr, 81, name);
+        assert!(fetch(&w.host, &cip, 80).starts_with(name), "round {round}: the container itself");
+        assert_eq!(fetch(&w.outside, &hip, 9099), format!("{name} 10.250.{n}.2"), "round {round}: outside");
+        assert!(fetch(&w.host, &hip, 9099).starts_with(name), "round {round}: host -> its own address");
+        let localnet = format!("net.ipv4.conf.{host_side}.route_localnet");
+        assert_eq!(w.host.run("sysctl", &["-n", &localnet]).stdout, b"1\n", "round {round}: {localnet}");
+        assert!(fetch(&w.host, "127.0.0.1", 9099).starts_with(name), "round {round}: host -> 127.0.0.1");
+        assert!(fetch(&ctr, &hip, 9099).starts_with(name), "round {round}: hairpin");
+        let r = fetch_udp(&w.outside, &hip, 9098, 40000);
+        assert!(r.starts_with(&format!("{name} ")), "round {round}: UDP from outside reached {r:?}");
+        exec("portmap", "CHECK", &id, &ctr).run(&pm).ok_silent();
+        exec("portmap", "DEL", &id, &ctr).run(&pm).ok_silent();
+        assert_eq!(fetch(&w.outside, &hip, 9099), "", "round {round}: nothing answers after DEL");
+        exec(ptp, "DEL", &id, &ctr).run(&ptp_conf).ok_silent();
+        assert_no_attachment_left(&w.host, &format!("round {round}: DEL after ptp"));
+    }
+}
