@@ -70,6 +70,18 @@ fn is_gone(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ESRCH))
 }
 
+/// Whether `path` is a descriptor's link in `/proc`: `/proc/<pid>/fd/<n>` or
+/// `/proc/<pid>/task/<tid>/fd/<n>`, decimal digits only.
+fn descriptor_link(path: &str) -> bool {
+    let digits = |s: &str| (1..=10).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = path.strip_prefix("/proc/") else { return false };
+    match rest.split('/').collect::<Vec<_>>().as_slice() {
+        [pid, "fd", fd] => digits(pid) && digits(fd),
+        [pid, "task", tid, "fd", fd] => digits(pid) && digits(tid) && digits(fd),
+        _ => false,
+    }
+}
+
 impl Probe {
     fn found(self) -> Option<NetNs> {
         match self {
@@ -139,6 +151,41 @@ impl NetNs {
             }
         };
         Self::open_checked(Path::new(path), nofollow).map(Probe::found)
+    }
+
+    /// A namespace file another process holds open, looked at through its descriptor's link
+    /// in `/proc`: `/proc/<pid>/fd/<n>` or `/proc/<pid>/task/<tid>/fd/<n>` (decimal digits;
+    /// any other shape is refused). The link is followed with `O_PATH`, so the file itself is
+    /// not opened (a FIFO or a device behind it never is), and it is used only when on nsfs and
+    /// a network namespace (see [`NetNs::open`]). `Ok(None)`: the descriptor was closed or its
+    /// process is gone, or its file is no network namespace (another filesystem, another
+    /// namespace type). `Err`: cannot tell.
+    pub fn open_descriptor(path: &str) -> Result<Option<NetNs>> {
+        if !descriptor_link(path) {
+            return Err(CniError::io(format!(
+                "refusing to open {path:?}: only /proc/<pid>/fd/<n> and /proc/<pid>/task/<tid>/fd/<n> are opened"
+            )));
+        }
+        let p = Path::new(path);
+        let fail = |why: &dyn std::fmt::Display| {
+            CniError::io(format!("failed to open the namespace behind descriptor {path}: {why}"))
+        };
+        let file = match open_o_path(p, false) {
+            Ok(f) => f,
+            Err(e) if is_gone(&e) => return Ok(None),
+            Err(e) => return Err(fail(&e)),
+        };
+        if !on_nsfs(&file).map_err(|e| fail(&e))? {
+            return Ok(None);
+        }
+        let fd_path = format!("/proc/thread-self/fd/{}", file.as_raw_fd());
+        let real = File::open(&fd_path).map_err(|e| fail(&format_args!("reopen through {fd_path}: {e}")))?;
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `real` keeps open.
+        let nstype = unsafe { libc::ioctl(real.as_raw_fd(), libc::NS_GET_NSTYPE) };
+        if nstype >= 0 && nstype != libc::CLONE_NEWNET {
+            return Ok(None);
+        }
+        Self::probe(real, p).map(Probe::found).map_err(|e| fail(&e))
     }
 
     /// Open what is at `path` with `O_PATH` (optionally not following a symlink there), and
@@ -491,6 +538,56 @@ mod tests {
         let file = format!("{path}-file");
         std::fs::write(&file, b"").unwrap();
         assert!(NetNs::open_recorded(&file).unwrap().is_none());
+    }
+
+    /// What a process holds open, looked at through its descriptors' links: our own network
+    /// namespace is found; a FIFO (never opened, so no wait for a writer), a regular file, a
+    /// namespace of another type and a closed descriptor are no network namespace; links of
+    /// other shapes are refused.
+    #[test]
+    fn namespaces_held_by_descriptors() {
+        use std::os::fd::AsRawFd;
+        let pid = std::process::id();
+        let link = |f: &dyn AsRawFd| format!("/proc/{pid}/fd/{}", f.as_raw_fd());
+        let net = File::open("/proc/thread-self/ns/net").unwrap();
+        let found = NetNs::open_descriptor(&link(&net)).unwrap().expect("our network namespace");
+        assert!(found.same_as(&NetNs::current().unwrap()));
+        // `<pid>/task/<tid>`
+        let task = std::fs::read_link("/proc/thread-self").unwrap();
+        let via_task = format!("/proc/{}/fd/{}", task.display(), net.as_raw_fd());
+        assert!(via_task.starts_with(&format!("/proc/{pid}/task/")), "{via_task}");
+        assert!(NetNs::open_descriptor(&via_task).unwrap().expect("through the thread").same_as(&found));
+
+        let d = Scratch::new("descriptors");
+        let fifo = d.0.join("fifo");
+        mkfifo(&fifo);
+        // held without being opened (an open would wait for a writer)
+        let held_fifo = open_o_path(&fifo, true).unwrap();
+        assert!(NetNs::open_descriptor(&link(&held_fifo)).unwrap().is_none(), "a FIFO");
+        let file = File::create(d.0.join("file")).unwrap();
+        assert!(NetNs::open_descriptor(&link(&file)).unwrap().is_none(), "a regular file");
+        let uts = File::open("/proc/thread-self/ns/uts").unwrap();
+        assert!(NetNs::open_descriptor(&link(&uts)).unwrap().is_none(), "a namespace of another type");
+        let closed = link(&net);
+        drop(net);
+        drop(found);
+        assert!(NetNs::open_descriptor(&closed).unwrap().is_none(), "a closed descriptor");
+
+        for bad in [
+            "/proc/self/fd/0",
+            "/proc/thread-self/fd/0",
+            "/proc/1/fd/",
+            "/proc/1/fd/x",
+            "/proc/1/ns/net",
+            "/proc/1/fd/0/",
+            "/proc/1/task/1/fd",
+            "/proc/1/../1/fd/0",
+            "/run/netns/x",
+            "",
+        ] {
+            let e = NetNs::open_descriptor(bad).unwrap_err();
+            assert!(e.msg.contains("refusing to open"), "{bad:?}: {}", e.msg);
+        }
     }
 
     #[test]

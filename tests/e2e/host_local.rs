@@ -1087,6 +1087,40 @@ fn a_namespace_held_only_by_an_open_descriptor_is_not_reclaimed_until_it_is_clos
     assert_eq!(reservations(&net), [("10.1.2.2".to_string(), "new\r\neth0".to_string())]);
 }
 
+/// Namespace inode numbers are handed out lowest-free-first: a namespace made after a pod's was
+/// freed often gets its number, and whoever holds the new one (an agent, a test, another pod's
+/// runtime) must not keep the dead pod's reservation alive. Here the record is pointed at a
+/// live namespace held only by this test's descriptor (its inode, the dead pod's cookie): the
+/// descriptor's file is looked at, is another namespace, and the reservation is released.
+#[test]
+fn a_later_namespace_with_the_dead_ones_inode_number_does_not_keep_it_alive() {
+    let d = TempDir::new("hl");
+    let c = conf("1.1.0", d.path(), json!({"subnet": "10.1.2.0/30"})); // one address: .2
+    let net = d.path().join("mynet");
+    let pod = PodNetns::new("hlre");
+    hl_at("ADD", "dead", pod.path()).run_json(&c).success();
+    let pod_path = pod.path().to_string();
+    // the later namespace, held by a descriptor of this process only
+    let later = PodNetns::new("hlre");
+    let held = std::fs::File::open(later.path()).unwrap();
+    let later_ino = held.metadata().unwrap().ino();
+    later.delete();
+    let record = net.join(".host-local-ns/10.1.2.2");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let netns_line = text.lines().find(|l| l.starts_with("netns ")).expect("a netns line").to_string();
+    let fields: Vec<&str> = netns_line.split(' ').collect();
+    assert_eq!(fields[3], pod_path, "{netns_line}");
+    let pointed = format!("netns {later_ino} {} {}", fields[2], fields[3]);
+    std::fs::write(&record, text.replace(&netns_line, &pointed)).unwrap();
+    pod.delete();
+    let newcomer = PodNetns::new("hlre");
+    let out = hl_at("ADD", "new", newcomer.path()).run_json(&c).success();
+    assert_eq!(result_ips(&out.json()), ["10.1.2.2"]);
+    assert!(out.stderr.contains("released 10.1.2.2 of container dead interface eth0"), "{}", out.stderr);
+    assert_eq!(reservations(&net), [("10.1.2.2".to_string(), "new\r\neth0".to_string())]);
+    drop(held);
+}
+
 #[test]
 fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_namespaces() {
     let cycles: usize = std::env::var("CNI_HL_CHURN_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(240);

@@ -9,11 +9,13 @@
 //!   process is in it, no nsfs bind mount of it exists in any mount namespace that has a
 //!   process, and no process holds it open (a descriptor in `/proc/<pid>/fd`, or in the table
 //!   of a thread that has its own: a `net:[<ino>]` link, or a link showing a path whose
-//!   `fdinfo` names the inode). A mount, thread or descriptor whose identity cannot be
-//!   confirmed (another mount namespace; a descriptor, which is only `readlink`-ed, never
-//!   opened, so its inode alone counts) counts as holding it, and so does a scan that cannot be
-//!   made (`/proc` unreadable, an unexpected error, more than 2^20 descriptors). Processes even
-//!   root may not look at (`EACCES`, `EPERM`) are not seen.
+//!   `fdinfo` names the inode, and whose file, looked at through the link with `O_PATH`, is
+//!   that very namespace: inode numbers are handed out lowest-free-first, so a namespace made
+//!   after the recorded one was freed often has its number, and tests and agents keep their
+//!   namespaces open). A mount or descriptor whose identity cannot be confirmed (a mount in
+//!   another mount namespace; a descriptor that cannot be looked at) counts as holding it, and
+//!   so does a scan that cannot be made (`/proc` unreadable, an unexpected error, more than
+//!   2^20 descriptors). Processes even root may not look at (`EACCES`, `EPERM`) are not seen.
 //!
 //! Everything else is alive: a reservation without a record (made by upstream or by an older
 //! build), a record that no longer belongs to the reservation file, any error.
@@ -34,7 +36,7 @@ use cni_common::nsident::{ident, NsIdent};
 
 use std::collections::HashMap;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What ADD records for CNI_NETNS: its identity and its path (empty when the path cannot be
 /// recorded). `None` when the namespace cannot be looked at (nothing is recorded then, and the
@@ -118,8 +120,8 @@ struct Refs {
     blind: Option<String>,
     tasks: HashMap<u64, Vec<u32>>,
     mounts: HashMap<u64, Vec<Option<String>>>,
-    /// Namespaces open descriptors hold ([`fd_holders`]); `None` until first needed.
-    fds: Option<std::result::Result<HashMap<u64, Vec<u32>>, String>>,
+    /// Namespaces open descriptors may hold ([`fd_holders`]); `None` until first needed.
+    fds: Option<std::result::Result<HashMap<u64, Vec<Holder>>, String>>,
 }
 
 /// The inode in a `net:[<ino>]` link or mountinfo root.
@@ -200,16 +202,24 @@ fn fdinfo_ino(text: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix("ino:")).and_then(|v| v.trim().parse().ok())
 }
 
-/// Add what the descriptors in directory `dir` (`…/fd` of process or thread `who`) hold to
+/// A descriptor that may hold a namespace: the process or thread whose table has it, and its
+/// link in `/proc` (through which [`Refs::holds`] looks at the file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holder {
+    who: u32,
+    link: PathBuf,
+}
+
+/// Add what the descriptors in directory `dir` (`…/fd` of process or thread `who`) may hold to
 /// `out`, by inode, looking at most `budget` descriptors. Each link is read (`readlink`); for
 /// one that shows a path, the inode number comes from the descriptor's `fdinfo` (its file
-/// could be a namespace file opened through a bind mount). The descriptor's file itself is
-/// never opened or looked up. A path's inode may belong to any filesystem: a number equal to a
-/// namespace's by chance makes that namespace count as held, never the other way round.
+/// could be a namespace file opened through a bind mount). The descriptor's file itself is not
+/// opened or looked up here. A path's inode may belong to any filesystem, a `net:[…]` one to a
+/// later namespace that got the number: only a candidate, which [`Refs::holds`] confirms.
 fn scan_fd_dir(
     dir: &Path,
     who: u32,
-    out: &mut HashMap<u64, Vec<u32>>,
+    out: &mut HashMap<u64, Vec<Holder>>,
     budget: &mut usize,
 ) -> std::result::Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
@@ -252,7 +262,7 @@ fn scan_fd_dir(
                 }
             }
         };
-        out.entry(ino).or_default().push(who);
+        out.entry(ino).or_default().push(Holder { who, link: ent.path() });
     }
     Ok(())
 }
@@ -264,7 +274,7 @@ fn scan_fd_dir(
 /// threads and descriptors that go away meanwhile are skipped. `Err(why)`: cannot tell
 /// (`proc`, a descriptor directory or an `fdinfo` cannot be read, more than `cap`
 /// descriptors).
-fn fd_holders(proc: &Path, cap: usize) -> std::result::Result<HashMap<u64, Vec<u32>>, String> {
+fn fd_holders(proc: &Path, cap: usize) -> std::result::Result<HashMap<u64, Vec<Holder>>, String> {
     let mut out = HashMap::new();
     let mut budget = cap;
     let pids = numeric_entries(proc).map_err(|e| format!("cannot read {}: {e}", proc.display()))?;
@@ -279,7 +289,7 @@ fn fd_holders(proc: &Path, cap: usize) -> std::result::Result<HashMap<u64, Vec<u
 fn process_fd_holders(
     proc: &Path,
     pid: u32,
-    out: &mut HashMap<u64, Vec<u32>>,
+    out: &mut HashMap<u64, Vec<Holder>>,
     budget: &mut usize,
 ) -> std::result::Result<(), String> {
     let base = proc.join(pid.to_string());
@@ -337,6 +347,17 @@ fn nsfs_mounts(text: &str) -> Vec<(u64, String)> {
 fn read_mounts(path: &str) -> io::Result<String> {
     let mut f = std::fs::File::open(path)?;
     Ok(String::from_utf8_lossy(&read_capped(&mut f, MOUNTINFO_CAP)?).into_owned())
+}
+
+/// Whether what was opened to confirm a holder is the namespace `id`: a namespace whose
+/// identity (inode and cookie) is `id`'s, or one that cannot be told (counts as held). Gone
+/// meanwhile, or not a network namespace: no.
+fn confirms(opened: cni_common::Result<Option<NetNs>>, id: NsIdent) -> bool {
+    match opened {
+        Ok(Some(ns)) => ident(&ns).map_or(true, |now| !now.differs(&id)),
+        Ok(None) => false,
+        Err(_) => true,
+    }
 }
 
 impl Refs {
@@ -408,25 +429,27 @@ impl Refs {
         if self.blind.is_some() {
             return true;
         }
-        let same = |path: &str| match NetNs::open_recorded(path) {
-            Ok(Some(ns)) => ident(&ns).map_or(true, |now| !now.differs(&id)),
-            Ok(None) => false, // gone meanwhile
-            Err(_) => true,
-        };
-        let by_task =
-            self.tasks.get(&id.ino).into_iter().flatten().any(|tid| same(&format!("/proc/{tid}/ns/net")));
+        let by_task = self
+            .tasks
+            .get(&id.ino)
+            .into_iter()
+            .flatten()
+            .any(|tid| confirms(NetNs::open_recorded(&format!("/proc/{tid}/ns/net")), id));
         let by_mount = || {
             self.mounts.get(&id.ino).into_iter().flatten().any(|point| match point {
-                Some(p) => same(p), // a path of another shape: cannot tell, so held
+                Some(p) => confirms(NetNs::open_recorded(p), id), // another shape: cannot tell, so held
                 None => true,
             })
         };
         if by_task || by_mount() {
             return true;
         }
-        // A descriptor's namespace cannot be confirmed without opening it: its inode counts.
         match self.fds.get_or_insert_with(|| fd_holders(Path::new("/proc"), FD_LINKS_CAP)) {
-            Ok(held) => held.contains_key(&id.ino),
+            Ok(held) => held
+                .get(&id.ino)
+                .into_iter()
+                .flatten()
+                .any(|h| confirms(NetNs::open_descriptor(&h.link.to_string_lossy()), id)),
             Err(_) => true,
         }
     }
@@ -435,6 +458,7 @@ impl Refs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
 
     #[test]
@@ -476,10 +500,11 @@ bogus line without separator";
     #[test]
     fn descriptors_are_found_in_the_process_table_and_in_a_threads_own_table() {
         let proc = Path::new("/proc");
-        let scan = |pid: u32| {
+        // who holds `ino`, by the scan of process `pid`
+        let scan = |pid: u32, ino: u64| -> Vec<u32> {
             let (mut out, mut budget) = (HashMap::new(), FD_LINKS_CAP);
             process_fd_holders(proc, pid, &mut out, &mut budget).unwrap();
-            out
+            out.remove(&ino).unwrap_or_default().into_iter().map(|h| h.who).collect()
         };
         let ino = ident(&NetNs::current().unwrap()).unwrap().ino;
         let (pid, _) = me();
@@ -491,9 +516,9 @@ bogus line without separator";
             let _ = stop_rx.recv();
         });
         let shared_tid = shared_rx.recv().unwrap();
-        let before = scan(pid).remove(&ino).unwrap_or_default();
+        let before = scan(pid, ino);
         let held = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-        let with = scan(pid).remove(&ino).unwrap_or_default();
+        let with = scan(pid, ino);
         assert_eq!(
             with.iter().filter(|w| **w == pid).count(),
             before.iter().filter(|w| **w == pid).count() + 1
@@ -504,7 +529,7 @@ bogus line without separator";
         let own = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES).unwrap();
             let _held = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-            (me().1, scan(pid).remove(&ino).unwrap_or_default())
+            (me().1, scan(pid, ino))
         });
         let (tid, holders) = own.join().unwrap();
         assert!(holders.contains(&tid), "{tid} in {holders:?}");
@@ -539,7 +564,8 @@ bogus line without separator";
         let held = std::fs::File::open(&path).unwrap();
         let (mut out, mut budget) = (HashMap::new(), FD_LINKS_CAP);
         process_fd_holders(Path::new("/proc"), pid, &mut out, &mut budget).unwrap();
-        assert_eq!(out.get(&ino), Some(&vec![pid]));
+        let holder = Holder { who: pid, link: PathBuf::from(format!("/proc/{pid}/fd/{}", held.as_raw_fd())) };
+        assert_eq!(out.get(&ino), Some(&vec![holder]));
         drop(held);
     }
 
@@ -557,8 +583,35 @@ bogus line without separator";
         assert!(refs.holds(made_up), "descriptors that could not be read: doubt");
         let mut refs = Refs { blind: Some("cannot read /proc".into()), ..Refs::default() };
         assert!(refs.holds(made_up), "threads and mounts that could not be read: doubt");
-        // a descriptor's inode counts (it cannot be confirmed without opening it)
-        let mut refs = Refs { fds: Some(Ok(HashMap::from([(1, vec![7])]))), ..Refs::default() };
+        // a descriptor that cannot be looked at counts (a link of another shape stands for it)
+        let odd = Holder { who: 7, link: PathBuf::from("/proc/7/cwd") };
+        let mut refs = Refs { fds: Some(Ok(HashMap::from([(1, vec![odd])]))), ..Refs::default() };
         assert!(refs.holds(made_up));
+    }
+
+    /// A descriptor whose inode number is the recorded namespace's but whose file is something
+    /// else holds nothing: a regular file, or a later namespace that got the number (the same
+    /// inode, another cookie); one that is the namespace holds it.
+    #[test]
+    fn a_descriptor_holds_a_namespace_only_when_its_file_is_that_namespace() {
+        let pid = me().0;
+        let here = ident(&NetNs::current().unwrap()).unwrap();
+        let net = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create(d.path().join("f")).unwrap();
+        let link = |f: &std::fs::File| PathBuf::from(format!("/proc/{pid}/fd/{}", f.as_raw_fd()));
+        let refs_with = |f: &std::fs::File| Refs {
+            fds: Some(Ok(HashMap::from([(here.ino, vec![Holder { who: pid, link: link(f) }])]))),
+            ..Refs::default()
+        };
+        assert!(refs_with(&net).holds(here), "the namespace itself");
+        assert!(!refs_with(&file).holds(here), "a regular file with that inode number");
+        if here.cookie != 0 {
+            let later = NsIdent { ino: here.ino, cookie: here.cookie + 1 };
+            assert!(!refs_with(&net).holds(later), "another namespace that got the number");
+        }
+        let mut closed = refs_with(&net);
+        drop(net);
+        assert!(!closed.holds(here), "a descriptor closed meanwhile");
     }
 }
