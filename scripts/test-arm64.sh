@@ -14,7 +14,7 @@
 #     scratch namespaces, every spec version), and the bridge tests that use only links,
 #     addresses and routes (ARM64_BRIDGE_TESTS below: bridge + host-local ADD/CHECK/DEL of every
 #     version and family, pings between two containers, L2, DNS, port flags, bad input), but
-#     host-local's two tests that need netns cookies (ARM64_NO_COOKIE_TESTS below, named when run).
+#     host-local's four tests that need netns cookies (ARM64_NO_COOKIE_TESTS below, named when run).
 # What cannot run under qemu-user (the kernel is the same x86_64 one; the limits are qemu's
 # translation of netlink, linux-user/syscall.c): NETLINK_NETFILTER sockets are refused
 # (EPROTONOSUPPORT), so nothing that uses nf_tables or conntrack — portmap, bridge's ipMasq and
@@ -92,6 +92,8 @@ ARM64_BRIDGE_TESTS=(
 ARM64_NO_COOKIE_TESTS=(
     add_records_the_namespace_beside_each_reservation
     churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_namespaces
+    a_later_namespace_with_the_dead_ones_inode_number_does_not_keep_it_alive
+    status_counts_a_provably_dead_reservation_as_room
 )
 for t in "${ARM64_NO_COOKIE_TESTS[@]}"; do
     echo "test-arm64: not run under qemu (no netns cookie there; run by the amd64 suite): host_local::$t"
