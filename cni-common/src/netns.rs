@@ -41,6 +41,9 @@ enum Probe {
     NotANamespace,
     /// Nothing at the path.
     Missing,
+    /// A namespace of another type (mount, uts, …): a caller mistake rather than a vanished
+    /// netns, an error wherever a network namespace is looked for.
+    OtherType,
 }
 
 /// Open `path` with `O_PATH`: no open(2) side effect of the file itself happens (a FIFO does
@@ -82,11 +85,17 @@ fn descriptor_link(path: &str) -> bool {
     }
 }
 
+/// Why [`Probe::OtherType`] is an error.
+const OTHER_TYPE: &str = "a namespace file, but not a network namespace";
+
 impl Probe {
-    fn found(self) -> Option<NetNs> {
+    /// The namespace, `None` when there is none (gone, not a namespace file), an error for a
+    /// namespace of another type.
+    fn found(self) -> io::Result<Option<NetNs>> {
         match self {
-            Probe::NetNs(ns) => Some(ns),
-            Probe::NotANamespace | Probe::Missing => None,
+            Probe::NetNs(ns) => Ok(Some(ns)),
+            Probe::NotANamespace | Probe::Missing => Ok(None),
+            Probe::OtherType => Err(io::Error::new(io::ErrorKind::InvalidInput, OTHER_TYPE)),
         }
     }
 }
@@ -104,6 +113,7 @@ impl NetNs {
             Probe::NetNs(ns) => return Ok(ns),
             Probe::NotANamespace => "not a network namespace (nsfs) file",
             Probe::Missing => "No such file or directory",
+            Probe::OtherType => OTHER_TYPE,
         };
         Err(CniError::io(format!("failed to open network namespace {}: {why}", path.display())))
     }
@@ -112,7 +122,7 @@ impl NetNs {
     /// (ENOENT/ENOTDIR) or is no longer a namespace (the bind mount was removed and only the
     /// empty mount point is left). DEL uses this to treat a vanished netns as success.
     pub fn open_if_exists(path: impl AsRef<Path>) -> Result<Option<NetNs>> {
-        Self::open_checked(path.as_ref(), false).map(Probe::found)
+        Self::found_at(path.as_ref(), Self::open_checked(path.as_ref(), false)?)
     }
 
     /// Open a namespace path read back from a record (an element comment, a file of a store):
@@ -150,7 +160,7 @@ impl NetNs {
                 false // the magic link of /proc/<pid>/ns/net must be followed
             }
         };
-        Self::open_checked(Path::new(path), nofollow).map(Probe::found)
+        Self::found_at(Path::new(path), Self::open_checked(Path::new(path), nofollow)?)
     }
 
     /// A namespace file another process holds open, looked at through its descriptor's link
@@ -166,26 +176,17 @@ impl NetNs {
                 "refusing to open {path:?}: only /proc/<pid>/fd/<n> and /proc/<pid>/task/<tid>/fd/<n> are opened"
             )));
         }
-        let p = Path::new(path);
-        let fail = |why: &dyn std::fmt::Display| {
-            CniError::io(format!("failed to open the namespace behind descriptor {path}: {why}"))
-        };
-        let file = match open_o_path(p, false) {
-            Ok(f) => f,
-            Err(e) if is_gone(&e) => return Ok(None),
-            Err(e) => return Err(fail(&e)),
-        };
-        if !on_nsfs(&file).map_err(|e| fail(&e))? {
-            return Ok(None);
-        }
-        let fd_path = format!("/proc/thread-self/fd/{}", file.as_raw_fd());
-        let real = File::open(&fd_path).map_err(|e| fail(&format_args!("reopen through {fd_path}: {e}")))?;
-        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `real` keeps open.
-        let nstype = unsafe { libc::ioctl(real.as_raw_fd(), libc::NS_GET_NSTYPE) };
-        if nstype >= 0 && nstype != libc::CLONE_NEWNET {
-            return Ok(None);
-        }
-        Self::probe(real, p).map(Probe::found).map_err(|e| fail(&e))
+        Ok(match Self::open_checked(Path::new(path), false)? {
+            Probe::NetNs(ns) => Some(ns),
+            Probe::NotANamespace | Probe::Missing | Probe::OtherType => None,
+        })
+    }
+
+    /// [`Probe::found`] of what was opened at `path`, its error naming the path.
+    fn found_at(path: &Path, probe: Probe) -> Result<Option<NetNs>> {
+        probe
+            .found()
+            .map_err(|e| CniError::io(format!("failed to open network namespace {}: {e}", path.display())))
     }
 
     /// Open what is at `path` with `O_PATH` (optionally not following a symlink there), and
@@ -216,8 +217,8 @@ impl NetNs {
         };
         let file = File::from(fd.try_clone_to_owned().map_err(|e| fail(&e))?);
         Self::probe(file, &path)
+            .and_then(Probe::found)
             .map_err(|e| fail(&e))?
-            .found()
             .ok_or_else(|| fail(&"not a network namespace (nsfs) file"))
     }
 
@@ -231,7 +232,10 @@ impl NetNs {
             CniError::io(format!("failed to open network namespace {THREAD_NETNS}: {why}"))
         };
         let file = File::open(path).map_err(|e| fail(&e))?;
-        Self::probe(file, path).map_err(|e| fail(&e))?.found().ok_or_else(|| fail(&"not on nsfs"))
+        Self::probe(file, path)
+            .and_then(Probe::found)
+            .map_err(|e| fail(&e))?
+            .ok_or_else(|| fail(&"not on nsfs"))
     }
 
     /// The network namespace a socket belongs to (the one it was created in), as the kernel
@@ -250,8 +254,8 @@ impl NetNs {
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
         let file = File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
         Self::probe(file, &path)
+            .and_then(Probe::found)
             .map_err(|e| fail(&e))?
-            .found()
             .ok_or_else(|| fail(&"not a network namespace (nsfs) file"))
     }
 
@@ -266,9 +270,8 @@ impl NetNs {
         Ok(NetNs { file, path: self.path.clone(), id: self.id })
     }
 
-    /// Classify an open (not `O_PATH`) file: a network namespace, some other file, or (error) a
-    /// namespace of another type (mount, uts, …), which is a caller mistake rather than a
-    /// vanished netns.
+    /// Classify an open (not `O_PATH`) file: a network namespace, a namespace of another type
+    /// (mount, uts, …) or some other file.
     fn probe(file: File, path: &Path) -> io::Result<Probe> {
         if !on_nsfs(&file)? {
             return Ok(Probe::NotANamespace);
@@ -279,10 +282,7 @@ impl NetNs {
         // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
         let nstype = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
         if nstype >= 0 && nstype != libc::CLONE_NEWNET {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a namespace file, but not a network namespace",
-            ));
+            return Ok(Probe::OtherType);
         }
         let meta = file.metadata()?;
         Ok(Probe::NetNs(NetNs { id: (meta.dev(), meta.ino()), file, path: path.to_path_buf() }))
