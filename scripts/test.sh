@@ -11,6 +11,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 scripts/install-deps.sh
+# Today's upstream (containernetworking/plugins, pinned) built from its Go module into
+# target/peers/: the first peer of the side-by-side tests; Debian's 1.1.1 is the second.
+scripts/install-peers.sh
 
 # Tests skipped because this kernel lacks a feature (cni_tests::skip_unless) are recorded here
 # and listed at the end, pass or fail: nextest hides the output of passing tests. Features these
