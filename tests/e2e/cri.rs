@@ -995,6 +995,7 @@ fn cri2_status_drives_network_ready_and_follows_our_exhaustion_policy() {
             let (ida, ipa) = node.run_pod(&ca);
             assert_eq!(ipa, "10.244.3.10");
             let (ready, why) = node.network_ready();
+            eprintln!("reportExhaustionInStatus={report}, pool full: NetworkReady={ready} {why:?}");
             let full_status: Vec<Call> = node
                 .calls()
                 .into_iter()
@@ -1338,5 +1339,220 @@ fn critest_networking_passes_as_on_upstream() {
     let ours = critest_networking(false);
     let upstream = critest_networking(true);
     assert_eq!(ours, upstream, "critest's Networking specs: ours vs upstream v1.10.0");
+    HostSnapshot::assert_unchanged_since(&machine, &tokens);
+}
+
+/// The kubelet's view of the node's runtime, from its log at -v=4: the last "Container runtime
+/// status" line (it lists RuntimeReady and NetworkReady).
+fn kubelet_runtime_status(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().rev().find(|l| l.contains("Container runtime status")).map(str::to_string)
+}
+
+/// A real kubelet (k8s.io/kubernetes v1.37.2, standalone: no API server) runs a static pod
+/// through containerd 2.4.2's CRI and the page's hostPort + bandwidth conflist at 1.1.0: the
+/// pod is reached through its host port and shaped at 1 Mbit/s both ways by the annotations,
+/// the kubelet reports the network ready, and removing the manifest leaves nothing.
+///
+/// Isolation: the kubelet runs in the sandbox (scratch host netns, private mount namespace);
+/// its root, pod logs, /var/log/containers and the kernel settings it writes
+/// (`/proc/sys/vm/overcommit_memory`, `kernel/panic`, `kernel/panic_on_oops`, `vm/panic_on_oom`,
+/// `kernel/keys/root_max*`) are scratch files bind-mounted in that namespace only; its cgroups
+/// per QoS class and node allocatable enforcement are off.
+#[test]
+fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
+    let rt = Runtime::v2();
+    let kubelet = cri::peer_dir("kubelet").join("kubelet");
+    let pod = cni_tests::unique("kub");
+    let tokens = [pod.as_str()];
+    let machine = HostSnapshot::take(&tokens);
+    let sysctls = ["vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"];
+    let sysctls_before: Vec<String> =
+        sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
+    {
+        let sb = Sandbox::new(PluginSet::from_env());
+        let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+        let mut node = Node::start_on(&sb, rt.clone(), "k8s-hostport-bandwidth.conflist");
+        let k = sb.dir.join("kubelet");
+        let manifests = k.join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        std::fs::create_dir_all(k.join("varlog")).unwrap();
+        sb.must("mount", &["--bind", k.join("varlog").to_str().unwrap(), "/var/log"]);
+        for s in [
+            "vm/overcommit_memory",
+            "vm/panic_on_oom",
+            "kernel/panic",
+            "kernel/panic_on_oops",
+            "kernel/keys/root_maxkeys",
+            "kernel/keys/root_maxbytes",
+        ] {
+            let f = k.join(format!("sysctl-{}", s.replace('/', "-")));
+            std::fs::write(&f, std::fs::read_to_string(format!("/proc/sys/{s}")).unwrap()).unwrap();
+            sb.must("mount", &["--bind", f.to_str().unwrap(), &format!("/proc/sys/{s}")]);
+        }
+        let config = k.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+fileCheckFrequency: 2s
+syncFrequency: 5s
+containerRuntimeEndpoint: unix://{sock}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+protectKernelDefaults: false
+address: 127.0.0.1
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+podLogsDir: {logs}
+resolvConf: \"\"
+localStorageCapacityIsolation: false
+",
+                manifests = manifests.display(),
+                sock = node.ctrd.socket.display(),
+                logs = k.join("podlogs").display(),
+            ),
+        )
+        .unwrap();
+        let log = k.join("kubelet.log");
+        let logf = std::fs::File::create(&log).unwrap();
+        let mut child = sb
+            .command(3600, kubelet.to_str().unwrap())
+            .arg(format!("--config={}", config.display()))
+            .arg(format!("--root-dir={}", k.join("root").display()))
+            .arg(format!("--hostname-override={pod}"))
+            .arg("--v=4")
+            .stdin(std::process::Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn kubelet");
+        struct Kill<'c>(&'c mut std::process::Child);
+        impl Drop for Kill<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let guard = Kill(&mut child);
+        let klog = || std::fs::read_to_string(&log).unwrap_or_default();
+        let mut last = None;
+        let ready = cni_tests::clients::poll(Duration::from_secs(120), || {
+            last = kubelet_runtime_status(&log);
+            last.as_deref().filter(|l| l.contains("NetworkReady=true")).map(str::to_string)
+        });
+        assert!(ready.is_some(), "the kubelet never saw NetworkReady=true: {last:?}\n{}", klog());
+
+        // the static pod: hostPort, the page's annotations at 1M both ways, busybox httpd
+        let manifest = manifests.join("web.yaml");
+        std::fs::write(
+            &manifest,
+            format!(
+                "apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+  namespace: default
+  annotations:
+    kubernetes.io/ingress-bandwidth: 1M
+    kubernetes.io/egress-bandwidth: 1M
+spec:
+  containers:
+  - name: web
+    image: {IMAGE}
+    imagePullPolicy: Never
+    command: [\"/bin/httpd\", \"-f\", \"-p\", \"{CONTAINER_PORT}\", \"-h\", \"/www\"]
+    ports:
+    - containerPort: {CONTAINER_PORT}
+      hostPort: {HOST_PORT}
+"
+            ),
+        )
+        .unwrap();
+        let via = format!("http://{HOST_ADDR}:{HOST_PORT}/");
+        let up = cni_tests::clients::poll(Duration::from_secs(180), || {
+            Sandbox::http_get(&sb.outside, &via).ok().filter(|p| p == PAGE)
+        });
+        assert!(up.is_some(), "the static pod never answered on its host port\n{}", klog());
+        let pods = node.cri.list_pod_sandbox().expect("ListPodSandbox");
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        let id = pods[0].id.clone();
+        let res = cached(&sb, &id);
+        let ip = cached_ip(&res);
+        let calls = node.calls();
+        let adds = calls_for(&calls, 0, &id, "ADD");
+        assert_chain_calls(&adds, &id, "ADD", &["bridge", "portmap", "bandwidth"], "1.1.0", "kubelet");
+        let bw = adds.iter().find(|c| c.plugin == "bandwidth").unwrap();
+        assert_eq!(
+            bw.stdin["runtimeConfig"]["bandwidth"],
+            json!({"IngressRate": 1_000_000, "IngressBurst": CRI_BURST, "EgressRate": 1_000_000, "EgressBurst": CRI_BURST}),
+            "what the kubelet's annotations become"
+        );
+        let veth = cached_host_veth(&res, BRIDGE);
+        let ifbs: Vec<String> = sb.host_links().into_iter().filter(|l| l.starts_with("bwp")).collect();
+        assert_eq!(ifbs.len(), 1, "{ifbs:?}");
+        let (in_rate, in_burst) = tbf(&sb, &veth);
+        let (out_rate, out_burst) = tbf(&sb, &ifbs[0]);
+        assert_eq!((in_rate * 8, out_rate * 8), (1_000_000, 1_000_000), "{}", sb.qdiscs());
+        let into_pod = shaped_rate_into(&sb, HOST_PORT, in_burst, 1_000_000);
+        let out_of_pod = shaped_rate_out_of(&sb, HOST_PORT, out_burst, 1_000_000);
+        eprintln!("kubelet pod at 1M both ways: measured {into_pod:.0} bit/s into it, {out_of_pod:.0} bit/s out of it");
+        for (what, r) in [("into the pod", into_pod), ("out of the pod", out_of_pod)] {
+            assert!(r < 1.5e6, "{what}: {r:.0} bit/s with a limit of 1 Mbit/s: not shaped");
+        }
+        let st = kubelet_runtime_status(&log).unwrap_or_default();
+        assert!(st.contains("RuntimeReady=true") && st.contains("NetworkReady=true"), "{st}");
+
+        // the manifest removed: the kubelet stops the pod; nothing of ours is left
+        std::fs::remove_file(&manifest).unwrap();
+        let gone = cni_tests::clients::poll(Duration::from_secs(180), || {
+            let c = node.calls();
+            (calls_for(&c, 0, &id, "DEL").len() >= 4).then_some(())
+        });
+        assert!(
+            gone.is_some(),
+            "the kubelet did not stop the pod after the manifest was removed\n{}",
+            klog()
+        );
+        let links = cni_tests::clients::poll(Duration::from_secs(60), || {
+            let l: BTreeSet<String> = sb.host_links().into_iter().collect();
+            (l.len() == before.len() + 1).then_some(())
+        });
+        assert!(links.is_some(), "links left: {:?}", sb.host_links());
+        assert!(Sandbox::http_get(&sb.outside, &via).is_err(), "the host port still answers");
+        assert_eq!(reservations(&sb), Vec::<String>::new(), "reservations left");
+        let fw = sb.firewall_text();
+        assert!(!mentions_ip(&fw, &ip) && !fw.contains(&HOST_PORT.to_string()), "firewall left:\n{fw}");
+        assert!(!sb.qdiscs().contains("tbf"), "{}", sb.qdiscs());
+        let left: Vec<String> = sb.cache_entries().into_iter().filter(|e| e.contains(&id)).collect();
+        assert!(left.is_empty(), "libcni cache entries left: {left:?}");
+        let failed: Vec<String> =
+            node.calls().iter().filter(|c| c.rc != Some(0)).map(|c| c.summary()).collect();
+        assert!(failed.is_empty(), "calls failed: {failed:?}");
+        print_verbs(&rt, &node.calls());
+        drop(guard);
+        // the kubelet's own sandboxes are the CRI's to remove now that it is gone
+        for p in node.cri.list_pod_sandbox().expect("ListPodSandbox") {
+            node.live.push(p.id);
+        }
+        drop(node);
+    }
+    let sysctls_after: Vec<String> =
+        sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
+    assert_eq!(sysctls_after, sysctls_before, "the kubelet changed the machine's kernel settings");
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }
