@@ -1225,7 +1225,13 @@ fn crictl_dual_stack_pod_with_host_ip_port_mappings() {
         page(format!("http://{HOST_ADDR}:{HOST_PORT}/"));
         page(format!("http://{HOST_ADDR}:{}/", HOST_PORT + 1));
         page(format!("http://[{}]:{}/", cni_tests::clients::HOST_ADDR6, HOST_PORT + 1));
-        page(format!("http://[{ip6}]:{CONTAINER_PORT}/"));
+        for url in [format!("http://[{ip6}]:{CONTAINER_PORT}/"), format!("http://{ip4}:{CONTAINER_PORT}/")] {
+            assert_eq!(
+                Sandbox::http_get(&sb.host, &url).as_deref(),
+                Ok(PAGE),
+                "the pod's own address from the host"
+            );
+        }
         assert!(
             Sandbox::http_get(&sb.host, &format!("http://127.0.0.1:{HOST_PORT}/")).is_err(),
             "the port bound to hostIP {HOST_ADDR} must not answer on 127.0.0.1"
