@@ -1285,6 +1285,11 @@ fn critest_networking(upstream: bool) -> BTreeSet<String> {
         use_upstream_v1_10(&sb);
     }
     let before: BTreeSet<String> = sb.host_links().into_iter().collect();
+    // A node as Kubernetes runs it: kube-proxy's chains (tests/src/kubeproxy.rs, one service).
+    // The page's hostport list names its KUBE-MARK-MASQ as externalSetMarkChain: upstream's
+    // portmap fails ADD without that chain and relies on KUBE-POSTROUTING to masquerade the
+    // marked 127.0.0.1 host-port traffic (ours masquerades on its own, without marks).
+    cni_tests::kubeproxy::load(&sb.host, 1);
     let mut node = Node::start_on(&sb, rt.clone(), "k8s-hostport.conflist");
     // critest's commands: top (the busybox image's default container), hostname, cat
     let rootfs = sb.dir.join("rootfs");
