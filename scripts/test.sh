@@ -12,7 +12,9 @@ fi
 
 scripts/install-deps.sh
 # Today's upstream (containernetworking/plugins, pinned) built from its Go module into
-# target/peers/: the first peer of the side-by-side tests; Debian's 1.1.1 is the second.
+# target/peers/: the first peer of the side-by-side tests; Debian's 1.1.1 is the second. And
+# today's callers, pinned: containerd 2.x, crictl/critest, a kubelet (tests/e2e/cri.rs). Every
+# group is built here, before the tests: one that cannot be built stops the run with one line.
 scripts/install-peers.sh
 
 # Tests skipped because this kernel lacks a feature (cni_tests::skip_unless) are recorded here

@@ -741,6 +741,7 @@ fn assert_status_calls(all: &[Call], chain: &[&str]) {
         assert_eq!(c.env("CNI_NETNS").unwrap_or(""), "", "STATUS has no netns: {}", c.summary());
         assert_eq!(c.rc, Some(0), "STATUS of {} failed: {}", c.summary(), c.stdout);
     }
+    eprintln!("a STATUS call: env {:?}, stdin {}", st[0].env, st[0].stdin);
     // one round = the list in order
     let first: Vec<&str> = st.iter().take(chain.len()).map(|c| c.plugin.as_str()).collect();
     assert_eq!(first, chain, "a STATUS round runs the list in order");
