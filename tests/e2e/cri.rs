@@ -1345,7 +1345,7 @@ fn critest_networking(upstream: bool) -> BTreeSet<String> {
 
 /// The `k8s.io` cgroups (one per hierarchy) containerd makes as the parent of pods whose
 /// caller gives no cgroup parent (critest with the cgroupfs driver, the kubelet without QoS
-/// cgroups). The tests remove those they caused once empty.
+/// cgroups).
 fn k8s_io_cgroups() -> BTreeSet<PathBuf> {
     let mut v: BTreeSet<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .map(|rd| rd.flatten().map(|e| e.path().join("k8s.io")).filter(|p| p.is_dir()).collect())
@@ -1357,16 +1357,58 @@ fn k8s_io_cgroups() -> BTreeSet<PathBuf> {
     v
 }
 
-/// Remove (rmdir: only if empty) the `k8s.io` cgroups that were not there `before`. One that a
-/// test running at the same time still uses stays, with a note.
-fn remove_k8s_io_cgroups(before: &BTreeSet<PathBuf>) {
-    for d in k8s_io_cgroups().difference(before) {
-        // cpu and cpuacct (net_cls, net_prio) may name one hierarchy: gone with the first
-        if !d.is_dir() {
-            continue;
+/// Held by each test whose pods land in the `k8s.io` cgroups: when the last one ends, those
+/// cgroups are removed (rmdir: only when empty) if a test of ours made them — a marker file
+/// says so, written by the test that found none. Tests in parallel hold a shared lock; the last
+/// one out gets the exclusive lock. A machine's own `k8s.io` (a real containerd) is never
+/// touched.
+struct K8sIoCgroups {
+    lock: std::fs::File,
+}
+
+const K8S_IO_LOCK: &str = "/tmp/cni-tests-k8s-io-cgroups.lock";
+const K8S_IO_OURS: &str = "/tmp/cni-tests-k8s-io-cgroups.ours";
+
+impl K8sIoCgroups {
+    fn enter() -> K8sIoCgroups {
+        use std::os::fd::AsRawFd;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(K8S_IO_LOCK)
+            .expect("open the k8s.io cgroup lock");
+        // SAFETY: flock(2) on a descriptor this function owns.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+        if k8s_io_cgroups().is_empty() {
+            std::fs::write(K8S_IO_OURS, "").expect("write the marker");
         }
-        if let Err(e) = std::fs::remove_dir(d) {
-            eprintln!("NOTE: {} stays ({e}): another test's pods are in it", d.display());
+        // SAFETY: as above; a conversion to shared.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) }, 0, "flock");
+        K8sIoCgroups { lock }
+    }
+}
+
+impl Drop for K8sIoCgroups {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on our own descriptor; fails while another test holds its share.
+        if unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return;
+        }
+        if !Path::new(K8S_IO_OURS).exists() {
+            return;
+        }
+        for d in k8s_io_cgroups() {
+            // cpu and cpuacct may name one hierarchy: gone with the first
+            if d.is_dir() {
+                if let Err(e) = std::fs::remove_dir(&d) {
+                    eprintln!("NOTE: {} stays: {e}", d.display());
+                }
+            }
+        }
+        if k8s_io_cgroups().is_empty() {
+            let _ = std::fs::remove_file(K8S_IO_OURS);
         }
     }
 }
@@ -1376,10 +1418,10 @@ fn remove_k8s_io_cgroups(before: &BTreeSet<PathBuf>) {
 fn critest_networking_passes_as_on_upstream() {
     let tokens = ["create-PodSandbox-with"];
     let machine = HostSnapshot::take(&tokens);
-    let cgroups = k8s_io_cgroups();
+    let cgroups = K8sIoCgroups::enter();
     let ours = critest_networking(false);
     let upstream = critest_networking(true);
-    remove_k8s_io_cgroups(&cgroups);
+    drop(cgroups);
     assert_eq!(ours, upstream, "critest's Networking specs: ours vs upstream v1.10.0");
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }
@@ -1410,7 +1452,7 @@ fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
     let machine = HostSnapshot::take(&tokens);
     let sysctls = ["vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"];
     let kubelet_dir_before = Path::new("/var/lib/kubelet").exists();
-    let cgroups = k8s_io_cgroups();
+    let cgroups = K8sIoCgroups::enter();
     let sysctls_before: Vec<String> =
         sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
     {
@@ -1613,7 +1655,7 @@ spec:
         }
         drop(node);
     }
-    remove_k8s_io_cgroups(&cgroups);
+    drop(cgroups);
     let sysctls_after: Vec<String> =
         sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
     assert_eq!(sysctls_after, sysctls_before, "the kubelet changed the machine's kernel settings");
