@@ -350,3 +350,56 @@ fn crio_sequence_on_upstream_v1_10() {
     let dir = peer_dir("plugins");
     crio_sequence(Some(&dir));
 }
+
+/// CRI-O fails the pod when the CHECK right after ADD fails, and tears its network down (the
+/// deferred networkStop): with a CHECK failure injected in front of portmap, the driver's
+/// run-pod fails and the DEL of the chain leaves nothing behind.
+#[test]
+fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
+    let w = World::new(None);
+    let spy = w.dir.join("spy");
+    std::fs::rename(spy.join("portmap"), spy.join("portmap.rec")).unwrap();
+    let script = format!(
+        "#!/bin/sh\nif [ \"$CNI_COMMAND\" = CHECK ]; then\n  cat >/dev/null\n  \
+         echo '{{\"cniVersion\":\"1.1.0\",\"code\":11,\"msg\":\"injected CHECK failure\"}}'\n  exit 1\nfi\n\
+         exec \"{}\"\n",
+        spy.join("portmap.rec").display()
+    );
+    std::fs::write(spy.join("portmap"), script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(spy.join("portmap"), std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let base_links = w.links();
+    w.must(&["start"]);
+    let pod = Netns::new("crp");
+    let from = w.calls().len();
+    let (rc, ev, err) =
+        w.driver(&["run-pod", "pod-x", pod.path_str(), &INGRESS_BPS.to_string(), &EGRESS_BPS.to_string()]);
+    assert_eq!(rc, 1, "the pod fails: {ev:?} {err}");
+    assert_eq!(ops(&ev), ["ADD pod-x", "CHECK pod-x", "DEL pod-x"]);
+    assert_eq!(
+        (ev[0]["ok"].clone(), ev[1]["ok"].clone(), ev[2]["ok"].clone()),
+        (json!(true), json!(false), json!(true))
+    );
+    assert!(ev[1]["error"].as_str().unwrap_or("").contains("injected CHECK failure"), "{}", ev[1]);
+    // the failed CHECK stopped at portmap (its wrapper records nothing); then DEL of the chain
+    assert_eq!(
+        verbs(&w.calls(), from),
+        seq(&[(FWD, "ADD", "pod-x"), (&["bridge"], "CHECK", "pod-x"), (REV, "DEL", "pod-x")])
+    );
+    let add = w.calls().into_iter().find(|c| c.plugin == "bandwidth" && c.command() == "ADD").unwrap();
+    assert_eq!(add.rc, Some(0), "bandwidth shaped the pod: {}", add.stdout);
+    assert_eq!(add.stdin["runtimeConfig"]["bandwidth"]["ingressRate"], json!(INGRESS_BPS));
+    assert_eq!(w.cache_entries(), BTreeSet::new());
+    assert_eq!(w.reservations(), BTreeSet::new());
+    let mut expected = base_links;
+    expected.insert(w.bridge.clone());
+    assert_eq!(w.links(), expected, "the pod's veth and ifb gone");
+    assert!(!w.qdiscs().contains("tbf"));
+    let state: Value = serde_json::from_slice(&std::fs::read(w.dir.join("state.json")).unwrap_or_default())
+        .unwrap_or(json!({"pods": []}));
+    assert!(
+        state["pods"].as_array().map(|p| p.is_empty()).unwrap_or(true),
+        "the runtime does not keep the pod: {state}"
+    );
+}
