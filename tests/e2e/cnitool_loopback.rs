@@ -123,6 +123,10 @@ fn upstream_cnitool_and_ours_share_attachments() {
     let upstream = upstream_cnitool();
     let ours = bin("cnitool");
     let w = World::new();
+    // every plugin call recorded, to show what libcni 1.1.2's cnitool sends
+    let spy = TempDir::new("spy");
+    let log = TempDir::new("calls");
+    cni_tests::cri::install_recorders(spy.path(), w.plugins.path(), log.path(), &["loopback"]);
     for (adder, deleter) in [(&ours, &upstream), (&upstream, &ours)] {
         let net = cni_tests::unique("loi");
         w.write_conflist(&net, "1.0.0");
@@ -130,7 +134,7 @@ fn upstream_cnitool_and_ours_share_attachments() {
         let run = |tool: &PathBuf, verb: &str| {
             let mut cmd = w.host.command(tool);
             cmd.args([verb, net.as_str(), ctr.path_str()])
-                .env("CNI_PATH", w.plugins.path())
+                .env("CNI_PATH", spy.path())
                 .env("NETCONFPATH", w.conf.path())
                 .env("CNI_CACHE_DIR", "/var/lib/cni");
             let out = cmd.output().unwrap();
@@ -142,6 +146,7 @@ fn upstream_cnitool_and_ours_share_attachments() {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
+        let from = cni_tests::cri::recorded(log.path()).len();
         run(adder, "add");
         assert!(ctr.link_is_up("lo"));
         run(deleter, "check");
@@ -152,5 +157,10 @@ fn upstream_cnitool_and_ours_share_attachments() {
             .into_iter()
             .collect();
         assert_eq!(leftovers.iter().sum::<usize>(), 0, "cache entry removed");
+        let calls = cni_tests::cri::recorded(log.path());
+        let verbs: Vec<(&str, Option<i32>)> = calls[from..].iter().map(|c| (c.command(), c.rc)).collect();
+        assert_eq!(verbs, [("ADD", Some(0)), ("CHECK", Some(0)), ("DEL", Some(0))], "{}", adder.display());
+        let check = &calls[from + 1];
+        assert_eq!(check.stdin["prevResult"]["cniVersion"], "1.0.0", "CHECK carries the cached result");
     }
 }
