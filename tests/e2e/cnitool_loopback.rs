@@ -97,8 +97,9 @@ fn gc_through_cnitool_deletes_cached_attachments() {
     let ctr = Netns::new("ctl");
     w.must(&tool, "add", "logc", &ctr);
     assert!(ctr.link_is_up("lo"));
-    // upstream cnitool semantics: gc sends an empty valid list, so the cached attachment is
-    // DELed first, then GC goes to the plugin
+    // as libcni 1.3's cnitool, every cached attachment of the network is DELed first; unlike it,
+    // ours then sends the plugins an explicit (empty) valid list, which they accept (libcni's
+    // sends none, which they refuse: tests/e2e/libcni13.rs)
     w.must(&tool, "gc", "logc", &ctr);
     assert!(!ctr.link_is_up("lo"));
     assert!(cache_files(&w.cache).is_empty());
