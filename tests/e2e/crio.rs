@@ -403,3 +403,40 @@ fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
         "the runtime does not keep the pod: {state}"
     );
 }
+
+/// CRI-O's start-up waits for STATUS: while our host-local's store is unusable (here a regular
+/// file where the network's directory belongs) STATUS fails with code 50, the node would stay
+/// NetworkReady=false and the start-up GC is not sent at all (CRI-O defers it until STATUS
+/// succeeds); once the store is repaired, start-up goes on: STATUS, then the GC.
+#[test]
+fn crio_start_up_waits_for_status_and_only_then_collects() {
+    let w = World::new(None);
+    let store = w.dir.join("data").join(&w.net);
+    std::fs::write(&store, "not a directory").unwrap();
+    let (rc, ev, err) = w.driver(&["-status-wait", "1", "start"]);
+    assert_eq!(rc, 1, "start-up never got ready: {ev:?} {err}");
+    let statuses: Vec<&Value> = ev.iter().filter(|e| e["op"] == "STATUS").collect();
+    assert!(!statuses.is_empty(), "{ev:?}");
+    for s in &statuses {
+        assert_eq!(s["ok"], false, "{s}");
+        assert!(s["error"].as_str().unwrap_or("").contains("not usable"), "our STATUS says why: {s}");
+    }
+    assert_eq!(ev.last().unwrap()["op"], "start", "{ev:?}");
+    let calls = w.calls();
+    assert!(calls.iter().all(|c| c.command() == "STATUS"), "nothing but STATUS before ready");
+    // libcni stops at the first plugin that fails: bridge, which forwards to host-local
+    let bridge_status: Vec<&Call> = calls.iter().filter(|c| c.plugin == "bridge").collect();
+    assert!(!bridge_status.is_empty());
+    for c in bridge_status {
+        assert_eq!(c.rc, Some(1), "{}", c.summary());
+        let e: Value = serde_json::from_str(&c.stdout).expect("a CNI error");
+        assert_eq!(e["code"], 50, "{e}");
+    }
+    assert!(!calls.iter().any(|c| c.plugin == "portmap"), "libcni stopped at the failing plugin");
+
+    std::fs::remove_file(&store).unwrap();
+    let from = w.calls().len();
+    let ev = w.must(&["start"]);
+    assert_eq!(ops(&ev), ["STATUS", "GC"]);
+    assert_eq!(verbs(&w.calls(), from), seq(&[(FWD, "STATUS", ""), (FWD, "GC", "")]));
+}
