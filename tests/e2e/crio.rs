@@ -440,3 +440,33 @@ fn crio_start_up_waits_for_status_and_only_then_collects() {
     assert_eq!(ops(&ev), ["STATUS", "GC"]);
     assert_eq!(verbs(&w.calls(), from), seq(&[(FWD, "STATUS", ""), (FWD, "GC", "")]));
 }
+
+/// On a restart CRI-O CHECKs every pod it knows and only logs a failure; the start-up GC still
+/// lists the pod as valid. A pod whose interface someone removed fails that CHECK (ours compares
+/// the kernel with the cached result), and GC keeps its address (the runtime's list is the
+/// truth); the pod's stop then releases everything.
+#[test]
+fn crio_restart_check_failure_is_a_warning_and_gc_keeps_the_listed_pod() {
+    let w = World::new(None);
+    w.must(&["start"]);
+    let pod = Netns::new("crp");
+    w.must(&["run-pod", "pod-d", pod.path_str()]);
+    let ip = w.cached_ip("pod-d");
+    pod.run("ip", &["link", "del", "eth0"]); // takes the host end with it
+    let from = w.calls().len();
+    let (rc, ev, err) = w.driver(&["start"]);
+    assert_eq!(rc, 0, "a failed CHECK does not stop the start-up: {ev:?} {err}");
+    assert_eq!(ops(&ev), ["STATUS", "CHECK pod-d", "GC"]);
+    assert_eq!(ev[1]["ok"], false, "{}", ev[1]);
+    assert!(err.contains("WARN could not restore sandbox IP for pod-d"), "{err}");
+    assert_eq!(ev[2]["ok"], true, "{}", ev[2]);
+    let calls = w.calls();
+    let check = calls[from..].iter().find(|c| c.command() == "CHECK").unwrap();
+    assert_eq!((check.plugin.as_str(), check.rc), ("bridge", Some(1)), "{}", check.stdout);
+    let gc = calls[from..].iter().find(|c| c.command() == "GC").unwrap();
+    assert_eq!(gc.stdin["cni.dev/valid-attachments"], json!([{"containerID": "pod-d", "ifname": "eth0"}]));
+    assert_eq!(w.reservations(), BTreeSet::from([ip]), "GC keeps what the runtime lists");
+    w.must(&["stop-pod", "pod-d"]);
+    assert_eq!(w.reservations(), BTreeSet::new());
+    assert_eq!(w.cache_entries(), BTreeSet::new());
+}
