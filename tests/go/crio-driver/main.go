@@ -205,7 +205,7 @@ func ctx(secs int) (context.Context, context.CancelFunc) {
 
 // fromCache is ocicni's loadNetworkFromCache: CHECK and DEL use the config and runtime conf
 // libcni cached at ADD, falling back to the network on disk.
-func fromCache(cni *libcni.CNIConfig, nets map[string]*libcni.NetworkConfigList, def *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*libcni.NetworkConfigList, *libcni.RuntimeConf) {
+func fromCache(cni *libcni.CNIConfig, def *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*libcni.NetworkConfigList, *libcni.RuntimeConf) {
 	bytes, cachedRt, err := cni.GetNetworkListCachedConfig(&libcni.NetworkConfigList{Name: def.Name}, rt)
 	if err == nil && bytes != nil {
 		if list, err := libcni.NetworkConfFromBytes(bytes); err == nil && len(list.Plugins) > 0 {
@@ -217,11 +217,11 @@ func fromCache(cni *libcni.CNIConfig, nets map[string]*libcni.NetworkConfigList,
 
 // podStatus is ocicni's GetPodNetworkStatus as CRI-O calls it: lo must be up, then CHECK of the
 // list (configs >= 0.4.0) and the cached result, which must exist.
-func podStatus(cni *libcni.CNIConfig, nets map[string]*libcni.NetworkConfigList, def *libcni.NetworkConfigList, p pod) error {
+func podStatus(cni *libcni.CNIConfig, def *libcni.NetworkConfigList, p pod) error {
 	if err := loUp(p.NetNS, false); err != nil {
 		return err
 	}
-	list, rt := fromCache(cni, nets, def, runtimeConf(p))
+	list, rt := fromCache(cni, def, runtimeConf(p))
 	c, cancel := ctx(*callSecs)
 	defer cancel()
 	err := cni.CheckNetworkList(c, list, rt)
@@ -254,8 +254,8 @@ func loUp(netns string, set bool) error {
 	return nil
 }
 
-func del(cni *libcni.CNIConfig, nets map[string]*libcni.NetworkConfigList, def *libcni.NetworkConfigList, p pod) error {
-	list, rt := fromCache(cni, nets, def, runtimeConf(p))
+func del(cni *libcni.CNIConfig, def *libcni.NetworkConfigList, p pod) error {
+	list, rt := fromCache(cni, def, runtimeConf(p))
 	c, cancel := ctx(*callSecs)
 	defer cancel()
 	err := cni.DelNetworkList(c, list, rt)
@@ -294,7 +294,7 @@ func main() {
 		}
 		// server restore: sandbox IPs from GetPodNetworkStatus (CHECK); failures are warnings
 		for _, p := range st.Pods {
-			if err := podStatus(cni, nets, def, p); err != nil {
+			if err := podStatus(cni, def, p); err != nil {
 				fmt.Fprintf(os.Stderr, "crio-driver: WARN could not restore sandbox IP for %s: %v\n", p.ID, err)
 			}
 		}
@@ -341,11 +341,11 @@ func main() {
 		cancel()
 		emit(event{Op: "ADD", Net: def.Name, ID: p.ID, OK: err == nil, Error: errText(err)})
 		if err == nil {
-			err = podStatus(cni, nets, def, p)
+			err = podStatus(cni, def, p)
 		}
 		if err != nil {
 			// networkStart's deferred networkStop: the pod fails, its network is torn down
-			_ = del(cni, nets, def, p)
+			_ = del(cni, def, p)
 			os.Exit(1)
 		}
 		st.Pods = append(st.Pods, p)
@@ -368,7 +368,7 @@ func main() {
 			die("no pod %s", args[1])
 		}
 		if args[0] == "stop-pod" {
-			if err := del(cni, nets, def, *found); err != nil {
+			if err := del(cni, def, *found); err != nil {
 				os.Exit(1)
 			}
 		}
