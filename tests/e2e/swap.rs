@@ -336,7 +336,7 @@ impl World {
             return self.check(up, pod, result);
         }
         for i in [0, 2] {
-            let out = self.exec(&up, i, "CHECK", pod, Some(result), &self.path_all);
+            let out = self.exec(up, i, "CHECK", pod, Some(result), &self.path_all);
             assert_eq!(
                 out.code,
                 0,
@@ -359,7 +359,7 @@ impl World {
                 continue;
             }
             r["ips"] = json!(ips);
-            let out = self.exec(&up, 1, "CHECK", pod, Some(&r), path);
+            let out = self.exec(up, 1, "CHECK", pod, Some(&r), path);
             assert_eq!(
                 out.code,
                 0,
