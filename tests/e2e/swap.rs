@@ -887,21 +887,38 @@ fn to_upstream(peer: Peer) {
         }
     };
     reach_c("before to-upstream");
+    // v1.10's nftables backend: podA's cached configuration says so (ipMasqBackend/backend),
+    // podB and podC (no cache entry) take --backend
+    let args: &[&str] =
+        if peer.nftables() { &["to-upstream", "--backend", "nftables"] } else { &["to-upstream"] };
     let probes = during(&w, "podA", || {
-        let out = w.migrate(&["to-upstream"]);
+        let out = w.migrate(args);
         assert!(out.status.success(), "to-upstream failed");
     });
     assert!(probes >= 2);
     let nft = w.nft();
-    assert!(
-        !nft.contains("cni_portmap") && !nft.contains("cni_plugins_masquerade"),
-        "our tables left:\n{nft}"
-    );
+    assert!(!nft.contains("cni_portmap"), "our portmap table left:\n{nft}");
+    if peer.nftables() {
+        // the masquerade rules are upstream's nftables form already: kept, not converted
+        for p in [&a, &b, &c] {
+            assert!(
+                table_has(&nft, "inet cni_plugins_masquerade", &p.id),
+                "{}'s masquerade taken:\n{nft}",
+                p.name
+            );
+        }
+        for p in [&a, &c] {
+            w.assert_peer_form(p);
+        }
+        assert!(!w.iptables().contains("CNI-"), "iptables rules written:\n{}", w.iptables());
+    } else {
+        assert!(!nft.contains("cni_plugins_masquerade"), "our masquerade table left:\n{nft}");
+    }
     assert_reachable(&w, &a, true, "after to-upstream");
     reach_c("after to-upstream");
     // idempotent: a second run changes nothing
     let before = (w.iptables(), w.nft());
-    assert!(w.migrate(&["to-upstream"]).status.success());
+    assert!(w.migrate(args).status.success());
     assert_eq!((w.iptables(), w.nft()), before, "a second to-upstream changed something");
     // the binaries are upstream's again: their CHECK and DEL work and leave nothing of the pods
     w.upstream_check(&w.chain(true, None), &a, &ra);
@@ -960,6 +977,11 @@ fn to_upstream_v110_iptables() {
 #[test]
 fn to_upstream_v110_iptables_legacy() {
     to_upstream(V110_IPT_LEGACY);
+}
+
+#[test]
+fn to_upstream_v110_nftables() {
+    to_upstream(V110_NFT);
 }
 
 fn from_upstream(peer: Peer) {

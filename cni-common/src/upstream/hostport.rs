@@ -540,6 +540,25 @@ pub fn check(req: &Request) -> Result<Found> {
     Ok(Found::Intact)
 }
 
+/// Whether upstream's nftables-backend form of `spec` is complete in every family the
+/// container has an address in (what v1.10's CHECK counts): None when it is, else what is
+/// missing. `cni-migrate to-upstream` verifies what it wrote with this.
+pub fn nft_backend_missing(spec: &Spec) -> Result<Option<String>> {
+    let Some(mut nf) = nftables() else {
+        return Ok(Some("nf_tables is not usable".into()));
+    };
+    let found = nft_backend_rules(&mut nf, &spec.container_id)?;
+    for fam in Fam::BOTH {
+        if spec.addr(fam).is_none() {
+            continue;
+        }
+        if let Err(e) = check_nft_backend(spec, fam, &found) {
+            return Ok(Some(e.msg));
+        }
+    }
+    Ok(None)
+}
+
 /// Upstream's own CHECK of its nftables backend: enough rules with the container id in
 /// `hostports` (one per mapping of the family) and in `masquerading` (with `snat`: 2 for IPv4,
 /// 1 for IPv6 or with masqAll).
