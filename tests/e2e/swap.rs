@@ -992,6 +992,10 @@ fn from_upstream(peer: Peer) {
     let up = w.peer_chain(true, None);
     let a = w.pod("podA");
     let ra = w.add(&up, &a);
+    if peer.nftables() {
+        // cni_hostport's rules name only the container: the runtime's cache names the rest
+        write_cache(&w, &up, &a, &ra);
+    }
     let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
     assert_reachable(&w, &a, true, "before from-upstream");
     during(&w, "podA", || {
@@ -1001,6 +1005,11 @@ fn from_upstream(peer: Peer) {
     let ipt_text = w.iptables();
     assert!(!ipt_text.contains("CNI-"), "upstream's chains left:\n{ipt_text}");
     assert!(w.nft().contains("cni_portmap"), "our tables were not written");
+    assert!(
+        !table_has(&w.nft(), "ip cni_hostport", &a.id),
+        "upstream's cni_hostport rules left:\n{}",
+        w.nft()
+    );
     assert_reachable(&w, &a, true, "after from-upstream");
     assert!(w.migrate(&["from-upstream"]).status.success(), "second run");
     // CHECK with the conflist after the swap, DEL with the cached one (see adopt)
@@ -1022,6 +1031,11 @@ fn from_upstream_legacy() {
 #[test]
 fn from_upstream_v110_iptables() {
     from_upstream(V110_IPT);
+}
+
+#[test]
+fn from_upstream_v110_nftables() {
+    from_upstream(V110_NFT);
 }
 
 /// Without `iptables` there is no upstream form to write: the script and the tool say so, exit
