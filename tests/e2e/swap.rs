@@ -331,7 +331,6 @@ impl World {
     /// they are, portmap for 1.1.1 once per family (see the module documentation), for v1.10
     /// (which fixed that) as it is.
     fn upstream_check(&self, up: &Chain, pod: &Pod, result: &Value) {
-        assert_eq!(up.cni_path, self.peer.release.dir(), "upstream_check runs upstream's binaries");
         if self.peer.release == Release::V1_10 {
             return self.check(up, pod, result);
         }
@@ -982,6 +981,98 @@ fn to_upstream_v110_iptables_legacy() {
 #[test]
 fn to_upstream_v110_nftables() {
     to_upstream(V110_NFT);
+}
+
+/// The whole round trip on one CNI bin directory, as an operator runs it: pods of v1.10 with its
+/// binaries in the directory; `scripts/install.sh --force` puts ours there (keeping v1.10's as
+/// `.orig`); ours adopt the old pod and make a new one; `scripts/install.sh --restore` puts
+/// v1.10's back and `scripts/migrate.sh to-upstream` (`--backend nftables` for that backend)
+/// hands the new pod to them with its host port probed throughout; then v1.10's CHECK and DEL
+/// of both pods pass and leave nothing.
+fn install_round_trip(peer: Peer) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, true);
+    let dir = TempDir::new("cnibin");
+    let units = TempDir::new("units");
+    for p in ["bridge", "host-local", "portmap", "bandwidth", "loopback"] {
+        std::fs::copy(peer.release.bin(p), dir.join(p)).unwrap();
+    }
+    let in_dir = |mut c: Chain| {
+        c.cni_path = dir.path().to_path_buf();
+        c
+    };
+    let install = |args: &[&str]| {
+        let out = Command::new(workspace_root().join("scripts/install.sh"))
+            .arg("--from")
+            .arg(cni_tests::bin_dir())
+            .arg("--unit-dir")
+            .arg(units.path())
+            .args(args)
+            .arg(dir.path())
+            .output()
+            .expect("run install.sh");
+        assert!(
+            out.status.success(),
+            "install.sh {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for p in ["bridge", "portmap", "cni-migrate"] {
+        bin(p); // fresh builds, or the test fails saying so
+    }
+    // podA: made by v1.10 (its configuration as cached: backend keys explicit), host ports HP_C
+    let cached_a = in_dir(w.peer_chain(true, None));
+    let a = w.pod_with(
+        "podA",
+        json!({"portMappings": [{"hostPort": HP_C, "containerPort": CTR_TCP, "protocol": "tcp"}],
+               "bandwidth": caps()["bandwidth"]}),
+    );
+    let ra = w.add(&cached_a, &a);
+    w.assert_peer_form(&a);
+    let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
+    install(&["--force"]);
+    assert!(dir.join("portmap.orig").is_file(), "install.sh kept no portmap.orig");
+    // ours in the directory: CHECK of podA with the conflist after the switch, a new pod
+    let now = in_dir(w.chain(false, None));
+    w.check(&now, &a, &ra);
+    let b = w.pod("podB");
+    let rb = w.add(&now, &b);
+    write_cache(&w, &now, &b, &rb);
+    let _sb = Server::tcp(b.ns(), CTR_TCP, "podB");
+    assert_reachable(&w, &b, true, "podB of ours");
+    // back to v1.10
+    install(&["--restore"]);
+    assert!(!dir.join("portmap.orig").exists(), "--restore left portmap.orig");
+    let args: &[&str] =
+        if peer.nftables() { &["to-upstream", "--backend", "nftables"] } else { &["to-upstream"] };
+    during(&w, "podB", || {
+        let out = w.migrate(args);
+        assert!(out.status.success(), "to-upstream failed");
+    });
+    assert!(!w.nft().contains("cni_portmap"), "our portmap table left:\n{}", w.nft());
+    assert_reachable(&w, &b, true, "podB after to-upstream");
+    assert!(fetch(&w.outside, HOST4, HP_C).starts_with("podA"), "podA's host port after the round trip");
+    // v1.10's own CHECK and DEL of both pods (podB with the conflist it was made with)
+    w.upstream_check(&now, &b, &rb);
+    w.upstream_check(&cached_a, &a, &ra);
+    w.del(&now, &b, &rb);
+    w.del(&cached_a, &a, &ra);
+    for p in [&a, &b] {
+        w.assert_nothing_of(p);
+    }
+}
+
+#[test]
+fn install_round_trip_v110_iptables() {
+    install_round_trip(V110_IPT);
+}
+
+#[test]
+fn install_round_trip_v110_nftables() {
+    install_round_trip(V110_NFT);
 }
 
 fn from_upstream(peer: Peer) {
