@@ -420,6 +420,31 @@ impl World {
         }
     }
 
+    /// The pod's rules in `inet cni_plugins_masquerade` as `nft` lists them, with its addresses
+    /// and its comment's hashes and id replaced by placeholders (so two pods' rules compare).
+    fn masq_rules_of(&self, pod: &Pod, result: &Value) -> Vec<String> {
+        let out =
+            self.host.try_run("nft", &["list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut rules: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(&pod.id))
+            .map(|l| {
+                let mut l = l.trim().to_string();
+                for ip in result["ips"].as_array().unwrap() {
+                    let addr = ip["address"].as_str().unwrap().split('/').next().unwrap();
+                    l = l.replace(&format!("{addr} "), "ADDR ");
+                }
+                let hash = |s: &str| sha512_hex(s)[..16].to_string();
+                l.replace(&hash(NET), "NETHASH")
+                    .replace(&hash(&format!("eth0:{}", pod.id)), "IDHASH")
+                    .replace(&pod.id, "ID")
+            })
+            .collect();
+        rules.sort();
+        rules
+    }
+
     /// Everything of `pod` that may be left anywhere: iptables (this backend and, for
     /// iptables-nft, the nf_tables view), our tables, ifbs, reservations.
     fn assert_nothing_of(&self, pod: &Pod) {
@@ -554,6 +579,7 @@ fn adopt(peer: Peer, v6: bool, snat: Option<bool>, netns_gone: bool) {
     let mut a = w.pod("podA");
     let ra = w.add(&up, &a);
     w.assert_peer_form(&a);
+    let masq_a = w.masq_rules_of(&a, &ra);
     {
         let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
         let _u = UdpServer::start(a.ns(), CTR_UDP, "podA");
@@ -596,6 +622,15 @@ fn adopt(peer: Peer, v6: bool, snat: Option<bool>, netns_gone: bool) {
 
     let b = w.pod("podB");
     let rb = w.add(&ours, &b);
+    if peer.nftables() {
+        // one table, one form: our masquerade rules are v1.10's, rule for rule
+        assert!(
+            !masq_a.is_empty()
+                && masq_a.iter().all(|r| r.contains("masquerade comment \"NETHASH-IDHASH, net: ")),
+            "{masq_a:?}"
+        );
+        assert_eq!(w.masq_rules_of(&b, &rb), masq_a, "our masquerade rules differ from v1.10's");
+    }
     let _s = Server::tcp(b.ns(), CTR_TCP, "podB");
     let _u = UdpServer::start(b.ns(), CTR_UDP, "podB");
     assert_reachable(&w, &b, snat != Some(false), "our new pod on the same host ports");
