@@ -67,8 +67,8 @@ fn wants_nftables(config: Option<&Value>, key: &str, default: bool) -> bool {
 /// The `nft -f` script writing `spec`'s host ports as upstream's nftables backend does
 /// (plugins/meta/portmap/portmap_nftables.go, `forwardPorts`), both families it has an
 /// address in (priorities as numbers: dstnat is -100, srcnat 100, and nft 1.0.6 takes the
-/// name dstnat in the prerouting hook only). Everything interpolated is a number, an address we formatted, a protocol from
-/// a fixed list, or the container id through [`quote`].
+/// name dstnat in the prerouting hook only). Everything interpolated is a number, an address
+/// we formatted, a protocol from a fixed list, or the container id through [`quote`].
 fn nft_hostport_script(spec: &Spec) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
