@@ -1194,6 +1194,44 @@ fn to_upstream_without_iptables_changes_nothing() {
     w.del(&ours, &a, &ra);
 }
 
+/// For upstream's nftables backend `iptables` is not needed: with it hidden, the script and the
+/// tool hand a pod of ours to v1.10's nftables form (`--backend nftables`), which v1.10's CHECK
+/// and DEL then accept.
+#[test]
+fn to_upstream_nftables_needs_no_iptables() {
+    let w = World::new(V110_NFT, false);
+    let ours = w.chain(false, None);
+    let a = w.pod("podA");
+    let ra = w.add(&ours, &a);
+    let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
+    let hide = "for f in /usr/sbin/iptables /usr/sbin/ip6tables /usr/sbin/iptables-nft /usr/sbin/iptables-legacy; do \
+                mount --bind /dev/null $f; done; exec \"$@\"";
+    let out = w
+        .host
+        .command("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", hide, "sh"])
+        .arg(workspace_root().join("scripts/migrate.sh"))
+        .args(["to-upstream", "--backend", "nftables", "--data-dir", w.data.str()])
+        .args(["--cache-dir", &w.data.join("cache").to_string_lossy()])
+        .env("CNI_MIGRATE", bin("cni-migrate"))
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!w.nft().contains("cni_portmap"), "our portmap table left:\n{}", w.nft());
+    w.assert_peer_form(&a);
+    assert_reachable(&w, &a, true, "after to-upstream without iptables");
+    let up = w.chain(true, None);
+    w.upstream_check(&up, &a, &ra);
+    w.del(&up, &a, &ra);
+    w.assert_nothing_of(&a);
+}
+
 // ---- upstream's nftables backend (v1.6+) ----
 
 /// The state upstream's portmap nftables backend writes for one container, as
