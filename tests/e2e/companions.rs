@@ -1,7 +1,7 @@
 //! Our bridge + host-local + portmap + bandwidth chained with today's upstream companions,
 //! containernetworking/plugins v1.10.0's `firewall` and `tuning` (cni_tests::peers), in the
-//! order Podman's and nerdctl's default conflists use (`bridge, portmap, firewall, tuning`; our
-//! `bandwidth` last, as nerdctl adds it): ADD, CHECK and DEL through the chain as a runtime runs
+//! order Podman's and nerdctl's default conflists use (`bridge, portmap, firewall, tuning`),
+//! with our `bandwidth` appended last: ADD, CHECK and DEL through the chain as a runtime runs
 //! it, with real traffic, and nothing of the pods left after DEL.
 //!
 //! World: a fake **host** netns where every plugin runs, an **outside** netns on its uplink
@@ -74,7 +74,7 @@ impl World {
         World { host, outside, data: TempDir::new("cpdata"), tuning_data: TempDir::new("cptuning"), bins }
     }
 
-    /// Podman's default conflist (bridge, portmap, firewall, tuning) plus bandwidth.
+    /// Podman's default conflist (bridge, portmap, firewall, tuning), bandwidth appended.
     fn chain(&self) -> Chain {
         let k = 40 + std::process::id() % 150;
         Chain {
