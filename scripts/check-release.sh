@@ -19,6 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-dist}" && pwd)
 version=${2:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)}
+# The banner's version word: upstream's release ours matches, ours as build metadata
+# (cni-common skel::BANNER_VERSION, which Nomad's fingerprint compares as upstream's).
+upstream=$(sed -n 's/^pub const UPSTREAM_RELEASE: &str = "\(.*\)";$/\1/p' cni-common/src/skel.rs)
+[ -n "$upstream" ] || { echo "$0: no UPSTREAM_RELEASE in cni-common/src/skel.rs" >&2; exit 1; }
 plugins=(bandwidth bridge host-local loopback portmap)
 tools=(cnitool cni-migrate)
 scratch=$(mktemp -d /tmp/cni-rs-check.XXXXXX)
@@ -90,7 +94,7 @@ for arch in amd64 arm64; do
     if [ "$arch" = amd64 ] && [ "$(uname -m)" = x86_64 ]; then
         for b in "${plugins[@]}"; do
             banner=$("$dest/$b" 2>&1 </dev/null | head -1)
-            [[ "$banner" == "CNI $b plugin $version (${commit:0:12}"* ]] ||
+            [[ "$banner" == "CNI $b plugin v$upstream+cni-rs.$version (${commit:0:12}"* ]] ||
                 fail "$tgz: $b's about banner is '$banner'"
         done
     fi

@@ -24,7 +24,7 @@ fn about_banner_names_plugin_version_and_spec_versions() {
         assert_eq!(out.code, 0, "{p}");
         assert!(out.stdout.is_empty(), "{p}: the banner goes to stderr");
         assert!(
-            out.stderr.starts_with(&format!("CNI {p} plugin {}", env!("CARGO_PKG_VERSION"))),
+            out.stderr.starts_with(&format!("CNI {p} plugin {} (", cni_common::skel::BANNER_VERSION)),
             "{p}: {}",
             out.stderr
         );
