@@ -158,7 +158,9 @@ fn data_dir_of(raw: &RawConf) -> PathBuf {
 
 impl Conf {
     pub fn from_request(req: &Request) -> Result<Conf> {
+        // type errors first: the decoder of the parsed object names the field
         let raw: RawConf = req.plugin_config()?;
+        reject_duplicate_sysctls(&req.stdin)?;
         let args = req.cni_args(&["MAC"])?;
         let allowlist = read_allowlist(Path::new(ALLOWLIST))?;
         Conf::from_raw(raw, args.get("MAC"), &req.env.ifname, allowlist.as_deref())
@@ -227,6 +229,20 @@ impl Conf {
         };
         Ok(Conf { sysctls: resolved, link: LinkSettings { mac, promisc, mtu, allmulti, txqlen }, data_dir })
     }
+}
+
+/// A `sysctl` key given twice in the configuration as sent (the parsed object keeps only the
+/// last): refused with code 6, as upstream's decoder refuses it.
+pub fn reject_duplicate_sysctls(stdin: &[u8]) -> Result<()> {
+    #[derive(Deserialize)]
+    struct Only {
+        #[serde(default)]
+        #[allow(dead_code)]
+        sysctl: Option<SysctlMap>,
+    }
+    serde_json::from_slice::<Only>(stdin)
+        .map(drop)
+        .map_err(|e| CniError::decode(format!("invalid network config: {e}")))
 }
 
 /// What DEL and GC read: the directory of saved settings only (values only ADD judges never
@@ -326,6 +342,9 @@ mod tests {
         let raw = r#"{"sysctl": {"net.core.somaxconn": "1", "net.core.somaxconn": "2"}}"#;
         let e = serde_json::from_str::<RawConf>(raw).unwrap_err().to_string();
         assert!(e.contains("duplicated sysctl keys"), "{e}");
+        let e = reject_duplicate_sysctls(raw.as_bytes()).unwrap_err();
+        assert_eq!(e.code, code::DECODE);
+        assert!(reject_duplicate_sysctls(br#"{"sysctl": {"net.a": "1"}, "other": {"x": 1, "x": 2}}"#).is_ok());
         assert!(conf(json!({"sysctl": {"net.core.somaxconn": 5}})).is_err());
         assert!(conf(json!({"mtu": "1500"})).is_err());
         assert!(conf(json!({"sysctl": null})).unwrap().sysctls.is_empty());
