@@ -10,7 +10,7 @@
 #   * each .deb: its control fields and file list, lintian without errors or warnings (tags
 #     that do not apply are overridden with the reason in packaging/deb/lintian-overrides), and
 #     installed into a scratch root (dpkg --root) beside Debian's containernetworking-plugins:
-#     ours in /usr/lib/cni, Debian's five diverted to <name>.distrib and its other plugins
+#     ours in /usr/lib/cni, Debian's seven diverted to <name>.distrib and its other plugins
 #     untouched, Debian's package installed after ours landing in the diversions, and removing
 #     ours putting Debian's back and leaving nothing of ours.
 # Needs root (dpkg --root). Installs lintian (scripts/install-deps.sh --only).
@@ -23,7 +23,7 @@ version=${2:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p
 # (cni-common skel::BANNER_VERSION, which Nomad's fingerprint compares as upstream's).
 upstream=$(sed -n 's/^pub const UPSTREAM_RELEASE: &str = "\(.*\)";$/\1/p' cni-common/src/skel.rs)
 [ -n "$upstream" ] || { echo "$0: no UPSTREAM_RELEASE in cni-common/src/skel.rs" >&2; exit 1; }
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge host-local loopback portmap ptp tuning)
 tools=(cnitool cni-migrate)
 scratch=$(mktemp -d /tmp/cni-rs-check.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT

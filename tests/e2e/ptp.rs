@@ -5,6 +5,7 @@
 //! STATUS, CHECK; bad input (right code, host unchanged); SIGKILL during ADD, then DEL or GC
 //! leaves nothing.
 
+use cni_tests::chain::Chain;
 use cni_tests::leaks::leaks;
 use cni_tests::traffic::{fetch, Server};
 use cni_tests::{
@@ -419,4 +420,56 @@ fn sigkill_during_add_then_del_or_gc_leaves_nothing() {
             "trial {trial}: killed after {delay:?} (seed {seed})"
         );
     }
+}
+
+/// conf-examples/kind-kindnet.conflist as kindnetd writes it (cniVersion 0.3.1, ptp without
+/// ipMasq, host-local, portmap), with only our binaries on CNI_PATH: ADD, a host port from
+/// outside, pod to pod, CHECK, DEL, nothing left.
+#[test]
+fn kinds_kindnet_conflist_runs_on_our_binaries_alone() {
+    let w = World::new();
+    let n = w.n;
+    let text = std::fs::read_to_string(workspace_root().join("conf-examples/kind-kindnet.conflist")).unwrap();
+    let list: Value = serde_json::from_str(&text).unwrap();
+    let mut plugins = list["plugins"].as_array().unwrap().clone();
+    // the node's pod CIDRs and a scratch dataDir
+    plugins[0]["ipam"]["dataDir"] = json!(w.data.str());
+    plugins[0]["ipam"]["ranges"] =
+        json!([[{"subnet": format!("10.{n}.8.0/24")}], [{"subnet": format!("fd00:{n}:8::/64")}]]);
+    let bins = cni_path_with(&["ptp", "host-local", "portmap"]);
+    let chain = Chain {
+        name: list["name"].as_str().unwrap().into(),
+        version: list["cniVersion"].as_str().unwrap().into(),
+        plugins,
+        cni_path: bins.path().to_path_buf(),
+    };
+    let caps = json!({"portMappings": [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}]});
+    let (a, ida) = w.pod();
+    let (b, idb) = w.pod();
+    let (ra, _) =
+        chain.add(&ida, a.path_str(), "eth0", &caps, Some(&w.host)).unwrap_or_else(|s| panic!("{s:?}"));
+    let (rb, _) =
+        chain.add(&idb, b.path_str(), "eth0", &json!({}), Some(&w.host)).unwrap_or_else(|s| panic!("{s:?}"));
+    assert_eq!(ra["cniVersion"], "0.3.1");
+    {
+        let _s = Server::tcp(&a, 80, "podA");
+        assert_eq!(
+            fetch(&w.outside, &format!("10.250.{n}.1"), 8081),
+            format!("podA 10.250.{n}.2"),
+            "host port from outside"
+        );
+        assert_eq!(
+            fetch(&b, &addr_of(&ra, true), 80),
+            format!("podA {}", addr_of(&rb, true)),
+            "pod to pod (IPv6)"
+        );
+    }
+    // libcni runs no CHECK for 0.3.1: the same list at 1.0.0 (the 0.3.1 result as prevResult)
+    let newer = Chain { version: "1.0.0".into(), ..chain.clone() };
+    for s in newer.check(&ida, a.path_str(), "eth0", &caps, &ra, Some(&w.host)) {
+        assert_eq!(s.out.code, 0, "CHECK {}: {}", s.plugin, s.out.stdout);
+    }
+    chain.del(&ida, a.path_str(), "eth0", &caps, Some(&ra), Some(&w.host));
+    chain.del(&idb, b.path_str(), "eth0", &json!({}), Some(&rb), Some(&w.host));
+    assert_eq!(w.leaks("kindnet"), Vec::<String>::new());
 }
