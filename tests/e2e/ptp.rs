@@ -473,3 +473,25 @@ fn kinds_kindnet_conflist_runs_on_our_binaries_alone() {
     chain.del(&idb, b.path_str(), "eth0", &json!({}), Some(&rb), Some(&w.host));
     assert_eq!(w.leaks("kindnet"), Vec::<String>::new());
 }
+
+/// Upstream's ptp with `ipMasq` and no `ipMasqBackend` masquerades with iptables where
+/// `iptables` exists (a chain `CNI-…` in table nat, jumped to from POSTROUTING): our CHECK
+/// accepts that form and our DEL removes it with the rest of the attachment.
+#[test]
+fn upstreams_iptables_masquerade_is_checked_and_deleted_by_ours() {
+    let w = World::new();
+    let upstream = Path::new(&upstream_release_dir()).join("ptp");
+    let conf = w.conf("iptnet", json!({"ipMasq": true}));
+    let (pod, id) = w.pod();
+    let r = w.exec(upstream.to_str().unwrap(), "ADD", &id, pod.path_str()).run(&conf).ok();
+    let nat = |cmd: &str| String::from_utf8_lossy(&w.host.run(cmd, &["-t", "nat", "-S"]).stdout).into_owned();
+    assert!(nat("iptables").contains("-j MASQUERADE"), "upstream wrote iptables rules: {}", nat("iptables"));
+    w.exec("ptp", "CHECK", &id, pod.path_str()).run(&with_prev(&conf, &r)).ok_silent();
+    w.exec("ptp", "DEL", &id, pod.path_str()).run(&conf).ok_silent();
+    for cmd in ["iptables", "ip6tables"] {
+        let left = nat(cmd);
+        assert!(!left.contains("CNI-"), "{cmd}: {left}");
+    }
+    assert!(pod.link("eth0").is_none());
+    assert_eq!(w.leaks("iptnet"), Vec::<String>::new());
+}

@@ -27,13 +27,9 @@ pub fn check(req: &Request) -> Result<()> {
     let ours = (|| {
         let mut k = Real::new(Some(&ns))?;
         let a = AttachmentId::of(req);
-        match run(&mut k, &conf, &prev, &a, &req.env.netns) {
-            // Masquerading that upstream's ptp wrote with its iptables backend counts too.
-            Err(e) if e.msg.contains("masquerad") && cni_common::upstream::masq::check(req)?.is_intact() => {
-                Ok(())
-            }
-            other => other,
-        }
+        // Masquerading that upstream's ptp wrote with its iptables backend counts too.
+        let mut upstream_masq = || Ok(cni_common::upstream::masq::check(req)?.is_intact());
+        run(&mut k, &conf, &prev, &a, &req.env.netns, &mut upstream_masq)
     })();
     let theirs = pending.wait().map(drop);
     ours.and(theirs)
@@ -48,8 +44,16 @@ fn route_there(seen: &[RouteSeen], index: u32, want: &RouteWant) -> bool {
     })
 }
 
-/// CHECK against a kernel.
-pub fn run(k: &mut dyn Kernel, conf: &Conf, prev: &CniResult, a: &AttachmentId, netns: &str) -> Result<()> {
+/// CHECK against a kernel; `upstream_masq` says whether upstream's iptables form of the
+/// attachment's masquerading is there and intact (asked only when ours is not complete).
+pub fn run(
+    k: &mut dyn Kernel,
+    conf: &Conf,
+    prev: &CniResult,
+    a: &AttachmentId,
+    netns: &str,
+    upstream_masq: &mut dyn FnMut() -> Result<bool>,
+) -> Result<()> {
     let ifname = a.ifname.as_str();
     let ctr_pos =
         prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == netns).ok_or_else(|| {
@@ -120,7 +124,9 @@ pub fn run(k: &mut dyn Kernel, conf: &Conf, prev: &CniResult, a: &AttachmentId, 
     }
     if conf.ip_masq {
         if let Some(why) = k.masq_missing(a, &d.masq)? {
-            return Err(fail(format!("ptp: masquerading of {ifname}: {why}")));
+            if !upstream_masq()? {
+                return Err(fail(format!("ptp: masquerading of {ifname}: {why}")));
+            }
         }
     }
     Ok(())
