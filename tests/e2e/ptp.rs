@@ -358,8 +358,19 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
     pod.run("ip", &["link", "del", "eth0"]);
     assert_eq!(ns_state(&pod), ctr_before);
     assert_eq!(w.leaks("badnet"), Vec::<String>::new(), "no reservation");
-    // DEL with a bad value only ADD judges still cleans up (and changes nothing here).
+    // DEL with a bad value only ADD judges still cleans up (and changes nothing here); a
+    // hostile IPAM type is refused by DEL and GC too, before anything is run or touched.
     w.exec("ptp", "DEL", &id, pod.path_str()).run(&with("mtu", json!(20))).ok_silent();
+    w.exec("ptp", "DEL", &id, pod.path_str()).run(&hostile_ipam.to_string()).err(7);
+    let mut gc = hostile_ipam.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    Exec::new(w.bins.join("ptp").to_str().unwrap())
+        .in_ns(&w.host)
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_PATH", w.bins.str())
+        .run(&gc.to_string())
+        .err(7);
+    assert_eq!(ns_state(&w.host), before, "the host is still unchanged");
 }
 
 /// SIGKILL during ADD at any moment from start to finish, then what a runtime does after a
@@ -494,4 +505,55 @@ fn upstreams_iptables_masquerade_is_checked_and_deleted_by_ours() {
     }
     assert!(pod.link("eth0").is_none());
     assert_eq!(w.leaks("iptnet"), Vec::<String>::new());
+}
+
+/// Eight pods ADDed at once on one network with `ipMasq` (the first ADDs race to create the
+/// shared masquerade table and its hook), then DELeted at once while a GC keeping none of them
+/// runs: every ADD succeeds with its own rules, every pod reaches the outside, and nothing is
+/// left at the end.
+#[test]
+fn concurrent_adds_dels_and_gc_on_one_network() {
+    let w = World::new();
+    let n = w.n;
+    let conf = w.conf("racenet", json!({"ipMasq": true}));
+    let pods: Vec<(Netns, String)> = (0..8).map(|_| w.pod()).collect();
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|(ns, id)| s.spawn(|| w.exec("ptp", "ADD", id, ns.path_str()).run(&conf).ok()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let rules = String::from_utf8_lossy(
+        &w.host.run("nft", &["list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]).stdout,
+    )
+    .into_owned();
+    for ((_, id), r) in pods.iter().zip(&results) {
+        assert_eq!(rules.matches(&format!("id: {id}")).count(), 2, "{id}: {rules}");
+        assert_eq!(r["ips"].as_array().unwrap().len(), 2);
+    }
+    let post = w.host.run("nft", &["list", "chain", "inet", "cni_plugins_masquerade", "postrouting"]);
+    assert_eq!(String::from_utf8_lossy(&post.stdout).matches("goto masq_checks").count(), 1, "one hook");
+    {
+        let _so = Server::tcp(&w.outside, 80, "outside");
+        for (ns, _) in &pods {
+            assert_eq!(fetch(ns, &format!("10.250.{n}.2"), 80), format!("outside 10.250.{n}.1"));
+        }
+    }
+    let mut gc: Value = serde_json::from_str(&conf).unwrap();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    std::thread::scope(|s| {
+        for (ns, id) in &pods {
+            s.spawn(|| w.exec("ptp", "DEL", id, ns.path_str()).run(&conf).ok_silent());
+        }
+        s.spawn(|| {
+            Exec::new(w.bins.join("ptp").to_str().unwrap())
+                .in_ns(&w.host)
+                .env("CNI_COMMAND", "GC")
+                .env("CNI_PATH", w.bins.str())
+                .run(&gc.to_string())
+                .ok_silent()
+        });
+    });
+    assert_eq!(w.leaks("racenet"), Vec::<String>::new());
 }
