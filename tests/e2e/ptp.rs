@@ -557,3 +557,29 @@ fn concurrent_adds_dels_and_gc_on_one_network() {
     });
     assert_eq!(w.leaks("racenet"), Vec::<String>::new());
 }
+
+/// Every spec version: ADD answers in the configuration's version (0.1.0 and 0.2.0 with `ip4`
+/// and `ip6`, later ones with `interfaces` and `ips`), DEL cleans up.
+#[test]
+fn every_spec_version() {
+    let w = World::new();
+    for v in ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let mut c: Value = serde_json::from_str(&w.conf("vernet", json!({}))).unwrap();
+        c["cniVersion"] = json!(v);
+        let conf = c.to_string();
+        let (pod, id) = w.pod();
+        let r = w.exec("ptp", "ADD", &id, pod.path_str()).run(&conf).ok();
+        assert_eq!(r["cniVersion"], v);
+        if v.starts_with("0.1") || v.starts_with("0.2") {
+            assert!(r["ip4"]["ip"].as_str().unwrap().starts_with(&format!("10.{}.7.", w.n)), "{v}: {r}");
+            assert!(r["ip6"]["ip"].is_string(), "{v}: {r}");
+        } else {
+            assert_eq!(r["ips"].as_array().unwrap().len(), 2, "{v}: {r}");
+            assert_eq!(r["interfaces"][1]["sandbox"], pod.path_str(), "{v}");
+        }
+        assert!(pod.link("eth0").is_some());
+        w.exec("ptp", "DEL", &id, pod.path_str()).run(&conf).ok_silent();
+        assert!(pod.link("eth0").is_none(), "{v}");
+    }
+    assert_eq!(w.leaks("vernet"), Vec::<String>::new());
+}
