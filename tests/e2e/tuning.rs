@@ -292,3 +292,38 @@ fn gc_removes_dead_attachments_files_of_this_network_and_status_judges_the_confi
         json!({"cniVersion": "1.1.0", "name": "tunenet", "type": "tuning", "sysctl": {"vm.swappiness": "9"}});
     verb("STATUS").run(&bad.to_string()).err(7);
 }
+
+/// Every spec version: prevResult of that version passed through with the new MAC, DEL puts
+/// the link back.
+#[test]
+fn every_spec_version() {
+    let host = host();
+    let bin = cni_tests::bin("tuning");
+    let bin = bin.to_str().unwrap();
+    for v in ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let data = TempDir::new("tunver");
+        let (ns, _) = pod();
+        let before = link_state(&ns);
+        let prev = if v.starts_with("0.1") || v.starts_with("0.2") {
+            json!({"cniVersion": v, "ip4": {"ip": "10.9.0.5/24"}})
+        } else {
+            json!({"cniVersion": v, "interfaces": [{"name": "eth0", "sandbox": ns.path_str()}],
+                   "ips": [{"version": "4", "address": "10.9.0.5/24", "interface": 0}]})
+        };
+        let mut c: Value =
+            serde_json::from_str(&conf(&data, &prev, json!({"mac": "02:aa:bb:cc:dd:09", "mtu": 1300})))
+                .unwrap();
+        c["cniVersion"] = json!(v);
+        let id = unique("tver");
+        let r = exec(bin, "ADD", &id, &ns, &host).run(&c.to_string()).ok();
+        assert_eq!(r["cniVersion"], v);
+        if r.get("interfaces").is_some() {
+            assert_eq!(r["interfaces"][0]["mac"], "02:aa:bb:cc:dd:09", "{v}: {r}");
+        } else {
+            assert_eq!(r["ip4"]["ip"], "10.9.0.5/24", "{v}: {r}");
+        }
+        assert_eq!(link_state(&ns)["mtu"], 1300, "{v}");
+        exec(bin, "DEL", &id, &ns, &host).run(&c.to_string()).ok_silent();
+        assert_eq!(link_state(&ns), before, "{v}");
+    }
+}
