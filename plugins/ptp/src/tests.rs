@@ -260,3 +260,25 @@ fn gc_removes_only_this_networks_dead_attachments() {
     assert_eq!(left, want);
     assert!(!gc::run(&mut k, "kindnet", std::slice::from_ref(&live), true).unwrap(), "nothing more");
 }
+
+#[test]
+fn the_namespace_going_away_at_any_point_of_add_leaves_nothing_after_del() {
+    let mut k = Fake::new();
+    let mut ipam = FakeIpam { result: reserved(true), ..Default::default() };
+    run_add(&mut k, &mut ipam, &conf(true)).unwrap();
+    let total = k.changes;
+    for n in 1..=total {
+        let mut k = Fake { vanish_at: Some(n), ..Fake::new() };
+        let mut ipam = FakeIpam { result: reserved(true), ..Default::default() };
+        match run_add(&mut k, &mut ipam, &conf(true)) {
+            // a failed ADD has already taken everything apart
+            Err(_) => nothing_left(&k, &ipam),
+            // gone after its last link step: the runtime's DEL (no namespace now) cleans up
+            Ok(_) => {
+                assert!(k.links.is_empty(), "vanished at {n}");
+                del::run(&mut k, Some(&mut ipam as &mut dyn Ipam), &att(), false, true).unwrap();
+                nothing_left(&k, &ipam);
+            }
+        }
+    }
+}

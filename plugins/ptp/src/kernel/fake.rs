@@ -34,6 +34,10 @@ pub struct Fake {
     pub crash_at: Option<usize>,
     /// Remove the container's links just before the next changing call (the namespace went).
     pub vanish_next: bool,
+    /// The same just before the n-th changing call (from 1).
+    pub vanish_at: Option<usize>,
+    /// The container's namespace is gone: nothing can be created in it any more.
+    pub ns_gone: bool,
 }
 
 fn err(op: &str, errno: i32) -> NlError {
@@ -55,8 +59,9 @@ impl Fake {
     }
 
     fn change(&mut self, op: &str) -> NlResult<()> {
-        if self.vanish_next {
+        if self.vanish_next || self.vanish_at == Some(self.changes + 1) {
             self.vanish_next = false;
+            self.ns_gone = true;
             let gone: Vec<(Side, u32)> =
                 self.links.keys().filter(|(s, _)| *s == Side::Container).copied().collect();
             for k in gone {
@@ -102,6 +107,9 @@ impl Kernel for Fake {
 
     fn create_veth(&mut self, host: &str, ctr: &str, mtu: Option<u32>) -> NlResult<Link> {
         self.change("create veth")?;
+        if self.ns_gone {
+            return Err(err("create veth: the container's namespace is gone", libc::ENOENT));
+        }
         if self.by_name(Side::Host, host).is_some() || self.by_name(Side::Container, ctr).is_some() {
             return Err(err("create veth", libc::EEXIST));
         }
