@@ -127,6 +127,13 @@ impl Store for Files {
 
     fn remove(&mut self, name: &str) -> Result<bool> {
         let Some(dir) = self.open(false)? else { return Ok(false) };
+        // a temporary file of this attachment's that a killed ADD left before its rename
+        let temp = format!(".{name}.");
+        let names = cni_common::fsread::names(&dir)
+            .map_err(|e| CniError::io(format!("list {}: {e}", self.dir.display())))?;
+        for n in names.iter().filter_map(|n| n.to_str()).filter(|n| n.starts_with(&temp)) {
+            let _ = nix::unistd::unlinkat(dir.as_fd(), n, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
         match nix::unistd::unlinkat(dir.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
             Ok(()) => Ok(true),
             Err(nix::errno::Errno::ENOENT) => Ok(false),
