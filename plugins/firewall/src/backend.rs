@@ -1,0 +1,128 @@
+//! Which backend a verb uses, and each verb's calls into it per family.
+//!
+//! The default rule (no `backend` key, or ""): where the legacy x_tables `filter` table is
+//! loaded in this network namespace (`/proc/net/ip{,6}_tables_names`: Docker or a firewall on
+//! iptables-legacy), the drop lives there, out of nf_tables' reach: the iptables backend through
+//! `iptables-legacy`. Otherwise nftables over netlink. Upstream's rule is "firewalld if it owns
+//! its D-Bus name, else iptables"; firewalld is not supported by this build (a named
+//! `"firewalld"` is refused with code 50), see the README.
+
+use crate::config::{Backend, Conf};
+use crate::model::Rule;
+use crate::{iptables, kernel, nft};
+use cni_common::net::Family;
+use cni_common::upstream::iptables::{default_backend, Backend as Xt};
+use cni_common::{code, CniError, Result};
+use std::net::IpAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chosen {
+    Nftables,
+    Iptables(Xt),
+}
+
+impl Chosen {
+    pub fn name(self) -> &'static str {
+        match self {
+            Chosen::Nftables => "nftables",
+            Chosen::Iptables(Xt::Nft) => "iptables-nft",
+            Chosen::Iptables(Xt::Legacy) => "iptables-legacy",
+        }
+    }
+
+    pub fn from_name(n: &str) -> Option<Chosen> {
+        match n {
+            "nftables" => Some(Chosen::Nftables),
+            "iptables-nft" => Some(Chosen::Iptables(Xt::Nft)),
+            "iptables-legacy" => Some(Chosen::Iptables(Xt::Legacy)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether iptables-legacy's `filter` table is loaded in this network namespace.
+pub fn legacy_filter_loaded() -> bool {
+    ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"]
+        .iter()
+        .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.lines().any(|l| l.trim() == "filter")))
+}
+
+/// The default rule, given what the host shows (pure).
+pub fn default_rule(legacy_filter: bool) -> Chosen {
+    if legacy_filter {
+        Chosen::Iptables(Xt::Legacy)
+    } else {
+        Chosen::Nftables
+    }
+}
+
+pub fn choose(conf: &Conf) -> Result<Chosen> {
+    match conf.backend {
+        Some(Backend::Nftables) => Ok(Chosen::Nftables),
+        Some(Backend::Iptables) => match default_backend()? {
+            Some(b) => Ok(Chosen::Iptables(b)),
+            None => Err(CniError::new(
+                code::NOT_AVAILABLE,
+                "backend \"iptables\": no iptables command on this host (install iptables, or use backend \"nftables\")",
+            )),
+        },
+        Some(Backend::Firewalld) => Err(CniError::new(
+            code::NOT_AVAILABLE,
+            "backend \"firewalld\" is not supported by this firewall plugin yet: use \"nftables\" or \"iptables\" \
+             (firewalld's iptables/nftables backends drop forwarded traffic of zones other than trusted; add the pod \
+             subnet to the trusted zone: firewall-cmd --zone=trusted --add-source=<subnet>)",
+        )),
+        None => Ok(default_rule(legacy_filter_loaded())),
+    }
+}
+
+fn nf() -> Result<kernel::Netlink> {
+    kernel::Netlink::new()
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
+}
+
+pub fn add(b: Chosen, fam: Family, admin: &str, chains: &[String], rules: &[Rule]) -> Result<()> {
+    if rules.is_empty() {
+        return Ok(());
+    }
+    match b {
+        Chosen::Nftables => nft::add(&mut nf()?, fam, admin, chains, rules),
+        Chosen::Iptables(x) => iptables::add(x, fam, chains, rules),
+    }
+}
+
+pub fn del(b: Chosen, fam: Family, admin: &str, addrs: &[IpAddr]) -> Result<()> {
+    match b {
+        Chosen::Nftables => nft::del(&mut nf()?, fam, admin, addrs),
+        Chosen::Iptables(x) => iptables::del(x, fam, addrs),
+    }
+}
+
+pub fn missing(
+    b: Chosen,
+    fam: Family,
+    admin: &str,
+    chains: &[String],
+    rules: &[Rule],
+) -> Result<Vec<String>> {
+    match b {
+        Chosen::Nftables => nft::missing(&mut nf()?, fam, admin, chains, rules),
+        Chosen::Iptables(x) => iptables::missing(x, fam, chains, rules),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_follows_where_the_drop_can_be() {
+        assert_eq!(default_rule(true), Chosen::Iptables(Xt::Legacy));
+        assert_eq!(default_rule(false), Chosen::Nftables);
+        for c in [Chosen::Nftables, Chosen::Iptables(Xt::Nft), Chosen::Iptables(Xt::Legacy)] {
+            assert_eq!(Chosen::from_name(c.name()), Some(c));
+        }
+        let fw = Conf::from_raw(&serde_json::json!({"backend": "firewalld"})).unwrap();
+        assert_eq!(choose(&fw).unwrap_err().code, code::NOT_AVAILABLE);
+    }
+}

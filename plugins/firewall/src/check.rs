@@ -1,0 +1,24 @@
+//! CHECK: every chain and rule of the attachment is there (ours or upstream's: the same).
+
+use crate::backend::{self, Chosen};
+use crate::config::{Conf, Intent};
+use crate::model::desired;
+use cni_common::net::Family;
+use cni_common::{CniError, Result};
+
+pub fn check(conf: &Conf, intent: &Intent, b: Chosen) -> Result<()> {
+    let mut missing = Vec::new();
+    for fam in [Family::V4, Family::V6] {
+        let (chains, rules) = desired(conf, intent, fam);
+        missing.extend(backend::missing(b, fam, &conf.admin_chain, &chains, &rules)?);
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(CniError::internal(format!(
+        "firewall ({}): {} of the attachment's rules missing: {}",
+        b.name(),
+        missing.len(),
+        missing.join("; ")
+    )))
+}

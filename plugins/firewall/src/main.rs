@@ -1,0 +1,82 @@
+//! `firewall`: the CNI plugin around the [`firewall`] library.
+
+cni_common::global_allocator!();
+
+use cni_common::spec::result::CniResult;
+use cni_common::{AttachmentId, CniError, Plugin, Request, Result};
+use firewall::backend::{self, Chosen};
+use firewall::config::{Conf, Intent};
+use firewall::{add, check, del, gc, kernel, record, status};
+use serde_json::Value;
+use std::net::IpAddr;
+use std::path::Path;
+
+struct Firewall;
+
+fn load(req: &Request) -> Result<Conf> {
+    Conf::from_raw(&req.plugin_config::<Value>()?)
+}
+
+fn root() -> &'static Path {
+    Path::new(record::DIR)
+}
+
+fn prev_addrs(req: &Request) -> Vec<IpAddr> {
+    req.prev.as_ref().map(|p| p.ips.iter().map(|i| i.address.addr()).collect()).unwrap_or_default()
+}
+
+impl Plugin for Firewall {
+    fn name(&self) -> &'static str {
+        "firewall"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult> {
+        let conf = load(req)?;
+        let prev =
+            req.prev_result()?.ok_or_else(|| CniError::config("missing prevResult from earlier plugin"))?;
+        let intent = Intent::new(&conf, &prev)?;
+        let b = backend::choose(&conf)?;
+        add::add(root(), &AttachmentId::of(req), &conf, &intent, b)?;
+        Ok(prev)
+    }
+
+    fn del(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
+        // a backend that cannot be used now (firewalld, no iptables) still lets the record's go
+        let now = match backend::choose(&conf) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("firewall: {}; removing only what the record names", e.msg);
+                None
+            }
+        };
+        del::del(root(), &AttachmentId::of(req), &conf.admin_chain, &prev_addrs(req), now)
+    }
+
+    fn check(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
+        let prev =
+            req.prev_result()?.ok_or_else(|| CniError::config("missing prevResult from earlier plugin"))?;
+        let intent = Intent::new(&conf, &prev)?;
+        check::check(&conf, &intent, backend::choose(&conf)?)
+    }
+
+    fn gc(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
+        gc::gc(root(), req.network(), &conf.admin_chain, &AttachmentId::valid_list(req)?)
+    }
+
+    fn status(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
+        let b = backend::choose(&conf)?;
+        let mut k = match b {
+            Chosen::Nftables => kernel::Netlink::new().ok(),
+            Chosen::Iptables(_) => None,
+        };
+        status::status(b, k.as_mut())
+    }
+}
+
+fn main() {
+    cni_common::skel::run(&Firewall)
+}
