@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-dist}" && pwd)
 version=${2:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)}
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge firewall host-local loopback portmap)
 tools=(cnitool cni-migrate)
 scratch=$(mktemp -d /tmp/cni-rs-check.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT

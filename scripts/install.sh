@@ -79,7 +79,7 @@ remove_unit() {
     echo "removed $unit_dir/$unit"
 }
 
-names=(loopback bridge host-local portmap bandwidth)
+names=(loopback bridge host-local portmap bandwidth firewall)
 
 if ((restore)); then
     restored=()
