@@ -134,3 +134,130 @@ fn docker_drop_with_iptables_legacy() {
     let after = save(&host, "iptables-legacy");
     assert!(!after.contains(IN_RULE) && !after.contains(OUT_RULE), "{after}");
 }
+
+/// A fake host whose FORWARD policy is DROP (written with `tool`), with an "outside" namespace
+/// on a veth (192.0.2.2 behind the host's 192.0.2.1) and br_netfilter's call into iptables on
+/// when the kernel has it (then pod-to-pod traffic on the bridge meets the drop too).
+struct DropHost {
+    host: Netns,
+    outside: Netns,
+    path: cni_tests::TempDir,
+    data: cni_tests::TempDir,
+    bridged: bool,
+}
+
+impl DropHost {
+    fn new(tool: &str) -> DropHost {
+        let host = Netns::new("fwh");
+        let outside = Netns::new("fwo");
+        host.run("ip", &["link", "set", "lo", "up"]);
+        host.run(
+            "ip",
+            &["link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", outside.name()],
+        );
+        host.run("ip", &["addr", "add", "192.0.2.1/24", "dev", "up0"]);
+        host.run("ip", &["link", "set", "up0", "up"]);
+        outside.run("ip", &["addr", "add", "192.0.2.2/24", "dev", "eth0"]);
+        outside.run("ip", &["link", "set", "eth0", "up"]);
+        outside.run("ip", &["link", "set", "lo", "up"]);
+        host.run(tool, &["-P", "FORWARD", "DROP"]);
+        let bridged = cni_tests::skip_unless(cni_tests::Feature::BrNetfilter);
+        if bridged {
+            host.run("sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"]);
+        }
+        DropHost {
+            host,
+            outside,
+            path: cni_tests::cni_path_with(&["bridge", "host-local", "firewall"]),
+            data: cni_tests::TempDir::new("fwd"),
+            bridged,
+        }
+    }
+
+    fn chain(&self, name: &str, firewall: bool) -> cni_tests::chain::Chain {
+        let mut plugins =
+            vec![json!({"type": "bridge", "bridge": "fwbr0", "isGateway": true, "ipMasq": true,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
+                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.data.str()}})];
+        if firewall {
+            plugins.push(json!({"type": "firewall"}));
+        }
+        cni_tests::chain::Chain {
+            name: name.into(),
+            version: "1.0.0".into(),
+            plugins,
+            cni_path: self.path.path().to_path_buf(),
+        }
+    }
+}
+
+fn pod_addr(result: &Value) -> String {
+    let a = result["ips"][0]["address"].as_str().expect("an address");
+    a.split('/').next().unwrap().to_string()
+}
+
+fn pings(from: &Netns, to: &str) -> bool {
+    from.try_run("ping", &["-c", "1", "-W", "2", to]).status.success()
+}
+
+/// The cni_common diagnosis, run in `ns` (on a thread of its own that enters it).
+fn diagnose_in(ns: &Netns, subnet: &str) -> cni_common::forward_drop::Diagnosis {
+    let subnet: ipnet::IpNet = subnet.parse().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.enter_current_thread();
+            cni_common::forward_drop::diagnose(subnet)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn traffic_through(tool: &str) {
+    let w = DropHost::new(tool);
+    let net = format!("fwt-{tool}-{}", std::process::id());
+    let subnet = "10.77.0.0/24";
+    // without the firewall: the drop wins, and the diagnosis names the chain and the fix
+    let bare = w.chain(&net, false);
+    let p0 = Netns::new("fwp");
+    let (r0, _) = bare.add("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD");
+    assert!(
+        !pings(&p0, "192.0.2.2"),
+        "traffic must die at {tool}'s FORWARD DROP without the firewall plugin"
+    );
+    let d = diagnose_in(&w.host, subnet);
+    let msg = d.message(subnet.parse().unwrap()).expect("the drop is found");
+    assert!(msg.contains(tool) && msg.contains("FORWARD") && msg.contains("\"firewall\" plugin"), "{msg}");
+    bare.del("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&r0), Some(&w.host));
+
+    // with it: out and back, and pod to pod across the bridge
+    let chain = w.chain(&net, true);
+    let (a, b) = (Netns::new("fwa"), Netns::new("fwb"));
+    let (ra, _) = chain.add("ctr-a", a.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD a");
+    let (rb, _) = chain.add("ctr-b", b.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD b");
+    assert!(pings(&a, "192.0.2.2"), "pod a reaches the outside");
+    assert!(pings(&b, "192.0.2.2"), "pod b reaches the outside");
+    if w.bridged {
+        assert!(pings(&a, &pod_addr(&rb)), "pod a reaches pod b through the bridge");
+    }
+    assert!(diagnose_in(&w.host, subnet).message(subnet.parse().unwrap()).is_none());
+    for s in chain.check("ctr-a", a.path_str(), "eth0", &json!({}), &ra, Some(&w.host)) {
+        assert_eq!(s.out.code, 0, "CHECK {}: {}", s.plugin, s.out.stdout);
+    }
+    chain.del("ctr-a", a.path_str(), "eth0", &json!({}), Some(&ra), Some(&w.host));
+    assert!(pings(&b, "192.0.2.2"), "pod b keeps its way out after a's DEL");
+    chain.del("ctr-b", b.path_str(), "eth0", &json!({}), Some(&rb), Some(&w.host));
+    let left = save(&w.host, tool);
+    assert!(!left.contains("-A CNI-FORWARD -s 10.77."), "{left}");
+    drop(w.outside);
+}
+
+#[test]
+fn pods_get_through_docker_drop_iptables_nft() {
+    traffic_through("iptables-nft");
+}
+
+#[test]
+fn pods_get_through_docker_drop_iptables_legacy() {
+    traffic_through("iptables-legacy");
+}

@@ -40,9 +40,10 @@ impl Chosen {
     }
 }
 
-/// Whether iptables-legacy's `filter` table is loaded in this network namespace.
+/// Whether iptables-legacy's `filter` table is loaded in the calling thread's network namespace
+/// (`/proc/thread-self`: `/proc/net` is the main thread's).
 pub fn legacy_filter_loaded() -> bool {
-    ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"]
+    ["/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"]
         .iter()
         .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.lines().any(|l| l.trim() == "filter")))
 }

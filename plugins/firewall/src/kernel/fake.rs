@@ -8,14 +8,20 @@ use cni_common::net::Family;
 use cni_common::netlink::nft::{listed, NftChain, NftDelete, NftOp, NftRule};
 use cni_common::netlink::NlError;
 
+/// One family's table: its chains and rules.
+pub type FakeTable = (Family, Vec<NftChain>, Vec<NftRule>);
+
+/// Another process's transaction, run between a read and the apply that follows it.
+pub type Between = Box<dyn FnMut(&mut Fake)>;
+
 #[derive(Default)]
 pub struct Fake {
     pub generation: u32,
     /// (family, chains, rules): the table of each family that has one.
-    pub tables: Vec<(Family, Vec<NftChain>, Vec<NftRule>)>,
+    pub tables: Vec<FakeTable>,
     pub next_handle: u64,
     /// Run after the next read (another process's transaction).
-    pub between: Vec<Box<dyn FnMut(&mut Fake)>>,
+    pub between: Vec<Between>,
     pub applied: usize,
     /// Fail every apply with this errno.
     pub fail: Option<i32>,
@@ -38,7 +44,7 @@ fn fam_of(op: &NftOp) -> Family {
 }
 
 impl Fake {
-    fn table(&mut self, f: Family) -> Option<&mut (Family, Vec<NftChain>, Vec<NftRule>)> {
+    fn table(&mut self, f: Family) -> Option<&mut FakeTable> {
         self.tables.iter_mut().find(|t| t.0 == f)
     }
 
