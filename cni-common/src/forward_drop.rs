@@ -26,7 +26,7 @@ pub struct Dropper {
     /// `ip filter`, `inet firewalld`, …
     pub table: String,
     pub chain: String,
-    /// "policy drop" or "an unconditional drop rule".
+    /// "policy drop" or "an unconditional drop or reject rule".
     pub how: &'static str,
 }
 
@@ -78,10 +78,41 @@ fn accepts_subnet(r: &NftRule, subnet: IpNet) -> bool {
     })
 }
 
+/// A rule that drops or rejects everything that reaches it (`drop`, `reject …`: firewalld's
+/// last forward rule), counters aside.
 fn unconditional_drop(r: &NftRule) -> bool {
     let meaningful: Vec<&NftExpr> =
         r.exprs.iter().filter(|e| !matches!(e, NftExpr::Other(n) if n == "counter")).collect();
-    matches!(meaningful.as_slice(), [NftExpr::Verdict(Verdict::Drop)])
+    match meaningful.as_slice() {
+        [NftExpr::Verdict(Verdict::Drop)] => true,
+        [NftExpr::Other(n)] => n == "reject",
+        _ => false,
+    }
+}
+
+/// Whether `r`, in a chain jumped to, sends the subnet's traffic on: an accept, or a jump or
+/// goto on its addresses (firewalld binds a zone's sources with `ip saddr … goto <zone>`).
+fn passes_subnet(r: &NftRule, subnet: IpNet) -> bool {
+    if accepts_subnet(r, subnet) {
+        return true;
+    }
+    let jumps = r.verdicts().any(|v| matches!(v, Verdict::Jump(_) | Verdict::Goto(_)));
+    jumps && {
+        let as_accept = NftRule {
+            exprs: r
+                .exprs
+                .iter()
+                .map(|e| match e {
+                    NftExpr::Verdict(Verdict::Jump(_) | Verdict::Goto(_)) => {
+                        NftExpr::Verdict(Verdict::Accept)
+                    }
+                    other => other.clone(),
+                })
+                .collect(),
+            ..r.clone()
+        };
+        accepts_subnet(&as_accept, subnet)
+    }
 }
 
 /// The judgement (pure).
@@ -98,7 +129,7 @@ pub fn judge(chains: &[ForwardChain], subnet: IpNet) -> Vec<Dropper> {
             || before.iter().any(|r| {
                 r.verdicts().any(|v| {
                     matches!(v, Verdict::Jump(j) | Verdict::Goto(j)
-                    if c.jumped.iter().any(|x| &x.chain == j && accepts_subnet(x, subnet)))
+                    if c.jumped.iter().any(|x| &x.chain == j && passes_subnet(x, subnet)))
                 })
             });
         if !opened {
@@ -106,7 +137,11 @@ pub fn judge(chains: &[ForwardChain], subnet: IpNet) -> Vec<Dropper> {
                 owner: c.owner,
                 table: c.table.clone(),
                 chain: c.chain.name.clone(),
-                how: if first_drop.is_some() { "an unconditional drop rule" } else { "policy drop" },
+                how: if first_drop.is_some() {
+                    "an unconditional drop or reject rule"
+                } else {
+                    "policy drop"
+                },
             });
         }
     }
@@ -298,7 +333,15 @@ mod tests {
         assert!(judge(&[fc(POLICY_ACCEPT, vec![], vec![])], subnet).is_empty());
         let drop = rule("FORWARD", vec![RuleExpr::Verdict(Verdict::Drop)]);
         let d = judge(&[fc(POLICY_ACCEPT, vec![drop.clone()], vec![])], subnet);
-        assert_eq!(d[0].how, "an unconditional drop rule");
+        assert_eq!(d[0].how, "an unconditional drop or reject rule");
+        // firewalld: a final reject, the zone's sources bound by a goto one jump deep
+        let reject = NftRule { exprs: vec![NftExpr::Other("reject".into())], ..rule("FORWARD", vec![]) };
+        let zones = rule("FORWARD", vec![RuleExpr::Verdict(Verdict::Jump("filter_FORWARD_ZONES".into()))]);
+        assert_eq!(judge(&[fc(POLICY_ACCEPT, vec![zones.clone(), reject.clone()], vec![])], subnet).len(), 1);
+        let mut bind = RuleExpr::addr(true, "10.88.0.5/32".parse().unwrap(), CmpOp::Eq);
+        bind.push(RuleExpr::Verdict(Verdict::Goto("filter_FWD_trusted".into())));
+        let bound = rule("filter_FORWARD_ZONES", bind);
+        assert!(judge(&[fc(POLICY_ACCEPT, vec![zones, reject], vec![bound])], subnet).is_empty());
         // an accept after the drop rule is too late
         let late =
             judge(&[fc(POLICY_ACCEPT, vec![drop, accept_src("FORWARD", "10.88.0.0/16")], vec![])], subnet);

@@ -13,12 +13,14 @@ pub fn add(root: &Path, me: &AttachmentId, conf: &Conf, intent: &Intent, b: Chos
         container_id: me.container_id.clone(),
         ifname: me.ifname.clone(),
         backend: b.name().into(),
+        zone: conf.zone.clone(),
         addrs: intent.addrs.clone(),
     };
     record::write(root, me, &rec)?;
     for fam in [Family::V4, Family::V6] {
         let (chains, rules) = desired(conf, intent, fam);
-        backend::add(b, fam, &conf.admin_chain, &chains, &rules)?;
+        let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };
+        backend::add(b, fam, names, &intent.addrs, &chains, &rules)?;
     }
     Ok(())
 }

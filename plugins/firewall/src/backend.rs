@@ -3,13 +3,13 @@
 //! The default rule (no `backend` key, or ""): where the legacy x_tables `filter` table is
 //! loaded in this network namespace (`/proc/net/ip{,6}_tables_names`: Docker or a firewall on
 //! iptables-legacy), the drop lives there, out of nf_tables' reach: the iptables backend through
-//! `iptables-legacy`. Otherwise nftables over netlink. Upstream's rule is "firewalld if it owns
-//! its D-Bus name, else iptables"; firewalld is not supported by this build (a named
-//! `"firewalld"` is refused with code 50), see the README.
+//! `iptables-legacy`. Otherwise nftables over netlink. Before both, as upstream: firewalld when
+//! it owns its name on the system bus. Upstream's rule is "firewalld if it runs, else
+//! iptables": on an iptables-nft host its iptables and our nftables write the same rules.
 
 use crate::config::{Backend, Conf};
 use crate::model::Rule;
-use crate::{iptables, kernel, nft};
+use crate::{firewalld, iptables, kernel, nft};
 use cni_common::net::Family;
 use cni_common::upstream::iptables::{default_backend, Backend as Xt};
 use cni_common::{code, CniError, Result};
@@ -19,6 +19,7 @@ use std::net::IpAddr;
 pub enum Chosen {
     Nftables,
     Iptables(Xt),
+    Firewalld,
 }
 
 impl Chosen {
@@ -27,6 +28,7 @@ impl Chosen {
             Chosen::Nftables => "nftables",
             Chosen::Iptables(Xt::Nft) => "iptables-nft",
             Chosen::Iptables(Xt::Legacy) => "iptables-legacy",
+            Chosen::Firewalld => "firewalld",
         }
     }
 
@@ -35,6 +37,7 @@ impl Chosen {
             "nftables" => Some(Chosen::Nftables),
             "iptables-nft" => Some(Chosen::Iptables(Xt::Nft)),
             "iptables-legacy" => Some(Chosen::Iptables(Xt::Legacy)),
+            "firewalld" => Some(Chosen::Firewalld),
             _ => None,
         }
     }
@@ -49,8 +52,10 @@ pub fn legacy_filter_loaded() -> bool {
 }
 
 /// The default rule, given what the host shows (pure).
-pub fn default_rule(legacy_filter: bool) -> Chosen {
-    if legacy_filter {
+pub fn default_rule(firewalld: bool, legacy_filter: bool) -> Chosen {
+    if firewalld {
+        Chosen::Firewalld
+    } else if legacy_filter {
         Chosen::Iptables(Xt::Legacy)
     } else {
         Chosen::Nftables
@@ -67,13 +72,8 @@ pub fn choose(conf: &Conf) -> Result<Chosen> {
                 "backend \"iptables\": no iptables command on this host (install iptables, or use backend \"nftables\")",
             )),
         },
-        Some(Backend::Firewalld) => Err(CniError::new(
-            code::NOT_AVAILABLE,
-            "backend \"firewalld\" is not supported by this firewall plugin yet: use \"nftables\" or \"iptables\" \
-             (firewalld's iptables/nftables backends drop forwarded traffic of zones other than trusted; add the pod \
-             subnet to the trusted zone: firewall-cmd --zone=trusted --add-source=<subnet>)",
-        )),
-        None => Ok(default_rule(legacy_filter_loaded())),
+        Some(Backend::Firewalld) => Ok(Chosen::Firewalld),
+        None => Ok(default_rule(firewalld::running(), legacy_filter_loaded())),
     }
 }
 
@@ -82,18 +82,40 @@ fn nf() -> Result<kernel::Netlink> {
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
 }
 
-pub fn add(b: Chosen, fam: Family, admin: &str, chains: &[String], rules: &[Rule]) -> Result<()> {
+/// The names a verb needs besides the rules: the admin chain and the firewalld zone.
+#[derive(Debug, Clone, Copy)]
+pub struct Names<'a> {
+    pub admin: &'a str,
+    pub zone: &'a str,
+}
+
+fn of_family(addrs: &[IpAddr], fam: Family) -> Vec<IpAddr> {
+    addrs.iter().copied().filter(|a| Family::of(a) == fam).collect()
+}
+
+pub fn add(
+    b: Chosen,
+    fam: Family,
+    n: Names,
+    addrs: &[IpAddr],
+    chains: &[String],
+    rules: &[Rule],
+) -> Result<()> {
     if rules.is_empty() {
         return Ok(());
     }
+    let admin = n.admin;
     match b {
+        Chosen::Firewalld => firewalld::add(n.zone, &of_family(addrs, fam)),
         Chosen::Nftables => nft::add(&mut nf()?, fam, admin, chains, rules),
         Chosen::Iptables(x) => iptables::add(x, fam, chains, rules),
     }
 }
 
-pub fn del(b: Chosen, fam: Family, admin: &str, addrs: &[IpAddr]) -> Result<()> {
+pub fn del(b: Chosen, fam: Family, n: Names, addrs: &[IpAddr]) -> Result<()> {
+    let admin = n.admin;
     match b {
+        Chosen::Firewalld => firewalld::del(n.zone, &of_family(addrs, fam)),
         Chosen::Nftables => nft::del(&mut nf()?, fam, admin, addrs),
         Chosen::Iptables(x) => iptables::del(x, fam, addrs),
     }
@@ -102,11 +124,14 @@ pub fn del(b: Chosen, fam: Family, admin: &str, addrs: &[IpAddr]) -> Result<()> 
 pub fn missing(
     b: Chosen,
     fam: Family,
-    admin: &str,
+    n: Names,
+    addrs: &[IpAddr],
     chains: &[String],
     rules: &[Rule],
 ) -> Result<Vec<String>> {
+    let admin = n.admin;
     match b {
+        Chosen::Firewalld => firewalld::missing(n.zone, &of_family(addrs, fam)),
         Chosen::Nftables => nft::missing(&mut nf()?, fam, admin, chains, rules),
         Chosen::Iptables(x) => iptables::missing(x, fam, chains, rules),
     }
@@ -118,12 +143,15 @@ mod tests {
 
     #[test]
     fn the_default_follows_where_the_drop_can_be() {
-        assert_eq!(default_rule(true), Chosen::Iptables(Xt::Legacy));
-        assert_eq!(default_rule(false), Chosen::Nftables);
-        for c in [Chosen::Nftables, Chosen::Iptables(Xt::Nft), Chosen::Iptables(Xt::Legacy)] {
+        assert_eq!(default_rule(false, true), Chosen::Iptables(Xt::Legacy));
+        assert_eq!(default_rule(false, false), Chosen::Nftables);
+        assert_eq!(default_rule(true, true), Chosen::Firewalld, "firewalld first, as upstream");
+        for c in
+            [Chosen::Nftables, Chosen::Iptables(Xt::Nft), Chosen::Iptables(Xt::Legacy), Chosen::Firewalld]
+        {
             assert_eq!(Chosen::from_name(c.name()), Some(c));
         }
         let fw = Conf::from_raw(&serde_json::json!({"backend": "firewalld"})).unwrap();
-        assert_eq!(choose(&fw).unwrap_err().code, code::NOT_AVAILABLE);
+        assert_eq!(choose(&fw).unwrap(), Chosen::Firewalld);
     }
 }

@@ -10,7 +10,8 @@ pub fn check(conf: &Conf, intent: &Intent, b: Chosen) -> Result<()> {
     let mut missing = Vec::new();
     for fam in [Family::V4, Family::V6] {
         let (chains, rules) = desired(conf, intent, fam);
-        missing.extend(backend::missing(b, fam, &conf.admin_chain, &chains, &rules)?);
+        let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };
+        missing.extend(backend::missing(b, fam, names, &intent.addrs, &chains, &rules)?);
     }
     if missing.is_empty() {
         return Ok(());

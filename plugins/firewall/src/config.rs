@@ -71,6 +71,14 @@ pub fn valid_chain(name: &str) -> bool {
         )
 }
 
+/// A firewalld zone name: 1 to 64 of `A-Za-z0-9_-+./`, not starting with `-`.
+pub fn valid_zone(z: &str) -> bool {
+    !z.is_empty()
+        && z.len() <= 64
+        && !z.starts_with('-')
+        && z.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-+./".contains(&b))
+}
+
 fn string_key(raw: &Value, key: &str) -> Result<Option<String>> {
     match raw.get(key) {
         None | Some(Value::Null) => Ok(None),

@@ -28,15 +28,17 @@ pub fn stale(records: &[Record], network: &str, valid: &[AttachmentId]) -> (Vec<
 pub fn gc(root: &Path, network: &str, admin: &str, valid: &[AttachmentId]) -> Result<()> {
     let (gone, addrs) = stale(&record::all(root, network), network, valid);
     let mut errors = ErrorList::new();
-    let mut backends: Vec<Chosen> = Vec::new();
-    for b in gone.iter().filter_map(|r| Chosen::from_name(&r.backend)) {
-        if !backends.contains(&b) {
-            backends.push(b);
+    let mut backends: Vec<(Chosen, &str)> = Vec::new();
+    for r in &gone {
+        if let Some(b) = Chosen::from_name(&r.backend) {
+            if !backends.contains(&(b, r.zone.as_str())) {
+                backends.push((b, r.zone.as_str()));
+            }
         }
     }
-    for b in backends {
+    for (b, zone) in backends {
         for fam in [Family::V4, Family::V6] {
-            errors.take(backend::del(b, fam, admin, &addrs));
+            errors.take(backend::del(b, fam, backend::Names { admin, zone }, &addrs));
         }
     }
     for r in &gone {
@@ -55,6 +57,7 @@ mod tests {
             container_id: c.into(),
             ifname: "eth0".into(),
             backend: "nftables".into(),
+            zone: "trusted".into(),
             addrs: vec![a.parse().unwrap()],
         };
         let records = [rec("old", "10.0.0.2"), rec("new", "10.0.0.2"), rec("gone", "10.0.0.3")];

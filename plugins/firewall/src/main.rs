@@ -50,7 +50,8 @@ impl Plugin for Firewall {
                 None
             }
         };
-        del::del(root(), &AttachmentId::of(req), &conf.admin_chain, &prev_addrs(req), now)
+        let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };
+        del::del(root(), &AttachmentId::of(req), names, &prev_addrs(req), now)
     }
 
     fn check(&self, req: &Request) -> Result<()> {
@@ -71,7 +72,7 @@ impl Plugin for Firewall {
         let b = backend::choose(&conf)?;
         let mut k = match b {
             Chosen::Nftables => kernel::Netlink::new().ok(),
-            Chosen::Iptables(_) => None,
+            Chosen::Iptables(_) | Chosen::Firewalld => None,
         };
         status::status(b, k.as_mut())
     }

@@ -14,8 +14,10 @@ pub const DIR: &str = "/var/lib/cni/firewall";
 pub struct Record {
     pub container_id: String,
     pub ifname: String,
-    /// "nftables", "iptables-nft" or "iptables-legacy".
+    /// "nftables", "iptables-nft", "iptables-legacy" or "firewalld".
     pub backend: String,
+    /// The firewalld zone (firewalld backend).
+    pub zone: String,
     pub addrs: Vec<IpAddr>,
 }
 
@@ -29,7 +31,10 @@ fn file_of(root: &Path, a: &AttachmentId) -> PathBuf {
 
 impl Record {
     pub fn text(&self) -> String {
-        let mut s = format!("ctr {}\nif {}\nbackend {}\n", self.container_id, self.ifname, self.backend);
+        let mut s = format!(
+            "ctr {}\nif {}\nbackend {}\nzone {}\n",
+            self.container_id, self.ifname, self.backend, self.zone
+        );
         for a in &self.addrs {
             s.push_str(&format!("addr {a}\n"));
         }
@@ -41,6 +46,7 @@ impl Record {
             container_id: String::new(),
             ifname: String::new(),
             backend: String::new(),
+            zone: "trusted".into(),
             addrs: Vec::new(),
         };
         for line in text.lines() {
@@ -107,6 +113,7 @@ mod tests {
             container_id: "c1".into(),
             ifname: "eth0".into(),
             backend: "nftables".into(),
+            zone: "trusted".into(),
             addrs: vec!["10.0.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
         };
         assert_eq!(Record::parse(&r.text()), Some(r.clone()));

@@ -32,6 +32,13 @@ pub fn status<K: Kernel>(b: Chosen, k: Option<&mut K>) -> Result<()> {
             )
         }),
         (Chosen::Nftables, None) => Err(CniError::new(code::NOT_AVAILABLE, "nf_tables is not usable")),
+        (Chosen::Firewalld, _) => {
+            if crate::firewalld::running() {
+                Ok(())
+            } else {
+                Err(CniError::new(code::NOT_AVAILABLE, "firewalld does not own its name on the system bus"))
+            }
+        }
         (Chosen::Iptables(x), _) => {
             for fam in [Family::V4, Family::V6] {
                 cni_common::upstream::iptables::save_table(x, fam, TABLE)
