@@ -45,7 +45,7 @@ fn io(e: std::io::Error, what: &str) -> String {
 }
 
 fn pad(buf: &mut Vec<u8>, to: usize) {
-    while buf.len() % to != 0 {
+    while !buf.len().is_multiple_of(to) {
         buf.push(0);
     }
 }
