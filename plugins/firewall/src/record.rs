@@ -54,9 +54,10 @@ impl Record {
             match k {
                 "ctr" => r.container_id = v.into(),
                 "if" => r.ifname = v.into(),
-                "backend" if matches!(v, "nftables" | "iptables-nft" | "iptables-legacy") => {
+                "backend" if matches!(v, "nftables" | "iptables-nft" | "iptables-legacy" | "firewalld") => {
                     r.backend = v.into()
                 }
+                "zone" if crate::config::valid_zone(v) => r.zone = v.into(),
                 "addr" => r.addrs.push(v.parse().ok()?),
                 _ => return None,
             }
@@ -118,6 +119,9 @@ mod tests {
         };
         assert_eq!(Record::parse(&r.text()), Some(r.clone()));
         assert_eq!(Record::parse("ctr c\nif e\nbackend sh -c x\n"), None);
+        assert_eq!(Record::parse("ctr c\nif e\nbackend firewalld\nzone -x\n"), None);
+        let fw = Record { backend: "firewalld".into(), zone: "internal".into(), ..r.clone() };
+        assert_eq!(Record::parse(&fw.text()), Some(fw));
         assert_eq!(Record::parse("ctr c\nif e\nbackend nftables\naddr 10.0.0.2/../x\n"), None);
         let root = std::env::temp_dir().join(format!("fw-rec-{}", std::process::id()));
         let a = AttachmentId::new("net1", "c1", "eth0");
