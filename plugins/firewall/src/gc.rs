@@ -44,6 +44,7 @@ pub fn gc(root: &Path, network: &str, admin: &str, valid: &[AttachmentId]) -> Re
     for r in &gone {
         errors.take(record::remove(root, &AttachmentId::new(network, &r.container_id, &r.ifname)));
     }
+    record::sweep(root, network, valid);
     errors.finish()
 }
 

@@ -68,13 +68,18 @@ impl Record {
 
 pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
     let dir = net_dir(root, &a.network);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CniError::new(cni_common::code::IO, format!("{}: {e}", dir.display())))?;
     let path = file_of(root, a);
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, r.text())
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| CniError::new(cni_common::code::IO, format!("{}: {e}", path.display())))
+    let io = |e: std::io::Error| CniError::new(cni_common::code::IO, format!("{}: {e}", path.display()));
+    // a DEL or GC of the network's last attachment removes the directory: make it again once
+    for attempt in 0..2 {
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        match std::fs::write(&tmp, r.text()).and_then(|()| std::fs::rename(&tmp, &path)) {
+            Err(e) if attempt == 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
+            other => return other.map_err(io),
+        }
+    }
+    Ok(())
 }
 
 pub fn read(root: &Path, a: &AttachmentId) -> Option<Record> {
@@ -82,13 +87,41 @@ pub fn read(root: &Path, a: &AttachmentId) -> Option<Record> {
     Record::parse(&text).filter(|r| r.container_id == a.container_id && r.ifname == a.ifname)
 }
 
+/// Half-written records (`<hash>.tmp<pid>`, left by a process killed while writing) whose
+/// attachment `keep` does not name.
+fn sweep_tmp(root: &Path, network: &str, keep: &dyn Fn(&str) -> bool) {
+    let Ok(dir) = std::fs::read_dir(net_dir(root, network)) else { return };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((hash, pid)) = name.split_once(".tmp") else { continue };
+        if hash.len() == 32 && pid.bytes().all(|b| b.is_ascii_digit()) && !keep(hash) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// GC: half-written records of attachments not in `valid`.
+pub fn sweep(root: &Path, network: &str, valid: &[AttachmentId]) {
+    let hashes: Vec<String> = valid
+        .iter()
+        .filter_map(|a| file_of(root, a).file_name().and_then(|n| n.to_str()).map(String::from))
+        .collect();
+    sweep_tmp(root, network, &|h| hashes.iter().any(|v| v == h));
+}
+
 pub fn remove(root: &Path, a: &AttachmentId) -> Result<()> {
-    match std::fs::remove_file(file_of(root, a)) {
+    let mine = file_of(root, a);
+    let own = mine.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    sweep_tmp(root, &a.network, &|h| h != own);
+    let done = match std::fs::remove_file(mine) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(CniError::new(cni_common::code::IO, format!("removing the firewall record: {e}")))
         }
         _ => Ok(()),
-    }
+    };
+    let _ = std::fs::remove_dir(net_dir(root, &a.network)); // only when it is empty
+    done
 }
 
 /// Every record of `network` (unreadable or malformed files are skipped).
@@ -127,11 +160,24 @@ mod tests {
         let a = AttachmentId::new("net1", "c1", "eth0");
         write(&root, &a, &r).unwrap();
         assert_eq!(read(&root, &a), Some(r.clone()));
-        assert_eq!(all(&root, "net1"), vec![r]);
+        assert_eq!(all(&root, "net1"), vec![r.clone()]);
         assert_eq!(read(&root, &AttachmentId::new("net1", "c2", "eth0")), None);
+        // a half-written record of a killed ADD goes with DEL, another attachment's with GC
+        let tmp = |id: &str| file_of(&root, &AttachmentId::new("net1", id, "eth0")).with_extension("tmp42");
+        std::fs::write(tmp("c1"), "ctr c1\n").unwrap();
+        std::fs::write(tmp("c3"), "ctr c3\n").unwrap();
+        std::fs::write(tmp("c4"), "ctr c4\n").unwrap();
         remove(&root, &a).unwrap();
         remove(&root, &a).unwrap();
+        assert!(!tmp("c1").exists() && tmp("c3").exists());
+        sweep(&root, "net1", &[AttachmentId::new("net1", "c4", "eth0")]);
+        assert!(!tmp("c3").exists() && tmp("c4").exists());
+        std::fs::remove_file(tmp("c4")).unwrap();
         assert!(all(&root, "net1").is_empty());
+        remove(&root, &a).unwrap();
+        assert!(!root.join("net1").exists(), "the network's empty directory goes with its last record");
+        write(&root, &a, &r).unwrap(); // and comes back with the next ADD
+        remove(&root, &a).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
