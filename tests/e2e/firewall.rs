@@ -261,3 +261,131 @@ fn pods_get_through_docker_drop_iptables_nft() {
 fn pods_get_through_docker_drop_iptables_legacy() {
     traffic_through("iptables-legacy");
 }
+
+/// SIGKILL the firewall at a random point of its ADD, then DEL without prevResult (what a
+/// runtime does after a failed ADD) or GC with nothing valid: no rule of the address and no
+/// record may be left. `CNI_CRASH_TRIALS` (default 40), `CNI_CRASH_SEED`.
+#[test]
+fn sigkill_during_add_then_del_or_gc_leaves_nothing() {
+    let trials: u64 = std::env::var("CNI_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let mut seed: u64 =
+        std::env::var("CNI_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+    eprintln!("firewall crash: {trials} trials, CNI_CRASH_SEED={seed}");
+    let start_seed = seed;
+    let mut rng = move || {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        seed.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let host = Netns::new("fwcr");
+    let pod = PodNetns::new("fwcp");
+    host.run("iptables-nft", &["-P", "FORWARD", "DROP"]);
+    let net = format!("fwcrash-{}", std::process::id());
+    let records = std::path::Path::new("/var/lib/cni/firewall").join(&net);
+    let conf_for = |i: u64| {
+        let mut c = conf(&net, json!({}));
+        c["prevResult"]["ips"] = json!([{"address": format!("10.66.{}.{}/16", i / 200, i % 200 + 2)}]);
+        c
+    };
+    // a normal ADD's wall time bounds the kill points (anywhere from "not started" to "done")
+    let mut typical = Vec::new();
+    for k in 0..5 {
+        let t = std::time::Instant::now();
+        call("firewall", "ADD", &host, &pod, &conf_for(1000 + k)).ok();
+        typical.push(t.elapsed());
+        call("firewall", "DEL", &host, &pod, &conf_for(1000 + k)).ok_silent();
+    }
+    typical.sort();
+    let max = typical[2].as_micros() as u64 * 12 / 10 + 1;
+    for trial in 0..trials {
+        let c = conf_for(trial);
+        let id = format!("crash-{trial}");
+        let delay = std::time::Duration::from_micros(rng() % max);
+        let mut child = Exec::new("firewall")
+            .in_ns(&host)
+            .attachment("ADD", &id, pod.path(), "eth0", "/nonexistent")
+            .spawn(&c.to_string());
+        let t = std::time::Instant::now();
+        while t.elapsed() < delay {
+            std::hint::spin_loop();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let by_gc = rng() % 2 == 1;
+        if by_gc {
+            let mut g = conf(&net, json!({}));
+            g["cniVersion"] = json!("1.1.0");
+            g.as_object_mut().unwrap().remove("prevResult");
+            g["cni.dev/valid-attachments"] = json!([]);
+            Exec::new("firewall")
+                .in_ns(&host)
+                .env("CNI_COMMAND", "GC")
+                .env("CNI_PATH", "/nonexistent")
+                .run_json(&g)
+                .ok_silent();
+        } else {
+            let mut d = c.clone();
+            d.as_object_mut().unwrap().remove("prevResult");
+            Exec::new("firewall")
+                .in_ns(&host)
+                .attachment("DEL", &id, pod.path(), "eth0", "/nonexistent")
+                .run_json(&d)
+                .ok_silent();
+        }
+        let addr = format!("10.66.{}.{}/32", trial / 200, trial % 200 + 2);
+        let left = save(&host, "iptables-nft");
+        assert!(
+            !left.contains(&format!(" {addr} ")),
+            "trial {trial}: killed after {delay:?}, cleaned by {}: {addr} left (CNI_CRASH_SEED={start_seed}):\n{left}",
+            if by_gc { "GC" } else { "DEL" }
+        );
+        let files: Vec<_> = std::fs::read_dir(&records)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(files.is_empty(), "trial {trial}: records left: {files:?} (CNI_CRASH_SEED={start_seed})");
+    }
+    assert!(save(&host, "iptables-nft").contains("-P FORWARD DROP"));
+}
+
+/// Hostile values: refused with the key named and code 7 before anything is touched (no
+/// chain, no record), and DEL of garbage prevResult-less input succeeds without touching.
+#[test]
+fn hostile_configurations_change_nothing() {
+    let host = Netns::new("fwhost");
+    let pod = PodNetns::new("fwhp");
+    let net = format!("fwhostile-{}", std::process::id());
+    let cases = [
+        json!({"backend": "ipfw"}),
+        json!({"backend": ["iptables"]}),
+        json!({"iptablesAdminChainName": "-F"}),
+        json!({"iptablesAdminChainName": "A\nCOMMIT\n*nat\n-F"}),
+        json!({"iptablesAdminChainName": "X".repeat(29)}),
+        json!({"iptablesAdminChainName": "FORWARD"}),
+        json!({"firewalldZone": "trusted'; rm -rf /"}),
+        json!({"ingressPolicy": "open; same-bridge"}),
+        json!({"ingressPolicy": "same-bridge", "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.88.0.5/16"}]}}),
+        json!({"ingressPolicy": "same-bridge", "prevResult": {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "../../etc"}], "ips": [{"address": "10.88.0.5/16"}]}}),
+    ];
+    for extra in cases {
+        let c = conf(&net, extra.clone());
+        let out = call("firewall", "ADD", &host, &pod, &c);
+        assert_ne!(out.code, 0, "{extra}: {}", out.stdout);
+        let e = out.json();
+        assert_eq!(e["code"], json!(7), "{extra}: {e}");
+        let key = extra.as_object().unwrap().keys().next().unwrap().clone();
+        assert!(e["msg"].as_str().unwrap().contains(&key), "{extra}: the message names {key}: {e}");
+    }
+    // ADD without prevResult: refused; DEL without it: nothing to do, success
+    let mut bare = conf(&net, json!({}));
+    bare.as_object_mut().unwrap().remove("prevResult");
+    let out = call("firewall", "ADD", &host, &pod, &bare);
+    assert_eq!(out.json()["code"], json!(7), "{}", out.stdout);
+    call("firewall", "DEL", &host, &pod, &bare).ok_silent();
+    let v4 = save(&host, "iptables-nft");
+    assert!(!v4.contains("CNI-FORWARD"), "nothing written: {v4}");
+    assert!(!std::path::Path::new("/var/lib/cni/firewall").join(&net).exists(), "no record");
+}

@@ -159,7 +159,7 @@ impl Intent {
         if conf.ingress != Ingress::Open {
             let Some(b) = bridge.as_deref() else {
                 return Err(CniError::config(format!(
-                    "interface needs to be set for ingress policy {:?}, make sure to chain \"firewall\" plugin with \"bridge\"",
+                    "ingressPolicy {:?}: interface needs to be set for ingress policy (prevResult.interfaces is empty), make sure to chain \"firewall\" plugin with \"bridge\"",
                     conf.ingress.name()
                 )));
             };
