@@ -389,3 +389,35 @@ fn hostile_configurations_change_nothing() {
     assert!(!v4.contains("CNI-FORWARD"), "nothing written: {v4}");
     assert!(!std::path::Path::new("/var/lib/cni/firewall").join(&net).exists(), "no record");
 }
+
+/// Every spec version with a prevResult (0.3.0 on) runs ADD, CHECK (0.4.0 on) and DEL; 0.1.0
+/// and 0.2.0 are refused with code 1 (no chaining there), as VERSION says.
+#[test]
+fn every_version_with_chaining() {
+    let host = Netns::new("fwver");
+    let pod = PodNetns::new("fwvp");
+    let net = format!("fwver-{}", std::process::id());
+    for v in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let mut c = conf(&net, json!({}));
+        c["cniVersion"] = json!(v);
+        c["prevResult"]["cniVersion"] = json!(v);
+        let r = call("firewall", "ADD", &host, &pod, &c).ok();
+        assert_eq!(r["cniVersion"], json!(v));
+        assert_eq!(r["ips"][0]["address"], json!("10.88.0.5/16"), "the prevResult passes through: {r}");
+        if !v.starts_with("0.3") {
+            call("firewall", "CHECK", &host, &pod, &c).ok_silent();
+        }
+        call("firewall", "DEL", &host, &pod, &c).ok_silent();
+    }
+    for v in ["0.1.0", "0.2.0"] {
+        let mut c = conf(&net, json!({}));
+        c["cniVersion"] = json!(v);
+        c.as_object_mut().unwrap().remove("prevResult");
+        let out = call("firewall", "ADD", &host, &pod, &c);
+        assert_eq!(out.json()["code"], json!(1), "{v}: {}", out.stdout);
+    }
+    let out = Exec::new("firewall").env("CNI_COMMAND", "VERSION").run("{\"cniVersion\":\"1.1.0\"}").ok();
+    let supported = out["supportedVersions"].as_array().unwrap().clone();
+    assert_eq!(supported.len(), 5, "{out}");
+    assert!(!save(&host, "iptables-nft").contains("10.88.0.5"));
+}

@@ -3,7 +3,7 @@
 cni_common::global_allocator!();
 
 use cni_common::spec::result::CniResult;
-use cni_common::{AttachmentId, CniError, Plugin, Request, Result};
+use cni_common::{AttachmentId, CniError, Plugin, Request, Result, Version};
 use firewall::backend::{self, Chosen};
 use firewall::config::{Conf, Intent};
 use firewall::{add, check, del, gc, kernel, record, status};
@@ -28,6 +28,12 @@ fn prev_addrs(req: &Request) -> Vec<IpAddr> {
 impl Plugin for Firewall {
     fn name(&self) -> &'static str {
         "firewall"
+    }
+
+    /// A chained plugin needs a prevResult: 0.3.0 and later (upstream's starts at 0.4.0; the
+    /// 0.3.x results carry everything it reads).
+    fn supported_versions(&self) -> &'static [Version] {
+        &[Version::V0_3_0, Version::V0_3_1, Version::V0_4_0, Version::V1_0_0, Version::V1_1_0]
     }
 
     fn add(&self, req: &Request) -> Result<CniResult> {
