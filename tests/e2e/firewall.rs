@@ -421,3 +421,55 @@ fn every_version_with_chaining() {
     assert_eq!(supported.len(), 5, "{out}");
     assert!(!save(&host, "iptables-nft").contains("10.88.0.5"));
 }
+
+/// Concurrent ADDs on a host with no filter table yet (every one plans to create it), then
+/// concurrent DELs and CHECKs: each change is planned on one generation and committed only at
+/// it, so the table, chains and jumps exist once and no attachment's rules are lost.
+#[test]
+fn concurrent_verbs_keep_one_setup_and_every_rule() {
+    let host = Netns::new("fwcc");
+    let pod = PodNetns::new("fwccp");
+    let net = format!("fwcc-{}", std::process::id());
+    let n = 8u32;
+    let conf_for = |i: u32| {
+        let mut c = conf(&net, json!({}));
+        c["prevResult"]["ips"] = json!([{"address": format!("10.55.0.{}/16", i + 2)}]);
+        c
+    };
+    let run = |verb: &'static str, i: u32| {
+        let c = conf_for(i);
+        let (host, pod) = (&host, &pod);
+        move || {
+            Exec::new("firewall")
+                .in_ns(host)
+                .attachment(verb, &format!("cc-{i}"), pod.path(), "eth0", "/nonexistent")
+                .run_json(&c)
+        }
+    };
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n).map(|i| s.spawn(run("ADD", i))).collect();
+        for h in hs {
+            h.join().unwrap().ok();
+        }
+    });
+    let v4 = save(&host, "iptables-nft");
+    assert_eq!(v4.matches(JUMP).count(), 1, "{v4}");
+    assert_eq!(v4.matches("-j CNI-ADMIN").count(), 1, "{v4}");
+    assert_eq!(v4.matches("-A CNI-FORWARD -s 10.55.0.").count(), n as usize, "{v4}");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n).map(|i| s.spawn(run(if i % 2 == 0 { "DEL" } else { "CHECK" }, i))).collect();
+        for h in hs {
+            h.join().unwrap().ok_silent();
+        }
+    });
+    let half = save(&host, "iptables-nft");
+    assert_eq!(half.matches("-A CNI-FORWARD -s 10.55.0.").count(), (n / 2) as usize, "{half}");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n).filter(|i| i % 2 == 1).map(|i| s.spawn(run("DEL", i))).collect();
+        for h in hs {
+            h.join().unwrap().ok_silent();
+        }
+    });
+    let after = save(&host, "iptables-nft");
+    assert!(!after.contains("10.55.0."), "{after}");
+}
