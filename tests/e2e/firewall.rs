@@ -473,3 +473,44 @@ fn concurrent_verbs_keep_one_setup_and_every_rule() {
     let after = save(&host, "iptables-nft");
     assert!(!after.contains("10.55.0."), "{after}");
 }
+
+/// `ingressPolicy: same-bridge` (BuildKit's): two networks on two bridges, each pod reaches the
+/// outside and not the other bridge's pod; upstream's isolation chains, written over netlink,
+/// list in iptables-nft as upstream writes them.
+#[test]
+fn same_bridge_isolates_bridges() {
+    let w = DropHost::new("iptables-nft");
+    let data2 = cni_tests::TempDir::new("fwsb");
+    let chain = |name: &str, bridge: &str, subnet: &str, data: &str| cni_tests::chain::Chain {
+        name: name.into(),
+        version: "1.0.0".into(),
+        plugins: vec![
+            json!({"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": true,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                         "routes": [{"dst": "0.0.0.0/0"}], "dataDir": data}}),
+            json!({"type": "firewall", "ingressPolicy": "same-bridge"}),
+        ],
+        cni_path: w.path.path().to_path_buf(),
+    };
+    let pid = std::process::id();
+    let c1 = chain(&format!("fwsb1-{pid}"), "fwsb1", "10.71.0.0/24", w.data.str());
+    let c2 = chain(&format!("fwsb2-{pid}"), "fwsb2", "10.72.0.0/24", data2.str());
+    let (a, b) = (Netns::new("fwsa"), Netns::new("fwsb"));
+    let (ra, _) = c1.add("sb-a", a.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD a");
+    let (rb, _) = c2.add("sb-b", b.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD b");
+    let v4 = save(&w.host, "iptables-nft");
+    let want = "-A CNI-ISOLATION-STAGE-1 -i fwsb1 ! -o fwsb1 -m comment --comment \"CNI firewall plugin rules (ingressPolicy: same-bridge)\" -j CNI-ISOLATION-STAGE-2";
+    assert!(v4.contains(want), "{want} missing:\n{v4}");
+    assert!(v4.contains("-A CNI-ISOLATION-STAGE-2 -o fwsb2 -m comment"), "{v4}");
+    let fwd: Vec<&str> = v4.lines().filter(|l| l.starts_with("-A FORWARD")).collect();
+    assert!(fwd[0].ends_with("-j CNI-ISOLATION-STAGE-1"), "isolation first: {fwd:?}");
+    assert!(pings(&a, "192.0.2.2") && pings(&b, "192.0.2.2"), "both pods reach the outside");
+    assert!(!pings(&a, &pod_addr(&rb)), "a bridge's pod does not reach the other bridge's");
+    for (c, r, id, ns) in [(&c1, &ra, "sb-a", &a), (&c2, &rb, "sb-b", &b)] {
+        for s in c.check(id, ns.path_str(), "eth0", &json!({}), r, Some(&w.host)) {
+            assert_eq!(s.out.code, 0, "CHECK {}: {}", s.plugin, s.out.stdout);
+        }
+        c.del(id, ns.path_str(), "eth0", &json!({}), Some(r), Some(&w.host));
+    }
+    assert!(!save(&w.host, "iptables-nft").contains("-A CNI-FORWARD -s 10.7"));
+}
