@@ -46,7 +46,7 @@ fail() {
     exit 1
 }
 
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge firewall host-local loopback portmap)
 for b in "${plugins[@]}" cnitool cni-migrate; do
     printf '#!/bin/sh\nexec %s %s "$@"\n' "$qemu" "$scratch/arm64/$b" >"$scratch/bin/$b"
     chmod 0755 "$scratch/bin/$b"
