@@ -188,4 +188,23 @@ fn pods_get_through_firewalld() {
         .ok_silent();
     let (_, gone) = fw.cmd(&host, &["--zone=trusted", "--list-sources"]);
     assert!(!gone.contains(&addr), "{gone}");
+
+    // same-bridge with firewalld: the sources, and upstream's isolation chains where its
+    // `iptables` would put them (iptables-nft's tables here)
+    let mut sb = fw_conf();
+    sb["ingressPolicy"] = json!("same-bridge");
+    let ours = |verb: &str| {
+        Exec::new("firewall")
+            .in_ns(&host)
+            .attachment(verb, "ctr-a", a.path_str(), "eth0", "/nonexistent")
+            .run_json(&sb)
+    };
+    ours("ADD").ok();
+    let v4 = String::from_utf8_lossy(&host.run("iptables-nft", &["-S"]).stdout).into_owned();
+    assert!(v4.contains("-A CNI-ISOLATION-STAGE-1 -i fwdbr0 ! -o fwdbr0"), "{v4}");
+    assert!(!v4.contains("CNI-FORWARD"), "firewalld's sources, not CNI-FORWARD: {v4}");
+    ours("CHECK").ok_silent();
+    ours("DEL").ok_silent();
+    let (_, none) = fw.cmd(&host, &["--zone=trusted", "--list-sources"]);
+    assert!(!none.contains(&addr), "{none}");
 }

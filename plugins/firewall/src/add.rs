@@ -2,7 +2,7 @@
 
 use crate::backend::{self, Chosen};
 use crate::config::{Conf, Intent};
-use crate::model::desired;
+use crate::model::{desired, desired_isolation};
 use crate::record::{self, Record};
 use cni_common::net::Family;
 use cni_common::{AttachmentId, Result};
@@ -21,6 +21,10 @@ pub fn add(root: &Path, me: &AttachmentId, conf: &Conf, intent: &Intent, b: Chos
         let (chains, rules) = desired(conf, intent, fam);
         let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };
         backend::add(b, fam, names, &intent.addrs, &chains, &rules)?;
+        if b == Chosen::Firewalld {
+            let (chains, rules) = desired_isolation(conf, intent, fam);
+            backend::add(backend::isolation_backend(), fam, names, &intent.addrs, &chains, &rules)?;
+        }
     }
     Ok(())
 }

@@ -62,6 +62,13 @@ pub fn default_rule(firewalld: bool, legacy_filter: bool) -> Chosen {
     }
 }
 
+/// Where the firewalld backend puts `ingressPolicy`'s chains: where upstream's `iptables`
+/// would (iptables-legacy when its filter table is loaded, else iptables-nft's tables, which our
+/// nftables backend writes).
+pub fn isolation_backend() -> Chosen {
+    default_rule(false, legacy_filter_loaded())
+}
+
 pub fn choose(conf: &Conf) -> Result<Chosen> {
     match conf.backend {
         Some(Backend::Nftables) => Ok(Chosen::Nftables),

@@ -2,7 +2,7 @@
 
 use crate::backend::{self, Chosen};
 use crate::config::{Conf, Intent};
-use crate::model::desired;
+use crate::model::{desired, desired_isolation};
 use cni_common::net::Family;
 use cni_common::{CniError, Result};
 
@@ -12,6 +12,11 @@ pub fn check(conf: &Conf, intent: &Intent, b: Chosen) -> Result<()> {
         let (chains, rules) = desired(conf, intent, fam);
         let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };
         missing.extend(backend::missing(b, fam, names, &intent.addrs, &chains, &rules)?);
+        if b == Chosen::Firewalld {
+            let (chains, rules) = desired_isolation(conf, intent, fam);
+            let iso = backend::isolation_backend();
+            missing.extend(backend::missing(iso, fam, names, &intent.addrs, &chains, &rules)?);
+        }
     }
     if missing.is_empty() {
         return Ok(());

@@ -258,6 +258,22 @@ pub fn desired(
     (chains, rules)
 }
 
+/// Only the `ingressPolicy` part of [`desired`]: what the firewalld backend adds in iptables
+/// form (upstream runs its isolation chains through `iptables` whatever the backend).
+pub fn desired_isolation(
+    conf: &crate::config::Conf,
+    intent: &crate::config::Intent,
+    fam: Family,
+) -> (Vec<String>, Vec<Rule>) {
+    let (chains, rules) = desired(conf, intent, fam);
+    let iso = |c: &str| c == STAGE1 || c == STAGE2;
+    let jump_to_stage1 = |r: &Rule| r.chain == FORWARD && r.target == STAGE1;
+    (
+        chains.into_iter().filter(|c| iso(c)).collect(),
+        rules.into_iter().filter(|r| iso(&r.chain) || jump_to_stage1(r)).collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +305,21 @@ mod tests {
         );
         assert_eq!(iso.len(), 5);
         assert_eq!(isolation("cni0", true).len(), 6);
+    }
+
+    #[test]
+    fn the_isolation_part_is_the_policys_chains_and_their_jump_only() {
+        let conf =
+            crate::config::Conf::from_raw(&serde_json::json!({"ingressPolicy": "same-bridge"})).unwrap();
+        let intent =
+            crate::config::Intent { addrs: vec!["10.1.0.2".parse().unwrap()], bridge: Some("cni0".into()) };
+        let (chains, rules) = desired_isolation(&conf, &intent, Family::V4);
+        assert_eq!(chains, [STAGE1, STAGE2]);
+        assert_eq!(rules.len(), 5);
+        assert!(rules.iter().all(|r| r.chain != PRIV_CHAIN && r.target != PRIV_CHAIN));
+        assert!(desired_isolation(&conf, &intent, Family::V6).1.is_empty());
+        let open = crate::config::Conf::from_raw(&serde_json::json!({})).unwrap();
+        assert!(desired_isolation(&open, &intent, Family::V4).1.is_empty());
     }
 
     /// The expressions of upstream's rules as iptables-nft 1.8.9 sends them (captured with
