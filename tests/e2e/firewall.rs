@@ -514,3 +514,29 @@ fn same_bridge_isolates_bridges() {
     }
     assert!(!save(&w.host, "iptables-nft").contains("-A CNI-FORWARD -s 10.7"));
 }
+
+/// STATUS: the kernel accepts iptables-nft's form (a dry run, nothing committed); a backend
+/// that cannot work here is code 50 (firewalld without a bus).
+#[test]
+fn status_says_whether_the_backend_can_work() {
+    let host = Netns::new("fwst");
+    let net = format!("fwst-{}", std::process::id());
+    let status = |extra: Value| {
+        let mut c = conf(&net, extra);
+        c["cniVersion"] = json!("1.1.0");
+        c.as_object_mut().unwrap().remove("prevResult");
+        Exec::new("firewall")
+            .in_ns(&host)
+            .env("CNI_COMMAND", "STATUS")
+            .env("CNI_PATH", "/nonexistent")
+            .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+            .run_json(&c)
+    };
+    status(json!({})).ok_silent();
+    status(json!({"backend": "nftables"})).ok_silent();
+    status(json!({"backend": "iptables"})).ok_silent();
+    let out = status(json!({"backend": "firewalld"}));
+    assert_eq!(out.json()["code"], json!(50), "{}", out.stdout);
+    let listed = String::from_utf8_lossy(&host.run("nft", &["list", "ruleset"]).stdout).into_owned();
+    assert!(!listed.contains("cni_firewall_status"), "the dry run commits nothing: {listed}");
+}
