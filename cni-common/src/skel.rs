@@ -216,9 +216,7 @@ impl Request {
             && config.get("cni.dev/valid-attachments").is_none()
             && config.get("cni.dev/attachments").is_none()
         {
-            return Err(CniError::config(
-                "GC needs \"cni.dev/valid-attachments\" (a list, possibly empty or null) naming the attachments to keep",
-            ));
+            return Err(gc_without_list());
         }
         let prev = conf.prev_result(version)?;
         let ns = if command.has_attachment() && !env.netns_override {
@@ -228,6 +226,25 @@ impl Request {
         };
         Ok(Request { command, env, version, stdin, config, conf, prev, ns })
     }
+}
+
+/// GC without a `cni.dev/valid-attachments` list (nor the misspelled `cni.dev/attachments`):
+/// refused, because an absent list must never be read as "nothing is valid" — that would
+/// tear down every live attachment of the network. libcni 1.3's `cnitool gc` sends no list;
+/// runtimes that pass `GCArgs` (CRI-O) and our cnitool always send one.
+fn gc_without_list() -> CniError {
+    CniError::config(
+        "GC needs \"cni.dev/valid-attachments\" naming the attachments to keep, and this request has none \
+         (nor the older \"cni.dev/attachments\"): refusing to garbage-collect",
+    )
+    .with_details(
+        "without the list every attachment of this network would look stale and GC would delete live pods' \
+         interfaces, addresses, port mappings and shaping; nothing was changed. Send the list in the GC \
+         config: [{\"containerID\": ..., \"ifname\": ...}, ...] for the attachments still in use, or [] \
+         (or null) when none is. libcni sends it when GCNetworkList gets non-nil GCArgs (CRI-O does); \
+         libcni 1.3's \"cnitool gc\" sends none (its DELs of cached attachments still ran); our cnitool's \
+         gc sends one (CNI_GC_KEEP names the attachments to keep)",
+    )
 }
 
 /// The version an error is reported in, remembered for the panic hook.

@@ -13,6 +13,7 @@
 //! (UDP is answered by a thread of the test, not socat: that module says why).
 
 use cni_tests::leaks::PORTMAP_TABLE_LEVEL;
+use cni_tests::peers::Release;
 use cni_tests::raw;
 use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Feature, Netns, PluginOutput};
@@ -2457,15 +2458,25 @@ fn concurrent_verbs_keep_every_attachment_whole() {
 /// answers from outside, from the host to its own address and to 127.0.0.1, from the container
 /// itself (hairpin), over UDP too; CHECK passes; after our DEL and ptp's nothing of the
 /// attachment is left, and a second container gets the same host ports (UDP from the same
-/// client port reaching it: the conntrack entry of the first went with its DEL).
+/// client port reaching it: the conntrack entry of the first went with its DEL). With
+/// Debian's ptp 1.1.1 and today's v1.10.0 (kind's kindnet conflist: ptp + host-local + portmap).
 #[test]
 fn after_upstream_ptp_as_upstreams_integration_test_chains_it() {
+    after_upstream_ptp(Release::Debian);
+}
+
+#[test]
+fn after_upstream_ptp_v1_10() {
+    after_upstream_ptp(Release::V1_10);
+}
+
+fn after_upstream_ptp(release: Release) {
     let w = World::new();
     let (n, hip) = (w.n, w.host_ip());
     let data = cni_tests::TempDir::new("pmptp");
     let cni_path = cni_tests::TempDir::new("pmptpbin");
     std::os::unix::fs::symlink(cni_tests::bin("host-local"), cni_path.join("host-local")).unwrap();
-    let ptp = cni_tests::upstream_bin("ptp");
+    let ptp = release.bin("ptp");
     let ptp_conf = json!({"cniVersion": "1.0.0", "name": "ptpnet", "type": "ptp", "ipMasq": true,
                           "ipam": {"type": "host-local", "subnet": format!("10.{n}.9.0/24"),
                                    "routes": [{"dst": "0.0.0.0/0"}], "dataDir": data.str()}})

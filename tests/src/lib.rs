@@ -879,6 +879,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod peers;
 pub mod raw;
 pub mod skip;
 pub mod traffic;
