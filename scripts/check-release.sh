@@ -23,7 +23,7 @@ version=${2:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p
 # (cni-common skel::BANNER_VERSION, which Nomad's fingerprint compares as upstream's).
 upstream=$(sed -n 's/^pub const UPSTREAM_RELEASE: &str = "\(.*\)";$/\1/p' cni-common/src/skel.rs)
 [ -n "$upstream" ] || { echo "$0: no UPSTREAM_RELEASE in cni-common/src/skel.rs" >&2; exit 1; }
-plugins=(bandwidth bridge host-local loopback portmap ptp tuning)
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 tools=(cnitool cni-migrate)
 scratch=$(mktemp -d /tmp/cni-rs-check.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT

@@ -79,7 +79,7 @@ remove_unit() {
     echo "removed $unit_dir/$unit"
 }
 
-names=(loopback bridge host-local portmap bandwidth ptp tuning)
+names=(loopback bridge host-local portmap bandwidth firewall ptp tuning)
 
 if ((restore)); then
     restored=()

@@ -50,7 +50,7 @@ fail() {
     exit 1
 }
 
-plugins=(bandwidth bridge host-local loopback portmap ptp tuning)
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 for b in "${plugins[@]}" cnitool cni-migrate; do
     printf '#!/bin/sh\nexec %s %s "$@"\n' "$qemu" "$scratch/arm64/$b" >"$scratch/bin/$b"
     chmod 0755 "$scratch/bin/$b"
