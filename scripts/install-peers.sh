@@ -10,6 +10,11 @@
 # Groups (pinned here, and nowhere else):
 #   plugins   containernetworking/plugins v1.10.0: bridge host-local loopback portmap
 #             bandwidth firewall tuning ptp   -> target/peers/plugins-v1.10.0/
+#   cnitool   containernetworking/cni v1.3.1's cnitool (libcni 1.3.1; the same tree as the cni
+#             repository's main branch in November 2026)   -> target/peers/cnitool-v1.3.1/
+#   crio-driver  our replay of CRI-O's CNI call sequence on libcni v1.3.1 (tests/go/crio-driver,
+#             its go.mod pins the library; CRI-O itself is not served by the registry)
+#                                                          -> target/peers/crio-driver/
 #   containerd  github.com/containerd/containerd/v2 v2.4.2: containerd ctr
 #             containerd-shim-runc-v2         -> target/peers/containerd-v2.4.2/
 #   cri-tools sigs.k8s.io/cri-tools v1.37.0: crictl critest -> target/peers/cri-tools-v1.37.0/
@@ -48,6 +53,11 @@ PLUGINS=(
     tuning:plugins/meta/tuning
 )
 
+CNITOOL_VERSION=v1.3.1
+CNITOOL_MODULE=github.com/containernetworking/cni
+CRIO_DRIVER_SRC="$ROOT/tests/go/crio-driver"
+ALL_GROUPS=(plugins cnitool crio-driver containerd cri-tools kubelet)
+
 CONTAINERD_VERSION=v2.4.2
 CONTAINERD_MODULE=github.com/containerd/containerd/v2
 CONTAINERD_BINS=(containerd:cmd/containerd ctr:cmd/ctr containerd-shim-runc-v2:cmd/containerd-shim-runc-v2)
@@ -60,7 +70,6 @@ KUBERNETES_MODULE=k8s.io/kubernetes
 # the staging modules' tag for this release: v1.X.Y -> v0.X.Y
 KUBERNETES_STAGING_VERSION=v0.${KUBERNETES_VERSION#v1.}
 
-ALL_GROUPS=(plugins containerd cri-tools kubelet)
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
 die() {
@@ -71,6 +80,8 @@ die() {
 group_dir() {
     case "$1" in
     plugins) echo "$PEERS/plugins-$PLUGINS_VERSION" ;;
+    cnitool) echo "$PEERS/cnitool-$CNITOOL_VERSION" ;;
+    crio-driver) echo "$PEERS/crio-driver" ;;
     containerd) echo "$PEERS/containerd-$CONTAINERD_VERSION" ;;
     cri-tools) echo "$PEERS/cri-tools-$CRITOOLS_VERSION" ;;
     kubelet) echo "$PEERS/kubelet-$KUBERNETES_VERSION" ;;
@@ -82,6 +93,9 @@ group_dir() {
 group_spec() {
     case "$1" in
     plugins) printf '%s@%s %s\n' "$PLUGINS_MODULE" "$PLUGINS_VERSION" "${PLUGINS[*]}" ;;
+    cnitool) printf '%s/cnitool@%s\n' "$CNITOOL_MODULE" "$CNITOOL_VERSION" ;;
+    # the driver is ours: its stamp is a digest of its sources, so an edit rebuilds it
+    crio-driver) (cd "$CRIO_DRIVER_SRC" && cat go.mod go.sum ./*.go | sha256sum | cut -d' ' -f1) ;;
     containerd) printf '%s@%s %s\n' "$CONTAINERD_MODULE" "$CONTAINERD_VERSION" "${CONTAINERD_BINS[*]}" ;;
     cri-tools) printf '%s@%s crictl critest\n' "$CRITOOLS_MODULE" "$CRITOOLS_VERSION" ;;
     kubelet) printf '%s@%s kubelet staging@%s\n' "$KUBERNETES_MODULE" "$KUBERNETES_VERSION" "$KUBERNETES_STAGING_VERSION" ;;
@@ -91,6 +105,8 @@ group_spec() {
 group_bins() {
     case "$1" in
     plugins) for p in "${PLUGINS[@]}"; do echo "${p%%:*}"; done ;;
+    cnitool) echo cnitool ;;
+    crio-driver) echo crio-driver ;;
     containerd) for p in "${CONTAINERD_BINS[@]}"; do echo "${p%%:*}"; done ;;
     cri-tools) echo crictl critest ;;
     kubelet) echo kubelet ;;
@@ -261,6 +277,51 @@ build_plugins() {
     log "built $dir"
 }
 
+# A registry failure says so in one line; anything else shows the tail of Go's output.
+go_failed() {
+    local what=$1 out=$2
+    printf '%s\n' "$out" | tail -20 >&2
+    if grep -qiE 'dial tcp|no such host|connection refused|i/o timeout|TLS handshake|proxy' <<<"$out"; then
+        die "the Go module registry is unreachable: cannot fetch what $what needs"
+    fi
+    die "$what failed (above)"
+}
+
+# libcni's own cnitool, as upstream's Makefile builds it (static, -trimpath).
+build_cnitool() {
+    local dir tmp out
+    dir=$(group_dir cnitool)
+    tmp="$dir.tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    log "go install $CNITOOL_MODULE/cnitool@$CNITOOL_VERSION"
+    out=$(cd "$tmp" && env GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local \
+        go install -trimpath "$CNITOOL_MODULE/cnitool@$CNITOOL_VERSION" 2>&1) ||
+        go_failed "go install of $CNITOOL_MODULE/cnitool@$CNITOOL_VERSION" "$out"
+    [[ -x "$tmp/cnitool" ]] || die "go install of cnitool left no binary named cnitool"
+    group_spec cnitool >"$tmp/.stamp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    log "built $dir"
+}
+
+# Our CRI-O replay driver, from tests/go/crio-driver (go.mod/go.sum pin libcni v1.3.1).
+build_crio_driver() {
+    local dir tmp out
+    dir=$(group_dir crio-driver)
+    tmp="$dir.tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    log "go build tests/go/crio-driver"
+    out=$(cd "$CRIO_DRIVER_SRC" && env CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" GOTOOLCHAIN=local \
+        go build -trimpath -o "$tmp/crio-driver" . 2>&1) ||
+        go_failed "go build of tests/go/crio-driver" "$out"
+    group_spec crio-driver >"$tmp/.stamp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    log "built $dir"
+}
+
 if [[ "${1:-}" == "--print-dir" ]]; then
     [[ $# -eq 2 ]] || die "usage: $0 --print-dir GROUP"
     group_dir "$2"
@@ -292,6 +353,8 @@ for g in "${groups[@]}"; do
     need_go
     case "$g" in
     plugins) build_plugins ;;
+    cnitool) build_cnitool ;;
+    crio-driver) build_crio_driver ;;
     containerd) build_containerd ;;
     cri-tools) build_cri_tools ;;
     kubelet) build_kubelet ;;
