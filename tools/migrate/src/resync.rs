@@ -364,9 +364,18 @@ fn lock(dir: &Path, wait: Duration) -> Result<File> {
         .create(true)
         .truncate(false)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        // O_NONBLOCK: a FIFO planted at the path does not wait for a reader (issue 27 finding
+        // 9); whatever is not a regular file is refused below
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&path)
         .map_err(|e| CniError::io(format!("open {}: {e}", path.display())))?;
+    let meta = f.metadata().map_err(|e| CniError::io(format!("stat {}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(CniError::io(format!(
+            "{} is not a regular file; nothing was changed (remove it)",
+            path.display()
+        )));
+    }
     let start = Instant::now();
     loop {
         match f.try_lock() {
@@ -456,6 +465,25 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", dir.join("resync.lock")).unwrap();
         let e = lock(&dir, Duration::ZERO).expect_err("a link is not opened");
         assert!(e.msg.contains("resync.lock"), "{e:?}");
+        // a FIFO (no reader) and a FIFO with a reader: refused at once, never waited on
+        std::fs::remove_file(dir.join("resync.lock")).unwrap();
+        nix::unistd::mkfifo(&dir.join("resync.lock"), nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .unwrap();
+        let e = lock(&dir, Duration::ZERO).expect_err("a FIFO is no lock");
+        assert!(e.msg.contains("resync.lock"), "{e:?}");
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(dir.join("resync.lock"))
+            .unwrap();
+        let e = lock(&dir, Duration::ZERO).expect_err("a FIFO is no lock");
+        assert!(e.msg.contains("not a regular file"), "{e:?}");
+        drop(reader);
+        // a directory
+        std::fs::remove_file(dir.join("resync.lock")).unwrap();
+        std::fs::create_dir(dir.join("resync.lock")).unwrap();
+        assert!(lock(&dir, Duration::ZERO).is_err());
+        std::fs::remove_dir(dir.join("resync.lock")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
