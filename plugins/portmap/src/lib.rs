@@ -28,6 +28,7 @@ pub mod config;
 pub mod flow;
 pub mod kernel;
 pub mod layout;
+pub mod localnet;
 pub mod model;
 pub mod netns;
 pub mod plan;

@@ -1,5 +1,6 @@
 //! `portmap`: the CNI plugin around the [`portmap`] library (request in, side effects of the
-//! kernel's answers out: `route_localnet`, UDP conntrack flushes, upstream's leftovers).
+//! kernel's answers out: `route_localnet` and its guard, UDP conntrack flushes, upstream's
+//! leftovers).
 
 #![warn(clippy::too_many_lines)]
 
@@ -8,13 +9,14 @@ cni_common::global_allocator!();
 use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::net::Family;
 use cni_common::netlink::conntrack;
-use cni_common::netlink::{Netlink, RouteKind};
+use cni_common::netlink::Netlink;
 use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::CniResult;
-use cni_common::{code, sysctl, CniError, ErrorList, Plugin, Request, Result};
+use cni_common::{code, CniError, ErrorList, Plugin, Request, Result};
 use portmap::config::{Conf, Intent, Teardown};
 use portmap::flow;
 use portmap::kernel;
+use portmap::localnet;
 use portmap::model::Owner;
 use portmap::netns;
 use std::collections::BTreeSet;
@@ -49,20 +51,35 @@ fn nf_tables() -> Result<kernel::Netlink> {
         .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
 }
 
-/// `route_localnet=1` on the interface that routes to the container, so that connections to
-/// 127.0.0.1:<hostPort> can be DNATed out of the host (as upstream does whenever `snat` is on).
-/// The table's `localnet` guard keeps containers from using it to reach the host's loopback.
-fn enable_route_localnet(ctr: IpAddr) -> Result<()> {
-    let mut nl = Netlink::new().map_err(CniError::from)?;
-    // the kernel's own choice for the container's address: one lookup, not a dump of every route
-    let best = nl.route_get(ctr).map_err(CniError::from)?.filter(|r| r.kind == RouteKind::Unicast);
-    let Some(oif) = best.and_then(|r| r.oif.or_else(|| r.nexthops.first().and_then(|h| h.oif))) else {
-        eprintln!("portmap: note: no route to {ctr} in the host; route_localnet not set");
-        return Ok(());
-    };
-    let Some(link) = nl.link_by_index(oif).map_err(CniError::from)? else { return Ok(()) };
-    sysctl::set(&sysctl::iface_key("ipv4", &link.name, "route_localnet"), "1")?;
+fn netlink() -> Result<Netlink> {
+    Netlink::new().map_err(CniError::from)
+}
+
+/// Refuse container addresses the host holds itself (code 7): a DNAT there would lead
+/// `<any address>:<hostPort>` into the host's own services (issue 27 finding 4). The pure
+/// refusals (loopback, unspecified, multicast, link-local) are [`Intent::new`]'s.
+fn refuse_local_targets(intent: &Intent) -> Result<()> {
+    let mut nl = netlink()?;
+    let addrs: BTreeSet<IpAddr> = intent.entries.iter().map(|e| e.ctr.addr()).collect();
+    for ip in addrs {
+        if localnet::local_to_host(&mut nl, ip)? {
+            return Err(CniError::config(format!(
+                "prevResult gives the container the address {ip}, which is local to this host: host ports \
+                 are never forwarded to the host's own addresses"
+            )));
+        }
+    }
     Ok(())
+}
+
+/// The localhost guard for an attachment without host ports whose host-side interfaces have
+/// `route_localnet` on (set for another pod on the same bridge): after a ruleset flush the
+/// sysctl stays and the guard must come back ([`localnet`]).
+fn restore_guard(conf: &Conf, prev: &CniResult) -> Result<()> {
+    if localnet::enabled_on(prev).is_empty() {
+        return Ok(());
+    }
+    flow::guard(&mut nf_tables()?, &conf.conditions).map(|o| notes(&o))
 }
 
 fn flush_udp(ports: &BTreeSet<(Family, u16)>) {
@@ -86,6 +103,7 @@ impl Plugin for Portmap {
             .prev_result()?
             .ok_or_else(|| CniError::config("must be called as chained plugin: prevResult is missing"))?;
         if conf.mappings.is_empty() {
+            restore_guard(&conf, &prev)?;
             return Ok(prev);
         }
         let record = netns::record(req)?;
@@ -93,11 +111,12 @@ impl Plugin for Portmap {
         for n in intent_notes {
             eprintln!("{n}");
         }
+        refuse_local_targets(&intent)?;
         let done = flow::add(&mut nf_tables()?, &conf, &intent, &netns::gone)?;
         notes(&done);
         if conf.snat {
             if let Some(e) = intent.entries.iter().find(|e| e.host.fam == Family::V4) {
-                enable_route_localnet(e.ctr.addr())?;
+                localnet::enable(&mut netlink()?, &prev, e.ctr.addr())?;
             }
         }
         flush_udp(&done.udp);
@@ -140,7 +159,18 @@ impl Plugin for Portmap {
         }
         let conf = load(req)?;
         if conf.mappings.is_empty() {
-            return Ok(());
+            let on = localnet::enabled_on(&prev);
+            if on.is_empty() {
+                return Ok(());
+            }
+            let missing = flow::guard_missing(&mut nf_tables()?, &conf.conditions)?;
+            if missing.is_empty() {
+                return Ok(());
+            }
+            return Err(CniError::internal(format!(
+                "portmap: route_localnet is on for {on:?}, but the localhost guard is not intact: {}",
+                missing.join("; ")
+            )));
         }
         let now = netns::record(req)?;
         let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
