@@ -32,4 +32,5 @@ pub mod localnet;
 pub mod model;
 pub mod netns;
 pub mod plan;
+pub mod plugin;
 pub mod state;
