@@ -229,8 +229,11 @@ pub struct Tally {
 /// cached result as prevResult), validated by the skeleton's own rules (identifiers, version,
 /// CNI_NETNS). The verb is ADD: what is rebuilt is what ADD made, and no version gate of a
 /// real CHECK applies.
-fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request> {
+fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path, gate: &Gate) -> Result<Request> {
     let mut conf = c.plugin_config(ty).ok_or_else(|| CniError::internal(format!("no {ty} in the chain")))?;
+    if ty == "portmap" {
+        with_gate(&mut conf, gate);
+    }
     conf["prevResult"] = c.result_json.clone().unwrap_or_default();
     let env = Env {
         command: Some(Command::Add),
@@ -244,6 +247,42 @@ fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request>
     let stdin = serde_json::to_vec(&conf)
         .map_err(|e| CniError::internal(format!("encode the configuration: {e}")))?;
     Request::new(env, stdin, &Version::ALL)
+}
+
+/// portmap's `conditionsV4`/`conditionsV6` every rebuild uses: the table has one gate per
+/// family for every attachment, and it follows the last ADD. Each cache entry holds the
+/// conditions of its own ADD, so an older entry replayed as it is would put back conditions the
+/// node's configuration has since changed; resync uses those of the newest cache entry whose
+/// chain has portmap (by the file's modification time), the last ADD's. `None`: no such entry.
+type Gate = Option<Vec<(String, Option<serde_json::Value>)>>;
+
+/// `conf` (portmap's) with the conditions of `gate`.
+fn with_gate(conf: &mut serde_json::Value, gate: &Gate) {
+    if let (Some(obj), Some(g)) = (conf.as_object_mut(), gate) {
+        for (k, v) in g {
+            match v {
+                Some(v) => obj.insert(k.clone(), v.clone()),
+                None => obj.remove(k),
+            };
+        }
+    }
+}
+
+fn newest_gate(cached: &[Cached]) -> Gate {
+    let newest = cached
+        .iter()
+        .filter_map(|c| {
+            let conf = c.plugin_config("portmap")?;
+            let t = std::fs::symlink_metadata(&c.path).and_then(|m| m.modified()).ok()?;
+            Some((t, conf))
+        })
+        .max_by_key(|(t, _)| *t)?;
+    Some(
+        ["conditionsV4", "conditionsV6"]
+            .into_iter()
+            .map(|k| (k.to_string(), newest.1.get(k).cloned()))
+            .collect(),
+    )
 }
 
 /// portmap's part: its CHECK's judgment, its ADD's flow (which rebuilds the table, the guard
@@ -364,6 +403,7 @@ fn error_line(text: &str) {
 
 fn attachment(
     c: &Cached,
+    gate: &Gate,
     bin_dir: &Path,
     dry_run: bool,
     installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
@@ -405,8 +445,8 @@ fn attachment(
                 continue;
             }
         }
-        let r =
-            request(c, name, &netns, bin_dir).and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
+        let r = request(c, name, &netns, bin_dir, gate)
+            .and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
         match r {
             Ok((_, None)) => println!("{who}: {name}: intact"),
             Ok((req, Some(what))) => {
@@ -514,8 +554,9 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
     let mut installed =
         |ty: &str| known.entry(ty.to_string()).or_insert_with(|| crate::installed::ours(bin_dir, ty)).clone();
     let mut t = Tally::default();
+    let gate = newest_gate(&inv.cached);
     for c in &inv.cached {
-        match attachment(c, bin_dir, dry_run, &mut installed) {
+        match attachment(c, &gate, bin_dir, dry_run, &mut installed) {
             Done::Nothing => t.nothing += 1,
             Done::Intact => t.intact += 1,
             Done::Repaired => t.repaired += 1,
@@ -682,5 +723,35 @@ mod tests {
         c.ifname = "cni-rs-none0".into();
         c.result.as_mut().unwrap().interfaces[0].name = "cni-rs-none0".into();
         assert!(mac_as_cached(&c).unwrap_err().contains("cannot read"), "unreadable: not rebuilt");
+    }
+
+    #[test]
+    fn the_gate_follows_the_newest_cache_entry_never_an_older_ones_conditions() {
+        let dir = std::env::temp_dir().join(format!("resync-gate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let entry = |name: &str, conds: serde_json::Value, age: u64| {
+            let mut c = cached(json!([{"type": "bridge"}, conds]));
+            c.path = dir.join(name);
+            std::fs::write(&c.path, "{}").unwrap();
+            let t = std::time::SystemTime::now() - Duration::from_secs(age);
+            std::fs::File::options().write(true).open(&c.path).unwrap().set_modified(t).unwrap();
+            c
+        };
+        let old = entry("old", json!({"type": "portmap", "conditionsV4": ["ip saddr 10.0.0.0/8"]}), 3600);
+        let new = entry("new", json!({"type": "portmap", "conditionsV6": ["ip6 saddr fd00::/8"]}), 10);
+        let gate = newest_gate(&[old.clone(), new]);
+        assert_eq!(
+            gate,
+            Some(vec![
+                ("conditionsV4".into(), None),
+                ("conditionsV6".into(), Some(json!(["ip6 saddr fd00::/8"])))
+            ])
+        );
+        let mut conf = old.plugin_config("portmap").unwrap();
+        with_gate(&mut conf, &gate);
+        assert_eq!(conf.get("conditionsV4"), None, "the older entry's conditions are not replayed");
+        assert_eq!(conf["conditionsV6"], json!(["ip6 saddr fd00::/8"]));
+        assert_eq!(newest_gate(&[cached(json!([{"type": "bridge"}]))]), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
