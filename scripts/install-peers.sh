@@ -10,6 +10,11 @@
 # Groups (pinned here, and nowhere else):
 #   plugins   containernetworking/plugins v1.10.0: bridge host-local loopback portmap
 #             bandwidth firewall tuning ptp   -> target/peers/plugins-v1.10.0/
+#   cnitool   containernetworking/cni v1.3.1's cnitool (libcni 1.3.1; the same tree as the cni
+#             repository's main branch in November 2026)   -> target/peers/cnitool-v1.3.1/
+#   crio-driver  our replay of CRI-O's CNI call sequence on libcni v1.3.1 (tests/go/crio-driver,
+#             its go.mod pins the library; CRI-O itself is not served by the registry)
+#                                                          -> target/peers/crio-driver/
 #
 # Idempotent: a group whose binaries and stamp (the pinned list it was built from) are present
 # is not rebuilt. Safe to run concurrently (nextest runs one process per test, and each test that
@@ -35,6 +40,11 @@ PLUGINS=(
     tuning:plugins/meta/tuning
 )
 
+CNITOOL_VERSION=v1.3.1
+CNITOOL_MODULE=github.com/containernetworking/cni
+CRIO_DRIVER_SRC="$ROOT/tests/go/crio-driver"
+ALL_GROUPS=(plugins cnitool crio-driver)
+
 log() { printf 'install-peers: %s\n' "$*" >&2; }
 die() {
     log "$*"
@@ -44,7 +54,9 @@ die() {
 group_dir() {
     case "$1" in
     plugins) echo "$PEERS/plugins-$PLUGINS_VERSION" ;;
-    *) die "unknown group '$1' (known: plugins)" ;;
+    cnitool) echo "$PEERS/cnitool-$CNITOOL_VERSION" ;;
+    crio-driver) echo "$PEERS/crio-driver" ;;
+    *) die "unknown group '$1' (known: ${ALL_GROUPS[*]})" ;;
     esac
 }
 
@@ -52,12 +64,17 @@ group_dir() {
 group_spec() {
     case "$1" in
     plugins) printf '%s@%s %s\n' "$PLUGINS_MODULE" "$PLUGINS_VERSION" "${PLUGINS[*]}" ;;
+    cnitool) printf '%s/cnitool@%s\n' "$CNITOOL_MODULE" "$CNITOOL_VERSION" ;;
+    # the driver is ours: its stamp is a digest of its sources, so an edit rebuilds it
+    crio-driver) (cd "$CRIO_DRIVER_SRC" && cat go.mod go.sum ./*.go | sha256sum | cut -d' ' -f1) ;;
     esac
 }
 
 group_bins() {
     case "$1" in
     plugins) for p in "${PLUGINS[@]}"; do echo "${p%%:*}"; done ;;
+    cnitool) echo cnitool ;;
+    crio-driver) echo crio-driver ;;
     esac
 }
 
@@ -105,6 +122,51 @@ build_plugins() {
     log "built $dir"
 }
 
+# A registry failure says so in one line; anything else shows the tail of Go's output.
+go_failed() {
+    local what=$1 out=$2
+    printf '%s\n' "$out" | tail -20 >&2
+    if grep -qiE 'dial tcp|no such host|connection refused|i/o timeout|TLS handshake|proxy' <<<"$out"; then
+        die "the Go module registry is unreachable: cannot fetch what $what needs"
+    fi
+    die "$what failed (above)"
+}
+
+# libcni's own cnitool, as upstream's Makefile builds it (static, -trimpath).
+build_cnitool() {
+    local dir tmp out
+    dir=$(group_dir cnitool)
+    tmp="$dir.tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    log "go install $CNITOOL_MODULE/cnitool@$CNITOOL_VERSION"
+    out=$(cd "$tmp" && env GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local \
+        go install -trimpath "$CNITOOL_MODULE/cnitool@$CNITOOL_VERSION" 2>&1) ||
+        go_failed "go install of $CNITOOL_MODULE/cnitool@$CNITOOL_VERSION" "$out"
+    [[ -x "$tmp/cnitool" ]] || die "go install of cnitool left no binary named cnitool"
+    group_spec cnitool >"$tmp/.stamp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    log "built $dir"
+}
+
+# Our CRI-O replay driver, from tests/go/crio-driver (go.mod/go.sum pin libcni v1.3.1).
+build_crio_driver() {
+    local dir tmp out
+    dir=$(group_dir crio-driver)
+    tmp="$dir.tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    log "go build tests/go/crio-driver"
+    out=$(cd "$CRIO_DRIVER_SRC" && env CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" GOTOOLCHAIN=local \
+        go build -trimpath -o "$tmp/crio-driver" . 2>&1) ||
+        go_failed "go build of tests/go/crio-driver" "$out"
+    group_spec crio-driver >"$tmp/.stamp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    log "built $dir"
+}
+
 if [[ "${1:-}" == "--print-dir" ]]; then
     [[ $# -eq 2 ]] || die "usage: $0 --print-dir GROUP"
     group_dir "$2"
@@ -112,7 +174,7 @@ if [[ "${1:-}" == "--print-dir" ]]; then
 fi
 
 groups=("$@")
-((${#groups[@]})) || groups=(plugins)
+((${#groups[@]})) || groups=("${ALL_GROUPS[@]}")
 for g in "${groups[@]}"; do group_dir "$g" >/dev/null; done
 
 mkdir -p "$PEERS"
@@ -130,5 +192,7 @@ for g in "${groups[@]}"; do
     need_go
     case "$g" in
     plugins) build_plugins ;;
+    cnitool) build_cnitool ;;
+    crio-driver) build_crio_driver ;;
     esac
 done

@@ -82,7 +82,7 @@ remove_unit() {
     echo "removed $unit_dir/$unit"
 }
 
-names=(loopback bridge host-local portmap bandwidth)
+names=(loopback bridge host-local portmap bandwidth firewall ptp tuning)
 
 # put SRC DEST MODE: copy SRC to DEST atomically, through a temporary file this call created
 # exclusively beside DEST; MODE "keep" keeps SRC's mode and times (cp -p), else chmod MODE.
@@ -124,8 +124,9 @@ know. Now run, as root, on this node:
 
     scripts/migrate.sh to-upstream --cni-bin-dir $dest
 
-It rewrites them into the restored plugins' iptables form (so their CHECK and DEL of those pods
-work) and then removes our tables. See docs/switching.md.
+(add --backend nftables when the restored plugins are v1.6+ configured with ipMasqBackend /
+backend "nftables"). It rewrites them into the restored plugins' form (so their CHECK and DEL
+of those pods work) and then removes our tables. See docs/switching.md.
 MSG
     exit 0
 fi

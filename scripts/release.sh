@@ -71,7 +71,7 @@ rm -rf "$dist" "$stage"
 mkdir -p "$dist" "$stage"
 rustc_version=$(rustc -V)
 
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 tools=(cnitool cni-migrate)
 
 # Every file and directory below $1: mode 0755 (directories, binaries, maintainer scripts) or

@@ -55,6 +55,11 @@ else
     CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
 
+# Upstream's own tests: the binary-exec parts of containernetworking/plugins v1.10.0's suites
+# against our binaries and against v1.10's, compared case by case (scripts/upstream-tests.known
+# lists the differences, docs/switching.md says why).
+scripts/upstream-tests.sh
+
 # The release artifacts (both architectures, checked: scripts/check-release.sh), and the arm64
 # binaries under qemu (docs/packaging.md, docs/testing.md). The x86_64 build is the one above.
 scripts/release.sh

@@ -13,6 +13,7 @@
 //! (UDP is answered by a thread of the test, not socat: that module says why).
 
 use cni_tests::leaks::PORTMAP_TABLE_LEVEL;
+use cni_tests::peers::Release;
 use cni_tests::raw;
 use cni_tests::traffic::{fetch, fetch_udp, request, Server, UdpServer};
 use cni_tests::{ns_state, unique, wait_until, Exec, Feature, Netns, PluginOutput};
@@ -2458,15 +2459,31 @@ fn concurrent_verbs_keep_every_attachment_whole() {
 /// answers from outside, from the host to its own address and to 127.0.0.1, from the container
 /// itself (hairpin), over UDP too; CHECK passes; after our DEL and ptp's nothing of the
 /// attachment is left, and a second container gets the same host ports (UDP from the same
-/// client port reaching it: the conntrack entry of the first went with its DEL).
+/// client port reaching it: the conntrack entry of the first went with its DEL). With
+/// Debian's ptp 1.1.1 and today's v1.10.0 (kind's kindnet conflist: ptp + host-local + portmap).
 #[test]
 fn after_upstream_ptp_as_upstreams_integration_test_chains_it() {
+    chained_after_ptp(Release::Debian.bin("ptp").to_str().unwrap());
+}
+
+#[test]
+fn after_upstream_ptp_v1_10() {
+    chained_after_ptp(Release::V1_10.bin("ptp").to_str().unwrap());
+}
+
+/// The same chain with our ptp in front of our portmap (kind's kindnet conflist is ptp,
+/// host-local, portmap); after both DELs no veth is left either.
+#[test]
+fn after_our_ptp_as_kinds_conflist_chains_it() {
+    chained_after_ptp(cni_tests::bin("ptp").to_str().unwrap());
+}
+
+fn chained_after_ptp(ptp: &str) {
     let w = World::new();
     let (n, hip) = (w.n, w.host_ip());
     let data = cni_tests::TempDir::new("pmptp");
     let cni_path = cni_tests::TempDir::new("pmptpbin");
     std::os::unix::fs::symlink(cni_tests::bin("host-local"), cni_path.join("host-local")).unwrap();
-    let ptp = cni_tests::upstream_bin("ptp");
     let ptp_conf = json!({"cniVersion": "1.0.0", "name": "ptpnet", "type": "ptp", "ipMasq": true,
                           "ipam": {"type": "host-local", "subnet": format!("10.{n}.9.0/24"),
                                    "routes": [{"dst": "0.0.0.0/0"}], "dataDir": data.str()}})
@@ -2476,7 +2493,6 @@ fn after_upstream_ptp_as_upstreams_integration_test_chains_it() {
     let exec = |plugin: &str, cmd: &str, id: &str, ctr: &Netns| {
         Exec::new(plugin).in_ns(&w.host).attachment(cmd, id, ctr.path_str(), "eth0", cni_path.str())
     };
-    let ptp = ptp.to_str().unwrap();
     for (round, name) in [(1, "ctrA"), (2, "ctrB")] {
         let ctr = Netns::new("pmc");
         ctr.run("ip", &["link", "set", "lo", "up"]);
@@ -2503,5 +2519,6 @@ fn after_upstream_ptp_as_upstreams_integration_test_chains_it() {
         assert_eq!(fetch(&w.outside, &hip, 9099), "", "round {round}: nothing answers after DEL");
         exec(ptp, "DEL", &id, &ctr).run(&ptp_conf).ok_silent();
         assert_no_attachment_left(&w.host, &format!("round {round}: DEL after ptp"));
+        assert!(w.host.link(&host_side).is_none(), "round {round}: ptp's host veth {host_side} is gone");
     }
 }
