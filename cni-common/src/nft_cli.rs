@@ -3,9 +3,9 @@
 //! `nft -f -` (the whole script is one transaction: committed or nothing). Everything else
 //! goes over netlink ([`crate::netlink::nft`]).
 //!
-//! Scripts are written in nft's own syntax. Nothing but numbers, addresses we formatted, names
-//! we computed and the validated `conditionsV4/V6` is interpolated: no name of an interface,
-//! network or container ever reaches a script, so there is nothing of theirs to quote.
+//! Scripts are written in nft's own syntax. Everything we interpolate is either a number,
+//! an address we formatted, or text passed through [`quote`], which only lets through a
+//! conservative character set, so a hostile ifname or network name cannot inject syntax.
 
 use crate::child::{self, Use};
 use crate::error::{code, CniError, Result};
@@ -115,9 +115,32 @@ fn parse_list(bytes: &[u8]) -> Result<Vec<Value>> {
     }
 }
 
+/// A double-quoted nft string. Characters outside `[A-Za-z0-9_.:/@,=+-]` and space are
+/// replaced by `%XX`, so the result can never close the quote or start a new statement.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"_.:/@,=+- ".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quote_neutralises_syntax() {
+        assert_eq!(quote("net: kubenet, id: abc-1"), "\"net: kubenet, id: abc-1\"");
+        assert_eq!(quote("a\"; flush ruleset"), "\"a%22%3B flush ruleset\"");
+        assert_eq!(quote("x{}\n#"), "\"x%7B%7D%0A%23\"");
+    }
 
     #[test]
     fn listing_helpers() {
