@@ -512,7 +512,11 @@ fn resync_never_whitelists_a_mac_the_pod_chose() {
         ctr.run("ip", &["link", "set", "eth0", "address", CHOSEN]);
         let e = node.check("pod-mac", &ctr, &caps).expect_err("bridge's CHECK fails on another MAC");
         assert!(e.contains("Mac"), "{e}");
-        let (status, out) = node.resync_by(&exe, &[], node.plugins.path());
+        // each build's resync judges the plugins installed beside it as its own (their banner):
+        // the baseline's directory holds its bridge and portmap
+        let installed =
+            if before { exe.parent().unwrap().to_path_buf() } else { node.plugins.path().to_path_buf() };
+        let (status, out) = node.resync_by(&exe, &[], &installed);
         if before {
             assert!(node.ruleset().contains(CHOSEN), "cf0d296 whitelists the pod's MAC: {out}");
         } else {
