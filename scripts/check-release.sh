@@ -112,8 +112,12 @@ for arch in amd64 arm64; do
         echo "-rw-r--r-- root/root ./usr/share/lintian/overrides/cni-rs"
         echo "-rw-r--r-- root/root ./usr/share/man/man1/cnitool.1.gz"
         echo "-rw-r--r-- root/root ./lib/systemd/system/cni-resync.service"
+        echo "lrwxrwxrwx root/root ./lib/systemd/system/nftables.service.wants/cni-resync.service"
     )
     [ "$(sort <<<"$files")" = "$(sort <<<"$want_files")" ] || fail "$deb holds:"$'\n'"$files"
+    # enabled as shipped: the link is the one `systemctl enable` would make
+    [ "$(dpkg-deb -c "$dist/$deb" | awk '$6 == "./lib/systemd/system/nftables.service.wants/cni-resync.service" { print $8 }')" = ../cni-resync.service ] ||
+        fail "$deb: the resync unit is not wanted by nftables.service"
     lintian --fail-on error,warning --display-info --allow-root "$dist/$deb" || fail "$deb: lintian"
 
     # Installed into a scratch root, beside Debian's containernetworking-plugins (any
