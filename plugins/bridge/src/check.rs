@@ -80,8 +80,7 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         }
     }
     // Masquerading made by upstream's bridge (iptables) is checked in its own form.
-    let upstream_masq =
-        conf.ip_masq && !ours.is_empty() && cni_common::upstream::masq::check(req)?.is_intact();
+    let upstream_masq = conf.ip_masq && !ours.is_empty() && crate::upstream_masq::check(req)?.is_intact();
     if (conf.ip_masq && !ours.is_empty() && !upstream_masq) || conf.macspoofchk {
         check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
     }

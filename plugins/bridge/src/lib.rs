@@ -10,6 +10,8 @@ pub mod config;
 pub mod firewall;
 pub mod resync;
 
+pub mod upstream_masq;
+
 mod add;
 mod check;
 mod teardown;

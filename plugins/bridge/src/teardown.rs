@@ -172,7 +172,7 @@ pub fn del(req: &Request) -> Result<()> {
     // ipMasq made by upstream's bridge (iptables chains), if this attachment has any. Before
     // our own deletions: closing its look-up socket while our committed deletion is pending
     // would make this process wait for an RCU grace period here, in series with the veth's.
-    errors.take(cni_common::upstream::masq::del(req));
+    errors.take(crate::upstream_masq::del(req));
     let fw_socket = errors.take(remove_firewall(req, conf.firewall())).flatten();
     let mut link = None;
     if req.netns().is_some() {
@@ -246,7 +246,7 @@ pub fn gc(req: &Request) -> Result<()> {
         errors.push(e.context("garbage-collect firewall rules"));
     }
     // upstream's iptables masquerade chains of this network's dead attachments
-    errors.take(cni_common::upstream::masq::gc(req));
+    errors.take(crate::upstream_masq::gc(req));
     if conf.l3 {
         errors.take(ipam::gc(req));
     }
