@@ -391,10 +391,10 @@ impl<'r> Add<'r> {
             });
         }
         if gateways.iter().any(|g| g.addr().is_ipv4()) {
-            sysctl::set("net/ipv4/ip_forward", "1").context("failed to enable forwarding")?;
+            crate::forwarding::enable_v4()?;
         }
         if gateways.iter().any(|g| g.addr().is_ipv6()) {
-            sysctl::set("net/ipv6/conf/all/forwarding", "1").context("failed to enable forwarding")?;
+            crate::forwarding::enable_v6()?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ pub mod upstream_masq;
 
 mod add;
 mod check;
+mod forwarding;
 mod teardown;
 
 use cni_common::netlink::{Link, Netlink};
