@@ -5,21 +5,21 @@
 //! is recorded in [`Undo`]; if a later step fails, the attachment is taken apart again (veth,
 //! addresses released to IPAM, a bridge this call created), so a failed ADD leaves nothing.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
 use cni_common::attachment::AttachmentId;
 use cni_common::delegate::{ipam, Pending};
-use cni_common::error::{code, CniError, Context, Result};
+use cni_common::error::{CniError, Context, Result};
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{
-    Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, RouteSpec, VethPeer,
+    Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, RouteSpec, VethPeer,
     IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
-use cni_common::spec::result::{CniResult, Interface, Route};
+use cni_common::spec::result::{CniResult, Interface};
 use cni_common::spec::Command;
 use cni_common::sysctl;
 use cni_common::Request;
@@ -27,7 +27,8 @@ use ipnet::IpNet;
 
 use crate::config::Conf;
 use crate::firewall;
-use crate::{auto_mtu, host_veth_name, random_mac};
+use crate::host::{auto_mtu, host_veth_name, random_mac, require_br_netfilter, set_if_present};
+use crate::model::{calc_gateways, ipv6_settings, port_vlan_plan, route_gateway};
 
 /// How long the host veth may take to become operationally up (upstream polls for 2.55 s).
 const OPER_UP_TIMEOUT: Duration = Duration::from_millis(2550);
@@ -53,7 +54,7 @@ impl Undo {
             self.ipam |= p.wait().is_ok();
         }
         if self.firewall {
-            if let Err(e) = crate::teardown::remove_firewall(req, true) {
+            if let Err(e) = crate::firewall::remove::remove(req, true) {
                 eprintln!("bridge: undo firewall rules: {e}");
             }
         }
@@ -195,18 +196,6 @@ pub fn add(req: &Request) -> Result<CniResult> {
             Err(e)
         }
     }
-}
-
-/// `bridgeNfCallIptables` needs br_netfilter: without it ADD could never work (code 50), which
-/// ADD and STATUS both say.
-pub(crate) fn require_br_netfilter(conf: &Conf) -> Result<()> {
-    if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
-        return Err(CniError::new(
-            code::NOT_AVAILABLE,
-            "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
-        ));
-    }
-    Ok(())
 }
 
 // The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
@@ -522,14 +511,6 @@ impl<'r> Add<'r> {
     }
 }
 
-/// Write a per-interface sysctl; a key that does not exist (IPv6 disabled) is skipped.
-fn set_if_present(key: &str, value: &str) -> Result<()> {
-    if sysctl::path_of(key).map(|p| p.exists()).unwrap_or(false) {
-        sysctl::set(key, value)?;
-    }
-    Ok(())
-}
-
 /// VLANs of a new bridge port: unless `preserve_default`, whatever the port got by default is
 /// removed first; then the access VLAN (PVID, untagged) — VLAN 1 for a trunk without one — and
 /// the trunk VIDs, tagged.
@@ -545,18 +526,6 @@ pub(crate) fn setup_port_vlans(
         host.bridge_vlan_del(port, &existing)?;
     }
     host.bridge_vlan_add(port, &port_vlan_plan(vlan, trunk))
-}
-
-/// The VLAN entries a port gets for `vlan`/`vlanTrunk`, in request order.
-pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
-    let mut plan = Vec::new();
-    if vlan != 0 {
-        plan.push(PortVlan::access(vlan));
-    } else if !trunk.is_empty() {
-        plan.push(PortVlan::access(1)); // native VLAN of the trunk
-    }
-    plan.extend(trunk.iter().map(|v| PortVlan::tagged(*v)));
-    plan
 }
 
 // The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
@@ -611,19 +580,11 @@ impl Add<'_> {
         if !up {
             return Ok(());
         }
-        let mut v4gw = None;
-        let mut v6gw = None;
         for ip in &result.ips {
             ctr.addr_add(index, ip.address)
                 .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
-            if let Some(g) = ip.gateway {
-                if g.is_ipv4() {
-                    v4gw.get_or_insert(g);
-                } else {
-                    v6gw.get_or_insert(g);
-                }
-            }
         }
+        let v6gw = result.ips.iter().find_map(|i| i.gateway.filter(IpAddr::is_ipv6));
         // With an IPv6 gateway, routes wait until no address is tentative (as upstream): with
         // DAD on, the kernel's DAD verdict; with DAD off, the moment the kernel clears the
         // flag (its DAD work runs after the address is added), so that ADD never returns an
@@ -632,7 +593,7 @@ impl Add<'_> {
             self.ns.run(|| Ok(ctr.wait_addrs_settled(index, Some(Family::V6), DAD_TIMEOUT)?))?;
         }
         for r in &result.routes {
-            let gw = r.gw.or(if r.dst.addr().is_ipv4() { v4gw } else { v6gw });
+            let gw = route_gateway(&result.ips, r);
             let spec = RouteSpec {
                 gw,
                 oif: Some(index),
@@ -678,158 +639,5 @@ fn ensure_addr(host: &mut Netlink, link: &Link, gw: IpNet, force: bool) -> Resul
         Ok(()) => Ok(true),
         Err(e) if e.is_exists() => Ok(false),
         Err(e) => Err(CniError::from(e).context(format_args!("could not add IP address to {:?}", link.name))),
-    }
-}
-
-fn first_host(net: &IpNet) -> IpAddr {
-    match net.trunc().addr() {
-        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a).wrapping_add(1))),
-        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a).wrapping_add(1))),
-    }
-}
-
-/// Upstream's `calcGateways`: every address belongs to the container interface (index 2); with
-/// `isGateway` a missing gateway is the subnet's first address; with `isDefaultGateway` a default
-/// route per family is added unless one with a gateway is there. Returns the gateway addresses
-/// (with the container's prefix length) for the bridge.
-pub(crate) fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Vec<IpNet> {
-    let mut gws = Vec::new();
-    let mut default_done = [false, false];
-    for i in 0..result.ips.len() {
-        let ip = &mut result.ips[i];
-        ip.interface = Some(2);
-        if ip.gateway.is_none() && conf.is_gateway {
-            ip.gateway = Some(first_host(&ip.address));
-        }
-        let (v4, gw, prefix) = (ip.address.addr().is_ipv4(), ip.gateway, ip.address.prefix_len());
-        let fam = if v4 { 0 } else { 1 };
-        if conf.is_default_gateway && !default_done[fam] {
-            let default: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
-            if !result.routes.iter().any(|r| r.gw.is_some() && r.dst == default) {
-                result.routes.push(Route::new(default, gw));
-            }
-            default_done[fam] = true;
-        }
-        if conf.is_gateway {
-            if let Some(g) = gw {
-                if let Ok(n) = IpNet::new(g, prefix) {
-                    if !gws.contains(&n) {
-                        gws.push(n);
-                    }
-                }
-            }
-        }
-    }
-    gws
-}
-
-/// The container's IPv6 settings: DAD off (or enhanced DAD on with `enabledad`); with IPv6
-/// addresses, IPv6 enabled on `lo` and the interface and addresses kept when it goes down.
-/// (key, value, whether failing to write it is an error — DAD keys are best effort as upstream:
-/// a namespace without IPv6 has none.)
-fn ipv6_settings(ifname: &str, conf: &Conf, has_v6: bool) -> Vec<(String, &'static str, bool)> {
-    let key = |dev: &str, leaf: &str| sysctl::iface_key("ipv6", dev, leaf);
-    let mut list = Vec::new();
-    if conf.enable_dad {
-        list.push((key(ifname, "enhanced_dad"), "1", false));
-        list.push((key(ifname, "accept_dad"), "1", false));
-    } else {
-        list.push((key(ifname, "accept_dad"), "0", false));
-    }
-    if has_v6 {
-        list.push((key("lo", "disable_ipv6"), "0", true));
-        list.push((key(ifname, "disable_ipv6"), "0", true));
-        list.push((key(ifname, "keep_addr_on_down"), "1", false));
-    }
-    list
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::RawConf;
-    use cni_common::spec::json;
-    use cni_common::spec::result::IpConfig;
-    use serde_json::json;
-
-    fn conf(v: serde_json::Value) -> Conf {
-        let raw: RawConf = json::from_value(v).unwrap();
-        Conf::from_raw(raw, "", true, None).unwrap()
-    }
-
-    fn ip(a: &str, gw: Option<&str>) -> IpConfig {
-        IpConfig { interface: None, address: a.parse().unwrap(), gateway: gw.map(|g| g.parse().unwrap()) }
-    }
-
-    #[test]
-    fn gateways_and_default_routes_like_upstream() {
-        let mut r = CniResult {
-            ips: vec![
-                ip("10.1.0.5/24", None),
-                ip("fd00:1::5/64", Some("fd00:1::1")),
-                ip("fd00:2::5/64", None),
-            ],
-            ..Default::default()
-        };
-        let gws = calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
-        assert!(r.ips.iter().all(|i| i.interface == Some(2)));
-        assert_eq!(r.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
-        assert_eq!(r.ips[2].gateway, Some("fd00:2::1".parse().unwrap()));
-        let gw_text: Vec<String> = gws.iter().map(|g| g.to_string()).collect();
-        assert_eq!(gw_text, vec!["10.1.0.1/24", "fd00:1::1/64", "fd00:2::1/64"]);
-        let routes: Vec<(String, Option<String>)> =
-            r.routes.iter().map(|r| (r.dst.to_string(), r.gw.map(|g| g.to_string()))).collect();
-        assert_eq!(
-            routes,
-            vec![("0.0.0.0/0".into(), Some("10.1.0.1".into())), ("::/0".into(), Some("fd00:1::1".into()))]
-        );
-
-        // An IPAM default route with a gateway is kept and not duplicated.
-        let mut r = CniResult {
-            ips: vec![ip("10.1.0.5/24", Some("10.1.0.254"))],
-            routes: vec![Route::new("0.0.0.0/0".parse().unwrap(), Some("10.1.0.254".parse().unwrap()))],
-            ..Default::default()
-        };
-        calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
-        assert_eq!(r.routes.len(), 1);
-
-        // Without isGateway nothing is invented.
-        let mut r = CniResult { ips: vec![ip("10.1.0.5/24", None)], ..Default::default() };
-        assert!(calc_gateways(&mut r, &conf(json!({}))).is_empty());
-        assert_eq!(r.ips[0].gateway, None);
-        assert!(r.routes.is_empty());
-    }
-
-    #[test]
-    fn vlan_plans() {
-        assert_eq!(port_vlan_plan(100, &[]), vec![PortVlan::access(100)]);
-        assert_eq!(
-            port_vlan_plan(0, &[101, 200]),
-            vec![PortVlan::access(1), PortVlan::tagged(101), PortVlan::tagged(200)]
-        );
-        assert_eq!(port_vlan_plan(100, &[101]), vec![PortVlan::access(100), PortVlan::tagged(101)]);
-        assert!(port_vlan_plan(0, &[]).is_empty());
-    }
-
-    #[test]
-    fn ipv6_settings_turn_dad_off_unless_enabledad_and_enable_ipv6_with_v6_addresses() {
-        let list = |dad: bool, v6: bool| -> Vec<(String, &'static str, bool)> {
-            ipv6_settings("eth0", &conf(json!({"enabledad": dad})), v6)
-        };
-        let k = |dev: &str, leaf: &str| format!("net/ipv6/conf/{dev}/{leaf}");
-        assert_eq!(list(false, false), vec![(k("eth0", "accept_dad"), "0", false)]);
-        assert_eq!(
-            list(true, false),
-            vec![(k("eth0", "enhanced_dad"), "1", false), (k("eth0", "accept_dad"), "1", false)]
-        );
-        assert_eq!(
-            list(false, true),
-            vec![
-                (k("eth0", "accept_dad"), "0", false),
-                (k("lo", "disable_ipv6"), "0", true),
-                (k("eth0", "disable_ipv6"), "0", true),
-                (k("eth0", "keep_addr_on_down"), "1", false),
-            ]
-        );
     }
 }

@@ -16,9 +16,9 @@ use cni_common::spec::Command;
 use cni_common::Request;
 use ipnet::IpNet;
 
-use crate::add::port_vlan_plan;
 use crate::config::Conf;
 use crate::firewall;
+use crate::model::{container_of, port_vlan_plan, route_gateway};
 
 fn fail(msg: impl Into<String>) -> CniError {
     CniError::internal(msg)
@@ -85,18 +85,6 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
     }
     Ok(())
-}
-
-/// The container interface of prevResult (`ifname` in sandbox `netns`): its position in
-/// `interfaces` and the addresses prevResult puts on it.
-pub(crate) fn container_of(prev: &CniResult, ifname: &str, netns: &str) -> Result<(usize, Vec<IpNet>)> {
-    let pos = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == ifname && i.sandbox == netns)
-        .ok_or_else(|| fail(format!("prevResult lists no interface {ifname:?} in sandbox {netns:?}")))?;
-    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
-    Ok((pos, addrs))
 }
 
 /// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
@@ -206,10 +194,8 @@ fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet
             return Err(fail(format!("no connected route {connected} dev {ifname} for address {a}")));
         }
     }
-    let gw_of =
-        |v4: bool| prev.ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway);
     for r in &prev.routes {
-        let want_gw = r.gw.or(gw_of(r.dst.addr().is_ipv4()));
+        let want_gw = route_gateway(&prev.ips, r);
         let table = r.table.unwrap_or(TABLE_MAIN);
         if !routes.iter().any(|k| route_matches(k, r.dst, want_gw, table, c.index)) {
             let via = want_gw.map(|g| format!(" via {g}")).unwrap_or_default();
@@ -303,35 +289,5 @@ mod tests {
             !route_matches(&m, d6, Some("fd01::2".parse().unwrap()), TABLE_MAIN, 3),
             "gateway and interface of one hop"
         );
-    }
-
-    #[test]
-    fn the_container_interface_is_found_by_name_and_sandbox_with_its_addresses() {
-        let prev = CniResult::decode(
-            &serde_json::json!({
-                "cniVersion": "1.0.0",
-                "interfaces": [
-                    {"name": "cni0", "mac": "0a:58:0a:01:00:01"},
-                    {"name": "eth0"},
-                    {"name": "eth0", "sandbox": "/run/netns/other"},
-                    {"name": "eth0", "sandbox": "/run/netns/mine"},
-                ],
-                "ips": [
-                    {"address": "10.1.0.5/24", "interface": 3},
-                    {"address": "10.1.0.6/24", "interface": 2},
-                    {"address": "fd00::5/64"},
-                ],
-            }),
-            cni_common::Version::V1_0_0,
-        )
-        .unwrap();
-        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/mine").unwrap();
-        assert_eq!(pos, 3);
-        let want: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00::5/64".parse().unwrap()];
-        assert_eq!(addrs, want, "its own and those that name no interface");
-        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/other").unwrap();
-        assert_eq!((pos, addrs.len()), (2, 2));
-        let e = container_of(&prev, "eth1", "/run/netns/mine").unwrap_err();
-        assert_eq!(e.msg, r#"prevResult lists no interface "eth1" in sandbox "/run/netns/mine""#);
     }
 }

@@ -23,6 +23,8 @@
 //! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
 //! `ip daddr != { … }`, without a set to create).
 
+pub(crate) mod remove;
+
 use cni_common::attachment::{masq_network_hash, AttachmentId};
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::{
