@@ -9,8 +9,7 @@ use cni_common::attachment::AttachmentId;
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
 use cni_common::mac::Mac;
-use cni_common::netlink::nft::NfTables;
-use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
+use cni_common::netlink::{Link, Route, TABLE_MAIN};
 use cni_common::spec::result::{CniResult, Interface};
 use cni_common::spec::Command;
 use cni_common::Request;
@@ -18,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::config::Conf;
 use crate::firewall;
+use crate::kernel::{Kernel, Ns, Real};
 use crate::model::{container_of, port_vlan_plan, route_gateway};
 
 fn fail(msg: impl Into<String>) -> CniError {
@@ -33,7 +33,10 @@ pub fn check(req: &Request) -> Result<()> {
     let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
     // The delegate checks its reservation while we look at the kernel.
     let pending = if conf.l3 { Some(ipam::start(req, Command::Check)?) } else { None };
-    let ours = check_state(req, &conf, &prev);
+    let ours = req.require_netns().and_then(|ns| {
+        let mut k = Real::new(req, ns.try_clone()?)?;
+        check_state(&mut k, req, &conf, &prev)
+    });
     let theirs = match pending {
         Some(p) => p.wait().map(drop),
         None => Ok(()),
@@ -41,11 +44,9 @@ pub fn check(req: &Request) -> Result<()> {
     ours.and(theirs)
 }
 
-fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
+/// CHECK of the kernel's state through the seam `k` (the IPAM delegate aside).
+pub(crate) fn check_state(k: &mut dyn Kernel, req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
     let ifname = req.env.ifname.as_str();
-    let ns = req.require_netns()?;
-    let mut host = Netlink::new()?;
-    let mut ctr = Netlink::new_in(&ns)?;
 
     // Interfaces we created, as listed in prevResult.
     let br_if = prev
@@ -55,22 +56,22 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         .ok_or_else(|| fail(format!("prevResult lists no bridge interface {:?}", conf.bridge)))?;
     let (ctr_pos, ours) = container_of(prev, ifname, &req.env.netns)?;
 
-    let br = check_bridge(&mut host, conf, br_if)?;
-    let c = check_container_interface(&mut ctr, conf, ifname, &prev.interfaces[ctr_pos])?;
-    let hv = find_host_veth(&mut host, conf, prev, &c, &br)?;
+    let br = check_bridge(k, conf, br_if)?;
+    let c = check_container_interface(k, conf, ifname, &prev.interfaces[ctr_pos])?;
+    let hv = find_host_veth(k, conf, prev, &c, &br)?;
     if conf.uses_vlans() {
-        let have = host.bridge_port_vlans(hv.index)?;
+        let have = k.bridge_port_vlans(hv.index)?;
         for want in port_vlan_plan(conf.vlan, &conf.trunk) {
             if !have.contains(&want) {
                 return Err(fail(format!("bridge port {} lacks VLAN {want:?} (has {have:?})", hv.name)));
             }
         }
     }
-    check_addresses_and_routes(&mut ctr, prev, &ours, &c)?;
+    check_addresses_and_routes(k, prev, &ours, &c)?;
 
     // Gateway addresses on the bridge.
     if conf.l3 && conf.is_gateway && conf.vlan == 0 {
-        let on_bridge = host.addrs(Some(br.index), None)?;
+        let on_bridge = k.addrs(Ns::Host, Some(br.index), None)?;
         for ip in prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)) {
             let Some(gw) = ip.gateway else { continue };
             let Ok(want) = IpNet::new(gw, ip.address.prefix_len()) else { continue };
@@ -80,17 +81,17 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         }
     }
     // Masquerading made by upstream's bridge (iptables) is checked in its own form.
-    let upstream_masq = conf.ip_masq && !ours.is_empty() && crate::upstream_masq::check(req)?.is_intact();
+    let upstream_masq = conf.ip_masq && !ours.is_empty() && k.upstream_masq_intact()?;
     if (conf.ip_masq && !ours.is_empty() && !upstream_masq) || conf.macspoofchk {
-        check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
+        check_firewall(k, &AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
     }
     Ok(())
 }
 
 /// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
-fn check_bridge(host: &mut Netlink, conf: &Conf, br_if: &Interface) -> Result<Link> {
-    let br = host
-        .link_by_name(&conf.bridge)?
+fn check_bridge(k: &mut dyn Kernel, conf: &Conf, br_if: &Interface) -> Result<Link> {
+    let br = k
+        .link_by_name(Ns::Host, &conf.bridge)?
         .ok_or_else(|| fail(format!("CNI created bridge {} in host namespace was not found", conf.bridge)))?;
     if br.kind.as_deref() != Some("bridge") {
         return Err(fail(format!("Interface {} does not have link type of bridge", br.name)));
@@ -116,13 +117,13 @@ fn check_bridge(host: &mut Netlink, conf: &Conf, br_if: &Interface) -> Result<Li
 
 /// The container interface is a veth with prevResult's MAC, up unless disabled.
 fn check_container_interface(
-    ctr: &mut Netlink,
+    k: &mut dyn Kernel,
     conf: &Conf,
     ifname: &str,
     ctr_if: &Interface,
 ) -> Result<Link> {
-    let c = ctr
-        .link_by_name(ifname)?
+    let c = k
+        .link_by_name(Ns::Container, ifname)?
         .ok_or_else(|| fail(format!("CNI created interface in container {ifname} not found")))?;
     if c.kind.as_deref() != Some("veth") {
         return Err(fail(format!("Error: Container interface {ifname} not of type veth")));
@@ -142,10 +143,10 @@ fn check_container_interface(
 
 /// The container interface's peer: a host veth of prevResult, enslaved to the bridge, with the
 /// configured port flags.
-fn find_host_veth(host: &mut Netlink, conf: &Conf, prev: &CniResult, c: &Link, br: &Link) -> Result<Link> {
+fn find_host_veth(k: &mut dyn Kernel, conf: &Conf, prev: &CniResult, c: &Link, br: &Link) -> Result<Link> {
     let peer = c.link.ok_or_else(|| fail(format!("Unable to obtain veth peer index for veth {}", c.name)))?;
     for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
-        let Some((l, flags)) = host.link_with_port_flags(&i.name)? else { continue };
+        let Some((l, flags)) = k.link_with_port_flags(&i.name)? else { continue };
         if l.kind.as_deref() != Some("veth")
             || l.index != peer
             || l.link != Some(c.index)
@@ -176,13 +177,13 @@ fn find_host_veth(host: &mut Netlink, conf: &Conf, prev: &CniResult, c: &Link, b
 
 /// Every address of the container interface is on it with its connected route; every
 /// prevResult route exists.
-fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet], c: &Link) -> Result<()> {
+fn check_addresses_and_routes(k: &mut dyn Kernel, prev: &CniResult, ours: &[IpNet], c: &Link) -> Result<()> {
     if ours.is_empty() && prev.routes.is_empty() {
         return Ok(());
     }
     let ifname = c.name.as_str();
-    let addrs = ctr.addrs(Some(c.index), None)?;
-    let routes = ctr.routes(None)?;
+    let addrs = k.addrs(Ns::Container, Some(c.index), None)?;
+    let routes = k.routes(Ns::Container, None)?;
     for a in ours {
         if !addrs.iter().any(|x| x.addr == *a) {
             return Err(fail(format!("Failed to match addr {a} on interface {ifname}")));
@@ -208,6 +209,7 @@ fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet
 /// The masquerade rules of the container's addresses and the spoof-check chains are in place.
 /// (`upstream_masq`: the masquerading is upstream's iptables form, already checked.)
 fn check_firewall(
+    k: &mut dyn Kernel,
     att: &AttachmentId,
     conf: &Conf,
     ours: &[IpNet],
@@ -216,8 +218,7 @@ fn check_firewall(
     upstream_masq: bool,
 ) -> Result<()> {
     let masq = conf.ip_masq && !ours.is_empty() && !upstream_masq;
-    let mut nf = NfTables::new()?;
-    let found = firewall::find(&mut nf, att, masq, conf.macspoofchk)?;
+    let found = firewall::find(k.nft()?, att, masq, conf.macspoofchk)?;
     if masq {
         if let Some(why) = firewall::masq_missing(&found, att, ours, conf.non_masquerade.as_deref()) {
             return Err(fail(why));

@@ -12,20 +12,23 @@
 use cni_common::error::{Context, Result};
 use cni_common::sysctl;
 
+use crate::kernel::Kernel;
+
 const ALL_FORWARDING_V6: &str = "net/ipv6/conf/all/forwarding";
 
 /// `net.ipv4.ip_forward=1`.
-pub(crate) fn enable_v4() -> Result<()> {
-    sysctl::set("net/ipv4/ip_forward", "1").context("failed to enable forwarding")?;
+pub(crate) fn enable_v4(k: &mut dyn Kernel) -> Result<()> {
+    k.sysctl_set("net/ipv4/ip_forward", "1").context("failed to enable forwarding")?;
     Ok(())
 }
 
 /// `net.ipv6.conf.all.forwarding=1`, interfaces with `accept_ra=1` raised to 2 first.
-pub(crate) fn enable_v6() -> Result<()> {
-    if sysctl::get(ALL_FORWARDING_V6).is_ok_and(|v| v == "1") {
+pub(crate) fn enable_v6(k: &mut dyn Kernel) -> Result<()> {
+    if k.sysctl_get(ALL_FORWARDING_V6).is_ok_and(|v| v == "1") {
         return Ok(());
     }
-    let raised = raise_accept_ra(&host_accept_ra());
+    let have = host_accept_ra(k);
+    let raised = raise_accept_ra(k, &have);
     if !raised.is_empty() {
         eprintln!(
             "bridge: accept_ra raised from 1 to 2 on {} before turning on IPv6 forwarding, so that {} keep{} accepting router advertisements and {} default route{} (see bridge's README, \"IPv6 forwarding and uplinks\")",
@@ -36,19 +39,18 @@ pub(crate) fn enable_v6() -> Result<()> {
             if raised.len() == 1 { "" } else { "s" },
         );
     }
-    sysctl::set(ALL_FORWARDING_V6, "1").context("failed to enable forwarding")?;
+    k.sysctl_set(ALL_FORWARDING_V6, "1").context("failed to enable forwarding")?;
     Ok(())
 }
 
 /// Every interface of `/proc/sys/net/ipv6/conf` with its `accept_ra` (unreadable ones left out:
 /// an interface that vanished meanwhile has nothing to keep).
-fn host_accept_ra() -> Vec<(String, String)> {
-    let Ok(dir) = std::fs::read_dir("/proc/sys/net/ipv6/conf") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
+fn host_accept_ra(k: &mut dyn Kernel) -> Vec<(String, String)> {
+    k.ipv6_conf_names()
+        .into_iter()
         .filter(|name| valid_ifname(name))
         .filter_map(|name| {
-            let v = sysctl::get(&sysctl::iface_key("ipv6", &name, "accept_ra")).ok()?;
+            let v = k.sysctl_get(&sysctl::iface_key("ipv6", &name, "accept_ra")).ok()?;
             Some((name, v))
         })
         .collect()
@@ -77,10 +79,10 @@ fn to_raise(have: &[(String, String)]) -> Vec<&str> {
 
 /// Raise what [`to_raise`] picks; returns the names raised. A failure is reported on stderr and
 /// does not stop the ADD (forwarding is what the configuration asked for).
-fn raise_accept_ra(have: &[(String, String)]) -> Vec<String> {
+fn raise_accept_ra(k: &mut dyn Kernel, have: &[(String, String)]) -> Vec<String> {
     let mut raised = Vec::new();
     for name in to_raise(have) {
-        match sysctl::set(&sysctl::iface_key("ipv6", name, "accept_ra"), "2") {
+        match k.sysctl_set(&sysctl::iface_key("ipv6", name, "accept_ra"), "2") {
             Ok(_) => raised.push(name.to_string()),
             Err(e) => eprintln!("bridge: could not raise accept_ra of {name} to 2: {e}"),
         }

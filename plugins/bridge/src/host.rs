@@ -1,27 +1,19 @@
 //! Small host probes and writes several verbs share.
 
 use cni_common::error::{code, CniError, Result};
-use cni_common::netlink::{Link, Netlink};
-use cni_common::sysctl;
+use cni_common::netlink::Link;
 
-use crate::config::Conf;
+/// The sysctl that exists only with br_netfilter loaded.
+pub(crate) const BR_NF_CALL_IPTABLES: &str = "net/bridge/bridge-nf-call-iptables";
 
-/// `bridgeNfCallIptables` needs br_netfilter: without it ADD could never work (code 50), which
-/// ADD and STATUS both say.
-pub(crate) fn require_br_netfilter(conf: &Conf) -> Result<()> {
-    if conf.bridge_nf_call_iptables && sysctl::get("net/bridge/bridge-nf-call-iptables").is_err() {
+/// `bridgeNfCallIptables` needs br_netfilter (`present`: whether [`BR_NF_CALL_IPTABLES`]
+/// exists): without it ADD could never work (code 50), which ADD and STATUS both say.
+pub(crate) fn br_netfilter_present(present: bool) -> Result<()> {
+    if !present {
         return Err(CniError::new(
             code::NOT_AVAILABLE,
             "bridgeNfCallIptables: /proc/sys/net/bridge/bridge-nf-call-iptables does not exist (load the br_netfilter module)",
         ));
-    }
-    Ok(())
-}
-
-/// Write a per-interface sysctl; a key that does not exist (IPv6 disabled) is skipped.
-pub(crate) fn set_if_present(key: &str, value: &str) -> Result<()> {
-    if sysctl::path_of(key).map(|p| p.exists()).unwrap_or(false) {
-        sysctl::set(key, value)?;
     }
     Ok(())
 }
@@ -71,10 +63,6 @@ pub fn kubenet_mtu(links: &[Link]) -> u32 {
         Some(m) if m >= 576 => m,
         _ => 1460,
     }
-}
-
-pub(crate) fn auto_mtu(host: &mut Netlink) -> Result<u32> {
-    Ok(kubenet_mtu(&host.links()?))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod del;
 mod forwarding;
 mod gc;
 mod host;
+mod kernel;
 mod model;
 mod status;
 
@@ -53,3 +54,6 @@ impl Plugin for Bridge {
         status::status(req)
     }
 }
+
+#[cfg(test)]
+mod tests;

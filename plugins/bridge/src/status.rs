@@ -2,6 +2,7 @@
 
 use cni_common::delegate::ipam;
 use cni_common::error::{code, CniError, Result};
+use cni_common::sysctl;
 use cni_common::Request;
 
 use crate::config::Conf;
@@ -13,7 +14,9 @@ use crate::firewall;
 /// `bridgeNfCallIptables`, or the IPAM plugin says so.
 pub fn status(req: &Request) -> Result<()> {
     let conf = Conf::from_request(req)?;
-    crate::host::require_br_netfilter(&conf)?;
+    if conf.bridge_nf_call_iptables {
+        crate::host::br_netfilter_present(sysctl::get(crate::host::BR_NF_CALL_IPTABLES).is_ok())?;
+    }
     if conf.ip_masq || conf.macspoofchk {
         firewall::validate_status(conf.ip_masq, conf.macspoofchk).map_err(|e| {
             CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the bridge's rules: {e}"))

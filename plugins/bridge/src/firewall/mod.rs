@@ -33,6 +33,8 @@ use cni_common::netlink::nft::{
 };
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+
+pub use crate::kernel::Nft;
 use std::collections::HashSet;
 
 pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
@@ -102,7 +104,7 @@ fn postrouting_ok(rules: &[&NftRule]) -> bool {
 }
 
 /// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
-pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
+pub fn find(nf: &mut dyn Nft, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
     let mut f = Found::default();
     if masq {
         let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
@@ -381,12 +383,12 @@ pub fn validate_status(masq: bool, spoof: bool) -> Result<()> {
 /// from what the kernel has. If it fails (e.g. a rule it deletes by handle vanished meanwhile),
 /// read again and retry once.
 pub fn apply_add(
-    nf: &mut NfTables,
+    nf: &mut dyn Nft,
     a: &AttachmentId,
     masq: Option<(&[IpNet], Option<&[IpNet]>)>,
     spoof: Option<(&str, Mac)>,
 ) -> Result<()> {
-    let build = |nf: &mut NfTables| -> Result<Vec<NftOp>> {
+    let build = |nf: &mut dyn Nft| -> Result<Vec<NftOp>> {
         let found = find(nf, a, masq.is_some(), spoof.is_some())?;
         let mut ops = Vec::new();
         if let Some((veth, mac)) = spoof {
@@ -449,7 +451,7 @@ fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
 }
 
 /// GC: the masquerade rules of `network` whose attachment is not in `valid`.
-pub fn masq_garbage(nf: &mut NfTables, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
+pub fn masq_garbage(nf: &mut dyn Nft, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
     let net = format!("{}-", masq_network_hash(network));
     Ok(nf
         .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
@@ -477,7 +479,7 @@ pub enum PortOwner {
 // Reads the kernel: not mutated by scripts/mutants.sh (exclude_re does not reach field deletions).
 #[cfg_attr(mutants, mutants::skip)]
 pub fn spoof_garbage(
-    nf: &mut NfTables,
+    nf: &mut dyn Nft,
     network: &str,
     owner_of: &mut dyn FnMut(&str) -> Result<PortOwner>,
     valid: &HashSet<AttachmentId>,

@@ -6,7 +6,7 @@ use cni_common::error::{code, CniError, Result};
 use cni_common::netlink::nft::{NfTables, NftDelete, NftOp};
 use cni_common::Request;
 
-use super::{del_ops, find};
+use super::{del_ops, find, Nft};
 
 /// How often a teardown transaction is rebuilt because something it named vanished meanwhile.
 /// Each failed attempt means a concurrent DEL or GC removed part of what this one read, so
@@ -19,8 +19,8 @@ const TEARDOWN_ATTEMPTS: usize = 16;
 /// retry with what is left; already gone is success. Past [`TEARDOWN_ATTEMPTS`] code 11.
 /// Returns whether this socket committed a deletion.
 pub(crate) fn delete_with_retry(
-    nf: &mut NfTables,
-    mut build: impl FnMut(&mut NfTables) -> Result<Vec<NftDelete>>,
+    nf: &mut dyn Nft,
+    mut build: impl FnMut(&mut dyn Nft) -> Result<Vec<NftDelete>>,
 ) -> Result<bool> {
     for _ in 0..TEARDOWN_ATTEMPTS {
         let ops: Vec<NftOp> = build(nf)?.into_iter().map(NftOp::Delete).collect();
@@ -55,9 +55,14 @@ pub(crate) fn remove(req: &Request, required: bool) -> Result<Option<NfTables>> 
         }
         Err(e) => return Err(e.into()),
     };
-    let changed = delete_with_retry(&mut nf, |nf| Ok(del_ops(att, &find(nf, att, true, true)?)))
-        .map_err(|e| e.context("remove firewall rules"))?;
+    let changed = remove_with(&mut nf, att)?;
     Ok(changed.then_some(nf))
+}
+
+/// Remove `att`'s firewall state through `nf`; whether something was deleted.
+pub(crate) fn remove_with(nf: &mut dyn Nft, att: &AttachmentId) -> Result<bool> {
+    delete_with_retry(nf, |nf| Ok(del_ops(att, &find(nf, att, true, true)?)))
+        .map_err(|e| e.context("remove firewall rules"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,480 @@
+//! ADD and CHECK against the fake host (kernel::fake): what ADD builds for IPv4, IPv6 and dual
+//! stack; every failure point of ADD, refused or with its answer lost, leaves the host as it was;
+//! each kind of drift CHECK claims to find, one by one, in each family.
+
+use cni_common::netlink::nft::NftFamily;
+use cni_common::skel::Request;
+use cni_common::spec::result::CniResult;
+use cni_common::spec::{Command, Env};
+use cni_common::{CniError, Version};
+use serde_json::{json, Value};
+
+use crate::add::add_with;
+use crate::check::check_state;
+use crate::config::Conf;
+use crate::firewall::{MASQ_CHAIN, MASQ_TABLE};
+use crate::kernel::fake::{key, Fake, Fault, World};
+use crate::kernel::Ns;
+
+const NETNS: &str = "/run/netns/pod";
+
+/// The families a test runs in: the IPAM answer's addresses and their gateways.
+const FAMILIES: [(&str, &[(&str, &str)]); 3] = [
+    ("v4", &[("10.1.0.5/24", "10.1.0.1")]),
+    ("v6", &[("fd00:1::5/64", "fd00:1::1")]),
+    ("dual", &[("10.1.0.5/24", "10.1.0.1"), ("fd00:1::5/64", "fd00:1::1")]),
+];
+
+fn request(conf: &Value) -> Request {
+    let env = Env {
+        command: Some(Command::Add),
+        container_id: "ctr1".into(),
+        netns: NETNS.into(),
+        ifname: "eth0".into(),
+        args: String::new(),
+        path: "/opt/cni/bin".into(),
+        netns_override: true,
+    };
+    Request::new(env, serde_json::to_vec(conf).unwrap(), &Version::ALL).expect("valid request")
+}
+
+fn config(extra: Value) -> Value {
+    let mut c = json!({"cniVersion": "1.0.0", "name": "net", "type": "bridge", "bridge": "cni0",
+                       "isGateway": true, "isDefaultGateway": true, "ipMasq": true,
+                       "ipam": {"type": "host-local"}});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+/// A fresh host whose IPAM hands out `addrs` (address, gateway).
+fn world(addrs: &[(&str, &str)]) -> Fake {
+    let mut w = World::new();
+    let ips: Vec<Value> = addrs.iter().map(|(a, g)| json!({"address": a, "gateway": g})).collect();
+    w.ipam_answer = Some(Ok(json!({"cniVersion": "1.0.0", "ips": ips}).to_string()));
+    w.attachment = Some(cni_common::attachment::AttachmentId::new("net", "ctr1", "eth0"));
+    Fake::new(w)
+}
+
+fn add(f: &Fake, conf: &Value) -> Result<CniResult, CniError> {
+    let req = request(conf);
+    let c = Conf::from_request(&req)?;
+    add_with(&mut f.clone(), &req, c)
+}
+
+fn check(f: &Fake, conf: &Value, prev: &CniResult) -> Result<(), CniError> {
+    let req = request(conf);
+    let c = Conf::from_request(&req)?;
+    check_state(&mut f.clone(), &req, &c, prev)
+}
+
+fn masq_rules(f: &Fake) -> usize {
+    f.w.borrow().rules(NftFamily::Inet, MASQ_TABLE, MASQ_CHAIN).len()
+}
+
+#[test]
+fn add_builds_the_attachment_in_each_family_and_check_passes() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({}));
+        let r = add(&f, &conf).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        let w = f.w.borrow();
+        let br = w.link(Ns::Host, "cni0").expect("bridge");
+        let ctr = w.link(Ns::Container, "eth0").expect("container interface");
+        let hv = w.links.iter().find(|l| l.ns == Ns::Host && l.link.index == ctr.link.link.unwrap()).unwrap();
+        assert_eq!(hv.link.master, Some(br.link.index), "{fam}");
+        assert_eq!(w.sysctls[&format!("net/ipv6/conf/{}/accept_ra", hv.link.name)], "0", "{fam}");
+        assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}");
+        for (a, g) in addrs {
+            let a: ipnet::IpNet = a.parse().unwrap();
+            assert!(w.addrs.iter().any(|(n, x)| *n == Ns::Container && x.addr == a), "{fam}: {a}");
+            let gw = ipnet::IpNet::new(g.parse().unwrap(), a.prefix_len()).unwrap();
+            assert!(
+                w.addrs.iter().any(|(n, x)| *n == Ns::Host && x.addr == gw && x.index == br.link.index),
+                "{fam}"
+            );
+            let default: ipnet::IpNet =
+                if a.addr().is_ipv4() { "0.0.0.0/0" } else { "::/0" }.parse().unwrap();
+            assert!(
+                w.routes.iter().any(|(n, x)| *n == Ns::Container
+                    && x.dst == default
+                    && x.gw == Some(g.parse().unwrap())),
+                "{fam}: default route via {g}"
+            );
+        }
+        let v4 = addrs.iter().any(|(a, _)| a.contains('.'));
+        let v6 = addrs.iter().any(|(a, _)| a.contains(':'));
+        assert_eq!(w.sysctls["net/ipv4/ip_forward"], if v4 { "1" } else { "0" }, "{fam}");
+        assert_eq!(w.sysctls["net/ipv6/conf/all/forwarding"], if v6 { "1" } else { "0" }, "{fam}");
+        // the uplink kept taking router advertisements once IPv6 forwarding came on
+        assert_eq!(w.sysctls["net/ipv6/conf/eth0/accept_ra"], if v6 { "2" } else { "1" }, "{fam}");
+        assert_eq!(w.ctr_sysctls.contains_key("net/ipv6/conf/eth0/disable_ipv6"), v6, "{fam}");
+        assert!(w.ipam_reserved, "{fam}");
+        drop(w);
+        assert_eq!(masq_rules(&f), addrs.len(), "{fam}");
+        assert_eq!(r.ips.len(), addrs.len(), "{fam}");
+        check(&f, &conf, &r).unwrap_or_else(|e| panic!("{fam}: CHECK after ADD: {}", e.msg));
+    }
+}
+
+/// The operations of a successful ADD, each with how often it was called.
+fn calls_of_a_good_add(addrs: &[(&str, &str)], conf: &Value) -> Vec<(&'static str, usize)> {
+    let f = world(addrs);
+    add(&f, conf).unwrap();
+    let mut out: Vec<(&'static str, usize)> = Vec::new();
+    for c in f.w.borrow().calls.iter() {
+        match out.iter_mut().find(|(o, _)| o == c) {
+            Some((_, n)) => *n += 1,
+            None => out.push((c, 1)),
+        }
+    }
+    out
+}
+
+/// The host's state but for the settings ADD turns on for the whole host and no verb turns
+/// off again (forwarding, and the uplink's `accept_ra` raised for it), as upstream: another
+/// attachment may rely on them from the moment they are on.
+fn state(f: &Fake) -> String {
+    let w = f.w.borrow();
+    let mut copy = World::new();
+    copy.sysctls = w.sysctls.clone();
+    for k in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding", "net/ipv6/conf/eth0/accept_ra"] {
+        copy.sysctls.remove(k);
+    }
+    let sysctls = format!("sysctls {:?}", copy.sysctls);
+    // of nf_tables, the attachments' rules (commented): the shared tables and base chains stay
+    // once made, as after the last DEL (and upstream's)
+    let rules: Vec<String> = w
+        .tables
+        .values()
+        .flat_map(|t| t.chains.iter().flat_map(|(_, r)| r))
+        .filter_map(|r| r.comment.clone())
+        .collect();
+    let tables = format!("rules {rules:?}");
+    w.state()
+        .lines()
+        .map(|l| match l {
+            l if l.starts_with("sysctls ") => sysctls.clone(),
+            l if l.starts_with("tables ") => tables.clone(),
+            l => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The host as a failed ADD must leave it: what it was before, and nothing in the container.
+fn assert_untouched(f: &Fake, before: &str, what: &str) {
+    assert_eq!(state(f), before, "{what}");
+    assert!(f.w.borrow().link(Ns::Container, "eth0").is_none(), "{what}");
+}
+
+#[test]
+fn every_failure_point_of_add_is_undone_in_each_family() {
+    for (fam, addrs) in FAMILIES {
+        for conf in [config(json!({})), config(json!({"macspoofchk": true, "hairpinMode": true}))] {
+            let mut survived = Vec::new();
+            for (op, count) in calls_of_a_good_add(addrs, &conf) {
+                for n in 0..count {
+                    let f = world(addrs);
+                    let before = state(&f);
+                    f.fail(op, n, Fault::Before(libc::EIO));
+                    let what = format!("{fam}: {op} #{n} refused, {conf}");
+                    match add(&f, &conf) {
+                        // only where ADD is meant to get over a refusal (below): whole then
+                        Ok(r) => {
+                            check(&f, &conf, &r).unwrap_or_else(|e| panic!("{what}: {}", e.msg));
+                            survived.push(format!("{op} #{n}"));
+                        }
+                        Err(_) => assert_untouched(&f, &before, &what),
+                    }
+                }
+            }
+            // a refused nf_tables transaction is read and applied again, once; raising an
+            // uplink's accept_ra is
+            let mut expected = vec!["nft_apply #0"];
+            // reported, not fatal (v6: the one interface at 1 besides lo), and so are the reads
+            // before it: whether forwarding is on (else it is written), each interface's value
+            if addrs.iter().any(|(a, _)| a.contains(':')) {
+                expected.extend(["sysctl_set (raise)", "sysctl_get (forwarding)"]);
+            }
+            for s in survived.iter_mut() {
+                if s.starts_with("sysctl_set") {
+                    *s = "sysctl_set (raise)".into();
+                } else if s.starts_with("sysctl_get") {
+                    *s = "sysctl_get (forwarding)".into();
+                }
+            }
+            expected.sort();
+            survived.sort();
+            survived.dedup();
+            assert_eq!(survived, expected, "{fam} {conf}");
+        }
+    }
+}
+
+#[test]
+fn a_lost_answer_to_a_change_is_undone_too() {
+    // The change is made, the caller sees an error: the undo takes back what it knows of,
+    // and what it cannot know of (a link whose creation's answer was lost) DEL finds by name.
+    for (fam, addrs) in FAMILIES {
+        let conf = config(json!({}));
+        for (op, count) in calls_of_a_good_add(addrs, &conf) {
+            if !matches!(
+                op,
+                "addr_add" | "route_add" | "nft_apply" | "sysctl_set" | "link_set" | "port_set" | "link_add"
+            ) {
+                continue;
+            }
+            for n in 0..count {
+                let f = world(addrs);
+                let before = state(&f);
+                f.fail(op, n, Fault::After(libc::ETIMEDOUT));
+                let what = format!("{fam}: {op} #{n} answer lost");
+                match add(&f, &conf) {
+                    // nf_tables: read again and applied again (the rules of the attachment
+                    // replaced, not doubled)
+                    Ok(r) => {
+                        assert!(matches!(op, "nft_apply" | "sysctl_set"), "{what}: ADD succeeded");
+                        assert_eq!(masq_rules(&f), addrs.len(), "{what}");
+                        check(&f, &conf, &r).unwrap_or_else(|e| panic!("{what}: {}", e.msg));
+                    }
+                    Err(_) => assert_untouched(&f, &before, &what),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bridge_another_add_joined_meanwhile_is_not_taken_back() {
+    let f = world(FAMILIES[0].1);
+    // another attachment's port joins the new bridge just before this ADD's firewall fails
+    f.before("nft_apply", |w| {
+        let br = w.link(Ns::Host, "cni0").map(|l| l.link.index);
+        if let Some(l) = w.links.iter_mut().find(|l| l.ns == Ns::Host && l.link.name == "eth0") {
+            l.link.master = br;
+        }
+    });
+    // refused twice: the first attempt and the one after reading again
+    f.fail("nft_apply", 0, Fault::Before(libc::EIO));
+    f.fail("nft_apply", 0, Fault::Before(libc::EIO));
+    add(&f, &config(json!({}))).unwrap_err();
+    let w = f.w.borrow();
+    assert!(w.link(Ns::Host, "cni0").is_some(), "the bridge has another port: it stays");
+    assert!(w.link(Ns::Container, "eth0").is_none());
+    assert!(!w.ipam_reserved);
+}
+
+#[test]
+fn the_container_interface_vanishing_midway_fails_the_add_and_is_undone() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let before = state(&f);
+        f.before("addr_add", |w| {
+            if let Some(c) = w.link(Ns::Container, "eth0").map(|l| l.link.index) {
+                w.unregister(Ns::Container, c);
+            }
+        });
+        let e = add(&f, &config(json!({}))).unwrap_err();
+        assert!(e.msg.contains("failed to add IP addr"), "{fam}: {}", e.msg);
+        assert_untouched(&f, &before, fam);
+    }
+}
+
+#[test]
+fn an_existing_container_interface_or_a_non_bridge_is_refused_before_anything_changes() {
+    let f = world(FAMILIES[2].1);
+    let taken = f.clone();
+    {
+        let mut w = taken.w.borrow_mut();
+        w.links.push(crate::kernel::fake::FakeLink {
+            ns: Ns::Container,
+            link: cni_common::netlink::Link { index: 999, name: "eth0".into(), ..Default::default() },
+            port: Default::default(),
+            vlans: Vec::new(),
+        });
+    }
+    let before = f.state();
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert!(e.msg.contains("already exists"), "{}", e.msg);
+    assert_eq!(f.state(), before, "not even a sysctl");
+    assert_eq!(f.calls("ipam_start"), 0, "nothing reserved");
+
+    let f = world(FAMILIES[0].1);
+    f.w.borrow_mut().links.push(crate::kernel::fake::FakeLink {
+        ns: Ns::Host,
+        link: cni_common::netlink::Link {
+            index: 998,
+            name: "cni0".into(),
+            kind: Some("dummy".into()),
+            ..Default::default()
+        },
+        port: Default::default(),
+        vlans: Vec::new(),
+    });
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert_eq!(e.code, 7, "{}", e.msg);
+    assert_eq!(f.calls("ipam_start"), 0);
+}
+
+#[test]
+fn vlans_on_a_kernel_without_filtering_are_refused_with_nothing_reserved() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        f.w.borrow_mut().no_vlan_filtering = true;
+        let before = state(&f);
+        let e = add(&f, &config(json!({"vlan": 100}))).unwrap_err();
+        assert_eq!(e.code, 2, "{fam}: {}", e.msg);
+        assert_untouched(&f, &before, fam);
+        assert_eq!(f.calls("ipam_add"), 0, "{fam}: nothing reserved before the VLANs are in place");
+    }
+}
+
+#[test]
+fn an_add_of_the_ipam_that_fails_reserves_nothing_to_release() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        f.w.borrow_mut().ipam_answer = Some(Err(CniError::internal("no IP addresses available")));
+        let before = state(&f);
+        add(&f, &config(json!({}))).unwrap_err();
+        assert_untouched(&f, &before, fam);
+        assert_eq!(
+            f.calls("ipam_del"),
+            0,
+            "{fam}: a failed delegate is not released (it may hold an earlier ADD's address)"
+        );
+    }
+}
+
+/// Each kind of drift CHECK claims to find, made after a good ADD, one at a time.
+#[test]
+fn check_finds_each_kind_of_drift_in_each_family() {
+    type Drift = (&'static str, &'static str, fn(&mut World));
+    let drifts: [Drift; 12] = [
+        ("bridge gone", "was not found", |w| {
+            let i = w.link(Ns::Host, "cni0").unwrap().link.index;
+            w.unregister(Ns::Host, i);
+        }),
+        ("bridge MAC", "Mac doesn't match", |w| {
+            let p = w.links.iter().position(|l| l.link.name == "cni0").unwrap();
+            w.links[p].link.mac = Some([2, 9, 9, 9, 9, 9]);
+        }),
+        ("container interface gone", "not found", |w| {
+            let i = w.link(Ns::Container, "eth0").unwrap().link.index;
+            w.unregister(Ns::Container, i);
+        }),
+        ("container interface down", "is down", |w| {
+            let p = w.links.iter().position(|l| l.ns == Ns::Container && l.link.name == "eth0").unwrap();
+            w.links[p].link.flags &= !1;
+        }),
+        ("container MAC", "Mac", |w| {
+            let p = w.links.iter().position(|l| l.ns == Ns::Container && l.link.name == "eth0").unwrap();
+            w.links[p].link.mac = Some([2, 8, 8, 8, 8, 8]);
+        }),
+        ("port left the bridge", "was not found", |w| {
+            let p = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
+            w.links[p].link.master = None;
+        }),
+        ("hairpin", "hairpin", |w| {
+            let p = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
+            w.links[p].port.hairpin = true;
+        }),
+        ("address", "Failed to match addr", |w| {
+            w.addrs.retain(|(n, _)| *n != Ns::Container);
+        }),
+        ("connected route", "no connected route", |w| {
+            w.routes.retain(|(n, r)| !(*n == Ns::Container && r.gw.is_none()));
+        }),
+        ("default route", "Failed to find a route", |w| {
+            w.routes.retain(|(n, r)| !(*n == Ns::Container && r.dst.prefix_len() == 0));
+        }),
+        ("gateway on the bridge", "gateway address", |w| {
+            let br = w.link(Ns::Host, "cni0").unwrap().link.index;
+            w.addrs.retain(|(n, a)| !(*n == Ns::Host && a.index == br));
+        }),
+        ("masquerade rule", "masquerade rule", |w| {
+            let k = key(NftFamily::Inet, MASQ_TABLE);
+            let t = w.tables.get_mut(&k).unwrap();
+            for (c, rules) in t.chains.iter_mut() {
+                if c.name == MASQ_CHAIN {
+                    rules.pop();
+                }
+            }
+        }),
+    ];
+    for (fam, addrs) in FAMILIES {
+        for (what, says, drift) in drifts {
+            let f = world(addrs);
+            let conf = config(json!({}));
+            let r = add(&f, &conf).unwrap();
+            check(&f, &conf, &r).unwrap();
+            drift(&mut f.w.borrow_mut());
+            let e = check(&f, &conf, &r).expect_err(&format!("{fam}: {what} not found by CHECK"));
+            assert!(e.msg.contains(says), "{fam}: {what}: {}", e.msg);
+        }
+    }
+}
+
+#[test]
+fn check_finds_a_dropped_address_of_either_family_in_dual_stack() {
+    for drop_v6 in [false, true] {
+        let f = world(FAMILIES[2].1);
+        let conf = config(json!({}));
+        let r = add(&f, &conf).unwrap();
+        f.w.borrow_mut().addrs.retain(|(n, a)| !(*n == Ns::Container && a.addr.addr().is_ipv6() == drop_v6));
+        let e = check(&f, &conf, &r).unwrap_err();
+        let gone = if drop_v6 { "fd00:1::5/64" } else { "10.1.0.5/24" };
+        assert!(e.msg.contains(gone), "{}", e.msg);
+    }
+}
+
+#[test]
+fn check_leaves_masquerading_to_upstreams_intact_chains() {
+    let f = world(FAMILIES[2].1);
+    let conf = config(json!({}));
+    let r = add(&f, &conf).unwrap();
+    f.w.borrow_mut().tables.clear();
+    check(&f, &conf, &r).unwrap_err();
+    f.w.borrow_mut().upstream_masq = true;
+    check(&f, &conf, &r).unwrap();
+}
+
+#[test]
+fn the_spoof_check_and_port_flags_are_checked() {
+    let f = world(FAMILIES[0].1);
+    let conf = config(json!({"macspoofchk": true, "portIsolation": true}));
+    let r = add(&f, &conf).unwrap();
+    check(&f, &conf, &r).unwrap();
+    {
+        let mut w = f.w.borrow_mut();
+        let p = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
+        w.links[p].port.isolated = false;
+    }
+    assert!(check(&f, &conf, &r).unwrap_err().msg.contains("isolation"));
+    let f = world(FAMILIES[0].1);
+    let r = add(&f, &conf).unwrap();
+    f.w.borrow_mut().tables.retain(|k, _| k.0 != "bridge");
+    assert!(check(&f, &conf, &r).unwrap_err().msg.contains("macspoofchk"));
+}
+
+#[test]
+fn a_second_add_on_the_same_bridge_reuses_it_and_forwarding_is_written_once() {
+    let f = world(FAMILIES[2].1);
+    add(&f, &config(json!({}))).unwrap();
+    let writes = f.calls("sysctl_set");
+    let bridges = f.w.borrow().links.iter().filter(|l| l.link.name == "cni0").count();
+    assert_eq!(bridges, 1);
+    // another container on the same host: the bridge, its gateways and forwarding are there
+    let g = f.clone();
+    {
+        let mut w = g.w.borrow_mut();
+        let c = w.link(Ns::Container, "eth0").unwrap().link.index;
+        w.unregister(Ns::Container, c);
+        w.calls.clear();
+    }
+    add(&g, &config(json!({}))).unwrap();
+    assert_eq!(g.w.borrow().links.iter().filter(|l| l.link.name == "cni0").count(), 1);
+    assert!(g.calls("sysctl_set") < writes, "forwarding and the bridge's accept_ra are not written again");
+    assert_eq!(g.calls("link_add"), 1, "only the veth pair is created");
+}
