@@ -52,7 +52,7 @@ impl Undo {
             self.ipam |= p().is_ok();
         }
         if self.firewall {
-            if let Err(e) = k.remove_firewall() {
+            if let Err(e) = k.remove_firewall(true) {
                 eprintln!("bridge: undo firewall rules: {e}");
             }
         }
@@ -119,8 +119,7 @@ pub fn add(req: &Request) -> Result<CniResult> {
         ipam::path(req)?;
     }
     let nft = if conf.ip_masq || conf.macspoofchk { Some(firewall::open()?) } else { None };
-    let ns = req.require_netns()?.try_clone()?;
-    let mut k = Real::new(req, ns)?.with_nft(nft);
+    let mut k = Real::new(req, req.require_netns()?)?.with_nft(nft);
     add_with(&mut k, req, conf)
 }
 

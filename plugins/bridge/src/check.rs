@@ -34,7 +34,7 @@ pub fn check(req: &Request) -> Result<()> {
     // The delegate checks its reservation while we look at the kernel.
     let pending = if conf.l3 { Some(ipam::start(req, Command::Check)?) } else { None };
     let ours = req.require_netns().and_then(|ns| {
-        let mut k = Real::new(req, ns.try_clone()?)?;
+        let mut k = Real::new(req, ns)?;
         check_state(&mut k, req, &conf, &prev)
     });
     let theirs = match pending {

@@ -11,6 +11,7 @@
 //! renamed out of the way so CNI_IFNAME is free at once, IPAM released — and hands the two waits
 //! to a detached helper process that holds the sockets, unregisters the interface and exits.
 
+use crate::kernel::{Kernel, Ns, Real};
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
 use cni_common::error_list::ErrorList;
@@ -105,6 +106,62 @@ fn spawn_finisher(link: Option<&mut (Netlink, u32)>) -> bool {
 /// hostile IPAM `type` is refused before anything is touched.
 pub fn del(req: &Request) -> Result<()> {
     let conf = Teardown::from_request(req)?;
+    if conf.deferred_delete {
+        return del_deferred(req, &conf);
+    }
+    let mut errors = ErrorList::new();
+    // A namespace that is gone took its interfaces with it.
+    let ns = match req.netns() {
+        Some(_) => errors.take(req.container_netns()).flatten(),
+        None => None,
+    };
+    let in_container = ns.is_some();
+    let mut k = Real::lazy(req, ns);
+    let r = del_with(&mut k, &conf, &req.env.ifname, in_container, errors);
+    // the socket of a committed firewall deletion goes last (Real's drop): its RCU wait
+    // overlaps the interface's
+    drop(k);
+    r
+}
+
+/// DEL through the seam `k`: the IPAM release started first and waited for last; upstream's
+/// masquerading, ours, the container interface (`in_container`: its namespace exists).
+pub(crate) fn del_with(
+    k: &mut dyn Kernel,
+    conf: &Teardown,
+    ifname: &str,
+    in_container: bool,
+    mut errors: ErrorList,
+) -> Result<()> {
+    // The IPAM release runs while we clean up the rest.
+    let pending = if conf.l3 { errors.take(k.ipam_del_start()) } else { None };
+    // ipMasq made by upstream's bridge (iptables chains), if this attachment has any. Before
+    // our own deletions: closing its look-up socket while our committed deletion is pending
+    // would make this process wait for an RCU grace period here, in series with the veth's.
+    errors.take(k.upstream_masq_del());
+    errors.take(k.remove_firewall(conf.firewall()));
+    if in_container {
+        let gone = |e: &NlError| e.is_not_found();
+        match k.link_by_name(Ns::Container, ifname) {
+            Ok(Some(l)) => match k.link_del(Ns::Container, l.index) {
+                Err(e) if !gone(&e) => {
+                    errors.push(CniError::from(e).context(format_args!("failed to delete {ifname}")))
+                }
+                _ => {}
+            },
+            Ok(None) => {}
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    if let Some(p) = pending {
+        errors.take(p().map(drop));
+    }
+    errors.finish()
+}
+
+/// DEL with `deferredDelete`: the interface made inert at once, its unregistering (and the
+/// kernel's waits) left to a detached helper.
+fn del_deferred(req: &Request, conf: &Teardown) -> Result<()> {
     let mut errors = ErrorList::new();
 
     // The IPAM release runs while we clean up the rest.
@@ -120,24 +177,14 @@ pub fn del(req: &Request) -> Result<()> {
         match req.container_netns() {
             // A namespace that is gone took its interfaces with it.
             Ok(None) => {}
-            Ok(Some(ns)) if conf.deferred_delete => {
-                link = errors.take(make_inert(&ns, &req.env.ifname)).flatten()
-            }
-            Ok(Some(ns)) => {
-                errors.take(Netlink::new_in(&ns).and_then(
-                    |mut nl| match nl.link_by_name(&req.env.ifname)? {
-                        Some(l) => unregister(&mut nl, l.index, &req.env.ifname),
-                        None => Ok(()),
-                    },
-                ));
-            }
+            Ok(Some(ns)) => link = errors.take(make_inert(&ns, &req.env.ifname)).flatten(),
             Err(e) => errors.push(e),
         }
     }
     if let Some(p) = pending {
         errors.take(p.wait());
     }
-    if conf.deferred_delete && (link.is_some() || fw_socket.is_some()) && !spawn_finisher(link.as_mut()) {
+    if (link.is_some() || fw_socket.is_some()) && !spawn_finisher(link.as_mut()) {
         if let Some((mut nl, index)) = link {
             errors.take(unregister(&mut nl, index, &req.env.ifname));
         }

@@ -5,6 +5,7 @@
 //! reply), so that every failure point of ADD and its undo are tested without root.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cni_common::delegate::{ipam, Pending};
@@ -104,27 +105,43 @@ pub trait Kernel {
     fn ipam_del(&mut self) -> Result<()>;
     /// nf_tables, opened on first use.
     fn nft(&mut self) -> Result<&mut dyn Nft>;
-    /// Remove the attachment's firewall state (ADD's undo).
-    fn remove_firewall(&mut self) -> Result<()>;
+    /// Start the IPAM delegate's DEL (DEL waits for it after its own work).
+    fn ipam_del_start(&mut self) -> Result<IpamJob>;
+    /// Remove the attachment's firewall state (ADD's undo, DEL); without `required`, a kernel
+    /// without nf_tables has none.
+    fn remove_firewall(&mut self, required: bool) -> Result<()>;
+    /// Remove what upstream's bridge made for the attachment's masquerading (iptables).
+    fn upstream_masq_del(&mut self) -> Result<()>;
     /// Whether upstream's bridge made this attachment's masquerading (iptables chains) and it
     /// is complete: then CHECK leaves masquerading to it.
     fn upstream_masq_intact(&mut self) -> Result<bool>;
 }
 
-/// The kernel, for one request: a netlink socket in the host and one in the container.
+/// The kernel, for one request: a netlink socket in the host and one in the container, each
+/// opened when first used.
 pub struct Real<'r> {
     req: &'r Request,
-    ns: NetNs,
-    host: Netlink,
-    ctr: Netlink,
+    /// The container's namespace (None: DEL of an attachment whose namespace is gone).
+    ns: Option<Arc<NetNs>>,
+    host: Option<Netlink>,
+    ctr: Option<Netlink>,
     nft: Option<NfTables>,
+    /// The socket of a committed firewall deletion, released last (see `del`).
+    released: Option<NfTables>,
 }
 
 impl<'r> Real<'r> {
-    pub fn new(req: &'r Request, ns: NetNs) -> Result<Real<'r>> {
+    /// For ADD and CHECK: both sockets opened now, as any failure to open them must come
+    /// before anything changes.
+    pub fn new(req: &'r Request, ns: Arc<NetNs>) -> Result<Real<'r>> {
         let host = Netlink::new()?;
         let ctr = Netlink::new_in(&ns)?;
-        Ok(Real { req, ns, host, ctr, nft: None })
+        Ok(Real { req, ns: Some(ns), host: Some(host), ctr: Some(ctr), nft: None, released: None })
+    }
+
+    /// For DEL: nothing opened until used; `ns` None when the namespace is gone.
+    pub fn lazy(req: &'r Request, ns: Option<Arc<NetNs>>) -> Real<'r> {
+        Real { req, ns, host: None, ctr: None, nft: None, released: None }
     }
 
     /// With nf_tables opened now (ADD opens it while validating, before changing anything).
@@ -133,11 +150,25 @@ impl<'r> Real<'r> {
         self
     }
 
-    fn nl(&mut self, ns: Ns) -> &mut Netlink {
-        match ns {
+    fn nl(&mut self, ns: Ns) -> Nl<&mut Netlink> {
+        let slot = match ns {
             Ns::Host => &mut self.host,
             Ns::Container => &mut self.ctr,
+        };
+        if slot.is_none() {
+            let open = match (ns, &self.ns) {
+                (Ns::Host, _) => Netlink::new(),
+                (Ns::Container, Some(n)) => Netlink::new_in(n)
+                    .map_err(|e| NlError::new(format!("netlink in the container: {}", e.msg), libc::EIO)),
+                (Ns::Container, None) => Err(NlError::new("the container's namespace is gone", libc::ENOENT)),
+            };
+            *slot = Some(open?);
         }
+        Ok(slot.as_mut().expect("opened above"))
+    }
+
+    fn ctr_ns(&self) -> Result<&Arc<NetNs>> {
+        self.ns.as_ref().ok_or_else(|| CniError::internal("the container's namespace is gone"))
     }
 }
 
@@ -191,75 +222,80 @@ fn start_container_sysctls(ns: NetNs) -> Result<SysctlJob> {
 #[cfg_attr(mutants, mutants::skip)]
 impl Kernel for Real<'_> {
     fn link_by_name(&mut self, ns: Ns, name: &str) -> Nl<Option<Link>> {
-        self.nl(ns).link_by_name(name)
+        self.nl(ns)?.link_by_name(name)
     }
     fn link_by_index(&mut self, ns: Ns, index: u32) -> Nl<Option<Link>> {
-        self.nl(ns).link_by_index(index)
+        self.nl(ns)?.link_by_index(index)
     }
     fn links(&mut self, ns: Ns) -> Nl<Vec<Link>> {
-        self.nl(ns).links()
+        self.nl(ns)?.links()
     }
     fn link_add(&mut self, spec: &LinkSpec<'_>, peer_in_container: bool) -> Nl<Link> {
         match (&spec.kind, peer_in_container) {
             (LinkKind::Veth { peer }, true) => {
-                let peer = VethPeer { netns: Some(self.ns.as_fd()), ..peer.clone() };
+                let ns = self
+                    .ns
+                    .clone()
+                    .ok_or_else(|| NlError::new("the container's namespace is gone", libc::ENOENT))?;
+                let peer = VethPeer { netns: Some(ns.as_fd()), ..peer.clone() };
                 let spec = LinkSpec { kind: LinkKind::Veth { peer }, ..spec.clone() };
-                self.host.link_add(&spec)
+                self.nl(Ns::Host)?.link_add(&spec)
             }
-            _ => self.host.link_add(spec),
+            _ => self.nl(Ns::Host)?.link_add(spec),
         }
     }
     fn link_del(&mut self, ns: Ns, index: u32) -> Nl<()> {
-        self.nl(ns).link_del(index)
+        self.nl(ns)?.link_del(index)
     }
     fn link_set_up(&mut self, ns: Ns, index: u32) -> Nl<()> {
-        self.nl(ns).link_set_up(index)
+        self.nl(ns)?.link_set_up(index)
     }
     fn link_set_mac(&mut self, ns: Ns, index: u32, mac: [u8; 6]) -> Nl<()> {
-        self.nl(ns).link_set_mac(index, mac)
+        self.nl(ns)?.link_set_mac(index, mac)
     }
     fn link_set_promisc(&mut self, ns: Ns, index: u32, on: bool) -> Nl<()> {
-        self.nl(ns).link_set_promisc(index, on)
+        self.nl(ns)?.link_set_promisc(index, on)
     }
     fn link_set_ipv4_conf(&mut self, ns: Ns, index: u32, conf: &[(u16, u32)], up: bool) -> Nl<()> {
-        self.nl(ns).link_set_ipv4_conf(index, conf, up)
+        self.nl(ns)?.link_set_ipv4_conf(index, conf, up)
     }
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>> {
-        self.host.link_with_port_flags(name)
+        self.nl(Ns::Host)?.link_with_port_flags(name)
     }
     fn bridge_port_set(&mut self, index: u32, flags: PortFlags, up: bool) -> Nl<()> {
-        self.host.bridge_port_set(index, flags, up)
+        self.nl(Ns::Host)?.bridge_port_set(index, flags, up)
     }
     fn bridge_port_vlans(&mut self, index: u32) -> Nl<Vec<PortVlan>> {
-        self.host.bridge_port_vlans(index)
+        self.nl(Ns::Host)?.bridge_port_vlans(index)
     }
     fn bridge_vlan_del(&mut self, index: u32, vids: &[u16]) -> Nl<()> {
-        self.host.bridge_vlan_del(index, vids)
+        self.nl(Ns::Host)?.bridge_vlan_del(index, vids)
     }
     fn bridge_vlan_add(&mut self, index: u32, vlans: &[PortVlan]) -> Nl<()> {
-        self.host.bridge_vlan_add(index, vlans)
+        self.nl(Ns::Host)?.bridge_vlan_add(index, vlans)
     }
     fn addrs(&mut self, ns: Ns, index: Option<u32>, family: Option<Family>) -> Nl<Vec<Address>> {
-        self.nl(ns).addrs(index, family)
+        self.nl(ns)?.addrs(index, family)
     }
     fn addr_add(&mut self, ns: Ns, index: u32, net: ipnet::IpNet) -> Nl<()> {
-        self.nl(ns).addr_add(index, net)
+        self.nl(ns)?.addr_add(index, net)
     }
     fn addr_del(&mut self, ns: Ns, index: u32, net: ipnet::IpNet) -> Nl<()> {
-        self.nl(ns).addr_del(index, net)
+        self.nl(ns)?.addr_del(index, net)
     }
     fn routes(&mut self, ns: Ns, family: Option<Family>) -> Nl<Vec<Route>> {
-        self.nl(ns).routes(family)
+        self.nl(ns)?.routes(family)
     }
     fn route_add(&mut self, ns: Ns, spec: &RouteSpec) -> Nl<()> {
-        self.nl(ns).route_add(spec)
+        self.nl(ns)?.route_add(spec)
     }
     fn wait_link_oper_up(&mut self, index: u32, timeout: Duration) -> Nl<Option<Link>> {
-        self.host.wait_link_oper_up(index, timeout)
+        self.nl(Ns::Host)?.wait_link_oper_up(index, timeout)
     }
     fn wait_addrs_settled(&mut self, index: u32, family: Option<Family>, timeout: Duration) -> Result<()> {
-        let ctr = &mut self.ctr;
-        self.ns.run(|| Ok(ctr.wait_addrs_settled(index, family, timeout)?)).map(drop)
+        let ns = self.ctr_ns()?.clone();
+        let ctr = self.nl(Ns::Container)?;
+        ns.run(|| Ok(ctr.wait_addrs_settled(index, family, timeout)?)).map(drop)
     }
     fn sysctl_get(&mut self, key: &str) -> std::io::Result<String> {
         sysctl::get(key)
@@ -275,7 +311,7 @@ impl Kernel for Real<'_> {
         dir.flatten().filter_map(|e| e.file_name().into_string().ok()).collect()
     }
     fn container_sysctls(&mut self) -> Result<SysctlJob> {
-        start_container_sysctls(self.ns.try_clone()?)
+        start_container_sysctls(self.ctr_ns()?.try_clone()?)
     }
     fn ipam_add(&mut self) -> Result<IpamJob> {
         start_ipam_add(self.req)
@@ -289,8 +325,17 @@ impl Kernel for Real<'_> {
         }
         Ok(self.nft.as_mut().expect("opened above"))
     }
-    fn remove_firewall(&mut self) -> Result<()> {
-        crate::firewall::remove::remove(self.req, true).map(drop)
+    fn ipam_del_start(&mut self) -> Result<IpamJob> {
+        let p = ipam::start(self.req, Command::Del)?;
+        Ok(Box::new(move || p.wait()))
+    }
+    fn remove_firewall(&mut self, required: bool) -> Result<()> {
+        let socket = crate::firewall::remove::remove(self.req, required)?;
+        self.released = self.released.take().or(socket);
+        Ok(())
+    }
+    fn upstream_masq_del(&mut self) -> Result<()> {
+        crate::upstream_masq::del(self.req)
     }
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         Ok(crate::upstream_masq::check(self.req)?.is_intact())

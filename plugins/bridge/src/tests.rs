@@ -478,3 +478,100 @@ fn a_second_add_on_the_same_bridge_reuses_it_and_forwarding_is_written_once() {
     assert!(g.calls("sysctl_set") < writes, "forwarding and the bridge's accept_ra are not written again");
     assert_eq!(g.calls("link_add"), 1, "only the veth pair is created");
 }
+
+fn del(f: &Fake, conf: &Value, in_container: bool) -> Result<(), CniError> {
+    let req = request(conf);
+    let t = crate::config::Teardown::from_request(&req)?;
+    crate::del::del_with(&mut f.clone(), &t, "eth0", in_container, cni_common::error_list::ErrorList::new())
+}
+
+/// [`state`] without what DEL leaves by design, as upstream: the bridge, its addresses and
+/// routes, its `accept_ra`.
+fn state_after_del(f: &Fake) -> String {
+    let mut copy = f.w.borrow().copy();
+    if let Some(b) = copy.link(Ns::Host, "cni0").map(|l| l.link.index) {
+        copy.unregister(Ns::Host, b);
+    }
+    state(&Fake::new(copy))
+}
+
+#[test]
+fn del_takes_back_everything_but_the_bridge_in_each_family_and_again_finds_nothing() {
+    for (fam, addrs) in FAMILIES {
+        for extra in [json!({}), json!({"macspoofchk": true})] {
+            let conf = config(extra);
+            let pristine = world(addrs);
+            let before = state(&pristine);
+            let f = world(addrs);
+            add(&f, &conf).unwrap();
+            del(&f, &conf, true).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+            assert_eq!(state_after_del(&f), before, "{fam} {conf}");
+            assert!(f.w.borrow().link(Ns::Host, "cni0").is_some(), "{fam}: the bridge stays");
+            let (applies, after) = (f.calls("nft_apply"), f.state());
+            del(&f, &conf, true).unwrap();
+            assert_eq!(f.calls("nft_apply"), applies, "{fam}: a second DEL commits nothing");
+            assert_eq!(f.state(), after, "{fam}: and changes nothing");
+        }
+    }
+}
+
+#[test]
+fn del_after_an_add_killed_at_any_point_leaves_nothing_but_the_bridge() {
+    for (fam, addrs) in FAMILIES {
+        for conf in [config(json!({})), config(json!({"macspoofchk": true, "hairpinMode": true}))] {
+            let before = state(&world(addrs));
+            for (op, count) in calls_of_a_good_add(addrs, &conf) {
+                for n in 0..count {
+                    let f = world(addrs);
+                    f.crash(op, n);
+                    add(&f, &conf).unwrap_err();
+                    f.w.borrow_mut().crashed = false;
+                    del(&f, &conf, true).unwrap_or_else(|e| panic!("{fam}: killed at {op} #{n}: {}", e.msg));
+                    assert_eq!(state_after_del(&f), before, "{fam}: killed at {op} #{n}, {conf}");
+                    assert!(f.w.borrow().link(Ns::Container, "eth0").is_none());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn del_without_the_namespace_still_removes_rules_and_releases_addresses() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({"macspoofchk": true}));
+        add(&f, &conf).unwrap();
+        del(&f, &conf, false).unwrap();
+        let w = f.w.borrow();
+        let commented = w
+            .tables
+            .values()
+            .flat_map(|t| t.chains.iter().flat_map(|(_, r)| r))
+            .filter(|r| r.comment.is_some())
+            .count();
+        assert_eq!(commented, 0, "{fam}");
+        assert!(!w.ipam_reserved, "{fam}");
+    }
+}
+
+#[test]
+fn del_goes_on_past_a_failure_and_reports_it() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({}));
+        add(&f, &conf).unwrap();
+        f.fail("nft_read", 0, Fault::Before(libc::EIO));
+        let e = del(&f, &conf, true).unwrap_err();
+        assert!(e.msg.contains("remove firewall rules"), "{fam}: {}", e.msg);
+        let w = f.w.borrow();
+        assert!(w.link(Ns::Container, "eth0").is_none(), "{fam}: the interface went all the same");
+        assert!(!w.ipam_reserved, "{fam}: and the address");
+        drop(w);
+        // upstream's masquerading is removed too
+        let f = world(addrs);
+        add(&f, &conf).unwrap();
+        f.w.borrow_mut().upstream_masq = true;
+        del(&f, &conf, true).unwrap();
+        assert!(!f.w.borrow().upstream_masq, "{fam}");
+    }
+}

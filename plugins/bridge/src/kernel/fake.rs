@@ -76,6 +76,10 @@ pub struct World {
     pub ipam_reserved: bool,
     faults: Vec<(&'static str, usize, Fault)>,
     hooks: Vec<(&'static str, Hook)>,
+    /// The process "died" at a call: from then on every call fails and nothing changes, as
+    /// for an ADD killed halfway (no undo runs).
+    pub crashed: bool,
+    crash_at: Option<(&'static str, usize)>,
     /// Every operation, in order.
     pub calls: Vec<&'static str>,
     /// Upstream's bridge made the attachment's masquerading (iptables), complete.
@@ -131,6 +135,23 @@ impl World {
             self.sysctls.insert(format!("net/ipv6/conf/{name}/accept_ra"), "1".into());
         }
         index
+    }
+
+    /// A copy of the state (no faults, hooks or calls), for looking at it apart.
+    pub fn copy(&self) -> World {
+        World {
+            links: self.links.clone(),
+            next_index: self.next_index,
+            addrs: self.addrs.clone(),
+            routes: self.routes.clone(),
+            sysctls: self.sysctls.clone(),
+            ctr_sysctls: self.ctr_sysctls.clone(),
+            tables: self.tables.clone(),
+            next_handle: self.next_handle,
+            ipam_reserved: self.ipam_reserved,
+            upstream_masq: self.upstream_masq,
+            ..World::default()
+        }
     }
 
     pub fn link(&self, ns: Ns, name: &str) -> Option<&FakeLink> {
@@ -219,6 +240,19 @@ impl World {
     /// Record the call of `op`; run its hooks; strike its fault if one is due.
     fn enter(&mut self, op: &'static str) -> Option<Fault> {
         self.calls.push(op);
+        if let Some((o, n)) = self.crash_at {
+            if o == op {
+                if n == 0 {
+                    self.crashed = true;
+                    self.crash_at = None;
+                } else {
+                    self.crash_at = Some((o, n - 1));
+                }
+            }
+        }
+        if self.crashed {
+            return Some(Fault::Before(libc::EIO));
+        }
         let mut hooks = std::mem::take(&mut self.hooks);
         for (o, h) in hooks.iter_mut() {
             if *o == op {
@@ -362,6 +396,11 @@ impl Fake {
     /// The `n`th next call (0: the next) of `op` fails with `fault`.
     pub fn fail(&self, op: &'static str, n: usize, fault: Fault) {
         self.w.borrow_mut().faults.push((op, n, fault));
+    }
+
+    /// The process dies at the `n`th next call (0: the next) of `op`: see [`World::crashed`].
+    pub fn crash(&self, op: &'static str, n: usize) {
+        self.w.borrow_mut().crash_at = Some((op, n));
     }
 
     /// Run `f` on the world before every call of `op`.
@@ -778,7 +817,25 @@ impl Kernel for Fake {
         Ok(&mut self.nft)
     }
 
-    fn remove_firewall(&mut self) -> Result<()> {
+    fn ipam_del_start(&mut self) -> Result<IpamJob> {
+        self.cni("ipam_start", |_| Ok(()))?;
+        let me = self.clone();
+        Ok(Box::new(move || {
+            me.cni("ipam_del", |w| {
+                w.ipam_reserved = false;
+                Ok(Vec::new())
+            })
+        }))
+    }
+
+    fn upstream_masq_del(&mut self) -> Result<()> {
+        self.cni("upstream_masq", |w| {
+            w.upstream_masq = false;
+            Ok(())
+        })
+    }
+
+    fn remove_firewall(&mut self, _required: bool) -> Result<()> {
         let a = self.w.borrow().attachment.clone().expect("the fake's attachment is set");
         crate::firewall::remove::remove_with(&mut self.nft, &a).map(drop)
     }
