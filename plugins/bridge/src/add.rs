@@ -148,9 +148,6 @@ fn require_br_netfilter(k: &mut dyn Kernel, conf: &Conf) -> Result<()> {
     Ok(())
 }
 
-// The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
-// not reach field deletions); tests/e2e/bridge.rs reads every field back from the kernel.
-#[cfg_attr(mutants, mutants::skip)]
 impl<'r, 'k> Add<'r, 'k> {
     /// Validation: everything the configuration can get wrong, and conflicts that would make
     /// setup fail halfway, are refused here, before anything is reserved or created.
@@ -494,9 +491,6 @@ fn setup_port_vlans(
     host.bridge_vlan_add(port, &port_vlan_plan(vlan, trunk))
 }
 
-// The ADD against the kernel: not mutated by scripts/mutants.sh (cargo-mutants' exclude_re does
-// not reach field deletions); tests/e2e/bridge.rs reads every field back from the kernel.
-#[cfg_attr(mutants, mutants::skip)]
 impl Add<'_, '_> {
     /// `<bridge>.<vlan>`: a veth whose one end joins the bridge as an access port of the VLAN
     /// and whose other end (in the host) carries the gateway address (upstream's VLAN gateway).
