@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cni_common::delegate::{ipam, Pending};
 use cni_common::error::{CniError, Result};
-use cni_common::netlink::nft::{NfTables, NftChain, NftFamily, NftOp, NftRule};
+use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{
     Address, Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, Route, RouteSpec,
     VethPeer,
@@ -19,6 +19,8 @@ use cni_common::netns::NetNs;
 use cni_common::spec::Command;
 use cni_common::sysctl;
 use cni_common::Request;
+
+pub use crate::firewall::Nft;
 
 type Nl<T> = std::result::Result<T, NlError>;
 
@@ -35,32 +37,6 @@ pub type SysctlJob = Box<dyn FnOnce(Vec<(String, &'static str, bool)>) -> Result
 
 /// An IPAM ADD under way: its wait gives the delegate's stdout.
 pub type IpamJob = Box<dyn FnOnce() -> Result<Vec<u8>>>;
-
-/// nf_tables as bridge's firewall module uses it.
-pub trait Nft {
-    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>>;
-    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>>;
-    fn chains(&mut self, family: NftFamily, table: &str) -> Nl<Vec<String>> {
-        Ok(self.chain_info(family, table)?.into_iter().map(|c| c.name).collect())
-    }
-    fn apply(&mut self, ops: &[NftOp]) -> Nl<()>;
-    fn validate(&mut self, ops: &[NftOp]) -> Nl<()>;
-}
-
-impl Nft for NfTables {
-    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>> {
-        NfTables::chain_info(self, family, table)
-    }
-    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>> {
-        NfTables::rules(self, family, table, chain)
-    }
-    fn apply(&mut self, ops: &[NftOp]) -> Nl<()> {
-        NfTables::apply(self, ops)
-    }
-    fn validate(&mut self, ops: &[NftOp]) -> Nl<()> {
-        NfTables::validate(self, ops)
-    }
-}
 
 /// The calls of an ADD (and of CHECK, which reads through the same seam).
 pub trait Kernel {

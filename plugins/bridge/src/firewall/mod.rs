@@ -31,10 +31,10 @@ use cni_common::netlink::nft::{
     BaseChain, CmpOp, NfTables, NftChain, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict,
     HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
 };
+use cni_common::netlink::NlError;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 
-pub use crate::kernel::Nft;
 use std::collections::HashSet;
 
 pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
@@ -47,6 +47,35 @@ const COMMENT_MAX: usize = 128;
 const MASQ_TABLE_COMMENT: &str = "Masquerading for plugins from github.com/containernetworking/plugins";
 const MASQ_CHAIN_COMMENT: &str =
     "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
+
+/// `Result` of a netlink request.
+type Nl<T> = std::result::Result<T, NlError>;
+
+/// nf_tables as bridge's firewall module uses it.
+pub trait Nft {
+    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>>;
+    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>>;
+    fn chains(&mut self, family: NftFamily, table: &str) -> Nl<Vec<String>> {
+        Ok(self.chain_info(family, table)?.into_iter().map(|c| c.name).collect())
+    }
+    fn apply(&mut self, ops: &[NftOp]) -> Nl<()>;
+    fn validate(&mut self, ops: &[NftOp]) -> Nl<()>;
+}
+
+impl Nft for NfTables {
+    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>> {
+        NfTables::chain_info(self, family, table)
+    }
+    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>> {
+        NfTables::rules(self, family, table, chain)
+    }
+    fn apply(&mut self, ops: &[NftOp]) -> Nl<()> {
+        NfTables::apply(self, ops)
+    }
+    fn validate(&mut self, ops: &[NftOp]) -> Nl<()> {
+        NfTables::validate(self, ops)
+    }
+}
 
 /// A base chain of the two tables: how ADD writes it, and what a reading of the kernel must
 /// find for it to count as there (declared once; ADD, CHECK and STATUS derive from it).
