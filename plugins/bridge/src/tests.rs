@@ -575,3 +575,24 @@ fn del_goes_on_past_a_failure_and_reports_it() {
         assert!(!f.w.borrow().upstream_masq, "{fam}");
     }
 }
+
+#[test]
+fn bridge_nf_call_needs_br_netfilter_and_turns_on_each_family_it_serves() {
+    for (fam, addrs) in FAMILIES {
+        let conf = config(json!({"bridgeNfCallIptables": true}));
+        let f = world(addrs);
+        let before = f.state();
+        let e = add(&f, &conf).unwrap_err();
+        assert_eq!(e.code, 50, "{fam}: {}", e.msg);
+        assert_eq!(f.state(), before, "{fam}: refused before anything changed");
+        let f = world(addrs);
+        for k in ["net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables"] {
+            f.w.borrow_mut().sysctls.insert(k.into(), "0".into());
+        }
+        add(&f, &conf).unwrap();
+        let w = f.w.borrow();
+        let v6 = addrs.iter().any(|(a, _)| a.contains(':'));
+        assert_eq!(w.sysctls["net/bridge/bridge-nf-call-iptables"], "1", "{fam}");
+        assert_eq!(w.sysctls["net/bridge/bridge-nf-call-ip6tables"], if v6 { "1" } else { "0" }, "{fam}");
+    }
+}
