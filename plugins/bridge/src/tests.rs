@@ -596,3 +596,260 @@ fn bridge_nf_call_needs_br_netfilter_and_turns_on_each_family_it_serves() {
         assert_eq!(w.sysctls["net/bridge/bridge-nf-call-ip6tables"], if v6 { "1" } else { "0" }, "{fam}");
     }
 }
+
+fn host_veth(f: &Fake) -> crate::kernel::fake::FakeLink {
+    let w = f.w.borrow();
+    let c = w.link(Ns::Container, "eth0").expect("container interface");
+    w.links
+        .iter()
+        .find(|l| l.ns == Ns::Host && Some(l.link.index) == c.link.link)
+        .cloned()
+        .expect("host veth")
+}
+
+#[test]
+fn vlans_access_trunk_and_the_default_vlan_on_the_port() {
+    use cni_common::netlink::PortVlan;
+    let f = world(FAMILIES[0].1);
+    let conf = config(json!({"vlan": 100, "isGateway": false}));
+    add(&f, &conf).unwrap();
+    assert_eq!(host_veth(&f).vlans, vec![PortVlan::access(100)], "the default VLAN 1 removed");
+    let f = world(FAMILIES[1].1);
+    let conf = config(
+        json!({"vlanTrunk": [{"id": 101}, {"minID": 200, "maxID": 201}], "preserveDefaultVlan": true, "isGateway": false}),
+    );
+    let r = add(&f, &conf).unwrap();
+    let mut v = host_veth(&f).vlans;
+    v.sort();
+    let mut want =
+        vec![PortVlan::access(1), PortVlan::tagged(101), PortVlan::tagged(200), PortVlan::tagged(201)];
+    want.sort();
+    assert_eq!(v, want);
+    check(&f, &conf, &r).unwrap();
+    // a VLAN gone from the port: CHECK says so
+    {
+        let mut w = f.w.borrow_mut();
+        let i = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
+        w.links[i].vlans.retain(|x| x.vid != 200);
+    }
+    assert!(check(&f, &conf, &r).unwrap_err().msg.contains("lacks VLAN"));
+}
+
+#[test]
+fn a_vlan_gateway_carries_the_gateway_addresses_of_each_family() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let r = add(&f, &config(json!({"vlan": 100}))).unwrap();
+        let w = f.w.borrow();
+        let gw = w.link(Ns::Host, "cni0.100").unwrap_or_else(|| panic!("{fam}: no VLAN gateway"));
+        for (a, g) in addrs {
+            let a: ipnet::IpNet = a.parse().unwrap();
+            let want = ipnet::IpNet::new(g.parse().unwrap(), a.prefix_len()).unwrap();
+            assert!(
+                w.addrs.iter().any(|(n, x)| *n == Ns::Host && x.index == gw.link.index && x.addr == want),
+                "{fam}"
+            );
+        }
+        let br = w.link(Ns::Host, "cni0").unwrap().link.index;
+        assert!(
+            !w.addrs.iter().any(|(n, x)| *n == Ns::Host && x.index == br),
+            "{fam}: nothing on the bridge itself"
+        );
+        let port = w.links.iter().find(|l| l.link.link == Some(gw.link.index)).expect("its bridge end");
+        assert_eq!(port.link.master, Some(br));
+        assert_eq!(port.vlans, vec![cni_common::netlink::PortVlan::access(100)], "{fam}");
+        assert_eq!(r.interfaces.last().map(|i| i.name.as_str()), Some("cni0.100"), "{fam}");
+    }
+}
+
+#[test]
+fn port_flags_mtu_promisc_and_the_containers_mac_are_applied() {
+    let f = world(FAMILIES[2].1);
+    let conf = config(json!({"hairpinMode": true, "portIsolation": true, "mtu": 1400,
+                             "runtimeConfig": {"mac": "0a:58:0a:01:00:05"}, "macspoofchk": true}));
+    let r = add(&f, &conf).unwrap();
+    let hv = host_veth(&f);
+    assert!(hv.port.hairpin && hv.port.isolated);
+    assert_eq!(hv.link.mtu, 1400);
+    assert_eq!(
+        hv.link.alias.as_deref(),
+        Some(cni_common::attachment::AttachmentId::new("net", "ctr1", "eth0").veth_alias().as_str())
+    );
+    let w = f.w.borrow();
+    let br = w.link(Ns::Host, "cni0").unwrap();
+    assert_eq!(br.link.mtu, 1400);
+    assert!(br.link.flags & 0x100 == 0, "not promiscuous");
+    let c = w.link(Ns::Container, "eth0").unwrap();
+    assert_eq!(c.link.mac, Some([0x0a, 0x58, 0x0a, 0x01, 0x00, 0x05]));
+    assert_eq!(r.interfaces[2].mac, "0a:58:0a:01:00:05");
+    assert_eq!(r.interfaces[2].sandbox, NETNS);
+    assert_eq!(r.interfaces[1].name, hv.link.name);
+    assert_eq!(r.interfaces[0].name, "cni0");
+    drop(w);
+    // the spoof check allows exactly that MAC on that port
+    let jumps = f.w.borrow().rules(NftFamily::Bridge, "nat", "PREROUTING");
+    assert_eq!(jumps.len(), 1);
+    assert_eq!(jumps[0].iifname().as_deref(), Some(hv.link.name.as_str()));
+    check(&f, &conf, &r).unwrap();
+    // promiscuous mode on the bridge, and CHECK's view of it
+    let f = world(FAMILIES[0].1);
+    let conf = config(json!({"promiscMode": true}));
+    let r = add(&f, &conf).unwrap();
+    assert!(f.w.borrow().link(Ns::Host, "cni0").unwrap().link.flags & 0x100 != 0, "promiscuous");
+    check(&f, &conf, &r).unwrap();
+    {
+        let mut w = f.w.borrow_mut();
+        let i = w.links.iter().position(|l| l.link.name == "cni0").unwrap();
+        w.links[i].link.flags &= !0x100;
+    }
+    assert!(check(&f, &conf, &r).unwrap_err().msg.contains("Promisc"));
+}
+
+#[test]
+fn auto_mtu_takes_kubenets_choice_from_the_host() {
+    let f = world(FAMILIES[0].1);
+    {
+        let mut w = f.w.borrow_mut();
+        let i = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name == "eth0").unwrap();
+        w.links[i].link.mtu = 9001;
+    }
+    add(&f, &config(json!({"autoMtu": true}))).unwrap();
+    assert_eq!(host_veth(&f).link.mtu, 9001);
+    assert_eq!(f.w.borrow().link(Ns::Host, "cni0").unwrap().link.mtu, 9001);
+}
+
+#[test]
+fn a_disabled_container_interface_stays_down_without_addresses() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let mut conf =
+            config(json!({"disableContainerInterface": true, "isGateway": false, "ipMasq": false}));
+        conf.as_object_mut().unwrap().remove("ipam");
+        let r = add(&f, &conf).unwrap();
+        let w = f.w.borrow();
+        let c = w.link(Ns::Container, "eth0").unwrap();
+        assert_eq!(c.link.flags & 1, 0, "{fam}: down");
+        assert!(!w.addrs.iter().any(|(n, _)| *n == Ns::Container), "{fam}");
+        assert_eq!(f.calls("wait_oper_up"), 0, "{fam}: nothing to wait for");
+        drop(w);
+        check(&f, &conf, &r).unwrap();
+        // the same attachment not disabled: a down interface is drift
+        let mut on = config(json!({"isGateway": false, "ipMasq": false}));
+        on.as_object_mut().unwrap().remove("ipam");
+        assert!(check(&f, &on, &r).unwrap_err().msg.contains("is down"), "{fam}");
+    }
+}
+
+#[test]
+fn an_existing_bridge_address_of_another_subnet_needs_force_address() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        // a bridge that is there already with another address of each family
+        let br = {
+            let mut w = f.w.borrow_mut();
+            let i = w.links.len() as u32 + 100;
+            w.links.push(crate::kernel::fake::FakeLink {
+                ns: Ns::Host,
+                link: cni_common::netlink::Link {
+                    index: i,
+                    name: "cni0".into(),
+                    kind: Some("bridge".into()),
+                    flags: 1,
+                    mtu: 1500,
+                    mac: Some([2, 1, 1, 1, 1, 1]),
+                    ..Default::default()
+                },
+                port: Default::default(),
+                vlans: Vec::new(),
+            });
+            w.sysctls.insert("net/ipv6/conf/cni0/accept_ra".into(), "1".into());
+            for a in ["10.1.0.99/24", "fd00:1::99/64"] {
+                w.addrs.push((
+                    Ns::Host,
+                    cni_common::netlink::Address {
+                        index: i,
+                        addr: a.parse().unwrap(),
+                        broadcast: None,
+                        flags: 0,
+                        scope: 0,
+                    },
+                ));
+            }
+            i
+        };
+        let e = add(&f, &config(json!({}))).unwrap_err();
+        assert!(e.msg.contains("already has an IP address different from"), "{fam}: {}", e.msg);
+        assert!(f.w.borrow().link(Ns::Container, "eth0").is_none(), "{fam}: undone");
+        let r = add(&f, &config(json!({"forceAddress": true}))).unwrap();
+        let w = f.w.borrow();
+        let on: Vec<String> = w
+            .addrs
+            .iter()
+            .filter(|(n, a)| *n == Ns::Host && a.index == br)
+            .map(|(_, a)| a.addr.to_string())
+            .collect();
+        for (a, g) in addrs {
+            let p: ipnet::IpNet = a.parse().unwrap();
+            assert!(on.contains(&format!("{g}/{}", p.prefix_len())), "{fam}: {on:?}");
+            let old = if p.addr().is_ipv4() { "10.1.0.99/24" } else { "fd00:1::99/64" };
+            assert!(!on.contains(&old.to_string()), "{fam}: replaced: {on:?}");
+        }
+        assert_eq!(w.link(Ns::Host, "cni0").unwrap().link.mac, Some([2, 1, 1, 1, 1, 1]), "{fam}: MAC pinned");
+        assert_eq!(r.interfaces[0].mac, "02:01:01:01:01:01");
+        assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}: we own its routes");
+    }
+}
+
+#[test]
+fn the_containers_ipv6_settings_and_a_layer_2_attachment() {
+    let f = world(FAMILIES[1].1);
+    add(&f, &config(json!({"enabledad": true}))).unwrap();
+    let w = f.w.borrow();
+    assert_eq!(w.ctr_sysctls["net/ipv6/conf/eth0/enhanced_dad"], "1");
+    assert_eq!(w.ctr_sysctls["net/ipv6/conf/eth0/keep_addr_on_down"], "1");
+    assert_eq!(w.ctr_sysctls["net/ipv6/conf/lo/disable_ipv6"], "0");
+    drop(w);
+    assert_eq!(f.calls("wait_settled"), 1, "an IPv6 gateway: routes wait for DAD");
+    let f = world(FAMILIES[0].1);
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(f.calls("wait_settled"), 0, "no IPv6 gateway: no wait");
+    // layer 2: no IPAM, no addresses, no gateway, no firewall
+    let f = world(FAMILIES[0].1);
+    let mut conf = config(json!({"isGateway": false, "ipMasq": false}));
+    conf.as_object_mut().unwrap().remove("ipam");
+    let r = add(&f, &conf).unwrap();
+    assert!(r.ips.is_empty());
+    assert_eq!(f.calls("ipam_start"), 0);
+    assert!(f.w.borrow().tables.is_empty());
+    check(&f, &conf, &r).unwrap();
+}
+
+#[test]
+fn dns_of_the_configuration_wins_over_ipams() {
+    let f = world(FAMILIES[0].1);
+    let r = add(&f, &config(json!({"dns": {"nameservers": ["10.1.0.53"]}}))).unwrap();
+    assert_eq!(r.dns.nameservers, vec!["10.1.0.53".to_string()]);
+}
+
+#[test]
+fn a_port_that_never_comes_up_fails_the_add_and_is_undone() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let before = state(&f);
+        f.fail("wait_oper_up", 0, Fault::Before(libc::ETIMEDOUT));
+        let e = add(&f, &config(json!({}))).unwrap_err();
+        assert!(e.msg.contains("bridge port in error state"), "{fam}: {}", e.msg);
+        assert_untouched(&f, &before, fam);
+        // vanished while waiting
+        let f = world(addrs);
+        f.before("wait_oper_up", |w| {
+            if let Some(i) = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth"))
+            {
+                let idx = w.links[i].link.index;
+                w.unregister(Ns::Host, idx);
+            }
+        });
+        let e = add(&f, &config(json!({}))).unwrap_err();
+        assert!(e.msg.contains("vanished"), "{fam}: {}", e.msg);
+    }
+}

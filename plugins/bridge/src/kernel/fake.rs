@@ -27,6 +27,7 @@ type Nl<T> = std::result::Result<T, NlError>;
 
 const IFF_UP: u32 = 0x1;
 const IFF_PROMISC: u32 = 0x100;
+const IFF_LOOPBACK: u32 = 0x8;
 const IF_OPER_UP: u8 = 6;
 
 /// One link of the world.
@@ -92,10 +93,9 @@ impl World {
     /// A host with `lo` and `eth0` (up), IPv6 on, nothing else; a container with `lo`.
     pub fn new() -> World {
         let mut w = World { next_index: 1, next_handle: 1, ..World::default() };
-        for (ns, name, kind) in
-            [(Ns::Host, "lo", None), (Ns::Host, "eth0", None), (Ns::Container, "lo", None)]
-        {
-            w.insert(ns, name, kind, IFF_UP, None, 1500);
+        for (ns, name) in [(Ns::Host, "lo"), (Ns::Host, "eth0"), (Ns::Container, "lo")] {
+            let (flags, mtu) = if name == "lo" { (IFF_UP | IFF_LOOPBACK, 65536) } else { (IFF_UP, 1500) };
+            w.insert(ns, name, None, flags, None, mtu);
         }
         for (k, v) in [
             ("net/ipv4/ip_forward", "0"),
