@@ -88,6 +88,10 @@ pub trait Kernel {
     fn remove_firewall(&mut self, required: bool) -> Result<()>;
     /// Remove what upstream's bridge made for the attachment's masquerading (iptables).
     fn upstream_masq_del(&mut self) -> Result<()>;
+    /// GC of upstream's masquerading of this network (attachments not in the valid list).
+    fn upstream_masq_gc(&mut self) -> Result<()>;
+    /// The IPAM delegate's GC.
+    fn ipam_gc(&mut self) -> Result<()>;
     /// Whether upstream's bridge made this attachment's masquerading (iptables chains) and it
     /// is complete: then CHECK leaves masquerading to it.
     fn upstream_masq_intact(&mut self) -> Result<bool>;
@@ -312,6 +316,12 @@ impl Kernel for Real<'_> {
     }
     fn upstream_masq_del(&mut self) -> Result<()> {
         crate::upstream_masq::del(self.req)
+    }
+    fn upstream_masq_gc(&mut self) -> Result<()> {
+        crate::upstream_masq::gc(self.req)
+    }
+    fn ipam_gc(&mut self) -> Result<()> {
+        ipam::gc(self.req)
     }
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         Ok(crate::upstream_masq::check(self.req)?.is_intact())

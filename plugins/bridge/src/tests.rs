@@ -26,11 +26,15 @@ const FAMILIES: [(&str, &[(&str, &str)]); 3] = [
 ];
 
 fn request(conf: &Value) -> Request {
+    request_for(conf, "ctr1", "eth0")
+}
+
+fn request_for(conf: &Value, id: &str, ifname: &str) -> Request {
     let env = Env {
         command: Some(Command::Add),
-        container_id: "ctr1".into(),
+        container_id: id.into(),
         netns: NETNS.into(),
-        ifname: "eth0".into(),
+        ifname: ifname.into(),
         args: String::new(),
         path: "/opt/cni/bin".into(),
         netns_override: true,
@@ -851,5 +855,60 @@ fn a_port_that_never_comes_up_fails_the_add_and_is_undone() {
         });
         let e = add(&f, &config(json!({}))).unwrap_err();
         assert!(e.msg.contains("vanished"), "{fam}: {}", e.msg);
+    }
+}
+
+#[test]
+fn gc_removes_the_rules_of_attachments_not_valid_and_of_ports_gone() {
+    use cni_common::attachment::AttachmentId;
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({"macspoofchk": true}));
+        let mut other = conf.clone();
+        other["name"] = json!("othernet");
+        for (c, id, ifname) in [(&conf, "ctr1", "eth0"), (&conf, "ctr2", "eth1"), (&other, "ctr3", "eth2")] {
+            let req = request_for(c, id, ifname);
+            add_with(&mut f.clone(), &req, Conf::from_request(&req).unwrap()).unwrap();
+        }
+        let tags = |f: &Fake| -> Vec<String> {
+            let w = f.w.borrow();
+            let mut t: Vec<String> = w
+                .tables
+                .values()
+                .flat_map(|t| t.chains.iter().flat_map(|(_, r)| r))
+                .filter_map(|r| r.comment.clone())
+                .collect();
+            t.sort();
+            t.dedup();
+            t
+        };
+        let a = |id: &str, ifname: &str, net: &str| AttachmentId::new(net, id, ifname);
+        let has = |f: &Fake, x: &AttachmentId| {
+            let t = tags(f);
+            (t.iter().any(|c| c.starts_with(&x.masq_tag())), t.iter().any(|c| c.ends_with(&x.spoof_ref())))
+        };
+        let (one, two, three) =
+            (a("ctr1", "eth0", "net"), a("ctr2", "eth1", "net"), a("ctr3", "eth2", "othernet"));
+        assert_eq!(has(&f, &two), (true, true), "{fam}");
+        let req = request(&conf);
+        let t = crate::config::Teardown::from_request(&req).unwrap();
+        crate::gc::gc_with(&mut f.clone(), &t, "net", vec![one.clone()]).unwrap();
+        assert_eq!(has(&f, &one), (true, true), "{fam}: valid: kept");
+        assert_eq!(has(&f, &two), (false, false), "{fam}: not valid: removed");
+        assert_eq!(has(&f, &three), (true, true), "{fam}: another network's: kept");
+        assert_eq!(f.w.borrow().upstream_masq_gcs, 1, "{fam}");
+        assert_eq!(f.calls("ipam_gc"), 1, "{fam}");
+        // a valid attachment whose port is gone: its spoof check can never match again
+        {
+            let mut w = f.w.borrow_mut();
+            let c = w.link(Ns::Container, "eth0").unwrap().link.index;
+            w.unregister(Ns::Container, c);
+        }
+        crate::gc::gc_with(&mut f.clone(), &t, "net", vec![one.clone()]).unwrap();
+        assert_eq!(has(&f, &one), (true, false), "{fam}: port gone: spoof check removed, masquerading kept");
+        // nothing left to collect: nothing committed
+        let applies = f.calls("nft_apply");
+        crate::gc::gc_with(&mut f.clone(), &t, "net", vec![one.clone()]).unwrap();
+        assert_eq!(f.calls("nft_apply"), applies, "{fam}");
     }
 }

@@ -85,6 +85,8 @@ pub struct World {
     pub calls: Vec<&'static str>,
     /// Upstream's bridge made the attachment's masquerading (iptables), complete.
     pub upstream_masq: bool,
+    /// How often GC of upstream's masquerading ran.
+    pub upstream_masq_gcs: usize,
     /// The attachment whose firewall state `remove_firewall` takes out.
     pub attachment: Option<cni_common::attachment::AttachmentId>,
 }
@@ -826,6 +828,17 @@ impl Kernel for Fake {
                 Ok(Vec::new())
             })
         }))
+    }
+
+    fn upstream_masq_gc(&mut self) -> Result<()> {
+        self.cni("upstream_masq", |w| {
+            w.upstream_masq_gcs += 1;
+            Ok(())
+        })
+    }
+
+    fn ipam_gc(&mut self) -> Result<()> {
+        self.cni("ipam_gc", |_| Ok(()))
     }
 
     fn upstream_masq_del(&mut self) -> Result<()> {
