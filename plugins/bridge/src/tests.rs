@@ -88,6 +88,14 @@ fn add_builds_the_attachment_in_each_family_and_check_passes() {
         let ctr = w.link(Ns::Container, "eth0").expect("container interface");
         let hv = w.links.iter().find(|l| l.ns == Ns::Host && l.link.index == ctr.link.link.unwrap()).unwrap();
         assert_eq!(hv.link.master, Some(br.link.index), "{fam}");
+        let mac = |l: &cni_common::netlink::Link| cni_common::mac::Mac::text(l.mac);
+        let names: Vec<&str> = r.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, vec!["cni0", hv.link.name.as_str(), "eth0"], "{fam}");
+        let macs: Vec<&str> = r.interfaces.iter().map(|i| i.mac.as_str()).collect();
+        assert_eq!(macs, vec![mac(&br.link), mac(&hv.link), mac(&ctr.link)], "{fam}");
+        assert_eq!(r.interfaces[2].sandbox, NETNS, "{fam}");
+        assert!(r.ips.iter().all(|i| i.interface == Some(2)), "{fam}");
+        assert!(ctr.link.flags & 1 != 0, "{fam}: up");
         assert_eq!(w.sysctls[&format!("net/ipv6/conf/{}/accept_ra", hv.link.name)], "0", "{fam}");
         assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}");
         for (a, g) in addrs {
@@ -911,4 +919,29 @@ fn gc_removes_the_rules_of_attachments_not_valid_and_of_ports_gone() {
         crate::gc::gc_with(&mut f.clone(), &t, "net", vec![one.clone()]).unwrap();
         assert_eq!(f.calls("nft_apply"), applies, "{fam}");
     }
+}
+
+#[test]
+fn ipv6_forwarding_already_on_raises_nothing_and_other_values_are_left_alone() {
+    let f = world(FAMILIES[1].1);
+    f.w.borrow_mut().sysctls.insert("net/ipv6/conf/all/forwarding".into(), "1".into());
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(
+        f.w.borrow().sysctls["net/ipv6/conf/eth0/accept_ra"],
+        "1",
+        "forwarding was on: nothing raised"
+    );
+    for (v, after) in [("0", "0"), ("2", "2"), ("1", "2")] {
+        let f = world(FAMILIES[2].1);
+        f.w.borrow_mut().sysctls.insert("net/ipv6/conf/eth0/accept_ra".into(), v.into());
+        add(&f, &config(json!({}))).unwrap();
+        let w = f.w.borrow();
+        assert_eq!(w.sysctls["net/ipv6/conf/eth0/accept_ra"], after, "{v}");
+        assert_eq!(w.sysctls["net/ipv6/conf/default/accept_ra"], "1", "the template is left alone");
+        assert_eq!(w.sysctls["net/ipv6/conf/all/forwarding"], "1");
+    }
+    // IPv4 only: IPv6 forwarding is not touched
+    let f = world(FAMILIES[0].1);
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(f.w.borrow().sysctls["net/ipv6/conf/all/forwarding"], "0");
 }
