@@ -222,9 +222,8 @@ impl<'r, 'k> Add<'r, 'k> {
         };
         let gateways = if self.conf.l3 { self.addresses(&mut result)? } else { Vec::new() };
         self.configure_container(ctr_index, &result, v6conf)?;
-        if self.conf.l3 && self.conf.is_gateway {
-            self.gateways(&mut br, br_pinned, &gateways, &mut result)?;
-        }
+        // (none without isGateway or IPAM)
+        self.gateways(&mut br, br_pinned, &gateways, &mut result)?;
         if self.conf.bridge_nf_call_iptables {
             self.k.sysctl_set(BR_NF_CALL_IPTABLES, "1")?;
             if result.ips.iter().any(|i| i.address.addr().is_ipv6()) {

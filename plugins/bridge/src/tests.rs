@@ -96,6 +96,9 @@ fn add_builds_the_attachment_in_each_family_and_check_passes() {
         assert_eq!(r.interfaces[2].sandbox, NETNS, "{fam}");
         assert!(r.ips.iter().all(|i| i.interface == Some(2)), "{fam}");
         assert!(ctr.link.flags & 1 != 0, "{fam}: up");
+        assert!(hv.link.flags & 1 != 0 && br.link.flags & 1 != 0, "{fam}: host end and bridge up");
+        let bm = br.link.mac.unwrap();
+        assert_eq!(bm[0] & 0x03, 0x02, "{fam}: the bridge got a random locally administered MAC");
         assert_eq!(w.sysctls[&format!("net/ipv6/conf/{}/accept_ra", hv.link.name)], "0", "{fam}");
         assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}");
         for (a, g) in addrs {
@@ -338,6 +341,9 @@ fn vlans_on_a_kernel_without_filtering_are_refused_with_nothing_reserved() {
         let before = state(&f);
         let e = add(&f, &config(json!({"vlan": 100}))).unwrap_err();
         assert_eq!(e.code, 2, "{fam}: {}", e.msg);
+        assert!(e.msg.contains("field \"vlan\""), "{fam}: {}", e.msg);
+        let e = add(&f, &config(json!({"vlanTrunk": [{"id": 5}]}))).unwrap_err();
+        assert!(e.msg.contains("field \"vlanTrunk\""), "{fam}: {}", e.msg);
         assert_untouched(&f, &before, fam);
         assert_eq!(f.calls("ipam_add"), 0, "{fam}: nothing reserved before the VLANs are in place");
     }
@@ -487,6 +493,11 @@ fn a_second_add_on_the_same_bridge_reuses_it_and_forwarding_is_written_once() {
     }
     add(&g, &config(json!({}))).unwrap();
     assert_eq!(g.w.borrow().links.iter().filter(|l| l.link.name == "cni0").count(), 1);
+    assert_eq!(
+        g.calls("link_set"),
+        1,
+        "only the container end comes up: the bridge's MAC is not pinned again"
+    );
     assert!(g.calls("sysctl_set") < writes, "forwarding and the bridge's accept_ra are not written again");
     assert_eq!(g.calls("link_add"), 1, "only the veth pair is created");
 }
@@ -671,6 +682,7 @@ fn a_vlan_gateway_carries_the_gateway_addresses_of_each_family() {
         assert_eq!(port.link.master, Some(br));
         assert_eq!(port.vlans, vec![cni_common::netlink::PortVlan::access(100)], "{fam}");
         assert_eq!(r.interfaces.last().map(|i| i.name.as_str()), Some("cni0.100"), "{fam}");
+        assert_eq!(r.interfaces.last().unwrap().mac, cni_common::mac::Mac::text(gw.link.mac), "{fam}");
     }
 }
 
@@ -944,4 +956,57 @@ fn ipv6_forwarding_already_on_raises_nothing_and_other_values_are_left_alone() {
     let f = world(FAMILIES[0].1);
     add(&f, &config(json!({}))).unwrap();
     assert_eq!(f.w.borrow().sysctls["net/ipv6/conf/all/forwarding"], "0");
+}
+
+#[test]
+fn a_wait_that_fails_otherwise_is_not_called_an_error_state() {
+    let f = world(FAMILIES[0].1);
+    f.fail("wait_oper_up", 0, Fault::Before(libc::EIO));
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert!(!e.msg.contains("error state") && e.msg.contains("wait_oper_up"), "{}", e.msg);
+}
+
+/// A bridge of the configured name that is not ours, made by another ADD at the moment this
+/// one creates it.
+fn concurrent_bridge(w: &mut World) {
+    if w.link(Ns::Host, "cni0").is_none() {
+        w.links.push(crate::kernel::fake::FakeLink {
+            ns: Ns::Host,
+            link: cni_common::netlink::Link {
+                index: 500,
+                name: "cni0".into(),
+                kind: Some("bridge".into()),
+                mtu: 1500,
+                mac: Some([2, 5, 5, 5, 5, 5]),
+                ..Default::default()
+            },
+            port: Default::default(),
+            vlans: Vec::new(),
+        });
+    }
+}
+
+#[test]
+fn a_bridge_another_add_creates_at_the_same_moment_is_used_and_never_taken_back() {
+    for (fam, addrs) in FAMILIES {
+        // its creation answers EEXIST: the other's bridge is used (and brought up)
+        let f = world(addrs);
+        f.before("link_add", concurrent_bridge);
+        let r = add(&f, &config(json!({}))).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        assert_eq!(r.interfaces[0].mac, "02:05:05:05:05:05", "{fam}");
+        assert!(f.w.borrow().link(Ns::Host, "cni0").unwrap().link.flags & 1 != 0, "{fam}: brought up");
+        // this ADD fails later: the other's bridge stays
+        let f = world(addrs);
+        f.before("link_add", concurrent_bridge);
+        f.fail("nft_apply", 0, Fault::Before(libc::EIO));
+        f.fail("nft_apply", 0, Fault::Before(libc::EIO));
+        add(&f, &config(json!({}))).unwrap_err();
+        assert!(f.w.borrow().link(Ns::Host, "cni0").is_some(), "{fam}: not ours: kept");
+        // its creation is refused for another reason while the other's appears: not ours either
+        let f = world(addrs);
+        f.before("link_add", concurrent_bridge);
+        f.fail("link_add", 0, Fault::Before(libc::EPERM));
+        add(&f, &config(json!({}))).unwrap_err();
+        assert!(f.w.borrow().link(Ns::Host, "cni0").is_some(), "{fam}: refused, not lost: kept");
+    }
 }

@@ -121,7 +121,8 @@ impl World {
     ) -> u32 {
         let index = self.next_index;
         self.next_index += 1;
-        let mac = mac.or(Some([0x02, 0, 0, 0, (index >> 8) as u8, index as u8]));
+        // a device the kernel made gets a MAC the fake can tell from any we chose
+        let mac = mac.or(Some([0x00, 0x16, 0x3e, 0, (index >> 8) as u8, index as u8]));
         let link = Link {
             index,
             name: name.into(),
