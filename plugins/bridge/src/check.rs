@@ -81,9 +81,9 @@ pub(crate) fn check_state(k: &mut dyn Kernel, req: &Request, conf: &Conf, prev: 
         }
     }
     // Masquerading made by upstream's bridge (iptables) is checked in its own form.
-    let upstream_masq = conf.ip_masq && !ours.is_empty() && k.upstream_masq_intact()?;
-    if (conf.ip_masq && !ours.is_empty() && !upstream_masq) || conf.macspoofchk {
-        check_firewall(k, &AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
+    let masq = conf.ip_masq && !ours.is_empty() && !k.upstream_masq_intact()?;
+    if masq || conf.macspoofchk {
+        check_firewall(k, &AttachmentId::of(req), conf, &ours, &hv, &c, masq)?;
     }
     Ok(())
 }
@@ -207,7 +207,7 @@ fn check_addresses_and_routes(k: &mut dyn Kernel, prev: &CniResult, ours: &[IpNe
 }
 
 /// The masquerade rules of the container's addresses and the spoof-check chains are in place.
-/// (`upstream_masq`: the masquerading is upstream's iptables form, already checked.)
+/// (`masq`: ours to check; not when upstream's iptables form holds it, intact.)
 fn check_firewall(
     k: &mut dyn Kernel,
     att: &AttachmentId,
@@ -215,9 +215,8 @@ fn check_firewall(
     ours: &[IpNet],
     hv: &Link,
     c: &Link,
-    upstream_masq: bool,
+    masq: bool,
 ) -> Result<()> {
-    let masq = conf.ip_masq && !ours.is_empty() && !upstream_masq;
     let found = firewall::find(k.nft()?, att, masq, conf.macspoofchk)?;
     if masq {
         if let Some(why) = firewall::masq_missing(&found, att, ours, conf.non_masquerade.as_deref()) {

@@ -683,6 +683,7 @@ fn a_vlan_gateway_carries_the_gateway_addresses_of_each_family() {
         assert_eq!(port.vlans, vec![cni_common::netlink::PortVlan::access(100)], "{fam}");
         assert_eq!(r.interfaces.last().map(|i| i.name.as_str()), Some("cni0.100"), "{fam}");
         assert_eq!(r.interfaces.last().unwrap().mac, cni_common::mac::Mac::text(gw.link.mac), "{fam}");
+        assert!(gw.link.flags & 1 != 0, "{fam}: the VLAN gateway is up");
     }
 }
 
@@ -1008,5 +1009,132 @@ fn a_bridge_another_add_creates_at_the_same_moment_is_used_and_never_taken_back(
         f.fail("link_add", 0, Fault::Before(libc::EPERM));
         add(&f, &config(json!({}))).unwrap_err();
         assert!(f.w.borrow().link(Ns::Host, "cni0").is_some(), "{fam}: refused, not lost: kept");
+    }
+}
+
+#[test]
+fn routes_of_ipam_two_ways_to_one_destination_and_their_scope() {
+    for (fam, addrs) in FAMILIES {
+        let mut w = World::new();
+        let ips: Vec<Value> = addrs.iter().map(|(a, g)| json!({"address": a, "gateway": g})).collect();
+        let mut routes = Vec::new();
+        for (a, _) in addrs {
+            let v4 = a.contains('.');
+            let (dst, g1, g2) = if v4 {
+                ("10.9.0.0/16", "10.1.0.2", "10.1.0.3")
+            } else {
+                ("fd09::/64", "fd00:1::2", "fd00:1::3")
+            };
+            routes.push(json!({"dst": dst, "gw": g1}));
+            routes.push(json!({"dst": dst, "gw": g2}));
+            routes.push(json!({"dst": if v4 { "10.8.0.0/16" } else { "fd08::/64" }, "scope": 253}));
+        }
+        w.ipam_answer = Some(Ok(json!({"cniVersion": "1.1.0", "ips": ips, "routes": routes}).to_string()));
+        w.attachment = Some(cni_common::attachment::AttachmentId::new("net", "ctr1", "eth0"));
+        let f = Fake::new(w);
+        let mut conf = config(json!({"isDefaultGateway": false}));
+        conf["cniVersion"] = json!("1.1.0");
+        let r = add(&f, &conf).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        let w = f.w.borrow();
+        let ctr_routes: Vec<&cni_common::netlink::Route> =
+            w.routes.iter().filter(|(n, _)| *n == Ns::Container).map(|(_, r)| r).collect();
+        for (a, _) in addrs {
+            let v4 = a.contains('.');
+            let dst: ipnet::IpNet = if v4 { "10.9.0.0/16" } else { "fd09::/64" }.parse().unwrap();
+            assert_eq!(ctr_routes.iter().filter(|r| r.dst == dst).count(), 2, "{fam}: both paths");
+            let scoped: ipnet::IpNet = if v4 { "10.8.0.0/16" } else { "fd08::/64" }.parse().unwrap();
+            assert_eq!(ctr_routes.iter().find(|r| r.dst == scoped).map(|r| r.scope), Some(253), "{fam}");
+        }
+        drop(w);
+        check(&f, &conf, &r).unwrap();
+    }
+}
+
+#[test]
+fn another_ipv4_address_on_the_bridge_is_in_the_way_another_ipv6_subnet_is_not() {
+    for other in ["192.168.5.1/24", "fd00:99::1/64"] {
+        let f = world(FAMILIES[2].1);
+        {
+            let mut w = f.w.borrow_mut();
+            w.links.push(crate::kernel::fake::FakeLink {
+                ns: Ns::Host,
+                link: cni_common::netlink::Link {
+                    index: 300,
+                    name: "cni0".into(),
+                    kind: Some("bridge".into()),
+                    flags: 1,
+                    mtu: 1500,
+                    mac: Some([2, 3, 3, 3, 3, 3]),
+                    ..Default::default()
+                },
+                port: Default::default(),
+                vlans: Vec::new(),
+            });
+            w.addrs.push((
+                Ns::Host,
+                cni_common::netlink::Address {
+                    index: 300,
+                    addr: other.parse().unwrap(),
+                    broadcast: None,
+                    flags: 0,
+                    scope: 0,
+                },
+            ));
+        }
+        let r = add(&f, &config(json!({})));
+        if other.contains('.') {
+            assert!(r.unwrap_err().msg.contains("already has an IP address different from 10.1.0.1/24"));
+        } else {
+            r.unwrap();
+            assert!(f.w.borrow().addrs.iter().any(|(_, a)| a.addr.to_string() == other), "kept beside ours");
+        }
+    }
+}
+
+#[test]
+fn a_gateway_address_another_add_puts_on_the_bridge_first_is_fine() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let gws: Vec<(ipnet::IpNet, usize)> = addrs
+            .iter()
+            .map(|(a, g)| {
+                (
+                    ipnet::IpNet::new(g.parse().unwrap(), a.parse::<ipnet::IpNet>().unwrap().prefix_len())
+                        .unwrap(),
+                    0,
+                )
+            })
+            .collect();
+        f.before("addr_add", move |w| {
+            let Some(br) = w.link(Ns::Host, "cni0").map(|l| l.link.index) else { return };
+            for (g, _) in &gws {
+                if !w.addrs.iter().any(|(n, a)| *n == Ns::Host && a.addr == *g) {
+                    w.addrs.push((
+                        Ns::Host,
+                        cni_common::netlink::Address {
+                            index: br,
+                            addr: *g,
+                            broadcast: None,
+                            flags: 0,
+                            scope: 0,
+                        },
+                    ));
+                }
+            }
+        });
+        let r = add(&f, &config(json!({}))).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        check(&f, &config(json!({})), &r).unwrap();
+    }
+}
+
+#[test]
+fn without_is_gateway_the_ipam_gateway_is_not_looked_for_on_the_bridge() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({"isGateway": false, "isDefaultGateway": false}));
+        let r = add(&f, &conf).unwrap();
+        let br = f.w.borrow().link(Ns::Host, "cni0").unwrap().link.index;
+        assert!(!f.w.borrow().addrs.iter().any(|(n, a)| *n == Ns::Host && a.index == br), "{fam}");
+        check(&f, &conf, &r).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
     }
 }

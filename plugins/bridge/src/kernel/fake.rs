@@ -722,8 +722,16 @@ impl Kernel for Fake {
             let mut r = route(spec.dst.trunc(), spec.gw, spec.oif);
             r.table = spec.table.unwrap_or(TABLE_MAIN);
             r.priority = spec.priority;
-            let same = |x: &Route| x.dst == r.dst && x.table == r.table && x.gw == r.gw && x.oif == r.oif;
-            if w.routes.iter().any(|(n, x)| *n == ns && same(x)) {
+            r.scope = spec.scope.unwrap_or(0);
+            // NLM_F_EXCL (not append): any route to the destination in the table and metric
+            // is in the way; with append only the very same path is
+            let in_the_way = |x: &Route| {
+                x.dst == r.dst
+                    && x.table == r.table
+                    && x.priority == r.priority
+                    && (!spec.append || (x.gw == r.gw && x.oif == r.oif))
+            };
+            if w.routes.iter().any(|(n, x)| *n == ns && in_the_way(x)) {
                 return Err(NlError::new(format!("add route {}", spec.dst), libc::EEXIST));
             }
             w.routes.push((ns, r));
