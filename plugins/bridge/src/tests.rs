@@ -1138,3 +1138,24 @@ fn without_is_gateway_the_ipam_gateway_is_not_looked_for_on_the_bridge() {
         check(&f, &conf, &r).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
     }
 }
+
+#[test]
+fn del_of_an_interface_that_vanishes_meanwhile_is_success_another_failure_is_not() {
+    for (fam, addrs) in FAMILIES {
+        let conf = config(json!({}));
+        let f = world(addrs);
+        add(&f, &conf).unwrap();
+        f.before("link_del", |w| {
+            if let Some(c) = w.link(Ns::Container, "eth0").map(|l| l.link.index) {
+                w.unregister(Ns::Container, c);
+            }
+        });
+        del(&f, &conf, true).unwrap_or_else(|e| panic!("{fam}: gone is fine: {}", e.msg));
+        let f = world(addrs);
+        add(&f, &conf).unwrap();
+        f.fail("link_del", 0, Fault::Before(libc::EBUSY));
+        let e = del(&f, &conf, true).unwrap_err();
+        assert!(e.msg.contains("failed to delete eth0"), "{fam}: {}", e.msg);
+        assert!(!f.w.borrow().ipam_reserved, "{fam}: the address is released all the same");
+    }
+}
