@@ -1159,3 +1159,21 @@ fn del_of_an_interface_that_vanishes_meanwhile_is_success_another_failure_is_not
         assert!(!f.w.borrow().ipam_reserved, "{fam}: the address is released all the same");
     }
 }
+
+#[test]
+fn gc_without_nf_tables_fails_only_where_rules_are_configured() {
+    for (extra, fails) in [
+        (json!({}), true),
+        (json!({"ipMasq": false}), false),
+        (json!({"ipMasq": false, "macspoofchk": true}), true),
+    ] {
+        let f = world(FAMILIES[0].1);
+        f.w.borrow_mut().no_nftables = true;
+        let conf = config(extra.clone());
+        let req = request(&conf);
+        let t = crate::config::Teardown::from_request(&req).unwrap();
+        let r = crate::gc::gc_with(&mut f.clone(), &t, "net", Vec::new());
+        assert_eq!(r.is_err(), fails, "{extra}");
+        assert_eq!(f.calls("ipam_gc"), 1, "{extra}: IPAM's GC runs all the same");
+    }
+}

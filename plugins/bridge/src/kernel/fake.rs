@@ -69,6 +69,8 @@ pub struct World {
     pub ctr_sysctls: BTreeMap<String, String>,
     pub tables: BTreeMap<(String, String), FakeTable>,
     next_handle: u64,
+    /// The kernel has no nf_tables.
+    pub no_nftables: bool,
     /// The kernel has no bridge VLAN filtering.
     pub no_vlan_filtering: bool,
     /// What the IPAM delegate answers to ADD (its stdout), or its error.
@@ -825,6 +827,9 @@ impl Kernel for Fake {
     }
 
     fn nft(&mut self) -> Result<&mut dyn Nft> {
+        if self.w.borrow().no_nftables {
+            return Err(CniError::new(cni_common::code::NOT_AVAILABLE, "nf_tables is not usable (fake)"));
+        }
         Ok(&mut self.nft)
     }
 
