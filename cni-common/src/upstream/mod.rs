@@ -5,7 +5,7 @@
 //! docs/switching.md ("Upstream's state, exactly"). In short:
 //! - bridge `ipMasq` (iptables, v1.1.1 and every version since): per attachment a chain
 //!   `CNI-<hash(network+id)>` in table `nat`, jumped to from `POSTROUTING -s <address>`, in
-//!   `iptables` and `ip6tables`; bridge's `upstream_masq` module.
+//!   `iptables` and `ip6tables`; see [`masq`].
 //! - portmap (iptables): per attachment `CNI-DN-<hash>` jumped to from the shared
 //!   `CNI-HOSTPORT-DNAT`, the hairpin/localhost marks through `CNI-HOSTPORT-SETMARK` and
 //!   `CNI-HOSTPORT-MASQ`, and `CNI-SN-<hash>` of versions before 0.7; portmap's nftables
@@ -29,6 +29,7 @@
 pub mod hostport;
 pub mod ifb;
 pub mod iptables;
+pub mod masq;
 pub mod names;
 mod xtables;
 
@@ -71,13 +72,13 @@ fn delete(nf: &mut NfTables, ops: &[NftDelete]) -> std::result::Result<(), NlErr
 const NAT: &str = "nat";
 
 /// A netlink connection when nf_tables is usable (None: then nothing can live there).
-pub fn nftables() -> Option<NfTables> {
+fn nftables() -> Option<NfTables> {
     NfTables::new().ok()
 }
 
 /// The (backend, family) pairs whose `nat` table has at least one of `chains` (`nf`: the
 /// netlink connection, None when nf_tables is not usable).
-pub fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
+fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
     let mut out = Vec::new();
     if let Some(nf) = nf {
         for fam in Fam::BOTH {
@@ -122,18 +123,18 @@ fn locate_any(wanted: impl Fn(&str) -> bool) -> Result<Vec<(Backend, Fam)>> {
 /// What to take out of one `nat` table: rules of `entries.0` jumping to `entries.1`, then the
 /// chains (flushed first).
 #[derive(Debug, Clone, Default)]
-pub struct Teardown {
+struct Teardown {
     jumps: Vec<(String, String)>,
     chains: Vec<String>,
 }
 
 impl Teardown {
-    pub fn jump(mut self, from: &str, to: &str) -> Self {
+    fn jump(mut self, from: &str, to: &str) -> Self {
         self.jumps.push((from.into(), to.into()));
         self
     }
 
-    pub fn chain(mut self, c: &str) -> Self {
+    fn chain(mut self, c: &str) -> Self {
         self.chains.push(c.into());
         self
     }
@@ -197,7 +198,7 @@ impl Teardown {
     }
 
     /// The same as a restore script against a saved table.
-    pub fn script(&self, t: &Table) -> Script {
+    fn script(&self, t: &Table) -> Script {
         let mut s = Script::default();
         for r in self.jump_rules(t) {
             s.delete(r);
@@ -226,7 +227,7 @@ impl Teardown {
         })
     }
 
-    pub fn apply(&self, nf: Option<&mut NfTables>, backend: Backend, fam: Fam) -> Result<bool> {
+    fn apply(&self, nf: Option<&mut NfTables>, backend: Backend, fam: Fam) -> Result<bool> {
         match (backend, nf) {
             (Backend::Nft, Some(nf)) => self.apply_nft(nf, fam),
             (Backend::Nft, None) => Ok(false),
@@ -254,7 +255,7 @@ fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> R
 
 /// One kind of upstream state in the iptables `nat` tables, as GC finds and removes it
 /// ([`collect`]).
-pub trait Collect {
+trait Collect {
     /// What GC's messages call it: "masquerade rules", "port mappings".
     const WHAT: &'static str;
     /// Whether a `nat` table with chain `c` may hold some.
@@ -279,7 +280,7 @@ pub trait Collect {
 /// the valid list, in every (backend, family) whose `nat` table has a chain of that kind (found
 /// by reading each saved table; nf_tables changed over netlink, legacy by one restore script),
 /// and forget the UDP flows of what was removed. A failing table does not stop the others.
-pub fn collect<C: Collect>(req: &Request) -> Result<()> {
+fn collect<C: Collect>(req: &Request) -> Result<()> {
     let network = req.network();
     let valid = req.valid_attachments()?;
     let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();

@@ -170,7 +170,7 @@ fn del_deferred(req: &Request, conf: &Teardown) -> Result<()> {
     // ipMasq made by upstream's bridge (iptables chains), if this attachment has any. Before
     // our own deletions: closing its look-up socket while our committed deletion is pending
     // would make this process wait for an RCU grace period here, in series with the veth's.
-    errors.take(crate::upstream_masq::del(req));
+    errors.take(cni_common::upstream::masq::del(req));
     let fw_socket = errors.take(firewall::remove::remove(req, conf.firewall())).flatten();
     let mut link = None;
     if req.netns().is_some() {

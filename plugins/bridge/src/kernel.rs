@@ -315,16 +315,16 @@ impl Kernel for Real<'_> {
         Ok(())
     }
     fn upstream_masq_del(&mut self) -> Result<()> {
-        crate::upstream_masq::del(self.req)
+        cni_common::upstream::masq::del(self.req)
     }
     fn upstream_masq_gc(&mut self) -> Result<()> {
-        crate::upstream_masq::gc(self.req)
+        cni_common::upstream::masq::gc(self.req)
     }
     fn ipam_gc(&mut self) -> Result<()> {
         ipam::gc(self.req)
     }
     fn upstream_masq_intact(&mut self) -> Result<bool> {
-        Ok(crate::upstream_masq::check(self.req)?.is_intact())
+        Ok(cni_common::upstream::masq::check(self.req)?.is_intact())
     }
 }
 

@@ -10,8 +10,6 @@ pub mod config;
 pub mod firewall;
 pub mod resync;
 
-pub mod upstream_masq;
-
 mod add;
 mod check;
 mod del;

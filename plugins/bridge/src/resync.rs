@@ -51,7 +51,8 @@ pub fn firewall(req: &Request, dry_run: bool) -> Result<Option<String>> {
         req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
     let netns = req.netns().ok_or_else(|| CniError::env("CNI_NETNS is required"))?;
     let (_, addrs) = container_of(&prev, &req.env.ifname, &req.env.netns)?;
-    let masq_wanted = conf.ip_masq && !addrs.is_empty() && !crate::upstream_masq::check(req)?.is_intact();
+    let masq_wanted =
+        conf.ip_masq && !addrs.is_empty() && !cni_common::upstream::masq::check(req)?.is_intact();
     let masq: Option<(&[IpNet], Option<&[IpNet]>)> =
         masq_wanted.then_some((addrs.as_slice(), conf.non_masquerade.as_deref()));
     let pair = if conf.macspoofchk { Some(veth_pair(netns, &req.env.ifname)?) } else { None };

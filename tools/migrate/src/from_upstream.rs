@@ -6,7 +6,6 @@
 use crate::inventory::{Cached, Inventory};
 use crate::{Opts, Report};
 use bridge::firewall;
-use bridge::upstream_masq as masq;
 use cni_common::attachment::AttachmentId;
 use cni_common::child;
 use cni_common::netlink::nft::{NfTables, NftFamily};
@@ -14,7 +13,7 @@ use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::spec::config::PortMapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Table};
-use cni_common::upstream::{hostport, names};
+use cni_common::upstream::{hostport, masq, names};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
 use serde_json::{json, Value};

@@ -12,10 +12,10 @@
 //! nftables backend (v1.6+) writes table `inet cni_plugins_masquerade`, which is our own
 //! layout: the bridge plugin handles that one itself.
 
-use cni_common::error_list::ErrorList;
-use cni_common::upstream::iptables::{self, Fam, Rule, Table};
-use cni_common::upstream::{locate, names, nftables, Found, Teardown};
-use cni_common::{CniError, Request, Result};
+use super::iptables::{self, Fam, Rule, Table};
+use super::{locate, names, nftables, Found, Teardown};
+use crate::error_list::ErrorList;
+use crate::{CniError, Request, Result};
 use ipnet::IpNet;
 use std::collections::HashSet;
 
@@ -103,7 +103,7 @@ pub fn check(req: &Request) -> Result<Found> {
         return Ok(Found::Absent);
     }
     let addrs = match req.prev_result()? {
-        Some(prev) => cni_common::net::interface_addrs(&prev, &req.env.ifname)?,
+        Some(prev) => crate::net::interface_addrs(&prev, &req.env.ifname)?,
         None => Vec::new(),
     };
     for addr in addrs {
@@ -148,7 +148,7 @@ fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
 /// GC of upstream's masquerade state (found by the network name in upstream's rule comments).
 struct Gc;
 
-impl cni_common::upstream::Collect for Gc {
+impl super::Collect for Gc {
     const WHAT: &'static str = "masquerade rules";
 
     fn is_chain(c: &str) -> bool {
@@ -167,13 +167,13 @@ impl cni_common::upstream::Collect for Gc {
 /// GC: remove upstream's masquerade state of this network's attachments that are not in the
 /// valid list (found by the network name in upstream's rule comments).
 pub fn gc(req: &Request) -> Result<()> {
-    cni_common::upstream::collect::<Gc>(req)
+    super::collect::<Gc>(req)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_common::upstream::iptables::SAVED_FOR_TESTS;
+    use crate::upstream::iptables::SAVED_FOR_TESTS;
 
     #[test]
     fn upstream_form_of_a_captured_attachment() {
