@@ -95,6 +95,12 @@ fn add_builds_the_attachment_in_each_family_and_check_passes() {
         assert_eq!(macs, vec![mac(&br.link), mac(&hv.link), mac(&ctr.link)], "{fam}");
         assert_eq!(r.interfaces[2].sandbox, NETNS, "{fam}");
         assert!(r.ips.iter().all(|i| i.interface == Some(2)), "{fam}");
+        assert_eq!(
+            f.calls("link_set"),
+            1,
+            "{fam}: only the container end is set up (bridge and host end are made up)"
+        );
+        assert_eq!(f.calls("link_set_mac"), 0, "{fam}: a bridge made with its MAC needs no pinning");
         assert!(ctr.link.flags & 1 != 0, "{fam}: up");
         assert!(hv.link.flags & 1 != 0 && br.link.flags & 1 != 0, "{fam}: host end and bridge up");
         let bm = br.link.mac.unwrap();
@@ -819,7 +825,8 @@ fn an_existing_bridge_address_of_another_subnet_needs_force_address() {
             let old = if p.addr().is_ipv4() { "10.1.0.99/24" } else { "fd00:1::99/64" };
             assert!(!on.contains(&old.to_string()), "{fam}: replaced: {on:?}");
         }
-        assert_eq!(w.link(Ns::Host, "cni0").unwrap().link.mac, Some([2, 1, 1, 1, 1, 1]), "{fam}: MAC pinned");
+        assert_eq!(w.link(Ns::Host, "cni0").unwrap().link.mac, Some([2, 1, 1, 1, 1, 1]), "{fam}: MAC kept");
+        assert_eq!(f.calls("link_set_mac"), addrs.len(), "{fam}: and pinned as each address went on");
         assert_eq!(r.interfaces[0].mac, "02:01:01:01:01:01");
         assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}: we own its routes");
     }
@@ -1175,5 +1182,18 @@ fn gc_without_nf_tables_fails_only_where_rules_are_configured() {
         let r = crate::gc::gc_with(&mut f.clone(), &t, "net", Vec::new());
         assert_eq!(r.is_err(), fails, "{extra}");
         assert_eq!(f.calls("ipam_gc"), 1, "{extra}: IPAM's GC runs all the same");
+    }
+}
+
+#[test]
+fn the_firewall_is_written_for_what_is_configured_and_not_touched_otherwise() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        add(&f, &config(json!({"ipMasq": false, "macspoofchk": true}))).unwrap();
+        assert_eq!(masq_rules(&f), 0, "{fam}");
+        assert_eq!(f.w.borrow().rules(NftFamily::Bridge, "nat", "PREROUTING").len(), 1, "{fam}: spoof check");
+        let f = world(addrs);
+        add(&f, &config(json!({"ipMasq": false}))).unwrap();
+        assert_eq!(f.calls("nft_read") + f.calls("nft_apply"), 0, "{fam}: no nf_tables at all");
     }
 }

@@ -582,7 +582,7 @@ impl Kernel for Fake {
     }
 
     fn link_set_mac(&mut self, ns: Ns, index: u32, mac: [u8; 6]) -> Nl<()> {
-        self.with("link_set", |w| {
+        self.with("link_set_mac", |w| {
             let p = w.pos(ns, index)?;
             w.links[p].link.mac = Some(mac);
             Ok(())
