@@ -1035,6 +1035,9 @@ fn routes_of_ipam_two_ways_to_one_destination_and_their_scope() {
             routes.push(json!({"dst": dst, "gw": g1}));
             routes.push(json!({"dst": dst, "gw": g2}));
             routes.push(json!({"dst": if v4 { "10.8.0.0/16" } else { "fd08::/64" }, "scope": 253}));
+            routes.push(
+                json!({"dst": if v4 { "10.7.0.0/16" } else { "fd07::/64" }, "table": 100, "mtu": 1400}),
+            );
         }
         w.ipam_answer = Some(Ok(json!({"cniVersion": "1.1.0", "ips": ips, "routes": routes}).to_string()));
         w.attachment = Some(cni_common::attachment::AttachmentId::new("net", "ctr1", "eth0"));
@@ -1051,6 +1054,9 @@ fn routes_of_ipam_two_ways_to_one_destination_and_their_scope() {
             assert_eq!(ctr_routes.iter().filter(|r| r.dst == dst).count(), 2, "{fam}: both paths");
             let scoped: ipnet::IpNet = if v4 { "10.8.0.0/16" } else { "fd08::/64" }.parse().unwrap();
             assert_eq!(ctr_routes.iter().find(|r| r.dst == scoped).map(|r| r.scope), Some(253), "{fam}");
+            let tabled: ipnet::IpNet = if v4 { "10.7.0.0/16" } else { "fd07::/64" }.parse().unwrap();
+            let t = ctr_routes.iter().find(|r| r.dst == tabled).unwrap();
+            assert_eq!((t.table, t.mtu), (100, Some(1400)), "{fam}");
         }
         drop(w);
         check(&f, &conf, &r).unwrap();
@@ -1195,5 +1201,92 @@ fn the_firewall_is_written_for_what_is_configured_and_not_touched_otherwise() {
         let f = world(addrs);
         add(&f, &config(json!({"ipMasq": false}))).unwrap();
         assert_eq!(f.calls("nft_read") + f.calls("nft_apply"), 0, "{fam}: no nf_tables at all");
+    }
+}
+
+#[test]
+fn a_host_veth_name_taken_meanwhile_is_tried_again_and_a_taken_ifname_is_not() {
+    let f = world(FAMILIES[0].1);
+    f.fail("link_add", 1, Fault::Before(libc::EEXIST));
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(f.calls("link_add"), 3, "bridge, the refused pair, the pair under another name");
+    let f = world(FAMILIES[0].1);
+    f.before("link_add", |w| {
+        if w.link(Ns::Host, "cni0").is_some() && w.link(Ns::Container, "eth0").is_none() {
+            w.links.push(crate::kernel::fake::FakeLink {
+                ns: Ns::Container,
+                link: cni_common::netlink::Link { index: 700, name: "eth0".into(), ..Default::default() },
+                port: Default::default(),
+                vlans: Vec::new(),
+            });
+        }
+    });
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert!(e.msg.contains("container veth name provided (eth0) already exists"), "{}", e.msg);
+}
+
+#[test]
+fn the_vlan_gateways_name_may_have_15_bytes_not_16() {
+    for (bridge, ok) in [("br0123456789", true), ("br01234567890", false)] {
+        let f = world(FAMILIES[0].1);
+        let r = add(&f, &config(json!({"bridge": bridge, "vlan": 10})));
+        assert_eq!(r.is_ok(), ok, "{bridge}.10: {r:?}");
+    }
+}
+
+#[test]
+fn an_ipv6_address_inside_the_gateways_subnet_is_in_the_way_too() {
+    let f = world(FAMILIES[1].1);
+    {
+        let mut w = f.w.borrow_mut();
+        w.links.push(crate::kernel::fake::FakeLink {
+            ns: Ns::Host,
+            link: cni_common::netlink::Link {
+                index: 301,
+                name: "cni0".into(),
+                kind: Some("bridge".into()),
+                flags: 1,
+                mtu: 1500,
+                mac: Some([2, 3, 3, 3, 3, 3]),
+                ..Default::default()
+            },
+            port: Default::default(),
+            vlans: Vec::new(),
+        });
+        // fd00:1::1:99/112 does not contain the gateway fd00:1::1, the gateway's /64 contains it
+        w.addrs.push((
+            Ns::Host,
+            cni_common::netlink::Address {
+                index: 301,
+                addr: "fd00:1::1:99/112".parse().unwrap(),
+                broadcast: None,
+                flags: 0,
+                scope: 0,
+            },
+        ));
+    }
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert!(e.msg.contains("already has an IP address different from fd00:1::1/64"), "{}", e.msg);
+}
+
+#[test]
+fn check_wants_the_containers_own_peer_on_the_bridge() {
+    for (fam, addrs) in FAMILIES {
+        let conf = config(json!({}));
+        // prevResult names another attachment's host veth: not this container's peer
+        let f = world(addrs);
+        let first = add(&f, &conf).unwrap();
+        let req = request_for(&conf, "ctr2", "eth1");
+        let second = add_with(&mut f.clone(), &req, Conf::from_request(&req).unwrap()).unwrap();
+        let mut swapped = first.clone();
+        swapped.interfaces[1] = second.interfaces[1].clone();
+        assert!(check(&f, &conf, &swapped).unwrap_err().msg.contains("was not found"), "{fam}");
+        // the peer is ours but on another bridge
+        {
+            let mut w = f.w.borrow_mut();
+            let i = w.links.iter().position(|l| l.link.name == first.interfaces[1].name).unwrap();
+            w.links[i].link.master = Some(9999);
+        }
+        assert!(check(&f, &conf, &first).unwrap_err().msg.contains("was not found"), "{fam}");
     }
 }

@@ -724,6 +724,7 @@ impl Kernel for Fake {
             let mut r = route(spec.dst.trunc(), spec.gw, spec.oif);
             r.table = spec.table.unwrap_or(TABLE_MAIN);
             r.priority = spec.priority;
+            r.mtu = spec.mtu;
             r.scope = spec.scope.unwrap_or(0);
             // NLM_F_EXCL (not append): any route to the destination in the table and metric
             // is in the way; with append only the very same path is
