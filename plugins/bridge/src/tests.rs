@@ -1290,3 +1290,16 @@ fn check_wants_the_containers_own_peer_on_the_bridge() {
         assert!(check(&f, &conf, &first).unwrap_err().msg.contains("was not found"), "{fam}");
     }
 }
+
+#[test]
+fn check_looks_at_addresses_also_when_there_are_no_routes() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({"isDefaultGateway": false}));
+        let r = add(&f, &conf).unwrap();
+        assert!(r.routes.is_empty(), "{fam}");
+        check(&f, &conf, &r).unwrap();
+        f.w.borrow_mut().addrs.retain(|(n, _)| *n != Ns::Container);
+        assert!(check(&f, &conf, &r).unwrap_err().msg.contains("Failed to match addr"), "{fam}");
+    }
+}
