@@ -690,6 +690,7 @@ fn a_vlan_gateway_carries_the_gateway_addresses_of_each_family() {
         assert_eq!(r.interfaces.last().map(|i| i.name.as_str()), Some("cni0.100"), "{fam}");
         assert_eq!(r.interfaces.last().unwrap().mac, cni_common::mac::Mac::text(gw.link.mac), "{fam}");
         assert!(gw.link.flags & 1 != 0, "{fam}: the VLAN gateway is up");
+        assert_eq!(gw.link.mtu, w.link(Ns::Host, "cni0").unwrap().link.mtu, "{fam}: the bridge's MTU");
     }
 }
 
@@ -1036,7 +1037,7 @@ fn routes_of_ipam_two_ways_to_one_destination_and_their_scope() {
             routes.push(json!({"dst": dst, "gw": g2}));
             routes.push(json!({"dst": if v4 { "10.8.0.0/16" } else { "fd08::/64" }, "scope": 253}));
             routes.push(
-                json!({"dst": if v4 { "10.7.0.0/16" } else { "fd07::/64" }, "table": 100, "mtu": 1400}),
+                json!({"dst": if v4 { "10.7.0.0/16" } else { "fd07::/64" }, "table": 100, "mtu": 1400, "priority": 50, "advmss": 1300}),
             );
         }
         w.ipam_answer = Some(Ok(json!({"cniVersion": "1.1.0", "ips": ips, "routes": routes}).to_string()));
@@ -1056,7 +1057,11 @@ fn routes_of_ipam_two_ways_to_one_destination_and_their_scope() {
             assert_eq!(ctr_routes.iter().find(|r| r.dst == scoped).map(|r| r.scope), Some(253), "{fam}");
             let tabled: ipnet::IpNet = if v4 { "10.7.0.0/16" } else { "fd07::/64" }.parse().unwrap();
             let t = ctr_routes.iter().find(|r| r.dst == tabled).unwrap();
-            assert_eq!((t.table, t.mtu), (100, Some(1400)), "{fam}");
+            assert_eq!(
+                (t.table, t.mtu, t.priority, t.advmss),
+                (100, Some(1400), Some(50), Some(1300)),
+                "{fam}"
+            );
         }
         drop(w);
         check(&f, &conf, &r).unwrap();
@@ -1301,5 +1306,53 @@ fn check_looks_at_addresses_also_when_there_are_no_routes() {
         check(&f, &conf, &r).unwrap();
         f.w.borrow_mut().addrs.retain(|(n, _)| *n != Ns::Container);
         assert!(check(&f, &conf, &r).unwrap_err().msg.contains("Failed to match addr"), "{fam}");
+    }
+}
+
+#[test]
+fn an_existing_bridges_mac_is_read_again_before_the_result() {
+    // a bridge that is there, without our MAC pinned: the kernel moves its MAC as ports join
+    let f = world(FAMILIES[0].1);
+    f.w.borrow_mut().links.push(crate::kernel::fake::FakeLink {
+        ns: Ns::Host,
+        link: cni_common::netlink::Link {
+            index: 400,
+            name: "cni0".into(),
+            kind: Some("bridge".into()),
+            flags: 1,
+            mtu: 1500,
+            mac: Some([2, 4, 4, 4, 4, 4]),
+            ..Default::default()
+        },
+        port: Default::default(),
+        vlans: Vec::new(),
+    });
+    f.before("wait_oper_up", |w| {
+        let i = w.links.iter().position(|l| l.link.name == "cni0").unwrap();
+        w.links[i].link.mac = Some([2, 4, 4, 4, 4, 0]);
+    });
+    let r = add(&f, &config(json!({"isGateway": false}))).unwrap();
+    assert_eq!(r.interfaces[0].mac, "02:04:04:04:04:00");
+}
+
+#[test]
+fn a_bridge_refused_as_unsupported_without_vlans_is_not_a_vlan_error() {
+    let f = world(FAMILIES[0].1);
+    f.fail("link_add", 0, Fault::Before(libc::EOPNOTSUPP));
+    let e = add(&f, &config(json!({}))).unwrap_err();
+    assert!(e.msg.contains("failed to create bridge") && !e.msg.contains("VLAN"), "{}", e.msg);
+}
+
+#[test]
+fn check_compares_the_host_veths_mac_with_prev_result() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({}));
+        let mut r = add(&f, &conf).unwrap();
+        r.interfaces[1].mac = "02:99:99:99:99:99".into();
+        assert!(check(&f, &conf, &r).unwrap_err().msg.contains("Mac doesn't match"), "{fam}");
+        r.interfaces[1].mac = String::new();
+        check(&f, &conf, &r)
+            .unwrap_or_else(|e| panic!("{fam}: no MAC recorded: nothing to compare: {}", e.msg));
     }
 }

@@ -725,6 +725,7 @@ impl Kernel for Fake {
             r.table = spec.table.unwrap_or(TABLE_MAIN);
             r.priority = spec.priority;
             r.mtu = spec.mtu;
+            r.advmss = spec.advmss;
             r.scope = spec.scope.unwrap_or(0);
             // NLM_F_EXCL (not append): any route to the destination in the table and metric
             // is in the way; with append only the very same path is
