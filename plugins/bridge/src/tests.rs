@@ -1356,3 +1356,26 @@ fn check_compares_the_host_veths_mac_with_prev_result() {
             .unwrap_or_else(|e| panic!("{fam}: no MAC recorded: nothing to compare: {}", e.msg));
     }
 }
+
+#[test]
+fn the_vlan_gateways_port_is_up_with_the_configured_mtu() {
+    let f = world(FAMILIES[2].1);
+    add(&f, &config(json!({"vlan": 100, "mtu": 1400}))).unwrap();
+    let w = f.w.borrow();
+    let gw = w.link(Ns::Host, "cni0.100").unwrap();
+    let port = w.links.iter().find(|l| l.link.link == Some(gw.link.index)).unwrap();
+    assert_eq!((port.link.mtu, port.link.flags & 1), (1400, 1), "its bridge end");
+}
+
+#[test]
+fn check_finds_the_bridge_in_prev_result_wherever_it_is_listed() {
+    let f = world(FAMILIES[2].1);
+    let conf = config(json!({}));
+    let mut r = add(&f, &conf).unwrap();
+    // the container's interface first: the bridge is found by name and empty sandbox
+    r.interfaces.swap(0, 2);
+    for ip in r.ips.iter_mut() {
+        ip.interface = Some(0);
+    }
+    check(&f, &conf, &r).unwrap();
+}
