@@ -231,6 +231,9 @@ impl<'r, 'k> Add<'r, 'k> {
             }
         }
         self.firewall(&result, &hv, ctr_mac)?;
+        if self.undo.created_bridge.is_some() {
+            self.note_forward_drops(&result);
+        }
         if !self.conf.disable_container_interface {
             self.wait_port_up(&hv)?;
         }
@@ -244,6 +247,21 @@ impl<'r, 'k> Add<'r, 'k> {
             result.dns = dns.clone();
         }
         Ok(result)
+    }
+
+    /// When this ADD made the bridge (the first pod of the network on this host): say on
+    /// stderr if another table's forward chain drops the pods' subnets (Docker's FORWARD
+    /// policy DROP, firewalld's zones), naming the chain and the fix (the `firewall` plugin in
+    /// the chain). A note, not a failure: a `firewall` plugin later in the chain opens the drop
+    /// per pod, and the cost (reading the forward chains) is paid once per bridge, not per pod.
+    fn note_forward_drops(&mut self, result: &CniResult) {
+        let mut subnets: Vec<IpNet> = result.ips.iter().map(|i| i.address.trunc()).collect();
+        subnets.dedup();
+        for net in subnets {
+            if let Some(m) = self.k.forward_drop_note(net) {
+                eprintln!("bridge: note: {m}");
+            }
+        }
     }
 
     /// The host end as a bridge port: no router advertisements, flags, VLANs.

@@ -95,6 +95,10 @@ pub trait Kernel {
     /// Whether upstream's bridge made this attachment's masquerading (iptables chains) and it
     /// is complete: then CHECK leaves masquerading to it.
     fn upstream_masq_intact(&mut self) -> Result<bool>;
+    /// Who drops forwarded traffic from `subnet` in the host (another table's forward chain
+    /// with policy drop: Docker's, firewalld's), as one message naming the chain and the fix;
+    /// `None` when nothing visibly does.
+    fn forward_drop_note(&mut self, subnet: ipnet::IpNet) -> Option<String>;
 }
 
 /// The kernel, for one request: a netlink socket in the host and one in the container, each
@@ -322,6 +326,9 @@ impl Kernel for Real<'_> {
     }
     fn ipam_gc(&mut self) -> Result<()> {
         ipam::gc(self.req)
+    }
+    fn forward_drop_note(&mut self, subnet: ipnet::IpNet) -> Option<String> {
+        cni_common::forward_drop::diagnose(subnet).message(subnet)
     }
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         Ok(cni_common::upstream::masq::check(self.req)?.is_intact())

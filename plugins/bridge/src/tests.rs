@@ -7,6 +7,7 @@ use cni_common::skel::Request;
 use cni_common::spec::result::CniResult;
 use cni_common::spec::{Command, Env};
 use cni_common::{CniError, Version};
+use ipnet::IpNet;
 use serde_json::{json, Value};
 
 use crate::add::add_with;
@@ -506,6 +507,29 @@ fn a_second_add_on_the_same_bridge_reuses_it_and_forwarding_is_written_once() {
     );
     assert!(g.calls("sysctl_set") < writes, "forwarding and the bridge's accept_ra are not written again");
     assert_eq!(g.calls("link_add"), 1, "only the veth pair is created");
+}
+
+#[test]
+fn the_first_add_on_a_new_bridge_asks_who_drops_its_subnets_and_later_adds_do_not() {
+    let f = world(FAMILIES[2].1);
+    f.w.borrow_mut().forward_drop =
+        Some("iptables-nft chain FORWARD of table ip filter (policy drop)".into());
+    add(&f, &config(json!({}))).unwrap();
+    let mut asked: Vec<String> = f.w.borrow().forward_drop_asked.iter().map(|n| n.to_string()).collect();
+    asked.sort();
+    let mut want: Vec<String> =
+        FAMILIES[2].1.iter().map(|(a, _)| a.parse::<IpNet>().unwrap().trunc().to_string()).collect();
+    want.sort();
+    assert_eq!(asked, want, "each family's subnet, once");
+    let g = f.clone();
+    {
+        let mut w = g.w.borrow_mut();
+        let c = w.link(Ns::Container, "eth0").unwrap().link.index;
+        w.unregister(Ns::Container, c);
+        w.forward_drop_asked.clear();
+    }
+    add(&g, &config(json!({}))).unwrap();
+    assert!(g.w.borrow().forward_drop_asked.is_empty(), "the bridge existed: no second look");
 }
 
 fn del(f: &Fake, conf: &Value, in_container: bool) -> Result<(), CniError> {

@@ -91,6 +91,10 @@ pub struct World {
     pub upstream_masq_gcs: usize,
     /// The attachment whose firewall state `remove_firewall` takes out.
     pub attachment: Option<cni_common::attachment::AttachmentId>,
+    /// What the host's forward chains say of a subnet (another table's drop), when asked.
+    pub forward_drop: Option<String>,
+    /// The subnets the forward chains were asked about.
+    pub forward_drop_asked: Vec<ipnet::IpNet>,
 }
 
 impl World {
@@ -871,6 +875,11 @@ impl Kernel for Fake {
 
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         self.cni("upstream_masq", |w| Ok(w.upstream_masq))
+    }
+    fn forward_drop_note(&mut self, subnet: ipnet::IpNet) -> Option<String> {
+        let mut w = self.w.borrow_mut();
+        w.forward_drop_asked.push(subnet);
+        w.forward_drop.clone()
     }
 }
 
