@@ -3,7 +3,7 @@
 //! cost of upstream's calls grows with N (it reads every file); ours should not.
 
 use super::{timed, upstream_bin, Case, Row, Step};
-use crate::{bin, Exec, Netns, TempDir};
+use cni_tests::{bin, Exec, Netns, TempDir};
 use serde_json::json;
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 
 use super::floor::{BridgeFloor, BridgePlan};
 use super::{baseline, timed, upstream_bin, Case, Step, FLOOR};
-use crate::{bin, Exec, Netns, TempDir};
+use cni_tests::{bin, Exec, Netns, TempDir};
 use std::path::Path;
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 
 use super::floor::PortmapFloor;
 use super::{stats, timed, upstream_bin, Row, FLOOR};
-use crate::{bin, Exec, Netns, TempDir};
+use cni_tests::{bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The kube-proxy-loaded node: a scratch host namespace holding what kube-proxy in iptables
-//! mode (nf_tables backend) installs for N services ([`crate::kubeproxy`], one
+//! mode (nf_tables backend) installs for N services ([`cni_tests::kubeproxy`], one
 //! `iptables-nft-restore`), and the kubenet chain (bridge + host-local, portmap with a
 //! hostPort, bandwidth) run there by ours and by upstream's plugins, interleaved with the same
 //! chains on an empty host namespace: upstream / ours on the loaded node, and each
@@ -11,8 +11,8 @@
 
 use super::chain::{floor_step, our_dir, rows, step, RssTable};
 use super::{upstream_bin, Case, Row, Stats};
-use crate::chain::Chain;
-use crate::{kubeproxy, Netns, TempDir};
+use cni_tests::chain::Chain;
+use cni_tests::{kubeproxy, Netns, TempDir};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 

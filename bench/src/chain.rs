@@ -9,9 +9,9 @@
 
 use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
 use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::chain::Chain;
-use crate::{bin, Netns, TempDir};
 use cni_common::netns::NetNs;
+use cni_tests::chain::Chain;
+use cni_tests::{bin, Netns, TempDir};
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! loopback ADD and DEL, whole process, in a fresh container netns each iteration.
 
 use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::{bin, Exec, Netns};
+use cni_tests::{bin, Exec, Netns};
 use std::time::Duration;
 
 fn step<'a>(plugin: String) -> Step<'a> {

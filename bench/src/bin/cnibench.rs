@@ -4,7 +4,7 @@
 //! CNI_TEST_BIN_DIR (scripts set it to the release build), upstream ones from
 //! CNI_UPSTREAM_DIR (default /usr/lib/cni).
 
-use cni_tests::bench;
+use cni_bench as bench;
 use cni_tests::Netns;
 
 fn main() {

@@ -3,7 +3,7 @@
 
 use super::floor::BandwidthFloor;
 use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::{bin, sh, unique, Exec, Netns};
+use cni_tests::{bin, sh, unique, Exec, Netns};
 use serde_json::json;
 use std::time::Duration;
 

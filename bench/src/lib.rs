@@ -239,4 +239,4 @@ pub fn machine() -> String {
 }
 
 /// Path of an upstream plugin binary (Debian's containernetworking-plugins).
-pub use crate::upstream_bin;
+pub use cni_tests::upstream_bin;
