@@ -39,7 +39,7 @@ pub(crate) fn step<'a>(
     chain: Chain,
     port_base: u16,
     rss: RssTable,
-    host: Option<Rc<Netns>>,
+    host: Option<std::sync::Arc<Netns>>,
 ) -> Step<'a> {
     let mut n = 0u32;
     Box::new(move || {
@@ -136,7 +136,7 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
     // through the same pre-exec setns): two builds of portmap may keep its table in different
     // layouts, and sharing one table would time each side rebuilding the other's layout
     // (upstream keeps its own iptables chains).
-    let host = |name| super::baseline().map(|_| Rc::new(Netns::new(name)));
+    let host = |name| super::baseline().map(|_| std::sync::Arc::new(Netns::new(name)));
     vec![Case {
         label: "bridge+host-local+portmap+bandwidth".into(),
         rows: rows(),

@@ -14,17 +14,16 @@ use super::{upstream_bin, Case, Row, Stats};
 use cni_tests::chain::Chain;
 use cni_tests::{kubeproxy, Netns, TempDir};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 
 pub const OURS_EMPTY: &str = "ours, empty host";
 pub const UPSTREAM_EMPTY: &str = "upstream, empty host";
 pub const FLOOR_LOADED: &str = "floor, loaded host";
 pub const FLOOR_EMPTY: &str = "floor, empty host";
 
-fn host(prefix: &str) -> Rc<Netns> {
+fn host(prefix: &str) -> std::sync::Arc<Netns> {
     let h = Netns::new(prefix);
     h.run("ip", &["link", "set", "lo", "up"]);
-    Rc::new(h)
+    std::sync::Arc::new(h)
 }
 
 /// The case, and a note on what the loaded host holds.

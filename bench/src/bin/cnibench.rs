@@ -26,7 +26,7 @@ fn main() {
             "--baseline-name" => baseline_name = args.next().expect("--baseline-name NAME"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|gap|deferred>… \
+                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|status|status-load|gap|deferred>… \
                      [--iterations N] [--warmup N] [--containers N] [--services N] [--baseline DIR --baseline-name NAME]"
                 );
                 return;
@@ -61,6 +61,9 @@ fn main() {
     let mut gap = None;
     let mut deferred = None;
     let mut mappings_table = None;
+    let mut status_cases = Vec::new();
+    let mut bare_cases = Vec::new();
+    let mut loaded = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -87,12 +90,23 @@ fn main() {
                 kp_cases.extend(c);
                 notes.push(note);
             }
+            "status" => {
+                status_cases.extend(bench::status::cases());
+                bare_cases.extend(bench::status::bare_cases());
+            }
+            "status-load" => {
+                let (c, count) = bench::status::loaded_cases(services, &mut keep);
+                loaded = Some((c, count));
+            }
             "gap" => gap = Some(bench::gap::report(iterations)),
             "deferred" => deferred = Some(bench::deferred::report(iterations)),
             other => panic!("unknown scenario {other}"),
         }
     }
     let mut rows = bench::run(cases, iterations, warmup);
+    let status_rows = bench::run(status_cases, iterations, warmup);
+    let bare_rows = bench::run(bare_cases, iterations, warmup);
+    let loaded = loaded.map(|(c, count)| (bench::run(c, iterations, warmup), count));
     let kp_rows = bench::run(kp_cases, iterations, warmup);
     println!("Machine: {}.", bench::machine());
     if !rows.is_empty() || !kp_rows.is_empty() {
@@ -108,6 +122,21 @@ fn main() {
     }
     if !kp_rows.is_empty() {
         print!("{}", bench::kubeproxy::markdown(&kp_rows));
+    }
+    if !status_rows.is_empty() {
+        println!("STATUS and VERSION of each plugin, whole process (cniVersion 1.1.0), ours and v1.10 interleaved with the start-up floor:\n");
+        print!("{}", bench::status::markdown(&status_rows));
+    }
+    if !bare_rows.is_empty() {
+        println!("\nIn-process, one netlink request each (\"upstream\" here is the dry run STATUS made on every call before certificates):\n");
+        print!("{}", bench::markdown(&bare_rows));
+    }
+    if let Some((rows, count)) = loaded {
+        println!(
+            "\nThe full chain (ours, ipMasq, cniVersion 1.1.0) quiet and under each background load ({} background rounds in all):\n",
+            count.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        print!("{}", bench::status::loaded_markdown(&rows));
     }
     if growth {
         println!("\nGrowth with the store size (median at N / median on an empty store):\n");
