@@ -8,7 +8,7 @@
 //! host ports (against a baseline build of ours, each build in a host namespace of its own). cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
 
 use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
-use super::{timed, upstream_bin, Case, Step, FLOOR};
+use super::{peer_dir, timed, upstream_bin, Case, Step, FLOOR, V110, V110_NFT};
 use cni_common::netns::NetNs;
 use cni_tests::chain::Chain;
 use cni_tests::{bin, Netns, TempDir};
@@ -131,7 +131,13 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
         Chain::kubenet("bench-ours", "1.0.0", "cbro", "10.201.0.0/16", ours_data.str(), ours_dir.path());
     let upstream =
         Chain::kubenet("bench-up", "1.0.0", "cbru", "10.202.0.0/16", upstream_data.str(), &upstream_dir);
-    keep.extend([ours_dir, ours_data, upstream_data]);
+    let (peer_data, nft_data) = (TempDir::new("bench-data"), TempDir::new("bench-data"));
+    let peer = Chain::kubenet("bench-v110", "1.0.0", "cbrv", "10.203.0.0/16", peer_data.str(), &peer_dir());
+    // v1.10 with its nftables backend: portmap `backend` (bridge has no masquerading here)
+    let mut peer_nft =
+        Chain::kubenet("bench-v110n", "1.0.0", "cbrn", "10.204.0.0/16", nft_data.str(), &peer_dir());
+    peer_nft.plugins[1]["backend"] = json!("nftables");
+    keep.extend([ours_dir, ours_data, upstream_data, peer_data, nft_data]);
     // Against a baseline build of ours, each build runs in a host namespace of its own (both
     // through the same pre-exec setns): two builds of portmap may keep its table in different
     // layouts, and sharing one table would time each side rebuilding the other's layout
@@ -141,8 +147,16 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
         label: "bridge+host-local+portmap+bandwidth".into(),
         rows: rows(),
         ours: step("ours", ours, 20000, rss.clone(), host("bco")),
-        upstream: step("upstream", upstream, 40000, rss, host("bcb")),
-        extra: vec![(FLOOR.into(), floor_step(None))],
+        upstream: step("upstream", upstream, 40000, rss.clone(), host("bcb")),
+        extra: if super::baseline().is_some() {
+            vec![(FLOOR.into(), floor_step(None))]
+        } else {
+            vec![
+                (V110.into(), step("v1.10", peer, 30000, rss.clone(), None)),
+                (V110_NFT.into(), step("v1.10 nftables", peer_nft, 50000, rss, None)),
+                (FLOOR.into(), floor_step(None)),
+            ]
+        },
     }]
 }
 

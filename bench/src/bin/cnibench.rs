@@ -108,6 +108,23 @@ fn main() {
     let bare_rows = bench::run(bare_cases, iterations, warmup);
     let loaded = loaded.map(|(c, count)| (bench::run(c, iterations, warmup), count));
     let kp_rows = bench::run(kp_cases, iterations, warmup);
+    // rows where v1.10's best backend is ahead of ours or within 10%, for the doc's closing list
+    let mut close = bench::close_rows(&rows);
+    close.extend(bench::close_rows(&kp_rows));
+    for r in status_rows.iter().filter(|r| r.row == "STATUS") {
+        let q = r.upstream.median.as_secs_f64() / r.ours.median.as_secs_f64();
+        if q < 1.1 {
+            close.push((format!("STATUS: {}", r.case), r.row.clone(), q));
+        }
+    }
+    if let Some(path) = std::env::var_os("CNIBENCH_CLOSE_FILE") {
+        use std::io::Write;
+        let mut f =
+            std::fs::OpenOptions::new().append(true).create(true).open(path).expect("CNIBENCH_CLOSE_FILE");
+        for (case, row, q) in &close {
+            writeln!(f, "| {case} | {row} | {q:.2}x |").expect("write CNIBENCH_CLOSE_FILE");
+        }
+    }
     println!("Machine: {}.", bench::machine());
     if !rows.is_empty() || !kp_rows.is_empty() {
         println!("{iterations} interleaved iterations per case after {warmup} warm-up.");
