@@ -28,7 +28,9 @@ fn conf(plugin: &str, data: &str) -> String {
     let c = match plugin {
         "bridge" => json!({"type": "bridge", "bridge": "cbrs", "isGateway": true, "ipMasq": true,
                            "ipam": {"type": "host-local", "subnet": "10.231.0.0/16", "dataDir": data}}),
-        "host-local" => json!({"type": "host-local", "subnet": "10.232.0.0/16", "dataDir": data}),
+        // as bridge delegates it: the network's configuration with its `ipam` section
+        "host-local" => json!({"type": "host-local",
+                               "ipam": {"type": "host-local", "subnet": "10.232.0.0/16", "dataDir": data}}),
         "portmap" => json!({"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}),
         "bandwidth" => json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
         _ => json!({"type": plugin}),

@@ -41,6 +41,11 @@ pub const DIR: &str = "/run/cni-rs/status";
 /// The largest certificate read back (they are ~200 bytes).
 const MAX: u64 = 4096;
 
+/// The most certificates one plugin keeps: a node has one per network configuration (a
+/// plugin's batch changes only with its configuration), so more means configurations that came
+/// and went (or a test varying them); past this, recording one removes the plugin's others.
+const PER_PLUGIN: usize = 32;
+
 /// SHA-256 of the batch `ops` encodes (message by message, as sent) and of `script`, an `nft`
 /// script checked beside it.
 pub fn fingerprint(ops: &[NftOp], script: Option<&str>) -> [u8; 32] {
@@ -122,6 +127,30 @@ impl Certificate {
             .and_then(|mut f| f.write_all(self.text.as_bytes()));
         if written.is_err() || std::fs::rename(&tmp, &self.path).is_err() {
             let _ = std::fs::remove_file(&tmp);
+        }
+        self.prune(dir);
+    }
+
+    /// Keep the directory bounded: past [`PER_PLUGIN`] certificates of this plugin, remove all
+    /// but this one (the removed ones cost their next STATUS a dry run, nothing else).
+    fn prune(&self, dir: &Path) {
+        let Some(name) = self.path.file_name() else { return };
+        let Some(prefix) = name.to_str().and_then(|n| n.rsplit_once('-')).map(|(p, _)| format!("{p}-"))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let others: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| {
+                e.file_name() != name && e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+            })
+            .map(|e| e.path())
+            .collect();
+        if others.len() >= PER_PLUGIN {
+            for p in others {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 
@@ -296,6 +325,16 @@ mod tests {
         c.revoke();
         assert!(!c.holds(), "revoked");
         assert!(Certificate::here(&dir, "../p", &[7; 32]).is_none(), "a plugin name is a plain name");
+        // bounded: past PER_PLUGIN certificates of one plugin, recording one removes the others
+        for i in 0..=PER_PLUGIN as u8 {
+            Certificate::here(&dir, "p", &[i; 32]).unwrap().record();
+        }
+        Certificate::here(&dir, "q", &[0; 32]).unwrap().record();
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.iter().filter(|n| n.starts_with("p-")).count(), 1, "{names:?}");
+        assert!(Certificate::here(&dir, "p", &[PER_PLUGIN as u8; 32]).unwrap().holds(), "the last one stays");
+        assert!(Certificate::here(&dir, "q", &[0; 32]).unwrap().holds(), "another plugin's stay");
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 }
