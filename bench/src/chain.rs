@@ -152,8 +152,8 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
             vec![(FLOOR.into(), floor_step(None))]
         } else {
             vec![
-                (V110.into(), step("v1.10", peer, 30000, rss.clone(), None)),
-                (V110_NFT.into(), step("v1.10 nftables", peer_nft, 50000, rss, None)),
+                (V110.into(), step("v110", peer, 30000, rss.clone(), None)),
+                (V110_NFT.into(), step("v110nft", peer_nft, 50000, rss, None)),
                 (FLOOR.into(), floor_step(None)),
             ]
         },
@@ -161,24 +161,26 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
 }
 
 /// Markdown table of peak RSS per plugin: the largest of all ADD processes (warm-up included,
-/// so a one-time cost such as creating a table shows) and the median one.
+/// so a one-time cost such as creating a table shows) and the median one, ours against v1.10
+/// (default backend) and 1.1.1.
 pub fn rss_markdown(rss: &RssTable) -> String {
     let r = rss.borrow();
     let mut s = String::from(
-        "| plugin | ours largest (KiB) | upstream largest (KiB) | ours / upstream | ours median (KiB) | upstream median (KiB) | ours / upstream |\n|---|---|---|---|---|---|---|\n",
+        "| plugin | ours largest (KiB) | v1.10 largest (KiB) | 1.1.1 largest (KiB) | ours median (KiB) | v1.10 median (KiB) | 1.1.1 median (KiB) | ours / v1.10 (median) | ours / 1.1.1 (median) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let stats = |side: &str, p: &str| {
         let mut v = r.get(&(side.to_string(), p.to_string())).cloned().unwrap_or_default();
         v.sort_unstable();
         (v.last().copied().unwrap_or(0), v.get(v.len() / 2).copied().unwrap_or(0))
     };
+    let q = |a: u64, b: u64| if b > 0 { format!("{:.2}", a as f64 / b as f64) } else { "–".into() };
     for p in PLUGINS {
-        let ((o, om), (u, um)) = (stats("ours", p), stats("upstream", p));
+        let ((o, om), (v, vm), (u, um)) = (stats("ours", p), stats("v110", p), stats("upstream", p));
         if o > 0 && u > 0 {
             s.push_str(&format!(
-                "| {p} | {o} | {u} | {:.2} | {om} | {um} | {:.2} |\n",
-                o as f64 / u as f64,
-                om as f64 / um as f64
+                "| {p} | {o} | {v} | {u} | {om} | {vm} | {um} | {} | {} |\n",
+                q(om, vm),
+                q(om, um)
             ));
         }
     }

@@ -72,17 +72,23 @@ pub fn cases<'a>(sizes: &[usize], ns: &'a Netns) -> Vec<Case<'a>> {
 pub fn growth_markdown(rows: &[Row]) -> String {
     let base = |op: &str| rows.iter().find(|r| r.row == op && r.case.ends_with(" 0 reservations"));
     let mut s = String::from(
-        "| store | ours ADD vs empty | ours DEL vs empty | upstream ADD vs empty | upstream DEL vs empty |\n|---|---|---|---|---|\n",
+        "| store | ours ADD vs empty | ours DEL vs empty | v1.10 ADD vs empty | v1.10 DEL vs empty | 1.1.1 ADD vs empty | 1.1.1 DEL vs empty |\n|---|---|---|---|---|---|---|\n",
     );
     let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
     let (Some(ba), Some(bd)) = (base("ADD"), base("DEL")) else { return String::new() };
     for r in rows.iter().filter(|r| r.row == "ADD" && r.case.starts_with("host-local, ")) {
         let Some(d) = rows.iter().find(|x| x.case == r.case && x.row == "DEL") else { continue };
+        let peer = |x: &Row, b: &Row| match (x.side(V110), b.side(V110)) {
+            (Some(x), Some(b)) => format!("{:.2}x", ratio(x.median, b.median)),
+            _ => "–".into(),
+        };
         s.push_str(&format!(
-            "| {} | {:.2}x | {:.2}x | {:.2}x | {:.2}x |\n",
+            "| {} | {:.2}x | {:.2}x | {} | {} | {:.2}x | {:.2}x |\n",
             r.case.trim_start_matches("host-local, "),
             ratio(r.ours.median, ba.ours.median),
             ratio(d.ours.median, bd.ours.median),
+            peer(r, ba),
+            peer(d, bd),
             ratio(r.upstream.median, ba.upstream.median),
             ratio(d.upstream.median, bd.upstream.median),
         ));

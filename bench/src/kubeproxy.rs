@@ -64,8 +64,8 @@ pub fn cases<'a>(services: usize, keep: &mut Vec<TempDir>) -> (Vec<Case<'a>>, St
             (FLOOR_LOADED.into(), floor_step(Some(&loaded))),
             (FLOOR_EMPTY.into(), floor_step(Some(&empty))),
             (UPSTREAM_EMPTY.into(), step("upstream", up_empty, 40000, rss.clone(), Some(empty))),
-            (V110.into(), step("v1.10", peer_loaded, 30000, rss.clone(), Some(loaded.clone()))),
-            (V110_NFT.into(), step("v1.10 nftables", nft_loaded, 50000, rss, Some(loaded.clone()))),
+            (V110.into(), step("v110", peer_loaded, 30000, rss.clone(), Some(loaded.clone()))),
+            (V110_NFT.into(), step("v110nft", nft_loaded, 50000, rss, Some(loaded.clone()))),
         ],
     };
     (vec![case], note)
