@@ -1,15 +1,16 @@
-//! Benchmark framework: ours vs upstream, interleaved, whole-process.
+//! Benchmark framework: ours vs the upstream releases, interleaved, whole-process.
 //!
 //! Each scenario gives one or more *cases* (a label and, per implementation, a closure that
-//! does untimed setup, times the operation and does untimed cleanup). The driver alternates
-//! implementations every iteration (ours, upstream, ours, …, starting side flipped each round)
-//! so that noise from a shared machine hits both alike, then reports medians, min–max and the
-//! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
+//! does untimed setup, times the operation and does untimed cleanup). The driver rotates
+//! through the implementations every iteration (the starting side changes each round) so that
+//! noise from a shared machine hits all alike, then reports medians, min–max and ratios.
+//! Absolute times on shared machines mean little; ratios from one run do.
 //!
-//! A case may carry more sides than ours and upstream's ([`Case::extra`]): the **floor** (the
-//! same kernel requests issued bare from this process, see [`floor`]) or, for the kube-proxy
-//! scenario, ours on an empty host. They take their turn in the same rotation, so every
-//! side of a row is measured in the same minutes.
+//! `upstream` is Debian's 1.1.1 (`/usr/lib/cni`). Further sides ([`Case::extra`]) are today's
+//! release, v1.10 ([`V110`], and [`V110_NFT`] with its nftables backend where the plugin has
+//! one; [`peer_dir`]), the **floor** (the same kernel requests issued bare from this process,
+//! see [`floor`]) or, for the kube-proxy scenario, ours on an empty host. They take their turn
+//! in the same rotation, so every side of a row is measured in the same minutes.
 //!
 //! In **baseline mode** (`cnibench --baseline DIR`) the "upstream" side is a previous build of
 //! ours in DIR and the tables say so and report current / baseline.

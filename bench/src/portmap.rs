@@ -1,8 +1,8 @@
 //! portmap at scale: N containers, each with one host port, attached one after the other to
-//! one bridge (full chain: bridge + host-local, then portmap), ours and upstream side by side
-//! in two fake hosts. Only the portmap ADD is timed. Containers are added alternately to
-//! the two hosts (ours first on even steps, upstream first on odd ones), so both see the same
-//! machine noise at the same table size.
+//! one bridge (full chain: bridge + host-local, then portmap), ours, v1.10 with each backend and
+//! 1.1.1 side by side, each in a fake host of its own. Only the portmap ADD is timed.
+//! Containers are added to the hosts in turn (the first rotating every step), so all see the
+//! same machine noise at the same table size.
 //!
 //! Each side runs its own implementation's bridge and host-local (untimed) before portmap.
 
