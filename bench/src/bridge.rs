@@ -117,11 +117,13 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
     // v1.10 sides: the default backend (iptables when the node has it, as here), and for
     // ipMasq the nftables one
     let v110 = |net: u8, profile: Profile| -> Vec<(String, Step<'a>)> {
-        let mut v = vec![(V110.to_string(), step("v", peer(), net, profile))];
-        if matches!(profile, Profile::Masq) {
-            v.push((V110_NFT.to_string(), step_with("n", peer(), net + 10, profile, Some("nftables"))));
-        }
-        v
+        super::peer_sides(|| {
+            let mut v = vec![(V110.to_string(), step("v", peer(), net, profile))];
+            if matches!(profile, Profile::Masq) {
+                v.push((V110_NFT.to_string(), step_with("n", peer(), net + 10, profile, Some("nftables"))));
+            }
+            v
+        })
     };
     vec![
         Case {

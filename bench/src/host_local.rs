@@ -2,7 +2,7 @@
 //! format, written directly), ours and upstream's each on its own copy of the same store. The
 //! cost of upstream's calls grows with N (it reads every file); ours should not.
 
-use super::{peer_bin, timed, upstream_bin, Case, Row, Step, V110};
+use super::{peer_bin, peer_sides, timed, upstream_bin, Case, Row, Step, V110};
 use cni_tests::{bin, Exec, Netns, TempDir};
 use serde_json::json;
 use std::path::Path;
@@ -48,7 +48,11 @@ fn step<'a>(plugin: String, data: TempDir, ns: &'a Netns) -> Step<'a> {
 pub fn cases<'a>(sizes: &[usize], ns: &'a Netns) -> Vec<Case<'a>> {
     let ours = bin("host-local").to_string_lossy().into_owned();
     let up = upstream_bin("host-local").to_string_lossy().into_owned();
-    let peer = peer_bin("host-local").to_string_lossy().into_owned();
+    let peer = if super::baseline().is_some() {
+        String::new()
+    } else {
+        peer_bin("host-local").to_string_lossy().into_owned()
+    };
     sizes
         .iter()
         .map(|&n| {
@@ -62,7 +66,7 @@ pub fn cases<'a>(sizes: &[usize], ns: &'a Netns) -> Vec<Case<'a>> {
                 rows: vec!["ADD".into(), "DEL".into()],
                 ours: step(ours.clone(), d_ours, ns),
                 upstream: step(up.clone(), d_up, ns),
-                extra: vec![(V110.into(), step(peer.clone(), d_peer, ns))],
+                extra: peer_sides(|| vec![(V110.into(), step(peer.clone(), d_peer, ns))]),
             }
         })
         .collect()

@@ -88,6 +88,16 @@ pub fn peer_dir() -> std::path::PathBuf {
     d
 }
 
+/// The v1.10 sides `make` builds, or none in baseline mode (the table compares two builds of
+/// ours there).
+pub fn peer_sides<'a>(make: impl FnOnce() -> Vec<(String, Step<'a>)>) -> Vec<(String, Step<'a>)> {
+    if baseline().is_some() {
+        Vec::new()
+    } else {
+        make()
+    }
+}
+
 /// Path of one of today's upstream plugins.
 pub fn peer_bin(name: &str) -> std::path::PathBuf {
     let p = peer_dir().join(name);
