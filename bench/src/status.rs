@@ -115,21 +115,68 @@ pub fn bare_cases<'a>() -> Vec<Case<'a>> {
     let ops = declaration(&lens, &Conditions::default()).setup(&Found::default()).ops;
     let mut nf = NfTables::new().expect("nf_tables");
     let mut nf2 = NfTables::new().expect("nf_tables");
-    vec![Case {
-        label: "in-process: generation read (ours now) vs portmap's dry run (before)".into(),
-        rows: vec!["one call".into()],
-        ours: Box::new(move || {
-            let (r, t) = timed(|| nf.generation());
-            r.expect("GETGEN");
+    // A one-element commit of portmap's ADD (its floor table), quiet and while another thread
+    // of the same namespace makes STATUS's dry run back to back: does the abort hold others up?
+    let floor = Rc::new(super::floor::PortmapFloor::new());
+    let dry = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (dry, ops) = (dry.clone(), ops.clone());
+        // spawned from the driver's thread, so in its host namespace
+        std::thread::spawn(move || {
+            let mut nf = NfTables::new().expect("nf_tables");
+            loop {
+                if dry.load(Ordering::Relaxed) {
+                    nf.validate(&ops).expect("dry run");
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+    }
+    let commit = |with_dry_runs: bool| -> Step<'a> {
+        let (floor, dry) = (floor.clone(), dry.clone());
+        let mut nf = NfTables::new().expect("nf_tables");
+        let mut n = 0u32;
+        Box::new(move || {
+            n += 1;
+            let (add, del) = floor.ops(n);
+            dry.store(with_dry_runs, Ordering::Relaxed);
+            if with_dry_runs {
+                std::thread::sleep(Duration::from_millis(2)); // the loop is running
+            }
+            let (r, t) = timed(|| nf.apply(&add));
+            dry.store(false, Ordering::Relaxed);
+            r.expect("commit");
+            nf.apply(&del).expect("commit");
             vec![t]
-        }),
-        upstream: Box::new(move || {
-            let (r, t) = timed(|| nf2.validate(&ops));
-            r.expect("dry run");
-            vec![t]
-        }),
-        extra: vec![],
-    }]
+        })
+    };
+    let quiet = commit(false);
+    let loaded = commit(true);
+    vec![
+        Case {
+            label: "in-process: a one-element commit, quiet (ours) vs while dry runs loop".into(),
+            rows: vec!["one commit".into()],
+            ours: quiet,
+            upstream: loaded,
+            extra: vec![],
+        },
+        Case {
+            label: "in-process: generation read (ours now) vs portmap's dry run (before)".into(),
+            rows: vec!["one call".into()],
+            ours: Box::new(move || {
+                let (r, t) = timed(|| nf.generation());
+                r.expect("GETGEN");
+                vec![t]
+            }),
+            upstream: Box::new(move || {
+                let (r, t) = timed(|| nf2.validate(&ops));
+                r.expect("dry run");
+                vec![t]
+            }),
+            extra: vec![],
+        },
+    ]
 }
 
 /// What the background thread does while a side's iterations run.

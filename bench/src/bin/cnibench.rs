@@ -145,7 +145,11 @@ fn main() {
         print!("{}", bench::status::markdown(&status_rows));
     }
     if !bare_rows.is_empty() {
-        println!("\nIn-process, one netlink request each (\"upstream\" here is the dry run STATUS made on every call before certificates):\n");
+        println!(
+            "\nIn-process, in the host namespace (the \"upstream\" column holds the second of each pair): a one-element\n\
+             commit of portmap's ADD, quiet against the same commit while another thread makes STATUS's dry run back to\n\
+             back; and the generation read STATUS makes now against the dry run it made on every call before:\n"
+        );
         print!("{}", bench::markdown(&bare_rows));
     }
     if let Some((rows, count)) = loaded {
