@@ -217,8 +217,8 @@ pub fn check(
 /// the kernel and never committed; a gate chain with conditions is checked by `nft -c`. The
 /// dry run's abort holds the namespace's nf_tables lock for an RCU grace period, so its success
 /// is certified in `certificates` (cni-common's `nft::certify`: per boot, namespace and exact
-/// batch) and later calls only read the generation to see nf_tables answer. `None`: every call
-/// dry-runs.
+/// batch) and later calls only read the generation to see nf_tables answer. `None`, or
+/// conditions (their `nft` is checked on every call): every call dry-runs.
 pub fn status(k: &mut dyn Kernel, conf: &Conf, certificates: Option<&std::path::Path>) -> Result<()> {
     let cannot = |msg: String| {
         CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {msg}"))
@@ -226,6 +226,9 @@ pub fn status(k: &mut dyn Kernel, conf: &Conf, certificates: Option<&std::path::
     let lens: Lens = [(Family::V4, 24), (Family::V6, 64)].into();
     let setup = declaration(&lens, &conf.conditions).setup(&crate::layout::Found::default());
     let fingerprint = certify::fingerprint(&setup.ops, setup.nft.as_deref());
+    // A gate chain with conditions is applied by running `nft`, which can vanish or change
+    // (CNI_NFT) after any certificate: with conditions every STATUS checks them with `nft -c`.
+    let certificates = certificates.filter(|_| setup.nft.is_none());
     let k = std::cell::RefCell::new(k);
     certify::certified(
         certificates,

@@ -1131,9 +1131,9 @@ impl crate::kernel::Kernel for Counting {
     }
 }
 
-/// With a certificate directory, the dry run runs once per layout (and conditions): later
-/// STATUS calls only see nf_tables answer; a kernel that stops answering fails STATUS even
-/// though the layout was certified; another layout is dry-run on its own.
+/// With a certificate directory, the dry run runs once per layout: later STATUS calls only see
+/// nf_tables answer; a kernel that stops answering fails STATUS even though the layout was
+/// certified; a layout with conditions (applied by `nft`, which may vanish) dry-runs every time.
 #[test]
 fn status_dry_runs_once_per_layout_then_reads() {
     let dir = std::env::temp_dir().join(format!("portmap-status-{}", std::process::id()));
@@ -1148,7 +1148,8 @@ fn status_dry_runs_once_per_layout_then_reads() {
     let with = conf(json!({"conditionsV6": ["ip6", "saddr", "!=", "fd00::1"]}));
     flow::status(&mut k, &with, Some(&certs)).unwrap();
     flow::status(&mut k, &with, Some(&certs)).unwrap();
-    assert_eq!(k.1, if certified { 2 } else { 5 }, "the conditions' layout has its own dry run");
+    assert_eq!(k.1, if certified { 3 } else { 5 }, "conditions need nft at every call: never certified");
+    assert_eq!(k.0.scripts().len(), 2, "checked by nft -c each time");
     assert!(k.0.table().is_none(), "nothing committed");
     k.2 = false;
     let e = flow::status(&mut k, &plain, Some(&certs)).unwrap_err();
