@@ -147,7 +147,7 @@ echo
 echo "bridge ADD and DEL, each delegating to its own implementation's host-local (ours runs it"
 echo "in-process, being the same build: plugins/bridge/README.md; upstream's is exec'd), a fresh"
 echo "container namespace per iteration. 1.1.1 masquerades with iptables, v1.10 with iptables by"
-echo "default or nftables (\\`ipMasqBackend\\`, its own column), ours with nftables. Our DEL waits for the kernel to unregister the veth pair (10–30 ms of"
+echo "default or nftables (\`ipMasqBackend\`, its own column), ours with nftables. Our DEL waits for the kernel to unregister the veth pair (10–30 ms of"
 echo "\`rcu_barrier()\` here, the same wait upstream's DEL has) unless \`deferredDelete\` (ours,"
 echo "opt-in) hands that wait to a detached helper (the upstreams ignore the key). The floor of the deferredDelete row is the"
 echo "synchronous one: the row shows what deferring buys against the kernel's own wait."
@@ -159,7 +159,7 @@ echo
 echo "bridge (+host-local) → portmap (one hostPort) → bandwidth (100 Mbit/s both ways), driven as a"
 echo "runtime does (ADD in order with prevResult, DEL in reverse with the final result), each"
 echo "implementation on its own bridge in one host namespace. portmap 1.1.1 uses iptables, v1.10"
-echo "iptables by default and nftables with \\`\"backend\": \"nftables\"\\` (its own column; the kubenet"
+echo "iptables by default and nftables with \`\"backend\": \"nftables\"\` (its own column; the kubenet"
 echo "bridge does not masquerade). Per-plugin rows are the same runs split by plugin."
 echo
 bench chain --iterations $((it * 2 / 3)) | grep -v '^Machine'
@@ -243,19 +243,19 @@ echo "waits longer for the RCU grace period when its socket closes, which hides 
 echo
 echo "## STATUS as a hot path"
 echo
-echo "containerd ≥ 2.0.1 runs STATUS of every plugin of a 1.1.0 list on every CRI \\`Status\\` call,"
+echo "containerd ≥ 2.0.1 runs STATUS of every plugin of a 1.1.0 list on every CRI \`Status\` call,"
 echo "which the kubelet makes every 5 s. Each plugin's STATUS and VERSION, whole process, ours and"
-echo "v1.10 interleaved with the start-up floor (1.1.1 has no STATUS). bridge has \\`ipMasq\\` (so its"
+echo "v1.10 interleaved with the start-up floor (1.1.1 has no STATUS). bridge has \`ipMasq\` (so its"
 echo "STATUS proves the masquerade rules), portmap its plain layout. Ours proves what nf_tables"
 echo "must hold with a dry run (the ADD transaction processed by the kernel and aborted) **once"
-echo "per boot, namespace and exact batch**, certified in \\`/run/cni-rs/status\\`; every later STATUS"
-echo "only reads the ruleset generation (cni-common \\`netlink::nft::certify\\`). Goal: STATUS ≤"
+echo "per boot, namespace and exact batch**, certified in \`/run/cni-rs/status\`; every later STATUS"
+echo "only reads the ruleset generation (cni-common \`netlink::nft::certify\`). Goal: STATUS ≤"
 echo "VERSION + 1 ms."
 echo
 bench status --iterations "$it" | grep -v '^Machine'
 echo
-echo "Why the dry run is not repeated: the kernel aborts the batch in \\`__nf_tables_abort\\`, which"
-echo "calls \\`synchronize_rcu()\\` before freeing what the batch built, **holding the namespace's"
+echo "Why the dry run is not repeated: the kernel aborts the batch in \`__nf_tables_abort\`, which"
+echo "calls \`synchronize_rcu()\` before freeing what the batch built, **holding the namespace's"
 echo "nf_tables commit mutex**: every STATUS paid a full RCU grace period, and every other"
 echo "nf_tables transaction of the host namespace (kube-proxy's restores, our ADDs and DELs) that"
 echo "arrived meanwhile waited for it. The in-process row above measures the two requests bare."
@@ -267,7 +267,7 @@ echo "while a background thread, switched on for that side's iterations only, ru
 echo "whole list at kubelet cadence (5 s), at 10 Hz, at 10 Hz with a portmap layout never seen"
 echo "before on every call (so every STATUS makes the full dry run, as every STATUS did before"
 echo "certificates), or kube-proxy's rules for $services services restored back to back"
-echo "(\\`iptables-nft-restore\\`, one large transaction each). Goal: the STATUS loops move the"
+echo "(\`iptables-nft-restore\`, one large transaction each). Goal: the STATUS loops move the"
 echo "medians by < 5%."
 echo
 bench status-load --services "$services" --iterations "$it_long" | grep -v '^Machine'
