@@ -186,16 +186,31 @@ const HZ10: u8 = 2;
 const HZ10_DRY: u8 = 3;
 const KUBE_PROXY: u8 = 4;
 
+/// What the background thread did, per load, and whether it is in a round now.
+#[derive(Default)]
+pub struct Rounds {
+    by_mode: [AtomicUsize; 5],
+    busy: std::sync::atomic::AtomicBool,
+}
+
+impl Rounds {
+    /// "N rounds of STATUS at 10 Hz, …" for the table's heading.
+    pub fn describe(&self) -> String {
+        let n = |m: u8| self.by_mode[m as usize].load(Ordering::Relaxed);
+        format!(
+            "{} STATUS rounds of the list at 10 Hz, {} at 5 s, {} with a fresh dry run, {} kube-proxy restores",
+            n(HZ10),
+            n(CADENCE),
+            n(HZ10_DRY),
+            n(KUBE_PROXY)
+        )
+    }
+}
+
 /// The background load of [`loaded_cases`]: STATUS of `chain`'s list in `host` (at 5 s or
 /// 10 Hz, certified or with a fresh portmap layout each time), or kube-proxy's rules for
 /// `services` services restored back to back.
-fn load_thread(
-    chain: Chain,
-    host: Arc<Netns>,
-    mode: Arc<AtomicU8>,
-    services: usize,
-    count: Arc<AtomicUsize>,
-) {
+fn load_thread(chain: Chain, host: Arc<Netns>, mode: Arc<AtomicU8>, services: usize, count: Arc<Rounds>) {
     std::thread::spawn(move || {
         let mut last = Instant::now() - Duration::from_secs(10);
         let mut n = 0u32;
@@ -212,6 +227,12 @@ fn load_thread(
             };
             if last.elapsed() < period {
                 std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            count.busy.store(true, Ordering::SeqCst);
+            if mode.load(Ordering::SeqCst) != m {
+                // the side's iteration ended meanwhile: no round outside it
+                count.busy.store(false, Ordering::SeqCst);
                 continue;
             }
             last = Instant::now();
@@ -243,14 +264,18 @@ fn load_thread(
                     );
                 }
             }
-            count.fetch_add(1, Ordering::Relaxed);
+            count.by_mode[m as usize].fetch_add(1, Ordering::Relaxed);
+            count.busy.store(false, Ordering::SeqCst);
         }
     });
 }
 
 /// The chain's ADD and DEL (ours, cniVersion 1.1.0, ipMasq) in a host namespace of their own,
-/// quiet ("ours") against the same under each background load.
-pub fn loaded_cases<'a>(services: usize, keep: &mut Vec<TempDir>) -> (Vec<Case<'a>>, Arc<AtomicUsize>) {
+/// quiet ("ours") against the same under each background load. A side switches its load on
+/// for its own iteration and, before it returns, waits until the background round in flight
+/// (a restore can take seconds) has ended, so that no load spills into another side's timing.
+/// kube-proxy's restores are of `services` services.
+pub fn loaded_cases<'a>(services: usize, keep: &mut Vec<TempDir>) -> (Vec<Case<'a>>, Arc<Rounds>) {
     let dir = super::chain::our_dir();
     let data = TempDir::new("bench-stl");
     let host = Arc::new(Netns::new("bstl"));
@@ -258,17 +283,20 @@ pub fn loaded_cases<'a>(services: usize, keep: &mut Vec<TempDir>) -> (Vec<Case<'
     let mut chain = Chain::kubenet("bench-stl", "1.1.0", "cbrs", "10.233.0.0/16", data.str(), dir.path());
     chain.plugins[0]["ipMasq"] = json!(true);
     let mode = Arc::new(AtomicU8::new(QUIET));
-    let count = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(Rounds::default());
     load_thread(chain.clone(), host.clone(), mode.clone(), services, count.clone());
     keep.extend([dir, data]);
     let rss: super::chain::RssTable = Default::default();
     let side = |m: u8, port: u16| -> Step<'a> {
         let mut inner = super::chain::step("stl", chain.clone(), port, rss.clone(), Some(host.clone()));
-        let mode = mode.clone();
+        let (mode, count) = (mode.clone(), count.clone());
         Box::new(move || {
-            mode.store(m, Ordering::Relaxed);
+            mode.store(m, Ordering::SeqCst);
             let v = inner();
-            mode.store(QUIET, Ordering::Relaxed);
+            mode.store(QUIET, Ordering::SeqCst);
+            while count.busy.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             vec![v[0], v[1]]
         })
     };

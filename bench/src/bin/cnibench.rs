@@ -154,8 +154,8 @@ fn main() {
     }
     if let Some((rows, count)) = loaded {
         println!(
-            "\nThe full chain (ours, ipMasq, cniVersion 1.1.0) quiet and under each background load ({} background rounds in all):\n",
-            count.load(std::sync::atomic::Ordering::Relaxed)
+            "\nThe full chain (ours, ipMasq, cniVersion 1.1.0) quiet and under each background load (in all: {}):\n",
+            count.describe()
         );
         print!("{}", bench::status::loaded_markdown(&rows));
     }
