@@ -114,7 +114,7 @@ during this run): load average $load_start when the run started at $started UTC,
 (nproc $(nproc)). Absolute milliseconds are inflated and noisy accordingly; read the **ratios**
 of one interleaved row, which share the same minutes. No test asserts a timing.
 
-**Floors.** Most tables carry a third side in the same rotation: the **floor**, i.e. what the
+**Floors.** Most tables carry one more side in the same rotation: the **floor**, i.e. what the
 machine allows. For process start-up it is the exec of \`cnibench-nop\`, a static program that
 does nothing. For ADD and DEL it is the same kernel requests as the plugin's plan issued bare
 from inside the driver through cni-common's netlink API (no process, no parsing, no reads to

@@ -111,6 +111,7 @@ fn main() {
     // rows where v1.10's best backend is ahead of ours or within 10%, for the doc's closing list
     let mut close = bench::close_rows(&rows);
     close.extend(bench::close_rows(&kp_rows));
+    close.extend(bench::close_rows(&scale_rows));
     for r in status_rows.iter().filter(|r| r.row == "STATUS") {
         let q = r.upstream.median.as_secs_f64() / r.ours.median.as_secs_f64();
         if q < 1.1 {
