@@ -10,7 +10,7 @@
 #   * each .deb: its control fields and file list, lintian without errors or warnings (tags
 #     that do not apply are overridden with the reason in packaging/deb/lintian-overrides), and
 #     installed into a scratch root (dpkg --root) beside Debian's containernetworking-plugins:
-#     ours in /usr/lib/cni, Debian's five diverted to <name>.distrib and its other plugins
+#     ours in /usr/lib/cni, Debian's seven diverted to <name>.distrib and its other plugins
 #     untouched, Debian's package installed after ours landing in the diversions, and removing
 #     ours putting Debian's back and leaving nothing of ours.
 # Needs root (dpkg --root). Installs lintian (scripts/install-deps.sh --only).
@@ -19,7 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(cd "${1:-dist}" && pwd)
 version=${2:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)}
-plugins=(bandwidth bridge host-local loopback portmap)
+# The banner's version word: upstream's release ours matches, ours as build metadata
+# (cni-common skel::BANNER_VERSION, which Nomad's fingerprint compares as upstream's).
+upstream=$(sed -n 's/^pub const UPSTREAM_RELEASE: &str = "\(.*\)";$/\1/p' cni-common/src/skel.rs)
+[ -n "$upstream" ] || { echo "$0: no UPSTREAM_RELEASE in cni-common/src/skel.rs" >&2; exit 1; }
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 tools=(cnitool cni-migrate)
 scratch=$(mktemp -d /tmp/cni-rs-check.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
@@ -90,7 +94,7 @@ for arch in amd64 arm64; do
     if [ "$arch" = amd64 ] && [ "$(uname -m)" = x86_64 ]; then
         for b in "${plugins[@]}"; do
             banner=$("$dest/$b" 2>&1 </dev/null | head -1)
-            [[ "$banner" == "CNI $b plugin $version (${commit:0:12}"* ]] ||
+            [[ "$banner" == "CNI $b plugin v$upstream+cni-rs.$version (${commit:0:12}"* ]] ||
                 fail "$tgz: $b's about banner is '$banner'"
         done
     fi
@@ -108,8 +112,12 @@ for arch in amd64 arm64; do
         echo "-rw-r--r-- root/root ./usr/share/lintian/overrides/cni-rs"
         echo "-rw-r--r-- root/root ./usr/share/man/man1/cnitool.1.gz"
         echo "-rw-r--r-- root/root ./lib/systemd/system/cni-resync.service"
+        echo "lrwxrwxrwx root/root ./lib/systemd/system/nftables.service.wants/cni-resync.service"
     )
     [ "$(sort <<<"$files")" = "$(sort <<<"$want_files")" ] || fail "$deb holds:"$'\n'"$files"
+    # enabled as shipped: the link is the one `systemctl enable` would make
+    [ "$(dpkg-deb -c "$dist/$deb" | awk '$6 == "./lib/systemd/system/nftables.service.wants/cni-resync.service" { print $8 }')" = ../cni-resync.service ] ||
+        fail "$deb: the resync unit is not wanted by nftables.service"
     lintian --fail-on error,warning --display-info --allow-root "$dist/$deb" || fail "$deb: lintian"
 
     # Installed into a scratch root, beside Debian's containernetworking-plugins (any

@@ -55,7 +55,7 @@ trap cleanup EXIT
 
 step "Install the plugins into a scratch CNI_PATH ($CNI_PATH)"
 mkdir -p "$CNI_PATH" "$NETCONFPATH" "$CNI_CACHE_DIR"
-for p in bridge host-local loopback portmap bandwidth cnitool; do
+for p in bridge host-local loopback portmap bandwidth firewall ptp tuning cnitool; do
     if [ -x "$bin/$p" ]; then
         cp "$bin/$p" "$CNI_PATH/"
     fi

@@ -11,6 +11,8 @@
 #   iptables                    upstream portmap (iptables backend) in the portmap benchmark;
 #                               iptables-nft-restore/-save for kube-proxy's rules (tests/e2e/kubeproxy.rs,
 #                               the kube-proxy-loaded benchmark)
+#   firewalld, dbus             tests/e2e/firewall_firewalld.rs: firewalld on a private bus in a scratch
+#                               namespace (installed with services kept from starting: policy-rc.d)
 #   strace                      scripts/bench.sh: where the time beyond the kernel floor goes
 #   systemd                     systemd-analyze verify and systemctl --root of the resync unit
 #                               (tests/e2e/resync.rs; nothing is started)
@@ -21,7 +23,7 @@
 set -euo pipefail
 
 packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod curl
-    podman containerd runc busybox-static util-linux iptables strace systemd)
+    podman containerd runc busybox-static util-linux iptables strace systemd dbus firewalld)
 if [ "${1:-}" = --only ]; then
     shift
     packages=()
@@ -34,7 +36,16 @@ if ((${#missing[@]})); then
     echo "installing: ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # Nothing installed here may start a service on the machine (firewalld would take over its
+    # firewall): Debian's maintainer scripts ask policy-rc.d first.
+    own_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 # br_netfilter backs the opt-in bridge-nf-call-iptables sysctl; load it when available.
 modprobe br_netfilter 2>/dev/null || true

@@ -18,6 +18,9 @@
 # the running pods (docs/switching.md). cni-migrate stays for that.
 # Files are installed atomically (copy to a temporary name, then rename), so a runtime that
 # execs a plugin during the install sees either the old or the new binary, never a torn one.
+# Every temporary file is created exclusively by mktemp (O_EXCL, a random name) and renamed
+# with mv -T: nothing planted in the directory (a link at a predictable name) is written
+# through or followed.
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
@@ -79,15 +82,27 @@ remove_unit() {
     echo "removed $unit_dir/$unit"
 }
 
-names=(loopback bridge host-local portmap bandwidth)
+names=(loopback bridge host-local portmap bandwidth firewall ptp tuning)
+
+# put SRC DEST MODE: copy SRC to DEST atomically, through a temporary file this call created
+# exclusively beside DEST; MODE "keep" keeps SRC's mode and times (cp -p), else chmod MODE.
+put() {
+    local src=$1 dst=$2 mode=$3 tmp
+    tmp=$(mktemp "$(dirname "$dst")/.$(basename "$dst").XXXXXXXX")
+    if [ "$mode" = keep ]; then
+        cp -p -- "$src" "$tmp" || { rm -f -- "$tmp"; return 1; }
+    else
+        { cp -- "$src" "$tmp" && chmod "$mode" "$tmp"; } || { rm -f -- "$tmp"; return 1; }
+    fi
+    mv -f -T -- "$tmp" "$dst" || { rm -f -- "$tmp"; return 1; }
+}
 
 if ((restore)); then
     restored=()
     for n in "${names[@]}"; do
         if [ -e "$dest/$n.orig" ]; then
             # atomic: a runtime exec'ing the plugin meanwhile gets one binary or the other
-            cp -p "$dest/$n.orig" "$dest/.$n.new"
-            mv -f "$dest/.$n.new" "$dest/$n"
+            put "$dest/$n.orig" "$dest/$n" keep
             rm -f "$dest/$n.orig"
             restored+=("$n")
             echo "restored $dest/$n"
@@ -109,8 +124,9 @@ know. Now run, as root, on this node:
 
     scripts/migrate.sh to-upstream --cni-bin-dir $dest
 
-It rewrites them into the restored plugins' iptables form (so their CHECK and DEL of those pods
-work) and then removes our tables. See docs/switching.md.
+(add --backend nftables when the restored plugins are v1.6+ configured with ipMasqBackend /
+backend "nftables"). It rewrites them into the restored plugins' form (so their CHECK and DEL
+of those pods work) and then removes our tables. See docs/switching.md.
 MSG
     exit 0
 fi
@@ -135,16 +151,14 @@ if ((${#clash[@]})) && ((!force)); then
     exit 1
 fi
 for n in "${present[@]}"; do
-    if [ -e "$dest/$n" ] && [ ! -e "$dest/$n.orig" ]; then
-        cp -p "$dest/$n" "$dest/$n.orig"
+    if [ -e "$dest/$n" ] && [ ! -e "$dest/$n.orig" ] && [ ! -L "$dest/$n.orig" ]; then
+        put "$dest/$n" "$dest/$n.orig" keep
     fi
-    install -m 0755 "$bin/$n" "$dest/.$n.new"
-    mv -f "$dest/.$n.new" "$dest/$n"
+    put "$bin/$n" "$dest/$n" 0755
     echo "installed $dest/$n"
 done
 if [ -x "$bin/cni-migrate" ]; then
-    install -m 0755 "$bin/cni-migrate" "$dest/.cni-migrate.new"
-    mv -f "$dest/.cni-migrate.new" "$dest/cni-migrate"
+    put "$bin/cni-migrate" "$dest/cni-migrate" 0755
     echo "installed $dest/cni-migrate (run by scripts/migrate.sh and resync.sh and the resync unit, never by a runtime)"
 fi
 
@@ -156,9 +170,10 @@ if [ -n "$unit_dir" ] && [ -x "$dest/cni-migrate" ]; then
         echo "not installing $unit: $abs has characters a systemd command line would need quoted" >&2
     else
         mkdir -p "$unit_dir"
-        sed "s|@BIN_DIR@|$abs|g" scripts/systemd/$unit >"$unit_dir/.$unit.new"
-        chmod 0644 "$unit_dir/.$unit.new"
-        mv -f "$unit_dir/.$unit.new" "$unit_dir/$unit"
+        rendered=$(mktemp)
+        trap 'rm -f -- "$rendered"' EXIT
+        sed "s|@BIN_DIR@|$abs|g" scripts/systemd/$unit >"$rendered"
+        put "$rendered" "$unit_dir/$unit" 0644
         echo "installed $unit_dir/$unit (runs cni-migrate resync after nftables.service starts or reloads)"
         if ((systemd_here)); then
             systemctl daemon-reload || true

@@ -3,9 +3,13 @@
 # iptables form of upstream's plugins 1.1.1 (Debian's containernetworking-plugins), in the
 # network namespace this runs in (the node's, normally). Needs root. Idempotent, safe with pods
 # running: the new form is installed and verified before the old one is removed.
-#   scripts/migrate.sh to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]...
+#   scripts/migrate.sh to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--backend iptables|nftables]
 #       after `scripts/install.sh --restore`: our masquerade rules and host ports become
 #       upstream's iptables chains, so upstream's CHECK and DEL of every pod work; our tables go.
+#       With --backend nftables (upstream v1.6+ configured with ipMasqBackend/backend
+#       "nftables"; an attachment's cached configuration saying so has the same effect): host
+#       ports become upstream's cni_hostport rules, and the masquerade rules stay (the table
+#       inet cni_plugins_masquerade is upstream's own form).
 #   scripts/migrate.sh from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
 #       after `scripts/install.sh --force`: upstream's iptables chains become our nftables
 #       state (optional: our DEL, CHECK and GC handle upstream's form anyway).
@@ -36,6 +40,13 @@ if [ "$(id -u)" != 0 ]; then
 fi
 have_iptables=0
 [ "$cmd" = resync ] && have_iptables=1 # resync touches only our own state
+# upstream's nftables backend (v1.6+) needs no iptables; cni-migrate refuses if an attachment's
+# cached configuration still asks for the iptables form
+prev=
+for a in "$@"; do
+    [ "$prev" = --backend ] && [ "$a" = nftables ] && have_iptables=1
+    prev=$a
+done
 for c in "$(command -v iptables 2>/dev/null || true)" /usr/sbin/iptables /sbin/iptables; do
     if [ -n "$c" ] && [ -f "$c" ] && [ -x "$c" ]; then
         have_iptables=1

@@ -71,7 +71,7 @@ rm -rf "$dist" "$stage"
 mkdir -p "$dist" "$stage"
 rustc_version=$(rustc -V)
 
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 tools=(cnitool cni-migrate)
 
 # Every file and directory below $1: mode 0755 (directories, binaries, maintainer scripts) or
@@ -125,10 +125,14 @@ README
         install -m 0755 "$bin/$b" "$d/usr/lib/cni/$b"
     done
     install -m 0755 "$bin/cnitool" "$d/usr/bin/cnitool"
-    # the resync unit (docs/node-operations.md), shipped disabled: an operator enables it
-    mkdir -p "$d/lib/systemd/system"
+    # the resync unit (docs/node-operations.md), shipped enabled: wanted by nftables.service
+    # through a link of the package (as `systemctl enable` would make it), so every start or
+    # reload of the firewall rebuilds the pods' state and the localhost guard without a manual
+    # step; `systemctl mask cni-resync.service` turns it off
+    mkdir -p "$d/lib/systemd/system/nftables.service.wants"
     sed 's|@BIN_DIR@|/usr/lib/cni|g' scripts/systemd/cni-resync.service >"$d/lib/systemd/system/cni-resync.service"
     chmod 0644 "$d/lib/systemd/system/cni-resync.service"
+    ln -s ../cni-resync.service "$d/lib/systemd/system/nftables.service.wants/cni-resync.service"
     mkdir -p "$d/usr/share/man/man1"
     gzip -n -9 <packaging/deb/cnitool.1 >"$d/usr/share/man/man1/cnitool.1.gz"
     install -m 0644 packaging/deb/copyright "$d/usr/share/doc/cni-rs/copyright"

@@ -26,6 +26,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --only qemu-user-static
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+# The banner's version word: upstream's release ours matches, ours as build metadata
+# (cni-common skel::BANNER_VERSION, which Nomad's fingerprint compares as upstream's).
+upstream=$(sed -n 's/^pub const UPSTREAM_RELEASE: &str = "\(.*\)";$/\1/p' cni-common/src/skel.rs)
+[ -n "$upstream" ] || { echo "$0: no UPSTREAM_RELEASE in cni-common/src/skel.rs" >&2; exit 1; }
 tgz=${1:-dist/cni-rs-linux-arm64-v$version.tgz}
 [ -f "$tgz" ] || {
     echo "test-arm64: $tgz is missing: build it with scripts/release.sh" >&2
@@ -46,7 +50,7 @@ fail() {
     exit 1
 }
 
-plugins=(bandwidth bridge host-local loopback portmap)
+plugins=(bandwidth bridge firewall host-local loopback portmap ptp tuning)
 for b in "${plugins[@]}" cnitool cni-migrate; do
     printf '#!/bin/sh\nexec %s %s "$@"\n' "$qemu" "$scratch/arm64/$b" >"$scratch/bin/$b"
     chmod 0755 "$scratch/bin/$b"
@@ -57,7 +61,7 @@ for p in "${plugins[@]}"; do
     ver=$(CNI_COMMAND=VERSION "$scratch/bin/$p" </dev/null)
     banner=$("$scratch/bin/$p" 2>&1 </dev/null)
     [[ "$ver" == '{"cniVersion":"1.1.0","supportedVersions":['*'"1.1.0"]}' ]] || fail "$p VERSION: $ver"
-    [[ "$banner" == "CNI $p plugin $version (${commit:0:12}"*$'\n'"CNI protocol versions supported: "* ]] ||
+    [[ "$banner" == "CNI $p plugin v$upstream+cni-rs.$version (${commit:0:12}"*$'\n'"CNI protocol versions supported: "* ]] ||
         fail "$p banner: $banner"
     if [ -d "$scratch/amd64" ]; then
         [ "$ver" = "$(CNI_COMMAND=VERSION "$scratch/amd64/$p" </dev/null)" ] || fail "$p: VERSION differs from amd64's"

@@ -12,7 +12,9 @@ fi
 
 scripts/install-deps.sh
 # Today's upstream (containernetworking/plugins, pinned) built from its Go module into
-# target/peers/: the first peer of the side-by-side tests; Debian's 1.1.1 is the second.
+# target/peers/: the first peer of the side-by-side tests; Debian's 1.1.1 is the second. And
+# today's callers, pinned: containerd 2.x, crictl/critest, a kubelet (tests/e2e/cri.rs). Every
+# group is built here, before the tests: one that cannot be built stops the run with one line.
 scripts/install-peers.sh
 
 # Tests skipped because this kernel lacks a feature (cni_tests::skip_unless) are recorded here
@@ -54,6 +56,11 @@ else
     CNI_IPAM_EXEC=1 cargo test -p cni-tests --test bridge --no-fail-fast
     CNI_TEST_BIN_DIR=$rel cargo test -p cni-tests --no-fail-fast
 fi
+
+# Upstream's own tests: the binary-exec parts of containernetworking/plugins v1.10.0's suites
+# against our binaries and against v1.10's, compared case by case (scripts/upstream-tests.known
+# lists the differences, docs/switching.md says why).
+scripts/upstream-tests.sh
 
 # The release artifacts (both architectures, checked: scripts/check-release.sh), and the arm64
 # binaries under qemu (docs/packaging.md, docs/testing.md). The x86_64 build is the one above.

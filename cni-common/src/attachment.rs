@@ -58,6 +58,18 @@ pub fn sha512_hex(s: &str, n: usize) -> String {
     h
 }
 
+/// Shorten `s` to at most `max` bytes, cutting before the character that would cross the limit
+/// (`String::truncate` panics inside a character; names from the runtime may be non-ASCII).
+pub fn truncate_on_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+}
+
 /// Characters nft accepts in an identifier or that are harmless in a comment; everything else
 /// becomes `_` (only exotic interface names are affected).
 fn nft_safe(s: &str) -> String {
@@ -187,7 +199,7 @@ impl AttachmentId {
             nft_safe(&self.ifname),
             nft_safe(&self.container_id)
         );
-        c.truncate(NFT_COMMENT_MAX);
+        truncate_on_char(&mut c, NFT_COMMENT_MAX);
         c
     }
 
@@ -201,7 +213,7 @@ impl AttachmentId {
     /// network a spoof-check rule belongs to, which upstream's rule comments do not.
     pub fn veth_alias(&self) -> String {
         let mut s = format!("{VETH_ALIAS_TAG}{}:{}:{}", self.network, self.container_id, self.ifname);
-        s.truncate(ALIAS_MAX);
+        truncate_on_char(&mut s, ALIAS_MAX);
         s
     }
 
@@ -310,6 +322,27 @@ mod tests {
         assert_eq!(AttachmentId::from_veth_alias(&x.veth_alias()), Some(x));
         assert_eq!(AttachmentId::from_veth_alias("some admin note"), None);
         assert_eq!(AttachmentId::from_veth_alias("cni:only:two"), None);
+    }
+
+    #[test]
+    fn long_names_with_multibyte_characters_are_cut_between_characters() {
+        // issue 27 finding 8: a ~250-byte id and a non-ASCII ifname put the alias limit inside
+        // a character; every cut lands on a boundary, at most the limit, never a panic
+        for len in 240..260 {
+            for ifname in ["é", "eth€", "😀😀😀", "ab\u{301}c"] {
+                let x = a("n", &"c".repeat(len), ifname);
+                let alias = x.veth_alias();
+                assert!(alias.len() <= ALIAS_MAX, "{}", alias.len());
+                assert!(format!("{VETH_ALIAS_TAG}n:{}:{ifname}", "c".repeat(len)).starts_with(&alias));
+                assert!(x.masq_comment().len() <= NFT_COMMENT_MAX);
+                assert!(x.ifb_alias().len() <= ALIAS_MAX);
+            }
+        }
+        let mut s = "aé".to_string();
+        truncate_on_char(&mut s, 2);
+        assert_eq!(s, "a");
+        truncate_on_char(&mut s, 5);
+        assert_eq!(s, "a");
     }
 
     #[test]

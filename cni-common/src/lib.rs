@@ -21,6 +21,7 @@ pub mod delegate;
 pub mod error;
 pub mod error_list;
 pub mod filelock;
+pub mod forward_drop;
 pub mod fsread;
 pub mod ident;
 pub mod mac;

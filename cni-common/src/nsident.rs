@@ -69,17 +69,31 @@ pub fn ident(ns: &NetNs) -> Result<NsIdent> {
     Ok(NsIdent { ino: st.st_ino, cookie })
 }
 
-/// The current boot's id (the 128-bit UUID of `/proc/sys/kernel/random/boot_id`); all zero when
-/// it cannot be read.
-pub fn boot_id() -> [u8; 16] {
-    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let hex: Vec<u8> = text.trim().bytes().filter(|b| b.is_ascii_hexdigit()).collect();
-    let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks(2).take(16).enumerate() {
-        let s = std::str::from_utf8(pair).unwrap_or("0");
-        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+/// The current boot's id (the 128-bit UUID of `/proc/sys/kernel/random/boot_id`). `None` when
+/// it cannot be read or is not a UUID: callers then know nothing about boots (unknown is alive:
+/// nothing is judged "made in an earlier boot" and nothing is recorded as "made in this one").
+pub fn boot_id() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    parse_boot_id(&text)
+}
+
+/// A boot id as the kernel prints it: 32 hex digits in 8-4-4-4-12 groups, a newline; not all
+/// zero.
+pub fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    let groups: Vec<&str> = text.split('-').collect();
+    if groups.iter().map(|g| g.len()).collect::<Vec<_>>() != [8, 4, 4, 4, 12] {
+        return None;
     }
-    out
+    let hex: Vec<u8> = groups.concat().into_bytes();
+    if !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None; // from_str_radix takes a sign
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    (out != [0; 16]).then_some(out)
 }
 
 #[cfg(test)]
@@ -101,6 +115,24 @@ mod tests {
         assert!(a.differs(&NsIdent { ino: a.ino, cookie: a.cookie + 1 }));
         // without cookies only the inode can tell
         assert!(!a.differs(&NsIdent { ino: a.ino, cookie: 0 }));
-        assert_ne!(boot_id(), [0u8; 16]);
+        assert!(boot_id().is_some());
+    }
+
+    #[test]
+    fn a_boot_id_is_a_uuid_or_unknown() {
+        let id = parse_boot_id("0123abcd-ef01-2345-6789-abcdef012345\n").unwrap();
+        assert_eq!(id[0], 0x01);
+        assert_eq!(id[15], 0x45);
+        for bad in [
+            "",
+            "\n",
+            "0123abcd",
+            "00000000-0000-0000-0000-000000000000\n",
+            "0123abcd-ef01-2345-6789-abcdef01234g\n",
+            "0123abcd-ef01-2345-6789-abcdef0123456\n",
+            "+123abcd-ef01-2345-6789-abcdef012345",
+        ] {
+            assert_eq!(parse_boot_id(bad), None, "{bad:?}");
+        }
     }
 }

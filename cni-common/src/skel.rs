@@ -216,9 +216,7 @@ impl Request {
             && config.get("cni.dev/valid-attachments").is_none()
             && config.get("cni.dev/attachments").is_none()
         {
-            return Err(CniError::config(
-                "GC needs \"cni.dev/valid-attachments\" (a list, possibly empty or null) naming the attachments to keep",
-            ));
+            return Err(gc_without_list());
         }
         let prev = conf.prev_result(version)?;
         let ns = if command.has_attachment() && !env.netns_override {
@@ -228,6 +226,25 @@ impl Request {
         };
         Ok(Request { command, env, version, stdin, config, conf, prev, ns })
     }
+}
+
+/// GC without a `cni.dev/valid-attachments` list (nor the misspelled `cni.dev/attachments`):
+/// refused, because an absent list must never be read as "nothing is valid" — that would
+/// tear down every live attachment of the network. libcni 1.3's `cnitool gc` sends no list;
+/// runtimes that pass `GCArgs` (CRI-O) and our cnitool always send one.
+fn gc_without_list() -> CniError {
+    CniError::config(
+        "GC needs \"cni.dev/valid-attachments\" naming the attachments to keep, and this request has none \
+         (nor the older \"cni.dev/attachments\"): refusing to garbage-collect",
+    )
+    .with_details(
+        "without the list every attachment of this network would look stale and GC would delete live pods' \
+         interfaces, addresses, port mappings and shaping; nothing was changed. Send the list in the GC \
+         config: [{\"containerID\": ..., \"ifname\": ...}, ...] for the attachments still in use, or [] \
+         (or null) when none is. libcni sends it when GCNetworkList gets non-nil GCArgs (CRI-O does); \
+         libcni 1.3's \"cnitool gc\" sends none (its DELs of cached attachments still ran); our cnitool's \
+         gc sends one (CNI_GC_KEEP names the attachments to keep)",
+    )
 }
 
 /// The version an error is reported in, remembered for the panic hook.
@@ -419,12 +436,29 @@ impl InThread {
     }
 }
 
+/// The release of upstream's plugins (containernetworking/plugins) whose keys and behaviour
+/// this suite matches, and which `scripts/install-peers.sh` builds as the peer to compare with.
+pub const UPSTREAM_RELEASE: &str = "1.10.0";
+
+/// The version word of the about banner: upstream's release that ours stands in for, with this
+/// suite's own version as semver build metadata, e.g. `v1.10.0+cni-rs.0.1.0`.
+///
+/// Why this shape: tools read the banner as upstream's (`CNI <name> plugin v1.x.y`). Nomad runs
+/// every file of its CNI bin dir with no arguments, takes the first whitespace-separated word of
+/// stdout and stderr that parses as a semantic version (hashicorp/go-version's `NewSemver`) and
+/// schedules bridge networking only where bridge, firewall, host-local, loopback and portmap
+/// are `semver >= 0.4.0`; our own 0.1.0 would fail that, though we implement every verb of spec
+/// 1.1.0. Build metadata is ignored by every semver comparison (Nomad's included), so the word
+/// compares exactly as upstream's same release, and a pre-release tag (`-cni-rs`) would not do:
+/// it sorts before the release. The metadata keeps ours recognisable (`cni-migrate` tells our
+/// build from upstream's by it).
+pub const BANNER_VERSION: &str = concat!("v1.10.0+cni-rs.", env!("CARGO_PKG_VERSION"));
+
 /// The about banner printed on stderr when CNI_COMMAND is unset.
 pub fn about(name: &str, versions: &[Version]) -> String {
     let list: Vec<&str> = versions.iter().map(|v| v.as_str()).collect();
     format!(
-        "CNI {name} plugin {} ({})\nCNI protocol versions supported: {}\n",
-        env!("CARGO_PKG_VERSION"),
+        "CNI {name} plugin {BANNER_VERSION} ({})\nCNI protocol versions supported: {}\n",
         option_env!("CNI_BUILD_COMMIT").unwrap_or("unknown commit"),
         list.join(", ")
     )
@@ -563,6 +597,13 @@ fn check_netns(command: Command, netns: &str) -> Result<Checked> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn banner_version_is_upstreams_release_with_ours_as_build_metadata() {
+        assert_eq!(BANNER_VERSION, format!("v{UPSTREAM_RELEASE}+cni-rs.{}", env!("CARGO_PKG_VERSION")));
+        let banner = about("bridge", &Version::ALL);
+        assert!(banner.starts_with(&format!("CNI bridge plugin {BANNER_VERSION} (")), "{banner}");
+    }
 
     #[test]
     fn panic_report_is_the_error_object_pretty_prints() {

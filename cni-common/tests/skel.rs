@@ -457,3 +457,25 @@ fn a_malformed_child_deadline_is_refused_before_anything_runs() {
     assert_eq!(run(&Mock::default(), &env, CONF).code, 0);
     stop.send(()).unwrap();
 }
+
+#[test]
+fn gc_without_a_list_is_refused_saying_what_is_missing_why_and_how() {
+    let env = HashMap::from([
+        ("CNI_COMMAND".to_string(), "GC".to_string()),
+        ("CNI_PATH".to_string(), "/x".to_string()),
+    ]);
+    let m = Mock::default();
+    let o = run(&m, &env, r#"{"cniVersion":"1.1.0","name":"n","type":"x"}"#);
+    assert!(o.calls.is_empty(), "refused before the plugin's GC ran: {:?}", o.calls);
+    let (code, msg) = o.err();
+    assert_eq!(code, 7);
+    // what was missing
+    assert!(msg.contains("\"cni.dev/valid-attachments\"") && msg.contains("has none"), "{msg}");
+    assert!(msg.contains("\"cni.dev/attachments\""), "{msg}");
+    let details = o.json()["details"].as_str().unwrap_or_default().to_string();
+    // why we refuse, and that nothing changed
+    assert!(details.contains("would look stale") && details.contains("nothing was changed"), "{details}");
+    // how to call it: the list's shape, the empty form, and which callers send it
+    assert!(details.contains("\"containerID\"") && details.contains("[]"), "{details}");
+    assert!(details.contains("GCArgs") && details.contains("CNI_GC_KEEP"), "{details}");
+}

@@ -97,8 +97,9 @@ fn gc_through_cnitool_deletes_cached_attachments() {
     let ctr = Netns::new("ctl");
     w.must(&tool, "add", "logc", &ctr);
     assert!(ctr.link_is_up("lo"));
-    // upstream cnitool semantics: gc sends an empty valid list, so the cached attachment is
-    // DELed first, then GC goes to the plugin
+    // as libcni 1.3's cnitool, every cached attachment of the network is DELed first; unlike it,
+    // ours then sends the plugins an explicit (empty) valid list, which they accept (libcni's
+    // sends none, which they refuse: tests/e2e/libcni13.rs)
     w.must(&tool, "gc", "logc", &ctr);
     assert!(!ctr.link_is_up("lo"));
     assert!(cache_files(&w.cache).is_empty());
@@ -123,6 +124,10 @@ fn upstream_cnitool_and_ours_share_attachments() {
     let upstream = upstream_cnitool();
     let ours = bin("cnitool");
     let w = World::new();
+    // every plugin call recorded, to show what libcni 1.1.2's cnitool sends
+    let spy = TempDir::new("spy");
+    let log = TempDir::new("calls");
+    cni_tests::cri::install_recorders(spy.path(), w.plugins.path(), log.path(), &["loopback"]);
     for (adder, deleter) in [(&ours, &upstream), (&upstream, &ours)] {
         let net = cni_tests::unique("loi");
         w.write_conflist(&net, "1.0.0");
@@ -130,7 +135,7 @@ fn upstream_cnitool_and_ours_share_attachments() {
         let run = |tool: &PathBuf, verb: &str| {
             let mut cmd = w.host.command(tool);
             cmd.args([verb, net.as_str(), ctr.path_str()])
-                .env("CNI_PATH", w.plugins.path())
+                .env("CNI_PATH", spy.path())
                 .env("NETCONFPATH", w.conf.path())
                 .env("CNI_CACHE_DIR", "/var/lib/cni");
             let out = cmd.output().unwrap();
@@ -142,6 +147,7 @@ fn upstream_cnitool_and_ours_share_attachments() {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
+        let from = cni_tests::cri::recorded(log.path()).len();
         run(adder, "add");
         assert!(ctr.link_is_up("lo"));
         run(deleter, "check");
@@ -152,5 +158,10 @@ fn upstream_cnitool_and_ours_share_attachments() {
             .into_iter()
             .collect();
         assert_eq!(leftovers.iter().sum::<usize>(), 0, "cache entry removed");
+        let calls = cni_tests::cri::recorded(log.path());
+        let verbs: Vec<(&str, Option<i32>)> = calls[from..].iter().map(|c| (c.command(), c.rc)).collect();
+        assert_eq!(verbs, [("ADD", Some(0)), ("CHECK", Some(0)), ("DEL", Some(0))], "{}", adder.display());
+        let check = &calls[from + 1];
+        assert_eq!(check.stdin["prevResult"]["cniVersion"], "1.0.0", "CHECK carries the cached result");
     }
 }

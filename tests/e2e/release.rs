@@ -9,7 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const PLUGINS: [&str; 5] = ["loopback", "bridge", "host-local", "portmap", "bandwidth"];
+const PLUGINS: [&str; 8] =
+    ["loopback", "bridge", "host-local", "portmap", "bandwidth", "firewall", "ptp", "tuning"];
 
 // ---- the panic hook ----
 

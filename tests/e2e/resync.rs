@@ -99,9 +99,14 @@ impl Node {
 
     /// `cni-migrate resync` in the host namespace over this node's cache: (exit status, output).
     fn resync(&self, args: &[&str], bin_dir: &Path) -> (i32, String) {
+        self.resync_by(&bin("cni-migrate"), args, bin_dir)
+    }
+
+    /// [`Node::resync`] with the cni-migrate binary at `exe`.
+    fn resync_by(&self, exe: &Path, args: &[&str], bin_dir: &Path) -> (i32, String) {
         let out = self
             .host
-            .command(bin("cni-migrate"))
+            .command(exe)
             .arg("resync")
             .args(args)
             .arg("--cache-dir")
@@ -466,4 +471,58 @@ fn install_puts_the_resync_unit_in_place_and_restore_takes_it_away() {
     assert!(!units.join("cni-resync.service").exists(), "--restore removes the unit");
     assert!(wants.symlink_metadata().is_err(), "--restore removes the enable link");
     assert!(dest.join("cni-migrate").is_file(), "cni-migrate stays for migrate.sh to-upstream");
+}
+
+/// cni-migrate of the previous main (cf0d296), on which issue 27's review reproduced finding 1,
+/// built by scripts/build-baseline.sh (the same set tests/e2e/security.rs asks for).
+fn baseline_cni_migrate() -> std::path::PathBuf {
+    let root = workspace_root();
+    let out = Command::new(root.join("scripts/build-baseline.sh"))
+        .args(["cf0d296", "portmap", "host-local", "bridge", "cni-migrate"])
+        .env("BASELINE_PROFILE", "dev")
+        .current_dir(&root)
+        .output()
+        .expect("run scripts/build-baseline.sh");
+    assert!(out.status.success(), "build-baseline.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let dir = String::from_utf8(out.stdout).unwrap().lines().last().expect("its directory").to_string();
+    Path::new(&dir).join("cni-migrate")
+}
+
+/// Issue 27 finding 1: a pod with CAP_NET_ADMIN changes its MAC; after a firewall reload, the
+/// previous main's resync rebuilt the spoof check for the MAC the pod chose. Now it is judged
+/// as bridge's CHECK judges it, against the MAC the runtime gave the pod, and not rebuilt.
+#[test]
+fn resync_never_whitelists_a_mac_the_pod_chose() {
+    const CHOSEN: &str = "02:42:de:ad:be:ef";
+    for (exe, before) in [(baseline_cni_migrate(), true), (bin("cni-migrate"), false)] {
+        let node = Node::new(&[]);
+        let ctr = Netns::new("rsc");
+        let caps = json!({});
+        let r = node.add("pod-mac", &ctr, &caps);
+        let given = r["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == "eth0")
+            .and_then(|i| i["mac"].as_str())
+            .expect("the container's MAC in the result")
+            .to_string();
+        assert!(node.ruleset().contains(&given), "the spoof check is keyed on the runtime's MAC");
+        node.host.run("nft", &["flush", "ruleset"]);
+        ctr.run("ip", &["link", "set", "eth0", "address", CHOSEN]);
+        let e = node.check("pod-mac", &ctr, &caps).expect_err("bridge's CHECK fails on another MAC");
+        assert!(e.contains("Mac"), "{e}");
+        // each build's resync judges the plugins installed beside it as its own (their banner):
+        // the baseline's directory holds its bridge and portmap
+        let installed =
+            if before { exe.parent().unwrap().to_path_buf() } else { node.plugins.path().to_path_buf() };
+        let (status, out) = node.resync_by(&exe, &[], &installed);
+        if before {
+            assert!(node.ruleset().contains(CHOSEN), "cf0d296 whitelists the pod's MAC: {out}");
+        } else {
+            assert_ne!(status, 0, "{out}");
+            assert!(out.contains("the pod changed it"), "{out}");
+            assert!(!node.ruleset().contains(CHOSEN), "nothing is rebuilt for the MAC the pod chose");
+        }
+    }
 }

@@ -1,6 +1,17 @@
-//! Swapping binaries on a node with running pods, both directions, against Debian's upstream
-//! plugins 1.1.1 (`/usr/lib/cni`), for both backends of the `iptables` tool (upstream is
-//! pointed at `iptables-legacy` through a PATH directory of symlinks).
+//! Swapping binaries on a node with running pods, both directions, against two upstream
+//! releases (cni_tests::peers): Debian's plugins 1.1.1 (`/usr/lib/cni`), for both backends of
+//! the `iptables` tool (upstream is pointed at `iptables-legacy` through a PATH directory of
+//! symlinks), and today's containernetworking/plugins v1.10.0 with bridge `ipMasqBackend` and
+//! portmap `backend` set to `iptables` (through iptables-nft and iptables-legacy) and to
+//! `nftables` (knftables: an `nft` exec per call; tables `inet cni_plugins_masquerade`, which is
+//! our bridge's own layout, and `ip`/`ip6 cni_hostport`, one DNAT rule per mapping commented with
+//! the container id). Each scenario is one function over a [`Peer`]; the tests name the pairs.
+//!
+//! Configuration keys: the pods v1.10 makes carry the backend keys explicitly (the cached
+//! configuration ours then CHECKs and DELs with). Our ADD refuses `"iptables"` (code 2: ours
+//! write nftables only), so the pods ours make, and the configuration handed back to v1.10 by
+//! to-upstream, carry the keys only for `nftables`; v1.10's default backend is iptables when
+//! the `iptables` command is present, which is the same form.
 //!
 //! World per test: a fake **host** netns in which every plugin runs (the bridge `cbr0` is made
 //! by the bridge plugin: isGateway, ipMasq, hairpin; host-local 10.<k>.0.0/24 and, for IPv6
@@ -18,6 +29,7 @@
 
 use cni_tests::chain::Chain;
 use cni_tests::leaks::leaks;
+use cni_tests::peers::Release;
 use cni_tests::traffic::{fetch, fetch_udp, Server, UdpServer};
 use cni_tests::{
     bin, cni_path_with, skip_unless, wait_until, without_counters, workspace_root, Exec, Feature, Netns,
@@ -29,7 +41,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const UPSTREAM: &str = "/usr/lib/cni";
+/// Where the iptables-mode peers' rules go: their `iptables` command's backend.
 const NET: &str = "swapnet";
 const BRIDGE: &str = "cbr0";
 const HOST4: &str = "10.250.0.1";
@@ -42,6 +54,57 @@ const CTR_UDP: u16 = 81;
 /// A second pod's host ports.
 const HP_C: u16 = 19080;
 const VERSION: &str = "1.0.0";
+
+/// The upstream release and the backend its bridge and portmap use.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Peer {
+    release: Release,
+    backend: Backend,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Backend {
+    /// iptables rules, written through the `iptables` command of the given backend.
+    Iptables(Ipt),
+    /// v1.10's nftables backend (`ipMasqBackend`/`backend: "nftables"`).
+    Nftables,
+}
+
+const DEBIAN_NFT: Peer = Peer { release: Release::Debian, backend: Backend::Iptables(Ipt::Nft) };
+const DEBIAN_LEGACY: Peer = Peer { release: Release::Debian, backend: Backend::Iptables(Ipt::Legacy) };
+const V110_IPT: Peer = Peer { release: Release::V1_10, backend: Backend::Iptables(Ipt::Nft) };
+const V110_IPT_LEGACY: Peer = Peer { release: Release::V1_10, backend: Backend::Iptables(Ipt::Legacy) };
+const V110_NFT: Peer = Peer { release: Release::V1_10, backend: Backend::Nftables };
+
+impl Peer {
+    /// The `iptables` command's backend on the peer's PATH (iptables-nft for the nftables
+    /// backend: the command is there on such nodes too, and upstream's teardown runs it).
+    fn ipt(self) -> Ipt {
+        match self.backend {
+            Backend::Iptables(i) => i,
+            Backend::Nftables => Ipt::Nft,
+        }
+    }
+
+    fn nftables(self) -> bool {
+        self.backend == Backend::Nftables
+    }
+
+    /// The backend keys of bridge and portmap: explicit for v1.10 (`explicit`: also
+    /// `"iptables"`, which only upstream's ADD accepts), none for 1.1.1 (it has no such keys).
+    fn keys(self, explicit: bool) -> Option<&'static str> {
+        match (self.release, self.backend) {
+            (Release::Debian, _) => None,
+            (Release::V1_10, Backend::Nftables) => Some("nftables"),
+            (Release::V1_10, Backend::Iptables(_)) => explicit.then_some("iptables"),
+        }
+    }
+
+    /// Legacy iptables needs a kernel with the x_tables nat table (skip otherwise, printed).
+    fn available(self) -> bool {
+        self.ipt() != Ipt::Legacy || skip_unless(Feature::IptablesLegacyNat)
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Ipt {
@@ -72,6 +135,8 @@ fn shim(ipt: Ipt, fams: &[&str]) -> TempDir {
             std::os::unix::fs::symlink(&target, d.join(format!("{f}{what}"))).unwrap();
         }
     }
+    // v1.10's nftables backend (knftables) runs `nft` from PATH
+    std::os::unix::fs::symlink("/usr/sbin/nft", d.join("nft")).unwrap();
     d
 }
 
@@ -88,6 +153,7 @@ struct World {
     host: Netns,
     outside: Netns,
     data: TempDir,
+    peer: Peer,
     ipt: Ipt,
     /// PATH for upstream's plugins: both families of the backend; one family only.
     path_all: String,
@@ -116,18 +182,16 @@ impl Pod {
     }
 }
 
-fn upstream_present() {
+fn upstream_present(release: Release) {
     for p in ["bridge", "host-local", "portmap", "bandwidth"] {
-        assert!(
-            std::path::Path::new(UPSTREAM).join(p).is_file(),
-            "upstream plugin {p} missing: scripts/install-deps.sh installs containernetworking-plugins"
-        );
+        release.bin(p);
     }
 }
 
 impl World {
-    fn new(ipt: Ipt, v6: bool) -> World {
-        upstream_present();
+    fn new(peer: Peer, v6: bool) -> World {
+        upstream_present(peer.release);
+        let ipt = peer.ipt();
         let host = Netns::new("swh");
         let outside = Netns::new("swo");
         for ns in [&host, &outside] {
@@ -165,13 +229,14 @@ impl World {
             host,
             outside,
             data: TempDir::new("swapdata"),
+            peer,
             ipt,
             ours: cni_path_with(&["bridge", "host-local", "portmap", "bandwidth"]),
             v6,
         }
     }
 
-    fn plugins(&self, snat: Option<bool>) -> Vec<Value> {
+    fn plugins(&self, snat: Option<bool>, explicit: bool) -> Vec<Value> {
         let k = subnet_key();
         let mut ranges = vec![json!([{"subnet": format!("10.{k}.0.0/24")}])];
         let mut routes = vec![json!({"dst": "0.0.0.0/0"})];
@@ -183,20 +248,32 @@ impl World {
         if let Some(s) = snat {
             pm["snat"] = json!(s);
         }
-        vec![
-            json!({"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": true, "hairpinMode": true,
-                   "ipam": {"type": "host-local", "ranges": ranges, "routes": routes, "dataDir": self.data.str()}}),
-            pm,
-            json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
-        ]
+        let mut br = json!({"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": true, "hairpinMode": true,
+               "ipam": {"type": "host-local", "ranges": ranges, "routes": routes, "dataDir": self.data.str()}});
+        if let Some(b) = self.peer.keys(explicit) {
+            br["ipMasqBackend"] = json!(b);
+            pm["backend"] = json!(b);
+        }
+        vec![br, pm, json!({"type": "bandwidth", "capabilities": {"bandwidth": true}})]
     }
 
+    /// The chain ours can ADD with (backend keys only for nftables), run by upstream's
+    /// binaries (`upstream`) or ours.
     fn chain(&self, upstream: bool, snat: Option<bool>) -> Chain {
+        self.chain_keys(upstream, snat, false)
+    }
+
+    /// The chain of the pods the peer makes: v1.10's backend keys always explicit.
+    fn peer_chain(&self, upstream: bool, snat: Option<bool>) -> Chain {
+        self.chain_keys(upstream, snat, true)
+    }
+
+    fn chain_keys(&self, upstream: bool, snat: Option<bool>, explicit: bool) -> Chain {
         Chain {
             name: NET.into(),
             version: VERSION.into(),
-            plugins: self.plugins(snat),
-            cni_path: if upstream { UPSTREAM.into() } else { self.ours.path().to_path_buf() },
+            plugins: self.plugins(snat, explicit),
+            cni_path: if upstream { self.peer.release.dir() } else { self.ours.path().to_path_buf() },
         }
     }
 
@@ -250,12 +327,15 @@ impl World {
         }
     }
 
-    /// Upstream's CHECK of the whole chain: bridge and bandwidth as they are, portmap once per
-    /// family (see the module documentation).
-    fn upstream_check(&self, pod: &Pod, result: &Value) {
-        let up = self.chain(true, None);
+    /// Upstream's CHECK of the whole chain (`up`, upstream's binaries): bridge and bandwidth as
+    /// they are, portmap for 1.1.1 once per family (see the module documentation), for v1.10
+    /// (which fixed that) as it is.
+    fn upstream_check(&self, up: &Chain, pod: &Pod, result: &Value) {
+        if self.peer.release == Release::V1_10 {
+            return self.check(up, pod, result);
+        }
         for i in [0, 2] {
-            let out = self.exec(&up, i, "CHECK", pod, Some(result), &self.path_all);
+            let out = self.exec(up, i, "CHECK", pod, Some(result), &self.path_all);
             assert_eq!(
                 out.code,
                 0,
@@ -278,7 +358,7 @@ impl World {
                 continue;
             }
             r["ips"] = json!(ips);
-            let out = self.exec(&up, 1, "CHECK", pod, Some(&r), path);
+            let out = self.exec(up, 1, "CHECK", pod, Some(&r), path);
             assert_eq!(
                 out.code,
                 0,
@@ -314,6 +394,55 @@ impl World {
     /// The host's nftables ruleset, without the counters of iptables-nft's rules.
     fn nft(&self) -> String {
         without_counters(&String::from_utf8_lossy(&self.host.try_run("nft", &["list", "ruleset"]).stdout))
+    }
+
+    /// The peer wrote its form of `pod`, in its backend and nowhere else: the iptables chains
+    /// (`CNI-HOSTPORT-DNAT`, the masquerade chain) in the `iptables` backend under test, or the
+    /// rules commented with the pod's id in `ip cni_hostport` and `inet cni_plugins_masquerade`.
+    fn assert_peer_form(&self, pod: &Pod) {
+        let (ipt, nft) = (self.iptables(), self.nft());
+        let in_table = |table: &str| table_has(&nft, table, &pod.id);
+        if self.peer.nftables() {
+            assert!(
+                in_table("ip cni_hostport") && in_table("inet cni_plugins_masquerade"),
+                "{} wrote no nftables form of {}:\n{nft}",
+                self.peer.release.name(),
+                pod.id
+            );
+            assert!(!ipt.contains(&pod.id), "the nftables backend wrote iptables rules:\n{ipt}");
+        } else {
+            assert!(
+                ipt.contains("CNI-HOSTPORT-DNAT") && ipt.contains(&pod.id),
+                "{} wrote no iptables state:\n{ipt}",
+                self.peer.release.name()
+            );
+            assert!(!in_table("ip cni_hostport"), "the iptables backend wrote cni_hostport:\n{nft}");
+        }
+    }
+
+    /// The pod's rules in `inet cni_plugins_masquerade` as `nft` lists them, with its addresses
+    /// and its comment's hashes and id replaced by placeholders (so two pods' rules compare).
+    fn masq_rules_of(&self, pod: &Pod, result: &Value) -> Vec<String> {
+        let out =
+            self.host.try_run("nft", &["list", "chain", "inet", "cni_plugins_masquerade", "masq_checks"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut rules: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(&pod.id))
+            .map(|l| {
+                let mut l = l.trim().to_string();
+                for ip in result["ips"].as_array().unwrap() {
+                    let addr = ip["address"].as_str().unwrap().split('/').next().unwrap();
+                    l = l.replace(&format!("{addr} "), "ADDR ");
+                }
+                let hash = |s: &str| sha512_hex(s)[..16].to_string();
+                l.replace(&hash(NET), "NETHASH")
+                    .replace(&hash(&format!("eth0:{}", pod.id)), "IDHASH")
+                    .replace(&pod.id, "ID")
+            })
+            .collect();
+        rules.sort();
+        rules
     }
 
     /// Everything of `pod` that may be left anywhere: iptables (this backend and, for
@@ -377,6 +506,15 @@ fn caps() -> Value {
     })
 }
 
+/// Whether table `table` ("family name") of an `nft list ruleset` text mentions `needle`.
+fn table_has(ruleset: &str, table: &str, needle: &str) -> bool {
+    ruleset.find(&format!("table {table} {{")).is_some_and(|i| {
+        let body = &ruleset[i..];
+        let end = body[1..].find("\ntable ").map_or(body.len(), |e| e + 1);
+        body[..end].contains(needle)
+    })
+}
+
 /// sha512 hex via coreutils (independent of the code under test).
 fn sha512_hex(s: &str) -> String {
     let mut child = Command::new("sha512sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
@@ -427,17 +565,21 @@ fn result_ip4(r: &Value) -> String {
 
 /// Upstream ADDs a full-chain pod; ours CHECKs and DELs it; nothing of it is left; a new pod of
 /// ours gets the same host ports and they work (TCP three ways, UDP after the conntrack flush).
-fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
-    let w = World::new(ipt, v6);
-    let (up, ours) = (w.chain(true, snat), w.chain(false, snat));
+fn adopt(peer: Peer, v6: bool, snat: Option<bool>, netns_gone: bool) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, v6);
+    // upstream's pod: DELeted by ours with the configuration it was made with (the runtime's
+    // cached one), CHECKed with the conflist as it is after the swap (libcni's CHECK takes the
+    // current one): for v1.10's iptables backend the operator has removed the `"iptables"`
+    // keys ours refuse (docs/switching.md); otherwise it is the same
+    let (up, cached) = (w.peer_chain(true, snat), w.peer_chain(false, snat));
+    let ours = w.chain(false, snat);
     let mut a = w.pod("podA");
     let ra = w.add(&up, &a);
-    // upstream made its iptables form in the backend under test
-    let ipt_text = w.iptables();
-    assert!(
-        ipt_text.contains("CNI-HOSTPORT-DNAT") && ipt_text.contains(&a.id),
-        "upstream wrote no iptables state:\n{ipt_text}"
-    );
+    w.assert_peer_form(&a);
+    let masq_a = w.masq_rules_of(&a, &ra);
     {
         let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
         let _u = UdpServer::start(a.ns(), CTR_UDP, "podA");
@@ -445,11 +587,17 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
         let r = fetch_udp(&w.outside, HOST4, HP_UDP, 40000);
         assert!(r.starts_with("podA "), "UDP to upstream's pod reached {r:?}");
     }
+    if cached.plugins != ours.plugins {
+        // the unedited conflist: ours says which key to remove, and changes nothing
+        let msg = w.exec(&cached, 0, "CHECK", &a, Some(&ra), &w.path_all).err(2);
+        assert!(msg.contains("ipMasqBackend"), "{msg}");
+        w.assert_peer_form(&a);
+    }
     w.check(&ours, &a, &ra);
     if netns_gone {
         a.ns = None; // the runtime tore the sandbox down before DEL
     }
-    w.del(&ours, &a, &ra);
+    w.del(&cached, &a, &ra);
     if netns_gone {
         // The pod's veth pair goes with its namespace, in the kernel's own time (the namespace
         // is cleaned up from a workqueue after its last reference is dropped); DEL, like
@@ -465,13 +613,24 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
         "UDP flows of the removed mapping still in conntrack: {}",
         String::from_utf8_lossy(&ct.stdout)
     );
-    // The shared CNI-HOSTPORT-* chains went with the last pod using them.
+    // The shared CNI-HOSTPORT-* chains (iptables), the cni_hostport tables (nftables) went
+    // with the last pod using them.
     assert!(!w.iptables().contains("CNI-HOSTPORT"), "shared chains left:\n{}", w.iptables());
+    assert!(!w.nft().contains("cni_hostport"), "upstream's cni_hostport left:\n{}", w.nft());
     let problems = leaks(&w.host, NET, w.data.path(), &["lo", "ext0", BRIDGE]);
     assert!(problems.is_empty(), "{problems:?}");
 
     let b = w.pod("podB");
     let rb = w.add(&ours, &b);
+    if peer.nftables() {
+        // one table, one form: our masquerade rules are v1.10's, rule for rule
+        assert!(
+            !masq_a.is_empty()
+                && masq_a.iter().all(|r| r.contains("masquerade comment \"NETHASH-IDHASH, net: ")),
+            "{masq_a:?}"
+        );
+        assert_eq!(w.masq_rules_of(&b, &rb), masq_a, "our masquerade rules differ from v1.10's");
+    }
     let _s = Server::tcp(b.ns(), CTR_TCP, "podB");
     let _u = UdpServer::start(b.ns(), CTR_UDP, "podB");
     assert_reachable(&w, &b, snat != Some(false), "our new pod on the same host ports");
@@ -484,61 +643,100 @@ fn adopt(ipt: Ipt, v6: bool, snat: Option<bool>, netns_gone: bool) {
 
 #[test]
 fn adopt_nft_ipv4() {
-    adopt(Ipt::Nft, false, None, false);
+    adopt(DEBIAN_NFT, false, None, false);
 }
 
 #[test]
 fn adopt_nft_dual_stack() {
-    adopt(Ipt::Nft, true, None, false);
+    adopt(DEBIAN_NFT, true, None, false);
 }
 
 #[test]
 fn adopt_nft_snat_off() {
-    adopt(Ipt::Nft, false, Some(false), false);
+    adopt(DEBIAN_NFT, false, Some(false), false);
 }
 
 #[test]
 fn adopt_nft_netns_gone() {
-    adopt(Ipt::Nft, true, None, true);
+    adopt(DEBIAN_NFT, true, None, true);
 }
 
 #[test]
 fn adopt_legacy_ipv4() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    adopt(Ipt::Legacy, false, None, false);
+    adopt(DEBIAN_LEGACY, false, None, false);
 }
 
 #[test]
 fn adopt_legacy_dual_stack() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    adopt(Ipt::Legacy, true, None, false);
+    adopt(DEBIAN_LEGACY, true, None, false);
 }
 
 #[test]
 fn adopt_legacy_snat_off() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    adopt(Ipt::Legacy, false, Some(false), false);
+    adopt(DEBIAN_LEGACY, false, Some(false), false);
 }
 
 #[test]
 fn adopt_legacy_netns_gone() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    adopt(Ipt::Legacy, true, None, true);
+    adopt(DEBIAN_LEGACY, true, None, true);
+}
+
+#[test]
+fn adopt_v110_iptables_ipv4() {
+    adopt(V110_IPT, false, None, false);
+}
+
+#[test]
+fn adopt_v110_iptables_dual_stack() {
+    adopt(V110_IPT, true, None, false);
+}
+
+#[test]
+fn adopt_v110_iptables_snat_off() {
+    adopt(V110_IPT, false, Some(false), false);
+}
+
+#[test]
+fn adopt_v110_iptables_netns_gone() {
+    adopt(V110_IPT, true, None, true);
+}
+
+#[test]
+fn adopt_v110_iptables_legacy_dual_stack() {
+    adopt(V110_IPT_LEGACY, true, None, false);
+}
+
+#[test]
+fn adopt_v110_nftables_ipv4() {
+    adopt(V110_NFT, false, None, false);
+}
+
+#[test]
+fn adopt_v110_nftables_dual_stack() {
+    adopt(V110_NFT, true, None, false);
+}
+
+#[test]
+fn adopt_v110_nftables_snat_off() {
+    adopt(V110_NFT, false, Some(false), false);
+}
+
+#[test]
+fn adopt_v110_nftables_netns_gone() {
+    adopt(V110_NFT, true, None, true);
 }
 
 /// GC of a network removes exactly upstream's leftovers of its dead attachments: not those of
-/// its live ones, not those of another network.
-fn gc_leftovers(ipt: Ipt) {
-    let w = World::new(ipt, true);
-    let up = w.chain(true, None);
+/// its live ones, not those of another network. One exception, v1.10's portmap nftables rules:
+/// their comment is the bare container id, which names no network, so GC (for one network)
+/// cannot tell a dead pod's from another network's and leaves them (unknown means alive; the
+/// runtime's DEL removes them; docs/switching.md).
+fn gc_leftovers(peer: Peer) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, true);
+    let up = w.peer_chain(true, None);
     let (mut dead, live) = (w.pod("dead"), w.pod("live"));
     let foreign = w.pod_with(
         "foreign",
@@ -547,7 +745,7 @@ fn gc_leftovers(ipt: Ipt) {
     let rd = w.add(&up, &dead);
     let rl = w.add(&up, &live);
     // Another network (own bridge and subnet) with a pod of its own on another host port.
-    let mut other = w.chain(true, None);
+    let mut other = w.peer_chain(true, None);
     other.name = "othernet".into();
     other.plugins[0]["bridge"] = json!("cbr1");
     other.plugins[0]["ipam"]["ranges"] = json!([[{"subnet": format!("10.{}.1.0/24", subnet_key())}]]);
@@ -567,10 +765,28 @@ fn gc_leftovers(ipt: Ipt) {
         !ipt_text.contains(&dead.id) && !ipt_text.contains(&dead_hash[..16]),
         "dead pod's rules left:\n{ipt_text}"
     );
-    assert!(
-        ipt_text.contains(&live.id) && ipt_text.contains(&foreign.id),
-        "GC took live or foreign rules:\n{ipt_text}"
-    );
+    if peer.nftables() {
+        let nft = w.nft();
+        assert!(
+            !table_has(&nft, "inet cni_plugins_masquerade", &dead.id),
+            "dead pod's masquerade left:\n{nft}"
+        );
+        for p in [&live, &foreign] {
+            assert!(
+                table_has(&nft, "inet cni_plugins_masquerade", &p.id),
+                "GC took {}'s masquerade:\n{nft}",
+                p.name
+            );
+            assert!(table_has(&nft, "ip cni_hostport", &p.id), "GC took {}'s host ports:\n{nft}", p.name);
+        }
+        // the exception (above): GC cannot attribute the dead pod's port rules to a network
+        assert!(table_has(&nft, "ip cni_hostport", &dead.id), "GC attributed a bare container id:\n{nft}");
+    } else {
+        assert!(
+            ipt_text.contains(&live.id) && ipt_text.contains(&foreign.id),
+            "GC took live or foreign rules:\n{ipt_text}"
+        );
+    }
     assert!(!w.host.link_names().contains(&format!("bwp{}", &dead_hash[..12])), "dead pod's ifb left");
     let live_ifb = format!("bwp{}", &sha512_hex(&format!("{NET}{}", live.id))[..12]);
     assert!(w.host.link_names().contains(&live_ifb), "live pod's ifb taken");
@@ -582,25 +798,37 @@ fn gc_leftovers(ipt: Ipt) {
         "dead pod's reservation left"
     );
     // the live pod is still upstream's and intact: upstream's own check and ours pass
-    w.upstream_check(&live, &rl);
+    w.upstream_check(&up, &live, &rl);
     w.check(&w.chain(false, None), &live, &rl);
     // GC again: nothing more goes
-    let before = w.iptables();
+    let before = (w.iptables(), w.nft());
     w.ours_gc(&[&live]);
-    assert_eq!(w.iptables(), before, "a second GC changed the {} iptables state", w.ipt.name());
+    assert_eq!((w.iptables(), w.nft()), before, "a second GC changed the {} state", w.ipt.name());
+    if peer.nftables() {
+        // the runtime's DEL of the dead pod (its cached result) takes the rest
+        w.del(&w.peer_chain(false, None), &dead, &rd);
+        w.assert_nothing_of(&dead);
+    }
 }
 
 #[test]
 fn gc_upstream_leftovers_nft() {
-    gc_leftovers(Ipt::Nft);
+    gc_leftovers(DEBIAN_NFT);
 }
 
 #[test]
 fn gc_upstream_leftovers_legacy() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    gc_leftovers(Ipt::Legacy);
+    gc_leftovers(DEBIAN_LEGACY);
+}
+
+#[test]
+fn gc_upstream_leftovers_v110_iptables() {
+    gc_leftovers(V110_IPT);
+}
+
+#[test]
+fn gc_upstream_leftovers_v110_nftables() {
+    gc_leftovers(V110_NFT);
 }
 
 // ---- backward and forward migration of live pods ----
@@ -657,8 +885,11 @@ fn during(w: &World, name: &str, f: impl FnOnce()) -> usize {
     count.load(Ordering::Relaxed)
 }
 
-fn to_upstream(ipt: Ipt) {
-    let w = World::new(ipt, true);
+fn to_upstream(peer: Peer) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, true);
     let ours = w.chain(false, None);
     let (a, b) = (w.pod("podA"), w.pod("podB"));
     let ra = w.add(&ours, &a);
@@ -690,24 +921,41 @@ fn to_upstream(ipt: Ipt) {
         }
     };
     reach_c("before to-upstream");
+    // v1.10's nftables backend: podA's cached configuration says so (ipMasqBackend/backend),
+    // podB and podC (no cache entry) take --backend
+    let args: &[&str] =
+        if peer.nftables() { &["to-upstream", "--backend", "nftables"] } else { &["to-upstream"] };
     let probes = during(&w, "podA", || {
-        let out = w.migrate(&["to-upstream"]);
+        let out = w.migrate(args);
         assert!(out.status.success(), "to-upstream failed");
     });
     assert!(probes >= 2);
     let nft = w.nft();
-    assert!(
-        !nft.contains("cni_portmap") && !nft.contains("cni_plugins_masquerade"),
-        "our tables left:\n{nft}"
-    );
+    assert!(!nft.contains("cni_portmap"), "our portmap table left:\n{nft}");
+    if peer.nftables() {
+        // the masquerade rules are upstream's nftables form already: kept, not converted
+        for p in [&a, &b, &c] {
+            assert!(
+                table_has(&nft, "inet cni_plugins_masquerade", &p.id),
+                "{}'s masquerade taken:\n{nft}",
+                p.name
+            );
+        }
+        for p in [&a, &c] {
+            w.assert_peer_form(p);
+        }
+        assert!(!w.iptables().contains("CNI-"), "iptables rules written:\n{}", w.iptables());
+    } else {
+        assert!(!nft.contains("cni_plugins_masquerade"), "our masquerade table left:\n{nft}");
+    }
     assert_reachable(&w, &a, true, "after to-upstream");
     reach_c("after to-upstream");
     // idempotent: a second run changes nothing
     let before = (w.iptables(), w.nft());
-    assert!(w.migrate(&["to-upstream"]).status.success());
+    assert!(w.migrate(args).status.success());
     assert_eq!((w.iptables(), w.nft()), before, "a second to-upstream changed something");
     // the binaries are upstream's again: their CHECK and DEL work and leave nothing of the pods
-    w.upstream_check(&a, &ra);
+    w.upstream_check(&w.chain(true, None), &a, &ra);
     let up_b = {
         let mut c = w.chain(true, None);
         c.plugins.remove(1);
@@ -724,7 +972,7 @@ fn to_upstream(ipt: Ipt) {
             out.stderr
         );
     }
-    w.upstream_check(&c, &rc);
+    w.upstream_check(&w.chain(true, None), &c, &rc);
     w.del(&w.chain(true, None), &a, &ra);
     w.del(&up_b, &b, &rb);
     w.del(&w.chain(true, None), &c, &rc);
@@ -737,32 +985,143 @@ fn to_upstream(ipt: Ipt) {
 fn to_upstream_nft() {
     // Control: upstream 1.1.1's portmap CHECK fails on its own dual-stack pod (it checks the
     // IPv4 rules in ip6tables): the reason upstream_check runs it per family.
-    let w = World::new(Ipt::Nft, true);
+    let w = World::new(DEBIAN_NFT, true);
     let up = w.chain(true, None);
     let p = w.pod("ctl");
     let r = w.add(&up, &p);
     let out = w.exec(&up, 1, "CHECK", &p, Some(&r), &w.path_all);
     assert_ne!(out.code, 0, "upstream 1.1.1's portmap CHECK of a dual-stack pod passed: the bug is fixed?");
     assert!(out.stdout.contains("could not check ipv6 dnat"), "{}", out.stdout);
-    w.upstream_check(&p, &r);
+    w.upstream_check(&up, &p, &r);
     w.del(&up, &p, &r);
     drop(w);
-    to_upstream(Ipt::Nft);
+    to_upstream(DEBIAN_NFT);
 }
 
 #[test]
 fn to_upstream_legacy() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    to_upstream(Ipt::Legacy);
+    to_upstream(DEBIAN_LEGACY);
 }
 
-fn from_upstream(ipt: Ipt) {
-    let w = World::new(ipt, true);
-    let up = w.chain(true, None);
+#[test]
+fn to_upstream_v110_iptables() {
+    to_upstream(V110_IPT);
+}
+
+#[test]
+fn to_upstream_v110_iptables_legacy() {
+    to_upstream(V110_IPT_LEGACY);
+}
+
+#[test]
+fn to_upstream_v110_nftables() {
+    to_upstream(V110_NFT);
+}
+
+/// The whole round trip on one CNI bin directory, as an operator runs it: pods of v1.10 with its
+/// binaries in the directory; `scripts/install.sh --force` puts ours there (keeping v1.10's as
+/// `.orig`); ours adopt the old pod and make a new one; `scripts/install.sh --restore` puts
+/// v1.10's back and `scripts/migrate.sh to-upstream` (`--backend nftables` for that backend)
+/// hands the new pod to them with its host port probed throughout; then v1.10's CHECK and DEL
+/// of both pods pass and leave nothing.
+fn install_round_trip(peer: Peer) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, true);
+    let dir = TempDir::new("cnibin");
+    let units = TempDir::new("units");
+    for p in ["bridge", "host-local", "portmap", "bandwidth", "loopback"] {
+        std::fs::copy(peer.release.bin(p), dir.join(p)).unwrap();
+    }
+    let in_dir = |mut c: Chain| {
+        c.cni_path = dir.path().to_path_buf();
+        c
+    };
+    let install = |args: &[&str]| {
+        let out = Command::new(workspace_root().join("scripts/install.sh"))
+            .arg("--from")
+            .arg(cni_tests::bin_dir())
+            .arg("--unit-dir")
+            .arg(units.path())
+            .args(args)
+            .arg(dir.path())
+            .output()
+            .expect("run install.sh");
+        assert!(
+            out.status.success(),
+            "install.sh {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for p in ["bridge", "portmap", "cni-migrate"] {
+        bin(p); // fresh builds, or the test fails saying so
+    }
+    // podA: made by v1.10 (its configuration as cached: backend keys explicit), host ports HP_C
+    let cached_a = in_dir(w.peer_chain(true, None));
+    let a = w.pod_with(
+        "podA",
+        json!({"portMappings": [{"hostPort": HP_C, "containerPort": CTR_TCP, "protocol": "tcp"}],
+               "bandwidth": caps()["bandwidth"]}),
+    );
+    let ra = w.add(&cached_a, &a);
+    w.assert_peer_form(&a);
+    let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
+    install(&["--force"]);
+    assert!(dir.join("portmap.orig").is_file(), "install.sh kept no portmap.orig");
+    // ours in the directory: CHECK of podA with the conflist after the switch, a new pod
+    let now = in_dir(w.chain(false, None));
+    w.check(&now, &a, &ra);
+    let b = w.pod("podB");
+    let rb = w.add(&now, &b);
+    write_cache(&w, &now, &b, &rb);
+    let _sb = Server::tcp(b.ns(), CTR_TCP, "podB");
+    assert_reachable(&w, &b, true, "podB of ours");
+    // back to v1.10
+    install(&["--restore"]);
+    assert!(!dir.join("portmap.orig").exists(), "--restore left portmap.orig");
+    let args: &[&str] =
+        if peer.nftables() { &["to-upstream", "--backend", "nftables"] } else { &["to-upstream"] };
+    during(&w, "podB", || {
+        let out = w.migrate(args);
+        assert!(out.status.success(), "to-upstream failed");
+    });
+    assert!(!w.nft().contains("cni_portmap"), "our portmap table left:\n{}", w.nft());
+    assert_reachable(&w, &b, true, "podB after to-upstream");
+    assert!(fetch(&w.outside, HOST4, HP_C).starts_with("podA"), "podA's host port after the round trip");
+    // v1.10's own CHECK and DEL of both pods (podB with the conflist it was made with)
+    w.upstream_check(&now, &b, &rb);
+    w.upstream_check(&cached_a, &a, &ra);
+    w.del(&now, &b, &rb);
+    w.del(&cached_a, &a, &ra);
+    for p in [&a, &b] {
+        w.assert_nothing_of(p);
+    }
+}
+
+#[test]
+fn install_round_trip_v110_iptables() {
+    install_round_trip(V110_IPT);
+}
+
+#[test]
+fn install_round_trip_v110_nftables() {
+    install_round_trip(V110_NFT);
+}
+
+fn from_upstream(peer: Peer) {
+    if !peer.available() {
+        return;
+    }
+    let w = World::new(peer, true);
+    let up = w.peer_chain(true, None);
     let a = w.pod("podA");
     let ra = w.add(&up, &a);
+    if peer.nftables() {
+        // cni_hostport's rules name only the container: the runtime's cache names the rest
+        write_cache(&w, &up, &a, &ra);
+    }
     let _sa = Server::tcp(a.ns(), CTR_TCP, "podA");
     assert_reachable(&w, &a, true, "before from-upstream");
     during(&w, "podA", || {
@@ -772,32 +1131,44 @@ fn from_upstream(ipt: Ipt) {
     let ipt_text = w.iptables();
     assert!(!ipt_text.contains("CNI-"), "upstream's chains left:\n{ipt_text}");
     assert!(w.nft().contains("cni_portmap"), "our tables were not written");
+    assert!(
+        !table_has(&w.nft(), "ip cni_hostport", &a.id),
+        "upstream's cni_hostport rules left:\n{}",
+        w.nft()
+    );
     assert_reachable(&w, &a, true, "after from-upstream");
     assert!(w.migrate(&["from-upstream"]).status.success(), "second run");
-    let ours = w.chain(false, None);
-    w.check(&ours, &a, &ra);
-    w.del(&ours, &a, &ra);
+    // CHECK with the conflist after the swap, DEL with the cached one (see adopt)
+    w.check(&w.chain(false, None), &a, &ra);
+    w.del(&w.peer_chain(false, None), &a, &ra);
     w.assert_nothing_of(&a);
 }
 
 #[test]
 fn from_upstream_nft() {
-    from_upstream(Ipt::Nft);
+    from_upstream(DEBIAN_NFT);
 }
 
 #[test]
 fn from_upstream_legacy() {
-    if !skip_unless(Feature::IptablesLegacyNat) {
-        return;
-    }
-    from_upstream(Ipt::Legacy);
+    from_upstream(DEBIAN_LEGACY);
+}
+
+#[test]
+fn from_upstream_v110_iptables() {
+    from_upstream(V110_IPT);
+}
+
+#[test]
+fn from_upstream_v110_nftables() {
+    from_upstream(V110_NFT);
 }
 
 /// Without `iptables` there is no upstream form to write: the script and the tool say so, exit
 /// 2 and change nothing. (A private mount namespace hides the iptables binaries.)
 #[test]
 fn to_upstream_without_iptables_changes_nothing() {
-    let w = World::new(Ipt::Nft, false);
+    let w = World::new(DEBIAN_NFT, false);
     let ours = w.chain(false, None);
     let a = w.pod("podA");
     let ra = w.add(&ours, &a);
@@ -821,6 +1192,44 @@ fn to_upstream_without_iptables_changes_nothing() {
     }
     assert_eq!((w.nft(), w.iptables()), before, "something changed");
     w.del(&ours, &a, &ra);
+}
+
+/// For upstream's nftables backend `iptables` is not needed: with it hidden, the script and the
+/// tool hand a pod of ours to v1.10's nftables form (`--backend nftables`), which v1.10's CHECK
+/// and DEL then accept.
+#[test]
+fn to_upstream_nftables_needs_no_iptables() {
+    let w = World::new(V110_NFT, false);
+    let ours = w.chain(false, None);
+    let a = w.pod("podA");
+    let ra = w.add(&ours, &a);
+    let _s = Server::tcp(a.ns(), CTR_TCP, "podA");
+    let hide = "for f in /usr/sbin/iptables /usr/sbin/ip6tables /usr/sbin/iptables-nft /usr/sbin/iptables-legacy; do \
+                mount --bind /dev/null $f; done; exec \"$@\"";
+    let out = w
+        .host
+        .command("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", hide, "sh"])
+        .arg(workspace_root().join("scripts/migrate.sh"))
+        .args(["to-upstream", "--backend", "nftables", "--data-dir", w.data.str()])
+        .args(["--cache-dir", &w.data.join("cache").to_string_lossy()])
+        .env("CNI_MIGRATE", bin("cni-migrate"))
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!w.nft().contains("cni_portmap"), "our portmap table left:\n{}", w.nft());
+    w.assert_peer_form(&a);
+    assert_reachable(&w, &a, true, "after to-upstream without iptables");
+    let up = w.chain(true, None);
+    w.upstream_check(&up, &a, &ra);
+    w.del(&up, &a, &ra);
+    w.assert_nothing_of(&a);
 }
 
 // ---- upstream's nftables backend (v1.6+) ----
@@ -855,7 +1264,7 @@ fn nft_backend_script(id: &str, ctr: &str, hostport: u16) -> String {
 
 #[test]
 fn upstream_nftables_backend_form() {
-    let w = World::new(Ipt::Nft, false);
+    let w = World::new(DEBIAN_NFT, false);
     let ours = w.chain(false, None);
     let (a, other) = (w.pod("podA"), w.pod("other"));
     // podA's bridge/bandwidth by ours, its host ports in upstream's nftables form

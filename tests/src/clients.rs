@@ -578,6 +578,9 @@ pub struct Containerd<'a> {
     state: PathBuf,
     /// The daemon's log (stdout and stderr).
     pub log: PathBuf,
+    /// Where `containerd`, `ctr` and the shim come from: None = the machine's (PATH).
+    bin_dir: Option<PathBuf>,
+    config: PathBuf,
 }
 
 impl<'a> Containerd<'a> {
@@ -592,6 +595,116 @@ impl<'a> Containerd<'a> {
     /// names). The CRI serves on [`Containerd::socket`] too.
     pub fn start_with_cri(sb: &'a Sandbox, cri_toml: &str) -> Containerd<'a> {
         Containerd::launch(sb, Some(cri_toml))
+    }
+
+    /// Start a containerd 2.x from `bin_dir` (containerd, ctr, containerd-shim-runc-v2) with
+    /// a version 3 configuration: `plugins_toml` is appended after the daemon's own settings
+    /// (root, state, sockets, the plugins no test uses disabled) and names its tables in full.
+    pub fn start_v2(sb: &'a Sandbox, bin_dir: &Path, plugins_toml: &str) -> Containerd<'a> {
+        let d = sb.dir.join("containerd");
+        std::fs::create_dir_all(&d).unwrap();
+        let (socket, state, root) = (d.join("c.sock"), d.join("state"), d.join("root"));
+        let config = d.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+  "io.containerd.nri.v1.nri",
+]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+{plugins_toml}
+"#,
+                root = root.display(),
+                state = state.display(),
+                sock = socket.display(),
+            ),
+        )
+        .unwrap();
+        let mut me = Containerd {
+            sb,
+            daemon: None,
+            socket,
+            root,
+            state,
+            log: d.join("containerd.log"),
+            bin_dir: Some(bin_dir.to_path_buf()),
+            config,
+        };
+        me.spawn();
+        me
+    }
+
+    /// Stop the daemon and start it again with the same configuration (running pods' shims
+    /// stay up), waiting until it answers.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// The program `name` (containerd, ctr) this daemon uses.
+    fn program(&self, name: &str) -> String {
+        match &self.bin_dir {
+            Some(d) => d.join(name).to_string_lossy().into_owned(),
+            None => name.to_string(),
+        }
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &self.sb.keeper_pid.to_string(), "-m", "-n", "--"])
+            .arg(self.program("containerd"))
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if let Some(d) = &self.bin_dir {
+            // the shim is looked up on PATH: ours first, not the machine's 1.x shim
+            let path = std::env::var("PATH").unwrap_or_default();
+            c.env("PATH", format!("{}:{path}", d.display()));
+        }
+        self.daemon = Some(c.spawn().expect("spawn containerd"));
+        self.wait_answering();
+    }
+
+    fn wait_answering(&mut self) {
+        let start = Instant::now();
+        loop {
+            if self.ctr(&["version"]).status.success() {
+                break;
+            }
+            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "containerd exited ({st}) at start: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd did not answer within 30 s: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn launch(sb: &'a Sandbox, cri_toml: Option<&str>) -> Containerd<'a> {
@@ -635,34 +748,17 @@ disabled_plugins = [{cri_disabled}
             ),
         )
         .unwrap();
-        let log_path = d.join("containerd.log");
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &sb.keeper_pid.to_string(), "-m", "-n", "--", "containerd", "--config"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let daemon = c.spawn().expect("spawn containerd");
-        let mut me = Containerd { sb, daemon: Some(daemon), socket, root, state, log: log_path };
-        let start = Instant::now();
-        loop {
-            if me.ctr(&["version"]).status.success() {
-                break;
-            }
-            if let Some(st) = me.daemon.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "containerd exited ({st}) at start: {}",
-                    std::fs::read_to_string(d.join("containerd.log")).unwrap_or_default()
-                );
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "containerd did not answer within 30 s: {}",
-                std::fs::read_to_string(d.join("containerd.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut me = Containerd {
+            sb,
+            daemon: None,
+            socket,
+            root,
+            state,
+            log: d.join("containerd.log"),
+            bin_dir: None,
+            config,
+        };
+        me.spawn();
         me
     }
 
@@ -672,7 +768,7 @@ disabled_plugins = [{cri_disabled}
     }
 
     pub fn ctr_command(&self, secs: u64, args: &[&str]) -> Command {
-        let mut c = self.sb.command(secs, "ctr");
+        let mut c = self.sb.command(secs, &self.program("ctr"));
         c.arg("-a").arg(&self.socket).args(args);
         c
     }

@@ -731,3 +731,33 @@ pub fn recorded(log: &Path) -> Vec<Call> {
         })
         .collect()
 }
+
+/// The directory of a pinned peer group built by `scripts/install-peers.sh` (containerd,
+/// cri-tools, kubelet, plugins): builds it if it is not there yet (one build at a time, under
+/// the script's lock) and fails the test loudly, with the script's one-line reason, if it
+/// cannot be built — never a fallback to the machine's version.
+pub fn peer_dir(group: &str) -> PathBuf {
+    let script = crate::workspace_root().join("scripts/install-peers.sh");
+    let out = Command::new(&script).arg(group).output().expect("run scripts/install-peers.sh");
+    assert!(
+        out.status.success(),
+        "scripts/install-peers.sh {group} failed: the pinned caller cannot be built here:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&script).args(["--print-dir", group]).output().expect("run install-peers");
+    assert!(out.status.success(), "install-peers --print-dir {group}");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A copy of the conf-examples/ conflist `name` with its `cniVersion` set to `version`, the
+/// rest byte for byte (the page's examples say 0.4.0; containerd ≥ 2.0.1 runs STATUS only for
+/// lists of 1.1.0 and later).
+pub fn example_at_version(name: &str, version: &str) -> String {
+    let src = crate::workspace_root().join("conf-examples").join(name);
+    let text = std::fs::read_to_string(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    let v: Value = serde_json::from_str(&text).expect("conflist JSON");
+    let old = v["cniVersion"].as_str().expect("a cniVersion");
+    let needle = format!("\"cniVersion\": \"{old}\"");
+    assert_eq!(text.matches(&needle).count(), 1, "{name}: one top-level {needle}");
+    text.replace(&needle, &format!("\"cniVersion\": \"{version}\""))
+}

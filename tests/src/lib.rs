@@ -94,7 +94,7 @@ fn source_dirs(name: &str) -> Vec<PathBuf> {
         _ => root.join("plugins").join(name),
     };
     let mut dirs = vec![own.join("src"), root.join("cni-common/src")];
-    if name == "bridge" {
+    if name == "bridge" || name == "ptp" {
         dirs.push(root.join("plugins/host-local/src")); // linked in: it runs host-local in-process
     }
     if name == "cni-migrate" {
@@ -878,6 +878,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod peers;
 pub mod raw;
 pub mod skip;
 pub mod traffic;

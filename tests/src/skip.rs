@@ -146,6 +146,12 @@ pub fn skip_if_present(feature: Feature) -> bool {
     false
 }
 
+/// A test that cannot run on these machines for a reason other than a kernel feature (a daemon
+/// they do not have): recorded as a visible skip like [`skip_unless`]'s; the caller returns.
+pub fn skipped(what: &str, why: &str) {
+    record(&current_test(), what, why);
+}
+
 /// Append `<what> <test> <why>` to the skip log and say so on stderr.
 fn record(test: &str, what: &str, why: &str) {
     let line = format!("{what} {test} {}\n", why.replace('\n', " "));

@@ -132,6 +132,18 @@ impl Netlink {
             })
     }
 
+    /// [`Netlink::addr_add`] with `IFA_F_NOPREFIXROUTE`: the kernel adds no route to the
+    /// address's subnet (a point-to-point setup routes the subnet through its gateway instead).
+    pub fn addr_add_noprefixroute(&mut self, index: u32, net: IpNet) -> Result<(), NlError> {
+        let mut msg = addr_message(index, &net, true);
+        msg.attributes
+            .push(AddressAttribute::Flags(netlink_packet_route::address::AddressFlags::Noprefixroute));
+        self.sock
+            .request(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
+            .map(drop)
+            .map_err(|e| e.during(format!("add address {net} (noprefixroute) to link {index}")))
+    }
+
     /// Remove `net` from link `index` (EADDRNOTAVAIL, see [`NlError::is_not_found`], when it
     /// is not there).
     pub fn addr_del(&mut self, index: u32, net: IpNet) -> Result<(), NlError> {

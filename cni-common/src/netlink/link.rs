@@ -66,6 +66,11 @@ impl Link {
     pub fn promisc(&self) -> bool {
         self.flags & LinkFlags::Promisc.bits() != 0
     }
+
+    /// All-multicast mode (`IFF_ALLMULTI`).
+    pub fn allmulti(&self) -> bool {
+        self.flags & LinkFlags::Allmulti.bits() != 0
+    }
 }
 
 /// What to create with [`Netlink::link_add`].
@@ -434,6 +439,36 @@ impl Netlink {
                 m.header.flags = if on { LinkFlags::Promisc } else { LinkFlags::empty() };
                 m.header.change_mask = LinkFlags::Promisc;
             },
+        )
+    }
+
+    /// Turn all-multicast mode on or off (`ip link set … allmulticast on|off`).
+    pub fn link_set_allmulti(&mut self, index: u32, on: bool) -> Result<(), NlError> {
+        self.set_link(
+            || format!("set allmulticast {} on link {index}", if on { "on" } else { "off" }),
+            index,
+            |m| {
+                m.header.flags = if on { LinkFlags::Allmulti } else { LinkFlags::empty() };
+                m.header.change_mask = LinkFlags::Allmulti;
+            },
+        )
+    }
+
+    /// Set the MTU.
+    pub fn link_set_mtu(&mut self, index: u32, mtu: u32) -> Result<(), NlError> {
+        self.set_link(
+            || format!("set mtu {mtu} on link {index}"),
+            index,
+            |m| m.attributes.push(LinkAttribute::Mtu(mtu)),
+        )
+    }
+
+    /// Set the transmit queue length (`ip link set … txqueuelen`).
+    pub fn link_set_txqlen(&mut self, index: u32, len: u32) -> Result<(), NlError> {
+        self.set_link(
+            || format!("set txqueuelen {len} on link {index}"),
+            index,
+            |m| m.attributes.push(LinkAttribute::TxQueueLen(len)),
         )
     }
 

@@ -320,6 +320,23 @@ impl Netlink {
         }
     }
 
+    /// [`Netlink::route_add`] with a preferred source address (`ip route add … src ADDR`).
+    pub fn route_add_src(&mut self, spec: &RouteSpec, src: IpAddr) -> Result<(), NlError> {
+        let mut msg = route_message(spec)?;
+        msg.attributes.push(RouteAttribute::PrefSource(RouteAddress::from(src)));
+        let mode = if spec.replace {
+            NLM_F_REPLACE
+        } else if spec.append {
+            NLM_F_APPEND
+        } else {
+            NLM_F_EXCL
+        };
+        self.sock
+            .request(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | mode)
+            .map(drop)
+            .map_err(|e| e.during(format!("add route {} src {src}", spec.describe())))
+    }
+
     /// Add a route. EEXIST ([`NlError::is_exists`]) when it exists, unless `append`/`replace`.
     pub fn route_add(&mut self, spec: &RouteSpec) -> Result<(), NlError> {
         let msg = route_message(spec)?;

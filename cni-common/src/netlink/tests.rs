@@ -211,6 +211,44 @@ fn link_setters() {
 }
 
 #[test]
+fn mtu_queue_length_and_allmulti_setters() {
+    let mut nl = fresh();
+    let spec =
+        LinkSpec { up: true, ..LinkSpec::new("ta", LinkKind::Veth { peer: VethPeer::new("tb", None) }) };
+    let d = nl.link_add(&spec).unwrap();
+    nl.link_set_mtu(d.index, 1280).unwrap();
+    nl.link_set_txqlen(d.index, 77).unwrap();
+    nl.link_set_allmulti(d.index, true).unwrap();
+    let l = nl.link_by_index(d.index).unwrap().unwrap();
+    assert_eq!((l.mtu, l.txqlen, l.allmulti(), l.up()), (1280, 77, true, true));
+    nl.link_set_allmulti(d.index, false).unwrap();
+    assert!(!nl.link_by_index(d.index).unwrap().unwrap().allmulti());
+    let e = nl.link_set_mtu(d.index, 20).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "below the minimum MTU: {e}");
+}
+
+#[test]
+fn an_address_without_its_prefix_route_and_a_route_with_a_source() {
+    let mut nl = fresh();
+    let l = test_link(&mut nl, "np0");
+    nl.addr_add_noprefixroute(l.index, net("10.61.0.5/24")).unwrap();
+    assert!(nl.addrs(Some(l.index), None).unwrap().iter().any(|a| a.addr == net("10.61.0.5/24")));
+    let routes = nl.routes(Some(Family::V4)).unwrap();
+    assert!(!routes.iter().any(|r| r.dst == net("10.61.0.0/24")), "no subnet route: {routes:?}");
+    let gw = RouteSpec { oif: Some(l.index), scope: Some(SCOPE_LINK), ..RouteSpec::new(net("10.61.0.1/32")) };
+    nl.route_add_src(&gw, ip("10.61.0.5")).unwrap();
+    let via =
+        RouteSpec { oif: Some(l.index), gw: Some(ip("10.61.0.1")), ..RouteSpec::new(net("10.61.0.0/24")) };
+    nl.route_add_src(&via, ip("10.61.0.5")).unwrap();
+    let routes = nl.routes(Some(Family::V4)).unwrap();
+    let subnet = routes.iter().find(|r| r.dst == net("10.61.0.0/24")).expect("the subnet via the gateway");
+    assert_eq!((subnet.gw, subnet.prefsrc), (Some(ip("10.61.0.1")), Some(ip("10.61.0.5"))));
+    let e = nl.route_add_src(&via, ip("10.61.0.5")).unwrap_err();
+    assert!(e.is_exists(), "{e}");
+    assert!(e.to_string().contains("src 10.61.0.5"), "{e}");
+}
+
+#[test]
 fn ifb_and_dummy_kinds() {
     let mut nl = fresh();
     let ifb = nl.link_add(&LinkSpec::new("bwp1234", LinkKind::Ifb)).unwrap();

@@ -135,8 +135,20 @@ fn validate_id_chars(s: &str, missing: fn() -> CniError, invalid: fn() -> CniErr
     }
 }
 
-/// Container id: `[A-Za-z0-9][A-Za-z0-9_.-]*`. Empty is code 3, bad characters code 4.
+/// The longest container id accepted, in bytes. Runtimes use 64 hex digits (containerd, CRI-O,
+/// Podman) or a few more; the bound keeps what is derived from an id (aliases, comments, names)
+/// finite, whatever a caller sends.
+pub const CONTAINER_ID_MAX: usize = 1024;
+
+/// Container id: `[A-Za-z0-9][A-Za-z0-9_.-]*`, at most [`CONTAINER_ID_MAX`] bytes. Empty is code
+/// 3, bad characters or too long code 4.
 pub fn validate_container_id(id: &str) -> Result<()> {
+    if id.len() > CONTAINER_ID_MAX {
+        return Err(CniError::env(format!(
+            "containerID is {} bytes long; at most {CONTAINER_ID_MAX} are accepted",
+            id.len()
+        )));
+    }
     validate_id_chars(
         id,
         || CniError::new(code::UNKNOWN_CONTAINER, "missing containerID"),
@@ -350,6 +362,10 @@ mod tests {
             assert_eq!((e.code, e.msg.as_str()), (4, "invalid characters in containerID"), "{bad}");
             assert_eq!(e.details, bad);
         }
+        assert!(validate_container_id(&"a".repeat(CONTAINER_ID_MAX)).is_ok());
+        let e = validate_container_id(&"a".repeat(CONTAINER_ID_MAX + 1)).unwrap_err();
+        assert_eq!(e.code, 4, "{e:?}");
+        assert!(e.msg.contains("1025 bytes"), "{e:?}");
     }
 
     #[test]

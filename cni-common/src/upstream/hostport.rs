@@ -22,7 +22,11 @@
 //! `ip6 cni_hostport`; each mapping one rule in chain `hostports` (older: `hostip_hostports`),
 //! the masquerade rules in `masquerading`, every rule commented with the bare container id.
 //! DEL removes them by that comment, as upstream does; GC cannot attribute them to a network
-//! (the comment has none) and leaves them.
+//! (the comment has none) and leaves them. Both plumbings are recognised, since only the rules
+//! are looked at: v1.6-v1.8's, and v1.9.0+'s (v1.10.0 today) after the fix of CVE-2025-67499
+//! (`prerouting`/`output` jump to `hostports_all` for `fib daddr type local` only; host-IP
+//! rules in `hostports`). `cni-migrate to-upstream` writes the latter form
+//! ([`nft_backend_missing`] verifies it).
 
 use super::iptables::{self, Backend, Fam, Rule, Script, Table};
 use super::{locate, names, nft_family, nftables, Found, Teardown};
@@ -538,6 +542,25 @@ pub fn check(req: &Request) -> Result<Found> {
         }
     }
     Ok(Found::Intact)
+}
+
+/// Whether upstream's nftables-backend form of `spec` is complete in every family the
+/// container has an address in (what v1.10's CHECK counts): None when it is, else what is
+/// missing. `cni-migrate to-upstream` verifies what it wrote with this.
+pub fn nft_backend_missing(spec: &Spec) -> Result<Option<String>> {
+    let Some(mut nf) = nftables() else {
+        return Ok(Some("nf_tables is not usable".into()));
+    };
+    let found = nft_backend_rules(&mut nf, &spec.container_id)?;
+    for fam in Fam::BOTH {
+        if spec.addr(fam).is_none() {
+            continue;
+        }
+        if let Err(e) = check_nft_backend(spec, fam, &found) {
+            return Ok(Some(e.msg));
+        }
+    }
+    Ok(None)
 }
 
 /// Upstream's own CHECK of its nftables backend: enough rules with the container id in

@@ -451,6 +451,79 @@ pub fn default_backend() -> Result<Option<Backend>> {
     Ok(Some(if v.contains("nf_tables") { Backend::Nft } else { Backend::Legacy }))
 }
 
+/// Table `name` of a `*-save` text (what [`Table::parse`] does for `nat`), for plugins whose
+/// upstream form lives in another table (`filter`: upstream's firewall).
+pub fn parse_table(text: &str, name: &str) -> Table {
+    let mut t = Table::default();
+    let mut inside = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(n) = line.strip_prefix('*') {
+            inside = n == name;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(decl) = line.strip_prefix(':') {
+            if let Some(c) = decl.split_whitespace().next() {
+                t.chains.push(c.to_string());
+            }
+        } else if line.starts_with("-A ") {
+            let mut words = split_words(line);
+            if words.len() < 2 {
+                continue;
+            }
+            let chain = words[1].clone();
+            words.drain(..2);
+            t.rules.push(SavedRule { chain, rule: Rule::parse(&words), words });
+        }
+    }
+    t
+}
+
+/// `*-save -t <table>` of `backend`/`fam`.
+pub fn save_table(backend: Backend, fam: Fam, table: &str) -> Result<Table> {
+    let name = backend.tool(fam, "save");
+    let tool = require_tool(&name, "reading iptables rules")?;
+    let out = child::run(Command::new(&tool).args(["-t", table]), None, Use::Iptables)?;
+    if !out.status.success() {
+        return Err(CniError::internal(format!(
+            "{name} -t {table} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(parse_table(&String::from_utf8_lossy(&out.stdout), table))
+}
+
+/// [`restore`] of `script` into table `table` instead of `nat`.
+pub fn restore_table(backend: Backend, fam: Fam, table: &str, script: &Script) -> Result<()> {
+    if !script.refused().is_empty() {
+        return Err(CniError::internal(format!("iptables-restore not run: {}", script.refused().join("; "))));
+    }
+    if script.is_empty() {
+        return Ok(());
+    }
+    let name = backend.tool(fam, "restore");
+    let tool = require_tool(&name, "changing iptables rules")?;
+    let mut text = format!("*{table}\n");
+    for l in script.lines() {
+        text.push_str(l);
+        text.push('\n');
+    }
+    text.push_str("COMMIT\n");
+    let out =
+        child::run(Command::new(&tool).args(["--noflush", "--wait"]), Some(text.as_bytes()), Use::Iptables)?;
+    if !out.status.success() {
+        return Err(CniError::internal(format!(
+            "{name} --noflush failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+        .with_details(text));
+    }
+    Ok(())
+}
+
 /// Words of an argument list given as string slices.
 pub fn words(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()

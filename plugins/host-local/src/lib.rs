@@ -133,11 +133,14 @@ fn report(network: &str, when: &str, released: &[(IpAddr, Owner, String)]) {
 /// Once per boot (the first ADD after a boot id change): release the reservations recorded
 /// in an earlier boot. Failures are reported and do not stop the ADD.
 fn reclaim_after_reboot(store: &mut Store, network: &str) {
-    let boot = store.boot();
+    // Unknown is alive: with this boot's id unreadable nothing is of "an earlier boot".
+    let Some(boot) = store.boot() else { return };
     if store.records_boot().is_none_or(|b| b == boot) {
         return;
     }
-    match store.reclaim(|rec| (rec.boot != boot).then(|| "it was made before the last reboot".to_string())) {
+    // a record that names no boot (all zero) proves nothing
+    let earlier = |rec: &Record| rec.boot != boot && rec.boot != [0; 16];
+    match store.reclaim(|rec| earlier(rec).then(|| "it was made before the last reboot".to_string())) {
         Ok(released) => {
             report(network, "first ADD since a reboot", &released);
             store.set_records_boot();
@@ -309,7 +312,7 @@ fn late_del(store: &Store, ip: IpAddr, netns: &str) -> Option<String> {
     if rec.path == netns || store.file_id(ip) != Some(rec.file) {
         return None;
     }
-    liveness::not_for_holder(&rec, &store.boot(), netns)
+    liveness::not_for_holder(&rec, store.boot(), netns)
 }
 
 /// CHECK: never writes (no lock file, no index, nothing).
@@ -640,11 +643,56 @@ mod tests {
         assert!(!exists(&d, "192.168.1.2"), "made before the reboot");
         assert!(exists(&d, "192.168.1.3"), "made in this boot, for a live namespace");
         let marker = std::fs::read(records.join(record::BOOT_MARKER)).unwrap();
-        assert_eq!(record::parse_boot_marker(&marker), Some(cni_common::nsident::boot_id()));
+        assert_eq!(record::parse_boot_marker(&marker), cni_common::nsident::boot_id());
         // once per boot: the next ADD does not look again
         earlier_boot("192.168.1.3");
         reclaim_after_reboot(&mut s, "net");
         assert!(exists(&d, "192.168.1.3"));
+    }
+
+    #[test]
+    fn an_unknown_boot_releases_nothing_and_records_nothing() {
+        // issue 27 finding 5: an unreadable boot id made every record "of an earlier boot"
+        let d = tempfile::tempdir().unwrap();
+        let set = set(&[("192.168.1.0/29", None, None)]); // .2 … .6
+        add_call(&d, &set, gone_note(), &["a", "b", "c", "d", "e"]);
+        let records = d.path().join("net").join(record::RECORDS_DIR);
+        let marker = records.join(record::BOOT_MARKER);
+        let mut s = store(&d);
+        s.forget_boot();
+        reclaim_after_reboot(&mut s, "net");
+        assert!(exists(&d, "192.168.1.2"), "nothing is of an earlier boot when the boot is unknown");
+        // an exhausted pool: the gone namespaces' reservations stay (no judgment is proof)
+        let mut reclaim = Reclaim::default();
+        let a = AttachmentId::new("net", "f", "eth0");
+        let e = allocate_in_set(&mut s, &set, 0, &a, None, &mut reclaim).unwrap_err();
+        assert!(e.msg.starts_with("no IP addresses available"), "{e:?}");
+        for ip in ["192.168.1.2", "192.168.1.3", "192.168.1.4", "192.168.1.5", "192.168.1.6"] {
+            assert!(exists(&d, ip), "{ip}");
+        }
+        drop(s);
+        // no record written while blind: a later ADD that knows the boot misjudges nothing
+        std::fs::remove_file(d.path().join("net/192.168.1.6")).unwrap();
+        std::fs::remove_file(records.join("192.168.1.6")).unwrap();
+        let mut s = store(&d);
+        s.forget_boot();
+        s.note = gone_note();
+        let g = AttachmentId::new("net", "g", "eth0");
+        allocate_in_set(&mut s, &set, 0, &g, None, &mut reclaim).unwrap();
+        s.finish();
+        assert!(exists(&d, "192.168.1.6"));
+        assert!(!records.join("192.168.1.6").exists(), "no record without a boot id");
+        // a record naming no boot (written blind by an earlier build) proves nothing either
+        let path = records.join("192.168.1.2");
+        let mut rec = Record::parse(&std::fs::read(&path).unwrap()).unwrap();
+        rec.boot = [0; 16];
+        std::fs::write(&path, rec.encode()).unwrap();
+        std::fs::write(&marker, record::boot_marker(&[9; 16])).unwrap();
+        drop(s);
+        let mut s = store(&d);
+        reclaim_after_reboot(&mut s, "net");
+        assert!(exists(&d, "192.168.1.2"), "a zero boot is not an earlier boot");
+        assert_eq!(Judge::new(s.boot()).gone(&rec), None);
     }
 
     #[test]

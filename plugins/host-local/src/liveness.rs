@@ -49,18 +49,25 @@ pub fn capture(netns: &str) -> Option<(NsIdent, String)> {
 
 /// Judges records, scanning the node's processes and mounts at most once.
 pub struct Judge {
-    boot: [u8; 16],
+    boot: Option<[u8; 16]>,
     refs: Option<Refs>,
 }
 
 impl Judge {
-    pub fn new(boot: [u8; 16]) -> Judge {
+    /// `boot`: this boot's id; `None` when it cannot be read, and then nothing is judged gone.
+    pub fn new(boot: Option<[u8; 16]>) -> Judge {
         Judge { boot, refs: None }
     }
 
     /// `Some(why)` when the attachment `rec` was made for is provably gone.
     pub fn gone(&mut self, rec: &Record) -> Option<String> {
-        if rec.boot != self.boot {
+        // Unknown is alive: without this boot's id (or with a record that names no boot) no
+        // judgment is proof.
+        let boot = self.boot?;
+        if rec.boot == [0; 16] {
+            return None;
+        }
+        if rec.boot != boot {
             return Some("it was made before the last reboot".into());
         }
         let at_path = if rec.path.is_empty() {
@@ -89,8 +96,8 @@ impl Judge {
 /// made for: that attachment's namespace is alive where it was recorded and DEL names another
 /// namespace (a late DEL of an earlier incarnation with the same container id and interface).
 /// Any doubt: `None` (the DEL goes ahead).
-pub fn not_for_holder(rec: &Record, boot: &[u8; 16], del_netns: &str) -> Option<String> {
-    if del_netns.is_empty() || del_netns == rec.path || rec.path.is_empty() || rec.boot != *boot {
+pub fn not_for_holder(rec: &Record, boot: Option<[u8; 16]>, del_netns: &str) -> Option<String> {
+    if del_netns.is_empty() || del_netns == rec.path || rec.path.is_empty() || Some(rec.boot) != boot {
         return None;
     }
     let holder = ident(&NetNs::open_recorded(&rec.path).ok()??).ok()?;

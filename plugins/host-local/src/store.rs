@@ -205,7 +205,9 @@ pub struct Store {
     opened: Stamp,
     /// The directory or the index changed: re-stamp before unlocking.
     dirty: bool,
-    boot: [u8; 16],
+    /// This boot's id; `None` when it cannot be read (then no record is written and nothing is
+    /// judged by boot: unknown is alive).
+    boot: Option<[u8; 16]>,
     /// How many times the index was rebuilt from the IP files in this call (for tests).
     pub rebuilds: u32,
 }
@@ -381,7 +383,8 @@ impl Store {
             ino: st.st_ino,
             sec: st.st_mtime,
             nsec: st.st_mtime_nsec,
-            boot: self.boot,
+            // an unknown boot never matches a stamp (see [`Store::load_index`])
+            boot: self.boot.unwrap_or_default(),
         })
     }
 
@@ -392,7 +395,7 @@ impl Store {
             return Ok(());
         }
         if let Some(idx) = Index::open(self.at(), self.access != Access::Read) {
-            if *idx.stamp() == self.opened {
+            if self.boot.is_some() && *idx.stamp() == self.opened {
                 self.index = Some(idx);
                 return Ok(());
             }
@@ -790,6 +793,7 @@ impl Store {
 
     fn publish_index(&mut self) -> io::Result<()> {
         let Store { dirf, index, fresh, boot, .. } = self;
+        let boot = boot.unwrap_or_default();
         let dir = dirf.as_fd();
         let idx = index.as_mut().expect("checked by the caller");
         for e in std::mem::take(fresh) {
@@ -802,8 +806,7 @@ impl Store {
         let then = TimeSpec::new(now.as_secs() as i64 - 1, i64::from(now.subsec_nanos()));
         futimens(dir, &TimeSpec::UTIME_OMIT, &then)?;
         let st = fstat(dir)?;
-        let stamp =
-            Stamp { dev: st.st_dev, ino: st.st_ino, sec: st.st_mtime, nsec: st.st_mtime_nsec, boot: *boot };
+        let stamp = Stamp { dev: st.st_dev, ino: st.st_ino, sec: st.st_mtime, nsec: st.st_mtime_nsec, boot };
         idx.set_stamp(stamp)
     }
 
@@ -829,9 +832,11 @@ impl Store {
         if create {
             match nix::sys::stat::mkdirat(self.at(), RECORDS_DIR, Mode::from_bits_truncate(0o700)) {
                 Ok(()) => {
-                    // New: nothing from an earlier boot is in it.
+                    // New: nothing from an earlier boot is in it (only made when the boot is
+                    // known: see write_records).
                     let d = self.records_dir(false)?.expect("just made");
-                    write_in_place(d.as_fd(), BOOT_MARKER, record::boot_marker(&self.boot).as_bytes())?;
+                    let boot = self.boot.ok_or_else(|| io::Error::other("the boot id is unknown"))?;
+                    write_in_place(d.as_fd(), BOOT_MARKER, record::boot_marker(&boot).as_bytes())?;
                     return Ok(Some(d));
                 }
                 Err(Errno::EEXIST) => {}
@@ -850,10 +855,19 @@ impl Store {
     fn write_records(&mut self) {
         let Some(note) = self.note.clone() else { return };
         let made = std::mem::take(&mut self.made);
+        let Some(boot) = self.boot else {
+            // A record says "made in this boot"; with the boot unknown it would be judged
+            // later against a boot it does not name. No record: live until released.
+            eprintln!(
+                "host-local: the boot id (/proc/sys/kernel/random/boot_id) cannot be read: this call's \
+                 reservations are not recorded (they count as live until released)"
+            );
+            return;
+        };
         let result = (|| -> io::Result<()> {
             let d = self.records_dir(true)?.expect("created");
             for (ip, file) in made {
-                let rec = Record { file, boot: self.boot, ns: note.id, path: note.path.clone() };
+                let rec = Record { file, boot, ns: note.id, path: note.path.clone() };
                 replace_file(d.as_fd(), &ip.to_string(), rec.encode().as_bytes())?;
             }
             Ok(())
@@ -923,8 +937,9 @@ impl Store {
 
     /// Note that earlier boots' reservations were dealt with in this boot.
     pub fn set_records_boot(&self) {
+        let Some(boot) = self.boot else { return };
         if let Ok(Some(d)) = self.records_dir(false) {
-            if let Err(e) = replace_file(d.as_fd(), BOOT_MARKER, record::boot_marker(&self.boot).as_bytes()) {
+            if let Err(e) = replace_file(d.as_fd(), BOOT_MARKER, record::boot_marker(&boot).as_bytes()) {
                 eprintln!(
                     "host-local: cannot write {}: {e}",
                     self.path_of(RECORDS_DIR).join(BOOT_MARKER).display()
@@ -933,8 +948,15 @@ impl Store {
         }
     }
 
-    pub fn boot(&self) -> [u8; 16] {
+    /// This boot's id, `None` when unknown.
+    pub fn boot(&self) -> Option<[u8; 16]> {
         self.boot
+    }
+
+    /// Forget the boot id, as when it cannot be read.
+    #[cfg(test)]
+    pub fn forget_boot(&mut self) {
+        self.boot = None;
     }
 
     /// Release the reservations whose record `dead` judges dead, with their records: only
@@ -1655,7 +1677,7 @@ mod tests {
         let rec = s.record(ip("10.0.0.3")).unwrap();
         assert_eq!(
             (rec.path.as_str(), rec.ns, rec.boot),
-            ("/run/netns/x", NsIdent { ino: 7, cookie: 8 }, boot_id())
+            ("/run/netns/x", NsIdent { ino: 7, cookie: 8 }, boot_id().unwrap())
         );
         assert_eq!(Some(rec.file), s.file_id(ip("10.0.0.3")));
         assert!(s.record(ip("10.0.0.2")).is_none());
@@ -1727,12 +1749,12 @@ mod tests {
         s.note = note("/run/netns/x");
         assert!(reserve(&mut s, "10.0.0.2", "c1"));
         s.finish();
-        assert_eq!(s.records_boot(), Some(boot_id()), "a new records directory: nothing of earlier boots");
+        assert_eq!(s.records_boot(), boot_id(), "a new records directory: nothing of earlier boots");
         let marker = net.join(RECORDS_DIR).join(BOOT_MARKER);
         std::fs::write(&marker, record::boot_marker(&[9; 16])).unwrap();
         assert_eq!(s.records_boot(), Some([9; 16]));
         s.set_records_boot();
-        assert_eq!(std::fs::read_to_string(&marker).unwrap(), record::boot_marker(&boot_id()));
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), record::boot_marker(&boot_id().unwrap()));
         std::fs::write(&marker, "junk").unwrap();
         assert_eq!(s.records_boot(), Some([0; 16]), "damaged: some earlier boot");
         std::fs::remove_file(&marker).unwrap();

@@ -372,6 +372,23 @@ pub struct Intent {
     pub netns: Option<(NsId, String)>,
 }
 
+/// Why a container address cannot be a DNAT target (issue 27 finding 4): one of the host's
+/// loopback addresses, unspecified, multicast, broadcast or link-local (an IPv4-mapped IPv6
+/// address as the IPv4 address it maps). Addresses local to the host are refused by the
+/// plugin, which asks the kernel ([`crate::localnet::local_to_host`]).
+pub fn unfit_target(ip: IpAddr) -> Option<&'static str> {
+    let ip = ip.to_canonical();
+    match ip {
+        _ if ip.is_loopback() => Some("a loopback address"),
+        _ if ip.is_unspecified() => Some("the unspecified address"),
+        _ if ip.is_multicast() => Some("a multicast address"),
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        IpAddr::V4(a) if a.is_link_local() => Some("a link-local address"),
+        IpAddr::V6(a) if a.is_unicast_link_local() => Some("a link-local address"),
+        _ => None,
+    }
+}
+
 impl Intent {
     /// The intent of an attachment with configuration `conf` and prevResult `prev`, and notes
     /// on mappings that do not apply to the container's address family. Fails (code 7) when
@@ -385,6 +402,14 @@ impl Intent {
         netns: Option<(NsId, String)>,
     ) -> Result<(Intent, Vec<String>)> {
         let (v4, v6) = container_addrs(prev, ifname)?;
+        for a in [v4, v6].into_iter().flatten() {
+            if let Some(why) = unfit_target(a.addr()) {
+                return Err(CniError::config(format!(
+                    "prevResult gives interface {ifname:?} the address {a}, which is {why}: host ports are \
+                     never forwarded to it (a DNAT there would lead into the host itself or nowhere)"
+                )));
+            }
+        }
         if v4.is_none() && v6.is_none() {
             return Err(CniError::config(format!(
                 "prevResult has no address for interface {ifname:?} (an IP whose \"interface\" is that \
@@ -496,6 +521,28 @@ pub fn fingerprint(elems: impl IntoIterator<Item = Elem>) -> Hash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_addresses_that_lead_into_the_host_or_nowhere_are_unfit() {
+        for bad in [
+            "127.0.0.1",
+            "127.8.9.10",
+            "::1",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "ff02::1",
+            "169.254.1.1",
+            "fe80::1",
+            "255.255.255.255",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(unfit_target(bad.parse().unwrap()).is_some(), "{bad}");
+        }
+        for ok in ["10.0.0.5", "192.168.1.2", "fd00::5", "2001:db8::1", "100.64.0.1"] {
+            assert_eq!(unfit_target(ok.parse().unwrap()), None, "{ok}");
+        }
+    }
     use cni_common::spec::json;
     use cni_common::spec::result::{Interface, IpConfig};
     use serde_json::json;

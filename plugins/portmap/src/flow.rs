@@ -7,7 +7,7 @@
 //! [`DEADLINE`], code 11 ("try again later"), and nothing half-done (every transaction is all
 //! or nothing).
 
-use crate::config::{Conf, Intent, Lens};
+use crate::config::{Conditions, Conf, Intent, Lens};
 use crate::kernel::Kernel;
 use crate::layout::declaration;
 use crate::model::{Key, NsId, Owner};
@@ -153,6 +153,24 @@ pub fn add(k: &mut dyn Kernel, conf: &Conf, want: &Intent, judge: Judge<'_>) -> 
     run(k, plan::add_scope(want, &conf.conditions), "install the port mappings", Instant::now(), |s| {
         plan::add(s, want, &conf.conditions, judge)
     })
+}
+
+/// The static part of the table, the localhost guard with it, where a `route_localnet` we set
+/// needs it ([`crate::localnet`]): made or repaired when missing, untouched when intact.
+pub fn guard(k: &mut dyn Kernel, conds: &Conditions) -> Result<Outcome> {
+    run(k, plan::guard_scope(conds), "restore the localhost guard", Instant::now(), |s| plan::guard(s, conds))
+}
+
+/// What is missing of the static part (the guard with it), one line each; empty: intact.
+/// Reads only.
+pub fn guard_missing(k: &mut dyn Kernel, conds: &Conditions) -> Result<Vec<String>> {
+    let read = |k: &mut dyn Kernel, scope: &Scope| k.read(scope).map_err(|e| nl("read the table", e));
+    let s = read(k, &plan::guard_scope(conds))?;
+    if s.found.hooked() {
+        return Ok(Vec::new());
+    }
+    let s = read(k, &Scope::Full)?;
+    Ok(declaration(&crate::layout::lens_in(&s.found.rules), conds).problems(&s.found))
 }
 
 /// DEL of attachment `me`; `intent` when the configuration names its elements.

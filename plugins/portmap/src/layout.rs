@@ -7,9 +7,11 @@
 //!
 //! ```text
 //! layout        set, one element: the layout version (2)
-//! prerouting    (nat, dstnat)   meta nfproto ipv4 fib daddr type local jump gate4[_<fp>]
+//! prerouting    (nat, dstnat)   meta nfproto ipv4 ip daddr 127.0.0.0/8 return
+//!                               meta nfproto ipv6 ip6 daddr ::1 return
+//!                               meta nfproto ipv4 fib daddr type local jump gate4[_<fp>]
 //!                               meta nfproto ipv6 fib daddr type local jump gate6[_<fp>]
-//! output        (nat, -100)     the same two rules
+//! output        (nat, -100)     the two jumps (loopback hostIPs answer only the host itself)
 //! gate4[_<fp>]  meta nfproto ipv4 [conditionsV4] jump hostports4   (the name fingerprints
 //! gate6[_<fp>]  meta nfproto ipv6 [conditionsV6] jump hostports6    the conditions)
 //! hostports4    dnat ip to ip daddr . meta l4proto . th dport map @hip4   (hostIP mappings)
@@ -20,11 +22,12 @@
 //! masquerade4   ip saddr & <mask> . ip daddr . meta l4proto . th dport @net4_<len> masquerade
 //!               (one rule per source prefix length in use; no mask for /32, no source for /0)
 //! masquerade6   the same with ip6 and @net6_<len>
-//! localnet      (filter, input) meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
+//! localnet      (filter, input) meta nfproto ipv4 ip saddr 127.0.0.0/8 meta iiftype != loopback drop
+//!                               meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
 //!                               ct state & (invalid | untracked) != 0 drop
 //!                               meta nfproto ipv4 ip daddr 127.0.0.0/8 meta iiftype != loopback
-//!                               ct state & (established | related) == 0 ct status & dnat == 0 drop
-//!                               the same two for ip6 daddr ::1
+//!                               ct state & (established | related) == 0 drop
+//!                               the same three for ip6 saddr/daddr ::1
 //! ```
 //!
 //! Elements live in `hp4`/`hip4`/`hp6`/`hip6` (DNAT), `owner`, `claims`, `attachments`,
@@ -267,15 +270,19 @@ impl Declaration {
         self.rule(&masq_chain(fam), text, Some(e), None);
     }
 
-    /// The guard of a family, two rules: what arrives on a non-loopback interface for the
-    /// loopback addresses is dropped unless it belongs to a connection that was DNATed (or is
-    /// established or related), the shape of kube-proxy's `KUBE-FIREWALL` rule
-    /// (`! --ctstate RELATED,ESTABLISHED,DNAT`).
+    /// The guard of a family, three rules. First, what arrives on a non-loopback interface
+    /// *from* a loopback address is dropped, whatever conntrack says (`route_localnet` lifts
+    /// the kernel's martian check for sources too: a container could reach services on
+    /// 0.0.0.0 as 127.0.0.x, or inject into the reply side of the host's loopback flows; issue
+    /// 27 finding 6). Then what arrives on a non-loopback interface *for* the loopback addresses
+    /// is dropped unless it belongs to a connection conntrack knows as established or related
+    /// (the replies of the host's own connections to `127.0.0.1:<hostPort>`, which were DNATed
+    /// out and masqueraded). No DNAT of ours targets a loopback address (portmap refuses such
+    /// container addresses), so a DNATed new connection has no exemption (finding 4).
     ///
     /// A packet conntrack has no entry for (one it calls invalid, e.g. TCP with SYN and FIN
-    /// set, or one marked untracked) has no `ct status`: nft_ct's load of any key but `state`
-    /// ends the rule there (`NFT_BREAK`), so the second rule alone would let it through. Its
-    /// `ct state` is the invalid or the untracked bit, which the first rule drops.
+    /// set, or one marked untracked) has no `ct state` bit of established or related; it is
+    /// dropped by the second rule, whose `ct state` test sees the invalid or untracked bit.
     fn guard(&mut self, fam: Family) {
         let (ip, dst, text_dst): (_, IpNet, _) = match fam {
             Family::V4 => ("ip", "127.0.0.0/8".parse().expect("a prefix"), "127.0.0.0/8"),
@@ -291,6 +298,13 @@ impl Declaration {
         });
         let head_text =
             format!("meta nfproto {} {ip} daddr {text_dst} meta iiftype != loopback", fam.nft_keyword());
+        let mut from_lo = RuleExpr::nfproto(fam == Family::V4);
+        from_lo.extend(RuleExpr::addr(true, dst, CmpOp::Eq));
+        from_lo.extend(head[head.len() - 2..].iter().cloned());
+        from_lo.push(RuleExpr::Verdict(Verdict::Drop));
+        let text =
+            format!("meta nfproto {} {ip} saddr {text_dst} meta iiftype != loopback drop", fam.nft_keyword());
+        self.rule("localnet", text, Some(from_lo), None);
         let mut untracked = head.clone();
         untracked.extend(ct_bits(CT_STATE, CT_STATE_INVALID_UNTRACKED, CmpOp::Neq));
         untracked.push(RuleExpr::Verdict(Verdict::Drop));
@@ -298,9 +312,8 @@ impl Declaration {
         self.rule("localnet", text, Some(untracked), None);
         let mut e = head;
         e.extend(ct_bits(CT_STATE, CT_STATE_ESTABLISHED_RELATED, CmpOp::Eq));
-        e.extend(ct_bits(CT_STATUS, CT_STATUS_DST_NAT, CmpOp::Eq));
         e.push(RuleExpr::Verdict(Verdict::Drop));
-        let text = format!("{head_text} ct state & (established | related) == 0 ct status & dnat == 0 drop");
+        let text = format!("{head_text} ct state & (established | related) == 0 drop");
         self.rule("localnet", text, Some(e), None);
     }
 }
@@ -348,6 +361,24 @@ pub fn declaration(lens: &Lens, conds: &Conditions) -> Declaration {
     ];
     chains.extend(gates.iter().map(|(_, g)| chain(g)));
     let mut d = Declaration { sets, chains, rules: Vec::new() };
+    // Loopback destinations arriving from outside are never DNATed: a `hostIP` of 127.0.0.1 or
+    // ::1 answers only the host's own connections (the output hook), not a container on a
+    // bridge with route_localnet (issue 27 finding 3); the guard then drops them.
+    for fam in Family::BOTH {
+        let (ip, dst, text_dst): (_, IpNet, _) = match fam {
+            Family::V4 => ("ip", "127.0.0.0/8".parse().expect("a prefix"), "127.0.0.0/8"),
+            Family::V6 => ("ip6", "::1/128".parse().expect("a prefix"), "::1"),
+        };
+        let mut e = RuleExpr::nfproto(fam == Family::V4);
+        e.extend(RuleExpr::addr(false, dst, CmpOp::Eq));
+        e.push(RuleExpr::Verdict(Verdict::Return));
+        d.rule(
+            "prerouting",
+            format!("meta nfproto {} {ip} daddr {text_dst} return", fam.nft_keyword()),
+            Some(e),
+            None,
+        );
+    }
     for hook in ["prerouting", "output"] {
         for (fam, gate) in &gates {
             let e = with(

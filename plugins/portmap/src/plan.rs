@@ -84,6 +84,32 @@ pub fn check_scope(want: &Intent) -> Scope {
     Scope::Point { keys, chains: Vec::new(), rules: true }
 }
 
+/// What the guard's verbs read first: the layout version and the reference counts of the
+/// static chains (the guard's rules among them).
+pub fn guard_scope(conds: &Conditions) -> Scope {
+    Scope::Point { keys: Vec::new(), chains: declaration(&Default::default(), conds).uses(), rules: false }
+}
+
+/// The static part of the table (the `localnet` guard with it) where a `route_localnet` we set
+/// needs it and no host port of the attachment would make it (see [`crate::localnet`]):
+/// nothing when a point read finds it hooked, else what [`layout::Declaration::setup`] says on
+/// a full read, guarded by the generation read. A table of the previous layout is left to the
+/// next ADD with host ports, which upgrades it with its elements.
+pub fn guard(s: &State, conds: &Conditions) -> Result<Step> {
+    refuse_unknown_layout(s)?;
+    if !s.complete {
+        return Ok(if s.found.hooked() { Step::Apply(Plan::default()) } else { Step::ReadAll });
+    }
+    if s.found.table && !s.found.current {
+        let note =
+            "portmap: note: the table is of the previous layout; the next ADD with host ports upgrades it \
+                    (and adds the localhost guard)";
+        return Ok(Step::Apply(Plan { notes: vec![note.into()], ..Default::default() }));
+    }
+    let setup = declaration(&lens_in(&s.found.rules), conds).setup(&s.found);
+    Ok(Step::Apply(Plan { ops: setup.ops, nft: setup.nft, guarded: true, ..Default::default() }))
+}
+
 /// Element deletions (keys in the table) and additions (with comments), in one transaction.
 #[derive(Debug, Default)]
 struct Change {

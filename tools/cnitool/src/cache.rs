@@ -133,22 +133,46 @@ pub fn write(path: &Path, entry: &CacheEntry) -> Result<()> {
         .map_err(|e| CniError::io(format!("create {}: {e}", dir.display())))?;
     let bytes = serde_json::to_vec(&entry.to_json()).expect("a Value always serializes");
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let written = (|| {
-        // O_NOFOLLOW: a symlink planted at the temporary name is not written through.
-        let mut f = std::fs::OpenOptions::new()
+    // Created exclusively (O_EXCL, O_NOFOLLOW): whatever is at a temporary name already (a
+    // planted link or file, another writer's) is never written through or truncated; another
+    // name is tried.
+    let mut created = None;
+    for attempt in 0..16u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = dir.join(format!(".{name}.tmp{}-{nanos:x}-{attempt}", std::process::id()));
+        match std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => {
+                created = Some((f, tmp));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(CniError::io(format!("write {}: create {}: {e}", path.display(), tmp.display())))
+            }
+        }
+    }
+    let Some((mut f, tmp)) = created else {
+        return Err(CniError::io(format!(
+            "write {}: 16 temporary names in {} are taken",
+            path.display(),
+            dir.display()
+        )));
+    };
+    let written = (|| {
         f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
     written.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(&tmp); // ours: created above
         CniError::io(format!("write {}: {e}", path.display()))
     })
 }
@@ -459,6 +483,30 @@ mod tests {
         remove(&path).unwrap();
         remove(&path).unwrap();
         assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_temporary_file_is_created_exclusively_and_nothing_planted_is_written_through() {
+        let dir = tmp("excl");
+        let results = dir.join("results");
+        std::fs::create_dir_all(&results).unwrap();
+        let path = results.join("lo-c-eth0");
+        // the predictable name of the previous build, linked to a file outside the cache
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let old_tmp = results.join(format!(".lo-c-eth0.tmp{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &old_tmp).unwrap();
+        write(&path, &sample()).unwrap();
+        write(&path, &sample()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert!(std::fs::symlink_metadata(&old_tmp).unwrap().file_type().is_symlink());
+        let names: Vec<String> = std::fs::read_dir(&results)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "the entry and the planted link, no temporary left: {names:?}");
+        assert_eq!(attachments(&dir).unwrap(), vec![(path.clone(), sample())]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

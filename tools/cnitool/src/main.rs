@@ -31,9 +31,10 @@ Environment (as upstream cnitool):
 Extensions (not in upstream cnitool):
   CNI_CACHE_DIR    cache directory (default /var/lib/cni, as libcni)
   CNI_CONTAINERID  container id to use instead of the one derived from <netns>
-  CNI_GC_KEEP      for gc: id:ifname,id:ifname attachments that stay valid. Default: none,
-                   as upstream cnitool, so gc deletes every cached attachment of <net>
-                   and sends an empty valid-attachments list to the plugins
+  CNI_GC_KEEP      for gc: id:ifname,id:ifname attachments that stay valid. Default: none:
+                   like upstream cnitool, gc deletes every cached attachment of <net>; unlike
+                   libcni 1.3's, which then sends GC with no valid-attachments list (our
+                   plugins refuse that, code 7), ours sends the list, empty by default
   CNI_CHILD_TIMEOUT_MS  deadline of each plugin run, in milliseconds (default 120000;
                    inherited by the plugins for their own delegates). Past it the plugin's
                    process group is killed and the verb fails with code 11

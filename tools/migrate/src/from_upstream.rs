@@ -2,6 +2,12 @@
 //! portmap host ports; either backend of the `iptables` tool) gets our nftables form, written
 //! by our own code (the bridge plugin's firewall module; our portmap binary's ADD), and then
 //! loses upstream's form, one attachment at a time, so its traffic is always handled.
+//!
+//! Upstream's nftables backend (v1.6+): its masquerade rules are our own form already (table
+//! `inet cni_plugins_masquerade`); its host ports (`ip`/`ip6 cni_hostport`, rules commented
+//! with the bare container id) are converted when libcni's cache names the container's
+//! attachment, from the cached configuration and result (the runtime's truth); without a cache
+//! entry they stay in upstream's form, which our CHECK and DEL handle.
 
 use crate::inventory::{Cached, Inventory};
 use crate::{Opts, Report};
@@ -250,18 +256,71 @@ fn portmap_conf(
     conf
 }
 
-pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
-    if iptables::default_backend()?.is_none() {
-        return Err(crate::refused(
-            "iptables is not installed on this node: upstream's plugins 1.1.1 cannot have left iptables state \
-             without it, and it cannot be read; nothing was changed",
-        ));
+/// Upstream's nftables-backend host ports (`cni_hostport`) of attachments libcni's cache
+/// names: their mappings, addresses and snat from the cached configuration and result.
+fn collect_nft_backend(
+    nf: &mut NfTables,
+    inv: &Inventory,
+    out: &mut BTreeMap<(String, String), Found>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let mut ids: Vec<String> = Vec::new();
+    for family in [NftFamily::Ip, NftFamily::Ip6] {
+        if !nf.has_table(family, names::NFT_HOSTPORT_TABLE)? {
+            continue;
+        }
+        for chain in ["hostports", "hostip_hostports"] {
+            for r in nf.rules(family, names::NFT_HOSTPORT_TABLE, Some(chain))? {
+                if let Some(c) = r.comment.filter(|c| !c.is_empty()) {
+                    push_unique(&mut ids, c);
+                }
+            }
+        }
     }
+    for id in ids {
+        let named: Vec<_> = inv.identities().into_iter().filter(|(_, i, _)| *i == id).collect();
+        let cached = match named.as_slice() {
+            [(net, _, ifname)] => inv.cached(net, &id, ifname),
+            _ => None,
+        };
+        let spec = cached.and_then(|c| {
+            let conf = c.plugin_config("portmap")?;
+            hostport::Spec::from_json(&c.network, &id, &c.ifname, &conf, c.result.as_ref()).ok()
+        });
+        let (Some(c), Some(spec)) = (cached, spec) else {
+            notes.push(format!(
+                "container {id:?}: host ports in upstream's cni_hostport, but no (single) libcni cache entry with its \
+                 portmap configuration names its attachment: left in upstream's form, which our CHECK and DEL handle"
+            ));
+            continue;
+        };
+        let f = out.entry((c.network.clone(), id.clone())).or_default();
+        for m in spec.mappings() {
+            push_unique(&mut f.mappings, m.clone());
+        }
+        for a in [spec.v4, spec.v6].into_iter().flatten() {
+            push_unique(&mut f.ctr, a);
+        }
+        f.snat = spec.conf.snat.unwrap_or(true);
+        f.masq_all = spec.conf.masq_all;
+    }
+    Ok(())
+}
+
+pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let inv = Inventory::load(&opts.cache_dirs, &opts.data_dirs);
     report.notes.extend(inv.notes.iter().cloned());
     // Upstream's attachments, from every backend and family that has a nat table.
     let mut nf =
         NfTables::new().map_err(|e| CniError::internal(format!("nf_tables is not usable (netlink): {e}")))?;
+    let hostport_tables = nf.has_table(NftFamily::Ip, names::NFT_HOSTPORT_TABLE)?
+        || nf.has_table(NftFamily::Ip6, names::NFT_HOSTPORT_TABLE)?;
+    if iptables::default_backend()?.is_none() && !hostport_tables {
+        return Err(crate::refused(
+            "iptables is not installed on this node and there is no cni_hostport table: upstream's plugins cannot \
+             have left state to convert (iptables state cannot be read without it); nothing was changed",
+        ));
+    }
     let mut found: BTreeMap<(String, String), Found> = BTreeMap::new();
     let mut sources: Vec<(Backend, Fam)> = Vec::new();
     for fam in Fam::BOTH {
@@ -279,9 +338,13 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         let t = iptables::save(*backend, *fam)?;
         collect(&t, &mut found);
     }
+    if hostport_tables {
+        collect_nft_backend(&mut nf, &inv, &mut found, &mut report.notes)?;
+    }
     if found.is_empty() {
         report.notes.push(
-            "no attachment made by upstream's plugins was found in iptables: nothing to convert".into(),
+            "no attachment made by upstream's plugins was found in iptables or cni_hostport: nothing to convert"
+                .into(),
         );
         return Ok(());
     }

@@ -1,5 +1,5 @@
 //! Which build of a plugin is installed: this suite's (its about banner, printed when
-//! CNI_COMMAND is unset, names this very version) or another (upstream's says "version
+//! CNI_COMMAND is unset, names this very version as build metadata of upstream's release) or another (upstream's says "version
 //! unknown" or "v1.x"). The binary runs under [`cni_common::child`]'s deadline.
 
 use cni_common::child;
@@ -17,7 +17,7 @@ pub fn ours(dir: &Path, plugin: &str) -> Result<(), String> {
     let out = child::run(&mut cmd, None, child::Use::Runner)
         .map_err(|e| format!("cannot tell which {plugin} {} is: {}", bin.display(), e.msg))?;
     let banner = String::from_utf8_lossy(&out.stderr);
-    if banner.starts_with(&format!("CNI {plugin} plugin {} (", env!("CARGO_PKG_VERSION"))) {
+    if banner.starts_with(&format!("CNI {plugin} plugin {} (", cni_common::skel::BANNER_VERSION)) {
         return Ok(());
     }
     let first = banner.lines().next().unwrap_or_default();

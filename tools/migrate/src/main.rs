@@ -2,13 +2,16 @@
 //! it runs in.
 //!
 //! ```text
-//! cni-migrate to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]...
+//! cni-migrate to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--backend iptables|nftables]
 //! cni-migrate from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
 //! cni-migrate resync        [--dry-run] [--cache-dir DIR]... [--cni-bin-dir DIR]
 //! ```
 //!
 //! `to-upstream` and `from-upstream` move it between this suite's nftables layout and the
-//! iptables form of upstream's plugins 1.1.1 (Debian's); `scripts/migrate.sh` runs them and
+//! iptables form of upstream's plugins (1.1.1, Debian's, and the iptables backend of later
+//! releases); `to-upstream` also writes the nftables backend's form of v1.6+ (v1.10.0 today:
+//! `--backend nftables`, or an attachment's cached `backend`/`ipMasqBackend` keys, see
+//! to_upstream.rs); `scripts/migrate.sh` runs them and
 //! docs/switching.md explains when. Both are idempotent and keep every attachment's traffic
 //! flowing: the new form is installed and verified before the old one is removed. Exit status
 //! 0 when everything was converted (or nothing needed to be), 1 when something could not be
@@ -40,6 +43,9 @@ pub struct Opts {
     pub data_dirs: Vec<PathBuf>,
     /// Where our plugins are (from-upstream runs our portmap).
     pub bin_dir: PathBuf,
+    /// to-upstream: the backend upstream's bridge and portmap use where an attachment's cached
+    /// configuration does not say (`--backend`; default iptables).
+    pub nftables: bool,
 }
 
 /// What happened, for the user.
@@ -55,7 +61,7 @@ pub fn refused(msg: impl Into<String>) -> cni_common::CniError {
 }
 
 const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream|resync [--dry-run] [--cache-dir DIR]... \
-                     [--data-dir DIR]... [--cni-bin-dir DIR]";
+                     [--data-dir DIR]... [--cni-bin-dir DIR] [--backend iptables|nftables (to-upstream)]";
 
 /// The commands.
 const COMMANDS: [&str; 3] = ["to-upstream", "from-upstream", "resync"];
@@ -75,8 +81,13 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
     if !COMMANDS.contains(&cmd.as_str()) {
         return Err(format!("unknown command {cmd:?}\n{USAGE}"));
     }
-    let mut o =
-        Opts { dry_run: false, cache_dirs: Vec::new(), data_dirs: Vec::new(), bin_dir: default_bin_dir() };
+    let mut o = Opts {
+        dry_run: false,
+        cache_dirs: Vec::new(),
+        data_dirs: Vec::new(),
+        bin_dir: default_bin_dir(),
+        nftables: false,
+    };
     while let Some(a) = it.next() {
         let mut value = || it.next().map(PathBuf::from).ok_or(format!("{a} needs a value\n{USAGE}"));
         match a.as_str() {
@@ -84,6 +95,11 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
             "--cache-dir" => o.cache_dirs.push(value()?),
             "--data-dir" => o.data_dirs.push(value()?),
             "--cni-bin-dir" => o.bin_dir = value()?,
+            "--backend" if cmd == "to-upstream" => match value()?.to_str() {
+                Some("iptables") => o.nftables = false,
+                Some("nftables") => o.nftables = true,
+                _ => return Err(format!("--backend takes iptables or nftables\n{USAGE}")),
+            },
             _ => return Err(format!("unknown argument {a:?}\n{USAGE}")),
         }
     }
@@ -190,6 +206,11 @@ mod tests {
         assert_eq!(o.cache_dirs, vec![PathBuf::from("/var/lib/cni")]);
         let (c, o) = parse(&a("resync --dry-run --cache-dir /c --cni-bin-dir /b")).unwrap();
         assert_eq!((c.as_str(), o.dry_run, o.bin_dir), ("resync", true, PathBuf::from("/b")));
+        assert!(!parse(&a("to-upstream")).unwrap().1.nftables);
+        assert!(parse(&a("to-upstream --backend nftables")).unwrap().1.nftables);
+        assert!(!parse(&a("to-upstream --backend iptables")).unwrap().1.nftables);
+        assert!(parse(&a("to-upstream --backend ebpf")).is_err());
+        assert!(parse(&a("from-upstream --backend nftables")).is_err(), "to-upstream's option only");
         assert!(parse(&a("sideways")).is_err());
         assert!(parse(&a("to-upstream --cache-dir")).is_err());
         assert!(parse(&[]).is_err());

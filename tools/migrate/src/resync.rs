@@ -21,11 +21,18 @@
 //! Idempotent: an intact attachment is read, never written. With `dry_run` nothing is written
 //! at all; the lines say what would be rebuilt. Runs that change something serialise on
 //! `resync.lock` in the first cache directory that exists.
+//! The cached result is the truth: bridge's part is judged as bridge's CHECK judges it, the
+//! container interface's MAC against the one the runtime was given ([`mac_as_cached`]), never
+//! the MAC the pod has now; portmap's part also restores the localhost guard for an attachment
+//! without host ports when a host-side interface of its result has `route_localnet` on.
+//!
 //! A runtime may delete an attachment while it is being rebuilt (its DEL before our rebuild):
-//! when its cache file is gone after the rebuild, what was rebuilt is removed again by the
-//! plugins' own DEL code. (A DEL that removes the plugins' state before the rebuild and the
-//! cache file only after resync looked again can still leave the rebuilt state behind: GC, or
-//! a stale-holder check for host ports, removes it.)
+//! after the rebuild the attachment is looked at again (its cache file, its pod: namespace,
+//! interface and addresses, and its MAC), and what was rebuilt is removed again by the plugins'
+//! own DEL code unless all are still there. (A DEL whose portmap step ran before the rebuild and
+//! whose later steps, which remove the pod's interface, run only after that second look can
+//! still leave rebuilt host ports behind: portmap's stale-holder judgment frees such a port for
+//! the next ADD that wants it, and GC removes the rest.)
 
 use crate::inventory::{Cached, Inventory};
 use cni_common::attachment::AttachmentId;
@@ -164,6 +171,43 @@ pub fn pod(c: &Cached) -> Pod {
     }
 }
 
+/// bridge's CHECK on the container interface's MAC, from the cached result: when the runtime
+/// was given a MAC for `ifname` and the interface now has another, the pod changed it (a
+/// sidecar with `CAP_NET_ADMIN` can), and what the spoof check would be rebuilt for is the
+/// pod's choice, not the runtime's truth (issue 27 finding 1). `Err(why)` then (and when the
+/// MAC cannot be read); `Ok` when they match or the cache names no MAC (bridge's CHECK compares
+/// only a MAC it was given; the spoof check is then keyed on the interface's MAC, as bridge's
+/// own resync does).
+pub fn mac_as_cached(c: &Cached) -> std::result::Result<(), String> {
+    let Some(result) = c.result.as_ref() else { return Ok(()) };
+    let Some(want) = result
+        .interfaces
+        .iter()
+        .find(|i| i.name == c.ifname && !i.sandbox.is_empty() && !i.mac.is_empty())
+        .map(|i| i.mac.to_ascii_lowercase())
+    else {
+        return Ok(());
+    };
+    let path = c.sandbox().unwrap_or_default();
+    let shown = path.escape_debug().to_string();
+    let now = (|| -> std::result::Result<Option<String>, String> {
+        let ns = NetNs::open_recorded(&path).map_err(|e| e.msg)?.ok_or("its namespace is gone")?;
+        let mut nl = Netlink::new_in(&ns).map_err(|e| e.to_string())?;
+        let link = nl.link_by_name(&c.ifname).map_err(|e| e.to_string())?.ok_or("its interface is gone")?;
+        Ok(link.mac.map(|m| cni_common::mac::Mac(m).to_string().to_ascii_lowercase()))
+    })()
+    .map_err(|e| format!("cannot read the MAC of {} in {shown}: {e}", c.ifname.escape_debug()))?;
+    match now {
+        Some(now) if now == want => Ok(()),
+        now => Err(format!(
+            "interface {} in {shown} has MAC {} but its runtime gave it {want} (the pod changed it): \
+             bridge's CHECK fails, and nothing is rebuilt for a MAC the pod chose",
+            c.ifname.escape_debug(),
+            now.as_deref().unwrap_or("none")
+        )),
+    }
+}
+
 /// What one run did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -185,8 +229,11 @@ pub struct Tally {
 /// cached result as prevResult), validated by the skeleton's own rules (identifiers, version,
 /// CNI_NETNS). The verb is ADD: what is rebuilt is what ADD made, and no version gate of a
 /// real CHECK applies.
-fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request> {
+fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path, gate: &Gate) -> Result<Request> {
     let mut conf = c.plugin_config(ty).ok_or_else(|| CniError::internal(format!("no {ty} in the chain")))?;
+    if ty == "portmap" {
+        with_gate(&mut conf, gate);
+    }
     conf["prevResult"] = c.result_json.clone().unwrap_or_default();
     let env = Env {
         command: Some(Command::Add),
@@ -202,6 +249,42 @@ fn request(c: &Cached, ty: &str, netns: &str, bin_dir: &Path) -> Result<Request>
     Request::new(env, stdin, &Version::ALL)
 }
 
+/// portmap's `conditionsV4`/`conditionsV6` every rebuild uses: the table has one gate per
+/// family for every attachment, and it follows the last ADD. Each cache entry holds the
+/// conditions of its own ADD, so an older entry replayed as it is would put back conditions the
+/// node's configuration has since changed; resync uses those of the newest cache entry whose
+/// chain has portmap (by the file's modification time), the last ADD's. `None`: no such entry.
+type Gate = Option<Vec<(String, Option<serde_json::Value>)>>;
+
+/// `conf` (portmap's) with the conditions of `gate`.
+fn with_gate(conf: &mut serde_json::Value, gate: &Gate) {
+    if let (Some(obj), Some(g)) = (conf.as_object_mut(), gate) {
+        for (k, v) in g {
+            match v {
+                Some(v) => obj.insert(k.clone(), v.clone()),
+                None => obj.remove(k),
+            };
+        }
+    }
+}
+
+fn newest_gate(cached: &[Cached]) -> Gate {
+    let newest = cached
+        .iter()
+        .filter_map(|c| {
+            let conf = c.plugin_config("portmap")?;
+            let t = std::fs::symlink_metadata(&c.path).and_then(|m| m.modified()).ok()?;
+            Some((t, conf))
+        })
+        .max_by_key(|(t, _)| *t)?;
+    Some(
+        ["conditionsV4", "conditionsV6"]
+            .into_iter()
+            .map(|k| (k.to_string(), newest.1.get(k).cloned()))
+            .collect(),
+    )
+}
+
 /// portmap's part: its CHECK's judgment, its ADD's flow (which rebuilds the table, the guard
 /// included, when it is gone, and upgrades a table of the previous release's layout), and the
 /// conntrack flush of the UDP host ports whose DNAT
@@ -211,7 +294,10 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
     use portmap::config::{Conf, Intent};
     use portmap::{flow, kernel, model::Owner, netns};
     let conf = Conf::from_raw(&req.plugin_config()?)?;
-    if conf.mappings.is_empty() || cni_common::upstream::hostport::check(req)?.is_intact() {
+    if conf.mappings.is_empty() {
+        return guard_part(req, &conf, dry_run);
+    }
+    if cni_common::upstream::hostport::check(req)?.is_intact() {
         return Ok(None);
     }
     let prev =
@@ -245,6 +331,36 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
         }
     }
     Ok(Some(missing))
+}
+
+/// portmap's part for an attachment without host ports: the localhost guard, when a host-side
+/// interface of its cached result has `route_localnet` on (set for another pod; the sysctl
+/// survives a ruleset flush, the guard does not: issue 27 finding 2). Judged as portmap's CHECK
+/// judges it, rebuilt by portmap's ADD code ([`portmap::flow::guard`]).
+fn guard_part(req: &Request, conf: &portmap::config::Conf, dry_run: bool) -> Result<Option<String>> {
+    use portmap::{flow, kernel, localnet};
+    let Some(prev) = req.prev_result()? else { return Ok(None) };
+    let on = localnet::enabled_on(&prev);
+    if on.is_empty() {
+        return Ok(None);
+    }
+    let mut k = kernel::Netlink::new()
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))?;
+    let missing = flow::guard_missing(&mut k, &conf.conditions)?;
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    if !dry_run {
+        flow::guard(&mut k, &conf.conditions)?;
+        let still = flow::guard_missing(&mut k, &conf.conditions)?;
+        if !still.is_empty() {
+            return Err(CniError::internal(format!(
+                "still missing after rebuilding it: {}",
+                still.join("; ")
+            )));
+        }
+    }
+    Ok(Some(format!("the localhost guard (route_localnet is on for {on:?}): {}", missing.join("; "))))
 }
 
 fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
@@ -287,6 +403,7 @@ fn error_line(text: &str) {
 
 fn attachment(
     c: &Cached,
+    gate: &Gate,
     bin_dir: &Path,
     dry_run: bool,
     installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
@@ -321,8 +438,15 @@ fn attachment(
     let (mut repaired, mut failed) = (Vec::new(), false);
     for part in planned.parts {
         let name = part.name();
-        let r =
-            request(c, name, &netns, bin_dir).and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
+        if part == Part::Bridge {
+            if let Err(why) = mac_as_cached(c) {
+                error_line(&format!("{who}: {name}: FAILED: {why}"));
+                failed = true;
+                continue;
+            }
+        }
+        let r = request(c, name, &netns, bin_dir, gate)
+            .and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
         match r {
             Ok((_, None)) => println!("{who}: {name}: intact"),
             Ok((req, Some(what))) => {
@@ -337,8 +461,26 @@ fn attachment(
             }
         }
     }
-    if !dry_run && !repaired.is_empty() && std::fs::symlink_metadata(&c.path).is_err() {
-        println!("{who}: its runtime deleted it meanwhile: what was rebuilt is removed again");
+    // Looked at again after the rebuild: a runtime's DEL may have run meanwhile (its plugins
+    // remove the pod's interface, its namespace goes, the cache file last), or the pod changed
+    // its MAC; what was rebuilt for it then is taken back (issue 27 finding 10).
+    let deleted = || {
+        if std::fs::symlink_metadata(&c.path).is_err() {
+            return Some("its runtime deleted it meanwhile".to_string());
+        }
+        match pod(c) {
+            Pod::Alive => {}
+            Pod::Gone(why) | Pod::Unknown(why) => return Some(format!("{why} (its DEL may be running)")),
+        }
+        if repaired.iter().any(|(p, _)| *p == Part::Bridge) {
+            if let Err(why) = mac_as_cached(c) {
+                return Some(why);
+            }
+        }
+        None
+    };
+    if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted).flatten() {
+        println!("{who}: {why}: what was rebuilt is removed again");
         for (part, req) in &repaired {
             if let Err(e) = undo(*part, req) {
                 error_line(&format!("{who}: {}: cannot remove what was rebuilt: {}", part.name(), e.msg));
@@ -364,9 +506,18 @@ fn lock(dir: &Path, wait: Duration) -> Result<File> {
         .create(true)
         .truncate(false)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        // O_NONBLOCK: a FIFO planted at the path does not wait for a reader (issue 27 finding
+        // 9); whatever is not a regular file is refused below
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&path)
         .map_err(|e| CniError::io(format!("open {}: {e}", path.display())))?;
+    let meta = f.metadata().map_err(|e| CniError::io(format!("stat {}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(CniError::io(format!(
+            "{} is not a regular file; nothing was changed (remove it)",
+            path.display()
+        )));
+    }
     let start = Instant::now();
     loop {
         match f.try_lock() {
@@ -403,8 +554,9 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
     let mut installed =
         |ty: &str| known.entry(ty.to_string()).or_insert_with(|| crate::installed::ours(bin_dir, ty)).clone();
     let mut t = Tally::default();
+    let gate = newest_gate(&inv.cached);
     for c in &inv.cached {
-        match attachment(c, bin_dir, dry_run, &mut installed) {
+        match attachment(c, &gate, bin_dir, dry_run, &mut installed) {
             Done::Nothing => t.nothing += 1,
             Done::Intact => t.intact += 1,
             Done::Repaired => t.repaired += 1,
@@ -456,6 +608,25 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", dir.join("resync.lock")).unwrap();
         let e = lock(&dir, Duration::ZERO).expect_err("a link is not opened");
         assert!(e.msg.contains("resync.lock"), "{e:?}");
+        // a FIFO (no reader) and a FIFO with a reader: refused at once, never waited on
+        std::fs::remove_file(dir.join("resync.lock")).unwrap();
+        nix::unistd::mkfifo(&dir.join("resync.lock"), nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .unwrap();
+        let e = lock(&dir, Duration::ZERO).expect_err("a FIFO is no lock");
+        assert!(e.msg.contains("resync.lock"), "{e:?}");
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(dir.join("resync.lock"))
+            .unwrap();
+        let e = lock(&dir, Duration::ZERO).expect_err("a FIFO is no lock");
+        assert!(e.msg.contains("not a regular file"), "{e:?}");
+        drop(reader);
+        // a directory
+        std::fs::remove_file(dir.join("resync.lock")).unwrap();
+        std::fs::create_dir(dir.join("resync.lock")).unwrap();
+        assert!(lock(&dir, Duration::ZERO).is_err());
+        std::fs::remove_dir(dir.join("resync.lock")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -528,5 +699,59 @@ mod tests {
         assert!(matches!(pod(&c), Pod::Gone(w) if w.contains("no longer has 192.0.2.77")));
         c.ifname = "cni-rs-none0".into();
         assert!(matches!(pod(&c), Pod::Gone(w) if w.contains("no interface cni-rs-none0")));
+    }
+
+    #[test]
+    fn the_mac_is_judged_against_the_cached_one_never_taken_from_the_pod() {
+        let mut c = cached(json!([{"type": "bridge", "macspoofchk": true}]));
+        c.netns = format!("/proc/{}/ns/net", std::process::id());
+        c.ifname = "lo".into();
+        let with_mac = |mac: &str| {
+            let r = json!({"cniVersion": "1.0.0",
+                           "interfaces": [{"name": "lo", "mac": mac, "sandbox": c.netns}],
+                           "ips": [{"address": "127.0.0.1/8", "interface": 0}]});
+            Some(cni_common::CniResult::decode(&r, Version::V1_0_0).unwrap())
+        };
+        c.result = with_mac("00:00:00:00:00:00");
+        assert_eq!(mac_as_cached(&c), Ok(()), "lo's MAC as cached");
+        c.result = with_mac("02:42:AC:11:00:02");
+        let e = mac_as_cached(&c).expect_err("another MAC than the runtime's");
+        assert!(e.contains("02:42:ac:11:00:02") && e.contains("the pod changed it"), "{e}");
+        c.result = with_mac("");
+        assert_eq!(mac_as_cached(&c), Ok(()), "no MAC cached: bridge's CHECK compares none");
+        c.result = with_mac("02:42:ac:11:00:02");
+        c.ifname = "cni-rs-none0".into();
+        c.result.as_mut().unwrap().interfaces[0].name = "cni-rs-none0".into();
+        assert!(mac_as_cached(&c).unwrap_err().contains("cannot read"), "unreadable: not rebuilt");
+    }
+
+    #[test]
+    fn the_gate_follows_the_newest_cache_entry_never_an_older_ones_conditions() {
+        let dir = std::env::temp_dir().join(format!("resync-gate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let entry = |name: &str, conds: serde_json::Value, age: u64| {
+            let mut c = cached(json!([{"type": "bridge"}, conds]));
+            c.path = dir.join(name);
+            std::fs::write(&c.path, "{}").unwrap();
+            let t = std::time::SystemTime::now() - Duration::from_secs(age);
+            std::fs::File::options().write(true).open(&c.path).unwrap().set_modified(t).unwrap();
+            c
+        };
+        let old = entry("old", json!({"type": "portmap", "conditionsV4": ["ip saddr 10.0.0.0/8"]}), 3600);
+        let new = entry("new", json!({"type": "portmap", "conditionsV6": ["ip6 saddr fd00::/8"]}), 10);
+        let gate = newest_gate(&[old.clone(), new]);
+        assert_eq!(
+            gate,
+            Some(vec![
+                ("conditionsV4".into(), None),
+                ("conditionsV6".into(), Some(json!(["ip6 saddr fd00::/8"])))
+            ])
+        );
+        let mut conf = old.plugin_config("portmap").unwrap();
+        with_gate(&mut conf, &gate);
+        assert_eq!(conf.get("conditionsV4"), None, "the older entry's conditions are not replayed");
+        assert_eq!(conf["conditionsV6"], json!(["ip6 saddr fd00::/8"]));
+        assert_eq!(newest_gate(&[cached(json!([{"type": "bridge"}]))]), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

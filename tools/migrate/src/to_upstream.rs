@@ -2,6 +2,19 @@
 //! make (the chains and rules their DEL and CHECK look for), in the backend the node's
 //! `iptables` command uses; once that form is verified in the kernel, our elements and rules
 //! of those attachments are deleted, and our tables when nothing else is left in them.
+//!
+//! **Upstream's nftables backend** (v1.6+; v1.10.0 today): per attachment and plugin, when its
+//! cached configuration says `ipMasqBackend` / `backend` `"nftables"` (else as `--backend`
+//! says; default iptables, which is also v1.10's default where `iptables` is installed):
+//! - bridge `ipMasq`: our rules in `inet cni_plugins_masquerade` are upstream's own form (same
+//!   table, chain, rule and comment), so they stay as they are;
+//! - portmap: the rules of tables `ip`/`ip6 cni_hostport` as portmap_nftables.go writes them
+//!   (chains `hostports`, `hostip_hostports`, `hostports_all`, base chains `prerouting`/`output`
+//!   jumping there for local destinations only (`fib daddr type local`: the form after
+//!   CVE-2025-67499's fix), `masquerading`; one DNAT rule per mapping and the hairpin/localhost
+//!   masquerade rules, each commented with the container id), written with `nft -f -` as one
+//!   transaction and verified as v1.10's CHECK counts them; nft-syntax conditions are not
+//!   carried (upstream keeps one set per table, the last ADD's).
 
 use crate::inventory::Inventory;
 use crate::ours::{self, MasqRule};
@@ -10,6 +23,7 @@ use bridge::firewall;
 use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
+use cni_common::nft_cli::{quote, Nft};
 use cni_common::spec::config::{PortMapConf, PortMapRuntime, PortMapping};
 use cni_common::upstream::hostport::{self, Spec};
 use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
@@ -32,7 +46,99 @@ struct Att {
     /// (`nonMasqueradeCIDRs`).
     addrs: Vec<IpNet>,
     extra_accept: Vec<IpNet>,
+    /// Host ports in upstream's iptables form.
     hostports: Option<Spec>,
+    /// Masquerading by upstream's nftables backend: our rules are its form and stay.
+    masq_nft: bool,
+    /// Host ports in upstream's nftables form (`cni_hostport`).
+    nft_hostports: Option<Spec>,
+}
+
+/// Whether upstream's nftables backend is the one for a plugin whose cached configuration has
+/// `key` (`ipMasqBackend`, `backend`) as given; `default` (from `--backend`) when it says none.
+fn wants_nftables(config: Option<&Value>, key: &str, default: bool) -> bool {
+    match config.and_then(|c| c.get(key)).and_then(Value::as_str) {
+        Some("nftables") => true,
+        Some("iptables") => false,
+        _ => default,
+    }
+}
+
+/// The `nft -f` script writing `spec`'s host ports as upstream's nftables backend does
+/// (plugins/meta/portmap/portmap_nftables.go, `forwardPorts`), both families it has an
+/// address in (priorities as numbers: dstnat is -100, srcnat 100, and nft 1.0.6 takes the
+/// name dstnat in the prerouting hook only). Everything interpolated is a number, an address
+/// we formatted, a protocol from a fixed list, or the container id through [`quote`].
+fn nft_hostport_script(spec: &Spec) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let snat = spec.conf.snat.unwrap_or(true);
+    let comment = quote(&spec.container_id);
+    for fam in Fam::BOTH {
+        let Some(addr) = spec.addr(fam) else { continue };
+        let ip = addr.addr();
+        let ipx = if fam == Fam::V4 { "ip" } else { "ip6" };
+        let t = format!("{ipx} {}", names::NFT_HOSTPORT_TABLE);
+        let _ = writeln!(s, "add table {t} {{ comment \"CNI portmap plugin\" ; }}");
+        for c in ["hostports", "hostip_hostports", "hostports_all"] {
+            let _ = writeln!(s, "add chain {t} {c}");
+        }
+        let _ = writeln!(s, "flush chain {t} hostports_all");
+        let _ = writeln!(s, "add rule {t} hostports_all jump hostip_hostports");
+        let _ = writeln!(s, "add rule {t} hostports_all jump hostports");
+        for hook in ["prerouting", "output"] {
+            let _ = writeln!(s, "add chain {t} {hook} {{ type nat hook {hook} priority -100 ; }}");
+            let _ = writeln!(s, "flush chain {t} {hook}");
+            let _ = writeln!(s, "add rule {t} {hook} fib daddr type local jump hostports_all");
+        }
+        if snat {
+            let _ = writeln!(s, "add chain {t} masquerading {{ type nat hook postrouting priority 100 ; }}");
+        }
+        for m in spec.mappings() {
+            let proto = m.protocol.to_ascii_lowercase();
+            if !["tcp", "udp", "sctp"].contains(&proto.as_str()) {
+                continue;
+            }
+            let host_ip = match m.host_ip.as_str() {
+                "" => None,
+                h => match h.parse::<IpAddr>() {
+                    Ok(h) if h.is_ipv6() == (fam == Fam::V6) => Some(h),
+                    _ => continue, // the other family's (upstream skips those)
+                },
+            };
+            let daddr = host_ip
+                .filter(|h| !h.is_unspecified())
+                .map(|h| format!("{ipx} daddr {h} "))
+                .unwrap_or_default();
+            let to = match ip {
+                IpAddr::V4(a) => format!("{a}:{}", m.container_port),
+                IpAddr::V6(a) => format!("[{a}]:{}", m.container_port),
+            };
+            let _ = writeln!(
+                s,
+                "add rule {t} hostports {daddr}{proto} dport {} dnat to {to} comment {comment}",
+                m.host_port
+            );
+        }
+        if snat {
+            let src = match (spec.conf.masq_all, fam) {
+                (true, Fam::V4) => "0.0.0.0/0".to_string(),
+                (true, Fam::V6) => "::/0".to_string(),
+                (false, _) => ip.to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "add rule {t} masquerading {ipx} saddr {src} {ipx} daddr {ip} masquerade comment {comment}"
+            );
+            if fam == Fam::V4 && !spec.conf.masq_all {
+                let _ = writeln!(
+                    s,
+                    "add rule {t} masquerading ip saddr 127.0.0.1 ip daddr {ip} masquerade comment {comment}"
+                );
+            }
+        }
+    }
+    s
 }
 
 /// The container's prefix from the host's routes (the connected route of the bridge).
@@ -267,11 +373,18 @@ fn tools_present(backend: Backend) -> Result<()> {
 /// Delete our state of the converted attachments: masquerade rules by handle, portmap elements
 /// by key (re-read, so only what still carries a converted owner tag goes), and each of our
 /// tables left empty.
-fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> Result<()> {
+fn remove_ours(
+    nf: &mut NfTables,
+    converted: &[Ident],
+    candidates: &[Ident],
+    keep_masq: &[Ident],
+) -> Result<()> {
     for attempt in 0..3 {
         let mut ops: Vec<NftOp> = Vec::new();
         for r in ours::read_masq(nf)? {
-            if ours::resolve_masq(&r, candidates).is_some_and(|id| converted.contains(&id)) {
+            if ours::resolve_masq(&r, candidates)
+                .is_some_and(|id| converted.contains(&id) && !keep_masq.contains(&id))
+            {
                 ops.push(NftOp::Delete(NftDelete::Rule {
                     family: NftFamily::Inet,
                     table: firewall::MASQ_TABLE.into(),
@@ -302,17 +415,18 @@ fn remove_ours(nf: &mut NfTables, converted: &[Ident], candidates: &[Ident]) -> 
 }
 
 pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
-    let Some(backend) = iptables::default_backend()? else {
-        return Err(crate::refused(
-            "iptables is not installed on this node: upstream's plugins 1.1.1 need it (bridge ipMasq and portmap \
-             run iptables), so their form cannot be written; install the iptables package. Nothing was changed.",
-        ));
+    let no_iptables = || {
+        crate::refused(
+            "iptables is not installed on this node: upstream's plugins 1.1.1 (and later releases' default backend) \
+             need it (bridge ipMasq and portmap run iptables), so their form cannot be written; install the \
+             iptables package, or give --backend nftables for upstream's nftables backend (v1.6+). Nothing was \
+             changed.",
+        )
     };
-    tools_present(backend)?;
-    report.notes.push(format!(
-        "writing upstream's form with iptables-{} (what `iptables` runs here)",
-        backend.name()
-    ));
+    let backend = iptables::default_backend()?;
+    if backend.is_none() && !opts.nftables {
+        return Err(no_iptables());
+    }
     let inv = Inventory::load(&opts.cache_dirs, &opts.data_dirs);
     report.notes.extend(inv.notes.iter().cloned());
     let Ok(mut nf) = NfTables::new() else {
@@ -366,7 +480,13 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         let cached = inv.cached(&id.0, &id.1, &id.2);
         let result = cached.and_then(|c| c.result.as_ref());
         let who = format!("{}/{}/{}", id.0, id.1, id.2);
-        for r in &a.masq_rules {
+        let bridge_conf = cached.and_then(|c| c.plugin_config("bridge"));
+        let portmap_conf = cached.and_then(|c| c.plugin_config("portmap"));
+        a.masq_nft =
+            !a.masq_rules.is_empty() && wants_nftables(bridge_conf.as_ref(), "ipMasqBackend", opts.nftables);
+        let ports_nft = wants_nftables(portmap_conf.as_ref(), "backend", opts.nftables);
+        let masq_rules = if a.masq_nft { &[][..] } else { &a.masq_rules[..] };
+        for r in masq_rules {
             let n = prefix_of(result, &mut nl, r.saddr);
             if !a.addrs.contains(&n) {
                 a.addrs.push(n);
@@ -402,22 +522,64 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
                     reconstruct(id, a, masq_decodable, &mut nl)
                 }
             };
-            iptables_conditions(&mut spec, report, &who);
-            a.hostports = Some(spec);
+            if ports_nft {
+                if spec.conf.conditions_v4.is_some() || spec.conf.conditions_v6.is_some() {
+                    report.notes.push(format!(
+                        "{who}: its conditionsV4/V6 are not carried into cni_hostport (upstream's nftables backend \
+                         keeps one set per table, the last ADD's)"
+                    ));
+                }
+                a.nft_hostports = Some(spec);
+            } else {
+                iptables_conditions(&mut spec, report, &who);
+                a.hostports = Some(spec);
+            }
         }
         report.done.push(format!(
-            "{who}: {} masquerade address(es), {} host port mapping(s)",
-            a.addrs.len(),
-            a.hostports.as_ref().map_or(0, |s| s.mappings().len())
+            "{who}: {} masquerade address(es) ({}), {} host port mapping(s) ({})",
+            if a.masq_nft { a.masq_rules.len() } else { a.addrs.len() },
+            if a.masq_nft { "nftables: kept as they are" } else { "iptables" },
+            a.hostports.as_ref().or(a.nft_hostports.as_ref()).map_or(0, |s| s.mappings().len()),
+            if a.nft_hostports.is_some() { "nftables" } else { "iptables" },
         ));
     }
+    let needs_iptables = atts.values().any(|a| !a.addrs.is_empty() || a.hostports.is_some());
+    let backend = match backend {
+        Some(b) if needs_iptables => {
+            tools_present(b)?;
+            report.notes.push(format!(
+                "writing upstream's iptables form with iptables-{} (what `iptables` runs here)",
+                b.name()
+            ));
+            Some(b)
+        }
+        None if needs_iptables => return Err(no_iptables()),
+        _ => None,
+    };
     if atts.is_empty() {
         report
             .notes
             .push("no attachment of ours has masquerade rules or host ports: nothing to write".into());
     }
-    // Write upstream's form, one transaction per family.
+    // Write upstream's form: nftables, one transaction per attachment (skipped when complete);
+    // iptables, one transaction per family.
+    let nft_specs: Vec<&Spec> = atts.values().filter_map(|a| a.nft_hostports.as_ref()).collect();
+    if !nft_specs.is_empty() {
+        let nft = Nft::find()?;
+        for spec in &nft_specs {
+            if hostport::nft_backend_missing(spec)?.is_none() {
+                continue;
+            }
+            let script = nft_hostport_script(spec);
+            if opts.dry_run {
+                report.notes.push(format!("would apply with nft -f -:\n{script}"));
+            } else {
+                nft.apply(&script).map_err(|e| e.context("write upstream's cni_hostport rules"))?;
+            }
+        }
+    }
     for fam in Fam::BOTH {
+        let Some(backend) = backend else { break };
         let t = iptables::save(backend, fam)?;
         let s = script_for(&t, fam, &atts);
         if s.is_empty() {
@@ -435,7 +597,15 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     // Verify, then take ours away.
     let mut missing = Vec::new();
     for fam in Fam::BOTH {
+        let Some(backend) = backend else { break };
         missing.extend(verify(&iptables::save(backend, fam)?, fam, &atts));
+    }
+    for (id, a) in &atts {
+        if let Some(spec) = &a.nft_hostports {
+            if let Some(why) = hostport::nft_backend_missing(spec)? {
+                missing.push(format!("{}/{}/{}: host ports (nftables): {why}", id.0, id.1, id.2));
+            }
+        }
     }
     if !missing.is_empty() {
         return Err(CniError::internal(format!(
@@ -444,7 +614,8 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         )));
     }
     let converted: Vec<Ident> = atts.keys().cloned().collect();
-    remove_ours(&mut nf, &converted, &candidates)?;
+    let keep_masq: Vec<Ident> = atts.iter().filter(|(_, a)| a.masq_nft).map(|(id, _)| id.clone()).collect();
+    remove_ours(&mut nf, &converted, &candidates, &keep_masq)?;
     if converted.is_empty() {
         return Ok(());
     }
@@ -454,4 +625,85 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         portmap::layout::TABLE
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(snat: Option<bool>, masq_all: bool, maps: Vec<(i64, i64, &str, &str)>) -> Spec {
+        let port_mappings = maps
+            .into_iter()
+            .map(|(h, c, p, ip)| PortMapping {
+                host_port: h,
+                container_port: c,
+                protocol: p.into(),
+                host_ip: ip.into(),
+            })
+            .collect();
+        Spec {
+            network: "net".into(),
+            container_id: "ctr-1".into(),
+            conf: PortMapConf {
+                snat,
+                masq_all,
+                runtime_config: Some(PortMapRuntime { port_mappings: Some(port_mappings) }),
+                ..PortMapConf::default()
+            },
+            v4: Some("10.1.0.2/24".parse().unwrap()),
+            v6: Some("fd00::2/64".parse().unwrap()),
+        }
+    }
+
+    /// Upstream's nftables form, rule for rule: a DNAT rule per mapping of the family (a host IP
+    /// of the other family skipped, an unspecified one without a daddr match), the hairpin
+    /// masquerade and, for IPv4, the localhost one.
+    #[test]
+    fn nftables_form_as_upstream_writes_it() {
+        let s = nft_hostport_script(&spec(
+            None,
+            false,
+            vec![(8080, 80, "tcp", ""), (5353, 53, "UDP", "192.0.2.1"), (9090, 90, "tcp", "::")],
+        ));
+        let rules: Vec<&str> =
+            s.lines().filter(|l| l.starts_with("add rule ")).filter(|l| !l.contains("jump")).collect();
+        assert_eq!(
+            rules,
+            [
+                "add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.1.0.2:80 comment \"ctr-1\"",
+                "add rule ip cni_hostport hostports ip daddr 192.0.2.1 udp dport 5353 dnat to 10.1.0.2:53 comment \"ctr-1\"",
+                "add rule ip cni_hostport masquerading ip saddr 10.1.0.2 ip daddr 10.1.0.2 masquerade comment \"ctr-1\"",
+                "add rule ip cni_hostport masquerading ip saddr 127.0.0.1 ip daddr 10.1.0.2 masquerade comment \"ctr-1\"",
+                "add rule ip6 cni_hostport hostports tcp dport 8080 dnat to [fd00::2]:80 comment \"ctr-1\"",
+                "add rule ip6 cni_hostport hostports tcp dport 9090 dnat to [fd00::2]:90 comment \"ctr-1\"",
+                "add rule ip6 cni_hostport masquerading ip6 saddr fd00::2 ip6 daddr fd00::2 masquerade comment \"ctr-1\"",
+            ]
+        );
+        // local destinations only (the form after CVE-2025-67499's fix), both hooks
+        for t in ["ip", "ip6"] {
+            for hook in ["prerouting", "output"] {
+                assert!(s.contains(&format!(
+                    "add rule {t} cni_hostport {hook} fib daddr type local jump hostports_all\n"
+                )));
+            }
+        }
+        // snat off: no masquerading chain or rule; masqAll: any source, no localhost rule
+        let off = nft_hostport_script(&spec(Some(false), false, vec![(8080, 80, "tcp", "")]));
+        assert!(!off.contains("masquerad"), "{off}");
+        let all = nft_hostport_script(&spec(None, true, vec![(8080, 80, "tcp", "")]));
+        assert!(all.contains("ip saddr 0.0.0.0/0 ip daddr 10.1.0.2 masquerade"), "{all}");
+        assert!(all.contains("ip6 saddr ::/0 ip6 daddr fd00::2 masquerade"), "{all}");
+        assert!(!all.contains("127.0.0.1"), "{all}");
+    }
+
+    #[test]
+    fn backend_from_the_cached_configuration_else_the_option() {
+        let c = |v: Value| Some(v);
+        assert!(wants_nftables(c(json!({"backend": "nftables"})).as_ref(), "backend", false));
+        assert!(!wants_nftables(c(json!({"backend": "iptables"})).as_ref(), "backend", true));
+        assert!(wants_nftables(c(json!({})).as_ref(), "backend", true));
+        assert!(!wants_nftables(None, "ipMasqBackend", false));
+        assert!(wants_nftables(c(json!({"ipMasqBackend": "nftables"})).as_ref(), "ipMasqBackend", false));
+    }
 }

@@ -80,7 +80,7 @@ impl Certificate {
         if plugin.is_empty() || !plugin.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return None;
         }
-        let boot = nsident::boot_id();
+        let boot = nsident::boot_id()?;
         let cookie = nsident::cookie_here();
         if cookie == 0 || boot == [0; 16] {
             return None;

@@ -137,11 +137,16 @@ pub(crate) const NFTA_BYTEORDER_OP: u16 = 3;
 pub(crate) const NFTA_BYTEORDER_LEN: u16 = 4;
 pub(crate) const NFTA_BYTEORDER_SIZE: u16 = 5;
 pub(crate) const NFT_BYTEORDER_HTON: u32 = 1;
+/// `NFTA_MATCH_*`: an x_tables match run by nf_tables' compat layer (what iptables-nft writes).
+pub(crate) const NFTA_MATCH_NAME: u16 = 1;
+pub(crate) const NFTA_MATCH_REV: u16 = 2;
+pub(crate) const NFTA_MATCH_INFO: u16 = 3;
 /// `RTN_LOCAL`: the route type `fib … type local` compares with.
 pub(crate) const RTN_LOCAL: u32 = 2;
 
 /// `NFT_META_*` keys.
 pub const META_IIFNAME: u32 = 6;
+pub const META_OIFNAME: u32 = 7;
 pub const META_IIFTYPE: u32 = 8;
 pub const META_NFPROTO: u32 = 15;
 pub const META_L4PROTO: u32 = 16;
@@ -172,10 +177,12 @@ pub const REG32_00: u32 = 8;
 /// `NF_INET_*` hooks (also `NF_BR_*` for the bridge family: prerouting 0, postrouting 4).
 pub const HOOK_PREROUTING: u32 = 0;
 pub const HOOK_INPUT: u32 = 1;
+pub const HOOK_FORWARD: u32 = 2;
 pub const HOOK_OUTPUT: u32 = 3;
 pub const HOOK_POSTROUTING: u32 = 4;
 /// Chain policies.
 pub const POLICY_ACCEPT: u32 = 1;
+pub const POLICY_DROP: u32 = 0;
 
 // ---- nft's userdata (TLVs of one type byte and one length byte) ----
 /// The comment TLV inside table, chain, rule and element userdata (`NFTNL_UDATA_*_COMMENT`).

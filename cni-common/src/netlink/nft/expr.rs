@@ -56,6 +56,10 @@ pub enum RuleExpr {
     Ct { key: u32, dreg: u32 },
     /// `byteorder reg <dreg> = hton(reg <sreg>, <size>, <len>)`
     Hton { sreg: u32, dreg: u32, size: u32, len: u32 },
+    /// `match name <name> rev <rev>`: an x_tables match with its info structure, run by the
+    /// kernel's compat layer — how iptables-nft writes `-m conntrack`, `-m comment`, … (a
+    /// rule in an iptables-nft table lists in `iptables-nft -S` only in that form).
+    XtMatch { name: String, rev: u32, info: Vec<u8> },
 }
 
 impl RuleExpr {
@@ -147,6 +151,8 @@ pub enum NftExpr {
     Ct { key: u32 },
     /// `bitwise` with a mask (`reg & mask ^ xor`); a shift is [`NftExpr::Other`].
     Bitwise { mask: Vec<u8>, xor: Vec<u8> },
+    /// `match`: an x_tables match of the compat layer, by name, with its info structure.
+    XtMatch { name: String, info: Vec<u8> },
     /// Anything else, by name (`payload`, `masq`, `fib`, `nat`, …).
     Other(String),
 }
@@ -174,6 +180,7 @@ fn as_listed(e: &RuleExpr) -> NftExpr {
         RuleExpr::Dnat { .. } => NftExpr::Other("nat".into()),
         RuleExpr::Ct { key, .. } => NftExpr::Ct { key: *key },
         RuleExpr::Hton { .. } => NftExpr::Other("byteorder".into()),
+        RuleExpr::XtMatch { name, info, .. } => NftExpr::XtMatch { name: name.clone(), info: info.clone() },
     }
 }
 
@@ -266,6 +273,12 @@ pub(super) fn put_expr(out: &mut Vec<u8>, e: &RuleExpr) {
                 ],
             );
             "byteorder"
+        }
+        RuleExpr::XtMatch { name, rev, info } => {
+            put_attr(&mut d, NFTA_MATCH_NAME, &cstr(name));
+            put_u32s(&mut d, &[(NFTA_MATCH_REV, *rev)]);
+            put_attr(&mut d, NFTA_MATCH_INFO, info);
+            "match"
         }
     };
     let mut elem = Vec::new();
@@ -364,6 +377,13 @@ pub(super) fn expr_of(elem: &[u8]) -> Option<NftExpr> {
                 _ => NftExpr::Other(name),
             }
         }
+        "match" => match find(NFTA_MATCH_NAME) {
+            Some(m) => NftExpr::XtMatch {
+                name: string_of(m),
+                info: find(NFTA_MATCH_INFO).map(<[u8]>::to_vec).unwrap_or_default(),
+            },
+            None => NftExpr::Other(name),
+        },
         _ => NftExpr::Other(name),
     })
 }

@@ -49,9 +49,10 @@ use super::NlError;
 
 pub use self::consts::{
     ARPHRD_LOOPBACK, COMMENT_MAX, CT_STATE, CT_STATE_ESTABLISHED_RELATED, CT_STATE_INVALID_UNTRACKED,
-    CT_STATUS, CT_STATUS_DST_NAT, HOOK_INPUT, HOOK_OUTPUT, HOOK_POSTROUTING, HOOK_PREROUTING, META_IIFNAME,
-    META_IIFTYPE, META_L4PROTO, META_NFPROTO, PAYLOAD_LL_HEADER, PAYLOAD_NETWORK_HEADER,
-    PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, REG32_00, REG_1, REG_2, REG_3, REG_VERDICT,
+    CT_STATUS, CT_STATUS_DST_NAT, HOOK_FORWARD, HOOK_INPUT, HOOK_OUTPUT, HOOK_POSTROUTING, HOOK_PREROUTING,
+    META_IIFNAME, META_IIFTYPE, META_L4PROTO, META_NFPROTO, META_OIFNAME, PAYLOAD_LL_HEADER,
+    PAYLOAD_NETWORK_HEADER, PAYLOAD_TRANSPORT_HEADER, POLICY_ACCEPT, POLICY_DROP, REG32_00, REG_1, REG_2,
+    REG_3, REG_VERDICT,
 };
 pub use self::expr::{listed, CmpOp, NftExpr, RuleExpr, Verdict};
 pub use self::read::{NftChain, NftRule, NftTable, Snapshot, SnapshotRequest};
@@ -312,6 +313,21 @@ pub(crate) fn wire_messages(ops: &[NftOp]) -> Vec<Vec<u8>> {
     ops.iter().flat_map(op_messages).collect()
 }
 
+/// The messages of `ops`, each rule marked `true` without `NLM_F_APPEND` (inserted first).
+pub(crate) fn insert_messages(ops: &[(NftOp, bool)]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (op, top) in ops {
+        for mut m in op_messages(op) {
+            if *top && matches!(op, NftOp::AddRule { .. }) {
+                let flags = u16::from_ne_bytes([m[6], m[7]]) & !NLM_F_APPEND;
+                m[6..8].copy_from_slice(&flags.to_ne_bytes());
+            }
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// `NFNL_BATCH_GENID`: the attribute of a batch's begin message naming the ruleset
 /// generation the batch was planned on.
 const NFNL_BATCH_GENID: u16 = 1;
@@ -358,6 +374,20 @@ impl NfTables {
     /// a change planned on what was read stays correct whatever ran in between.
     pub fn apply_guarded(&mut self, ops: &[NftOp], generation: Option<u32>) -> Result<(), NlError> {
         let messages: Vec<Vec<u8>> = ops.iter().flat_map(op_messages).collect();
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let n = messages.len();
+        self.sock
+            .request_batch(batch(messages, generation))
+            .map_err(|e| e.during(format!("nftables transaction ({n} messages)")))
+    }
+
+    /// [`NfTables::apply_guarded`] where each [`NftOp::AddRule`] marked `true` is inserted at
+    /// the top of its chain (`nft insert rule`: no `NLM_F_APPEND`, no position) instead of
+    /// appended. For a rule that must run before what others put in a chain they own.
+    pub fn apply_inserting(&mut self, ops: &[(NftOp, bool)], generation: Option<u32>) -> Result<(), NlError> {
+        let messages = insert_messages(ops);
         if messages.is_empty() {
             return Ok(());
         }

@@ -288,6 +288,20 @@ impl NfTables {
     }
 }
 
+impl NfTables {
+    /// The tables of `family` (one dump).
+    pub fn tables(&mut self, family: NftFamily) -> Result<Vec<NftTable>, NlError> {
+        let what = format!("list nftables tables of family {}", family.keyword());
+        let replies = self.dump(dump_request(NFT_MSG_GETTABLE, family, &[]), &what)?;
+        Ok(replies
+            .iter()
+            .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWTABLE))
+            .filter_map(|r| table_of(&r.payload))
+            .filter(|t| !t.name.is_empty())
+            .collect())
+    }
+}
+
 /// A table as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftTable {

@@ -778,6 +778,7 @@ fn listed_is_what_the_decoder_reads_back() {
         RuleExpr::Dnat { family: 2, reg_addr: REG_1, reg_proto: REG32_00 + 1 },
         RuleExpr::Ct { key: CT_STATUS, dreg: REG_1 },
         RuleExpr::Hton { sreg: REG_1, dreg: REG_1, size: 2, len: 2 },
+        RuleExpr::XtMatch { name: "conntrack".into(), rev: 3, info: vec![7; 168] },
     ];
     for e in all {
         let mut list = Vec::new();

@@ -60,7 +60,11 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert!(setup.nft.is_none());
     let rules = setup.ops.iter().filter(|o| matches!(o, NftOp::AddRule { .. })).count();
     assert_eq!(rules, d.rules.len());
-    assert_eq!(d.rules.len(), 4 + 2 + 4 + 2 + 2 + 4, "hooks, gates, dnat, masquerading, net4_24/32, guard");
+    assert_eq!(
+        d.rules.len(),
+        2 + 4 + 2 + 4 + 2 + 2 + 6,
+        "loopback returns, hooks, gates, dnat, masquerading, net4_24/32, guard"
+    );
     let found = found_of(&d);
     assert_eq!(d.problems(&found), Vec::<String>::new());
     assert_eq!(d.setup(&found), Setup::default(), "an intact table needs nothing");
@@ -70,7 +74,7 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert_eq!(uses["gate4"], 3, "its rule, and both hooks jumping to it");
     assert_eq!(uses["hostports6"], 3, "its two rules and the gate's jump");
     assert!(!uses.contains_key("masquerade4"), "its rules follow the prefix lengths in use");
-    assert_eq!((uses["localnet"], uses["prerouting"]), (4, 2), "a base chain: its rules");
+    assert_eq!((uses["localnet"], uses["prerouting"], uses["output"]), (6, 4, 2), "a base chain: its rules");
     // a flushed chain is refilled, and only it
     let mut flushed = found.clone();
     flushed.rules.retain(|r| r.chain != "prerouting");
@@ -130,12 +134,13 @@ fn a_fresh_table_gets_everything_and_an_intact_one_nothing() {
     assert!(ops.iter().any(|o| matches!(o, NftOp::AddElements { set, .. } if set == LAYOUT_SET)));
 }
 
-/// The guard, per family: first the drop of what conntrack keeps no entry for (its `ct state`
-/// is invalid or untracked, and it has no `ct status`, whose load would end the second rule
-/// before its verdict), then the KUBE-FIREWALL-shaped drop; the masks are compared when the
-/// table is read back.
+/// The guard, per family: first the drop of anything from a loopback source arriving on
+/// another interface (no exemption), then the drop of what conntrack keeps no entry for (its
+/// `ct state` is invalid or untracked), then the KUBE-FIREWALL-shaped drop without its `DNAT`
+/// exemption (no DNAT of ours targets a loopback address); the masks are compared when the
+/// table is read back. And loopback destinations are never DNATed in prerouting.
 #[test]
-fn the_guard_drops_untracked_packets_before_it_tests_their_status() {
+fn the_guard_drops_loopback_sources_and_untracked_packets_and_exempts_no_dnat() {
     use cni_common::netlink::nft::NftExpr;
     let d = declaration(&Lens::new(), &Conditions::default());
     let guard: Vec<&RuleDecl> = d.rules.iter().filter(|r| r.chain == "localnet").collect();
@@ -153,33 +158,59 @@ fn the_guard_drops_untracked_packets_before_it_tests_their_status() {
             .collect()
     };
     let untracked = vec![(CT_STATE, 0x41u32.to_ne_bytes().to_vec(), CmpOp::Neq)];
-    let firewall = vec![
-        (CT_STATE, 0x06u32.to_ne_bytes().to_vec(), CmpOp::Eq),
-        (CT_STATUS, CT_STATUS_DST_NAT.to_ne_bytes().to_vec(), CmpOp::Eq),
+    let firewall = vec![(CT_STATE, 0x06u32.to_ne_bytes().to_vec(), CmpOp::Eq)];
+    assert_eq!(guard.len(), 6);
+    let not_lo = [
+        RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 },
+        RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() },
     ];
-    assert_eq!(guard.len(), 4);
-    for (pair, (fam, dst)) in guard.chunks(2).zip([(Family::V4, "127.0.0.0/8"), (Family::V6, "::1/128")]) {
-        let head = with(
-            with(
-                RuleExpr::nfproto(fam == Family::V4),
-                RuleExpr::addr(false, dst.parse().unwrap(), CmpOp::Eq),
-            ),
-            [
-                RuleExpr::Meta { key: META_IIFTYPE, dreg: REG_1 },
-                RuleExpr::Cmp { sreg: REG_1, op: CmpOp::Neq, data: ARPHRD_LOOPBACK.to_ne_bytes().to_vec() },
-            ],
+    for (three, (fam, lo)) in guard.chunks(3).zip([(Family::V4, "127.0.0.0/8"), (Family::V6, "::1/128")]) {
+        let v4 = fam == Family::V4;
+        let from = with(
+            with(RuleExpr::nfproto(v4), RuleExpr::addr(true, lo.parse().unwrap(), CmpOp::Eq)),
+            not_lo.clone(),
         );
-        for r in pair {
+        let to = with(
+            with(RuleExpr::nfproto(v4), RuleExpr::addr(false, lo.parse().unwrap(), CmpOp::Eq)),
+            not_lo.clone(),
+        );
+        assert_eq!(
+            three[0].exprs.as_ref().unwrap(),
+            &with(from, [RuleExpr::Verdict(Verdict::Drop)]),
+            "{}",
+            three[0].nft
+        );
+        for r in &three[1..] {
             let e = r.exprs.as_ref().unwrap();
-            assert!(e.starts_with(&head), "{dst}: {}", r.nft);
+            assert!(e.starts_with(&to), "{lo}: {}", r.nft);
             assert_eq!(e.last(), Some(&RuleExpr::Verdict(Verdict::Drop)), "{}", r.nft);
+            assert!(
+                !e.iter().any(|x| matches!(x, RuleExpr::Ct { key, .. } if *key == CT_STATUS)),
+                "{}",
+                r.nft
+            );
         }
-        assert_eq!(loads(pair[0]), untracked, "{dst}: first the untracked: {}", pair[0].nft);
-        assert_eq!(loads(pair[1]), firewall, "{dst}: then the KUBE-FIREWALL shape: {}", pair[1].nft);
+        assert_eq!(loads(three[1]), untracked, "{lo}: first the untracked: {}", three[1].nft);
+        assert_eq!(loads(three[2]), firewall, "{lo}: then the KUBE-FIREWALL shape: {}", three[2].nft);
+        // prerouting returns loopback destinations before any DNAT
+        let pre: Vec<&RuleDecl> = d.rules.iter().filter(|r| r.chain == "prerouting").collect();
+        let ret = with(
+            with(RuleExpr::nfproto(v4), RuleExpr::addr(false, lo.parse().unwrap(), CmpOp::Eq)),
+            [RuleExpr::Verdict(Verdict::Return)],
+        );
+        let at = pre
+            .iter()
+            .position(|r| r.exprs.as_ref() == Some(&ret))
+            .expect("a return of loopback destinations");
+        assert!(at < 2, "before the jumps: {}", pre[at].nft);
+        assert!(
+            !d.rules.iter().filter(|r| r.chain == "output").any(|r| r.exprs.as_ref() == Some(&ret)),
+            "the host's own connections are DNATed"
+        );
     }
     // another mask read back (invalid only: untracked packets would pass) is noticed
     let mut found = found_of(&d);
-    let r = found.rules.iter_mut().find(|r| r.chain == "localnet").unwrap();
+    let r = found.rules.iter_mut().filter(|r| r.chain == "localnet").nth(1).unwrap();
     let mask = r.exprs.iter_mut().find(|e| matches!(e, NftExpr::Bitwise { .. })).unwrap();
     *mask = NftExpr::Bitwise { mask: 0x01u32.to_ne_bytes().to_vec(), xor: vec![0; 4] };
     assert_eq!(d.problems(&found), ["chain localnet does not hold the rules of this layout"]);

@@ -1,0 +1,183 @@
+//! What each attachment asked for, kept on disk so that DEL without a prevResult and GC
+//! know which addresses' rules belong to which attachment (upstream's rules carry no owner).
+//! Written before the rules (a crash after it leaves a record GC and DEL act on), removed after
+//! the rules went. Read back as data only: every line parsed strictly, anything else ignored.
+
+use cni_common::attachment::sha512_hex;
+use cni_common::{AttachmentId, CniError, Result};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub const DIR: &str = "/var/lib/cni/firewall";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub container_id: String,
+    pub ifname: String,
+    /// "nftables", "iptables-nft", "iptables-legacy" or "firewalld".
+    pub backend: String,
+    /// The firewalld zone (firewalld backend).
+    pub zone: String,
+    pub addrs: Vec<IpAddr>,
+}
+
+fn net_dir(root: &Path, network: &str) -> PathBuf {
+    root.join(network)
+}
+
+fn file_of(root: &Path, a: &AttachmentId) -> PathBuf {
+    net_dir(root, &a.network).join(sha512_hex(&format!("{}\n{}", a.container_id, a.ifname), 32))
+}
+
+impl Record {
+    pub fn text(&self) -> String {
+        let mut s = format!(
+            "ctr {}\nif {}\nbackend {}\nzone {}\n",
+            self.container_id, self.ifname, self.backend, self.zone
+        );
+        for a in &self.addrs {
+            s.push_str(&format!("addr {a}\n"));
+        }
+        s
+    }
+
+    pub fn parse(text: &str) -> Option<Record> {
+        let mut r = Record {
+            container_id: String::new(),
+            ifname: String::new(),
+            backend: String::new(),
+            zone: "trusted".into(),
+            addrs: Vec::new(),
+        };
+        for line in text.lines() {
+            let (k, v) = line.split_once(' ')?;
+            match k {
+                "ctr" => r.container_id = v.into(),
+                "if" => r.ifname = v.into(),
+                "backend" if matches!(v, "nftables" | "iptables-nft" | "iptables-legacy" | "firewalld") => {
+                    r.backend = v.into()
+                }
+                "zone" if crate::config::valid_zone(v) => r.zone = v.into(),
+                "addr" => r.addrs.push(v.parse().ok()?),
+                _ => return None,
+            }
+        }
+        (!r.container_id.is_empty() && !r.ifname.is_empty() && !r.backend.is_empty()).then_some(r)
+    }
+}
+
+pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
+    let dir = net_dir(root, &a.network);
+    let path = file_of(root, a);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let io = |e: std::io::Error| CniError::new(cni_common::code::IO, format!("{}: {e}", path.display()));
+    // a DEL or GC of the network's last attachment removes the directory: make it again once
+    for attempt in 0..2 {
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        match std::fs::write(&tmp, r.text()).and_then(|()| std::fs::rename(&tmp, &path)) {
+            Err(e) if attempt == 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
+            other => return other.map_err(io),
+        }
+    }
+    Ok(())
+}
+
+pub fn read(root: &Path, a: &AttachmentId) -> Option<Record> {
+    let text = std::fs::read_to_string(file_of(root, a)).ok()?;
+    Record::parse(&text).filter(|r| r.container_id == a.container_id && r.ifname == a.ifname)
+}
+
+/// Half-written records (`<hash>.tmp<pid>`, left by a process killed while writing) whose
+/// attachment `keep` does not name.
+fn sweep_tmp(root: &Path, network: &str, keep: &dyn Fn(&str) -> bool) {
+    let Ok(dir) = std::fs::read_dir(net_dir(root, network)) else { return };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((hash, pid)) = name.split_once(".tmp") else { continue };
+        if hash.len() == 32 && pid.bytes().all(|b| b.is_ascii_digit()) && !keep(hash) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// GC: half-written records of attachments not in `valid`.
+pub fn sweep(root: &Path, network: &str, valid: &[AttachmentId]) {
+    let hashes: Vec<String> = valid
+        .iter()
+        .filter_map(|a| file_of(root, a).file_name().and_then(|n| n.to_str()).map(String::from))
+        .collect();
+    sweep_tmp(root, network, &|h| hashes.iter().any(|v| v == h));
+}
+
+pub fn remove(root: &Path, a: &AttachmentId) -> Result<()> {
+    let mine = file_of(root, a);
+    let own = mine.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    sweep_tmp(root, &a.network, &|h| h != own);
+    let done = match std::fs::remove_file(mine) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(CniError::new(cni_common::code::IO, format!("removing the firewall record: {e}")))
+        }
+        _ => Ok(()),
+    };
+    let _ = std::fs::remove_dir(net_dir(root, &a.network)); // only when it is empty
+    done
+}
+
+/// Every record of `network` (unreadable or malformed files are skipped).
+pub fn all(root: &Path, network: &str) -> Vec<Record> {
+    let Ok(dir) = std::fs::read_dir(net_dir(root, network)) else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| Record::parse(&t))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_refuse_anything_else() {
+        let r = Record {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            backend: "nftables".into(),
+            zone: "trusted".into(),
+            addrs: vec!["10.0.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+        };
+        assert_eq!(Record::parse(&r.text()), Some(r.clone()));
+        assert_eq!(Record::parse("ctr c\nif e\nbackend sh -c x\n"), None);
+        assert_eq!(Record::parse("ctr c\nif e\nbackend firewalld\nzone -x\n"), None);
+        let fw = Record { backend: "firewalld".into(), zone: "internal".into(), ..r.clone() };
+        assert_eq!(Record::parse(&fw.text()), Some(fw));
+        assert_eq!(Record::parse("ctr c\nif e\nbackend nftables\naddr 10.0.0.2/../x\n"), None);
+        let root = std::env::temp_dir().join(format!("fw-rec-{}", std::process::id()));
+        let a = AttachmentId::new("net1", "c1", "eth0");
+        write(&root, &a, &r).unwrap();
+        assert_eq!(read(&root, &a), Some(r.clone()));
+        assert_eq!(all(&root, "net1"), vec![r.clone()]);
+        assert_eq!(read(&root, &AttachmentId::new("net1", "c2", "eth0")), None);
+        // a half-written record of a killed ADD goes with DEL, another attachment's with GC
+        let tmp = |id: &str| file_of(&root, &AttachmentId::new("net1", id, "eth0")).with_extension("tmp42");
+        std::fs::write(tmp("c1"), "ctr c1\n").unwrap();
+        std::fs::write(tmp("c3"), "ctr c3\n").unwrap();
+        std::fs::write(tmp("c4"), "ctr c4\n").unwrap();
+        remove(&root, &a).unwrap();
+        remove(&root, &a).unwrap();
+        assert!(!tmp("c1").exists() && tmp("c3").exists());
+        sweep(&root, "net1", &[AttachmentId::new("net1", "c4", "eth0")]);
+        assert!(!tmp("c3").exists() && tmp("c4").exists());
+        std::fs::remove_file(tmp("c4")).unwrap();
+        assert!(all(&root, "net1").is_empty());
+        remove(&root, &a).unwrap();
+        assert!(!root.join("net1").exists(), "the network's empty directory goes with its last record");
+        write(&root, &a, &r).unwrap(); // and comes back with the next ADD
+        remove(&root, &a).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,209 @@
+//! The CNI plugin around this library (request in, side effects of the kernel's answers out:
+//! `route_localnet` and its guard, UDP conntrack flushes, upstream's leftovers).
+
+use crate::config::{Conf, Intent, Teardown};
+use crate::flow;
+use crate::kernel;
+use crate::localnet;
+use crate::model::Owner;
+use crate::netns;
+use cni_common::attachment::{portmap_net_prefix, AttachmentId};
+use cni_common::net::Family;
+use cni_common::netlink::conntrack;
+use cni_common::netlink::Netlink;
+use cni_common::spec::config::PortMapConf;
+use cni_common::spec::result::CniResult;
+use cni_common::{code, CniError, ErrorList, Plugin, Request, Result};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// The plugin: what `portmap`'s binary runs (and the fuzz target `entry`).
+pub struct Portmap;
+
+fn load(req: &Request) -> Result<Conf> {
+    let conf = Conf::from_raw(&req.plugin_config()?)?;
+    for n in &conf.notes {
+        eprintln!("{n}");
+    }
+    Ok(conf)
+}
+
+/// The configuration as DEL and GC read it (see [`Teardown`]).
+fn load_teardown(req: &Request, verb: &str) -> Result<Teardown> {
+    let raw: PortMapConf = req.plugin_config()?;
+    let t = Teardown::from_raw(&raw, verb)?;
+    for n in &t.notes {
+        eprintln!("{n}");
+    }
+    Ok(t)
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner::of(&AttachmentId::of(req))
+}
+
+fn nf_tables() -> Result<kernel::Netlink> {
+    kernel::Netlink::new()
+        .map_err(|e| CniError::new(code::NOT_AVAILABLE, format!("nf_tables is not usable (netlink): {e}")))
+}
+
+fn netlink() -> Result<Netlink> {
+    Netlink::new().map_err(CniError::from)
+}
+
+/// Refuse container addresses the host holds itself (code 7): a DNAT there would lead
+/// `<any address>:<hostPort>` into the host's own services (issue 27 finding 4). The pure
+/// refusals (loopback, unspecified, multicast, link-local) are [`Intent::new`]'s.
+fn refuse_local_targets(intent: &Intent) -> Result<()> {
+    let mut nl = netlink()?;
+    let addrs: BTreeSet<IpAddr> = intent.entries.iter().map(|e| e.ctr.addr()).collect();
+    for ip in addrs {
+        if localnet::local_to_host(&mut nl, ip)? {
+            return Err(CniError::config(format!(
+                "prevResult gives the container the address {ip}, which is local to this host: host ports \
+                 are never forwarded to the host's own addresses"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The localhost guard for an attachment without host ports whose host-side interfaces have
+/// `route_localnet` on (set for another pod on the same bridge): after a ruleset flush the
+/// sysctl stays and the guard must come back ([`localnet`]).
+fn restore_guard(conf: &Conf, prev: &CniResult) -> Result<()> {
+    if localnet::enabled_on(prev).is_empty() {
+        return Ok(());
+    }
+    flow::guard(&mut nf_tables()?, &conf.conditions).map(|o| notes(&o))
+}
+
+fn flush_udp(ports: &BTreeSet<(Family, u16)>) {
+    conntrack::flush_udp_ports("portmap", &ports.iter().copied().collect::<Vec<_>>());
+}
+
+fn notes(o: &flow::Outcome) {
+    for n in &o.notes {
+        eprintln!("{n}");
+    }
+}
+
+impl Plugin for Portmap {
+    fn name(&self) -> &'static str {
+        "portmap"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult> {
+        let conf = load(req)?;
+        let prev = req
+            .prev_result()?
+            .ok_or_else(|| CniError::config("must be called as chained plugin: prevResult is missing"))?;
+        if conf.mappings.is_empty() {
+            restore_guard(&conf, &prev)?;
+            return Ok(prev);
+        }
+        let record = netns::record(req)?;
+        let (intent, intent_notes) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), record)?;
+        for n in intent_notes {
+            eprintln!("{n}");
+        }
+        refuse_local_targets(&intent)?;
+        let done = flow::add(&mut nf_tables()?, &conf, &intent, &netns::gone)?;
+        notes(&done);
+        if conf.snat {
+            if let Some(e) = intent.entries.iter().find(|e| e.host.fam == Family::V4) {
+                localnet::enable(&mut netlink()?, &prev, e.ctr.addr())?;
+            }
+        }
+        flush_udp(&done.udp);
+        Ok(prev)
+    }
+
+    /// DEL removes everything the attachment has, whatever the configuration says (its
+    /// mappings, when valid and with prevResult, only let it go straight to the elements).
+    fn del(&self, req: &Request) -> Result<()> {
+        let t = load_teardown(req, "DEL")?;
+        let me = owner(req);
+        let ours = match nf_tables() {
+            Ok(mut k) => {
+                let intent = t
+                    .conf()
+                    .zip(req.prev.as_ref())
+                    .and_then(|(c, prev)| Intent::new(&c, prev, &req.env.ifname, me.clone(), None).ok())
+                    .map(|(i, _)| i);
+                flow::del(&mut k, &me, intent.as_ref()).map(|done| flush_udp(&done.udp))
+            }
+            Err(e) => {
+                eprintln!("portmap: {}; nothing to delete", e.msg);
+                Ok(())
+            }
+        };
+        // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
+        // nftables `cni_hostport` rules): cni_common::upstream, docs/switching.md.
+        let mut errors = ErrorList::new();
+        errors.take(ours);
+        errors.take(cni_common::upstream::hostport::del(req));
+        errors.finish()
+    }
+
+    fn check(&self, req: &Request) -> Result<()> {
+        let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
+        // An attachment made by upstream (iptables or its nftables backend) is checked in its
+        // own form instead of ours (before our validation: its configuration is upstream's).
+        if cni_common::upstream::hostport::check(req)?.is_intact() {
+            return Ok(());
+        }
+        let conf = load(req)?;
+        if conf.mappings.is_empty() {
+            let on = localnet::enabled_on(&prev);
+            if on.is_empty() {
+                return Ok(());
+            }
+            let missing = flow::guard_missing(&mut nf_tables()?, &conf.conditions)?;
+            if missing.is_empty() {
+                return Ok(());
+            }
+            return Err(CniError::internal(format!(
+                "portmap: route_localnet is on for {on:?}, but the localhost guard is not intact: {}",
+                missing.join("; ")
+            )));
+        }
+        let now = netns::record(req)?;
+        let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
+        let mut notes = Vec::new();
+        let checked = flow::check(&mut nf_tables()?, &conf, &intent, now.map(|(id, _)| id), &mut notes);
+        for n in notes {
+            eprintln!("{n}");
+        }
+        checked
+    }
+
+    fn gc(&self, req: &Request) -> Result<()> {
+        load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
+        let valid: BTreeSet<String> =
+            AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
+        let mut errors = ErrorList::new();
+        // Upstream-made leftovers of this network's attachments not in the valid list.
+        errors.take(cni_common::upstream::hostport::gc(req));
+        let ours = match nf_tables() {
+            Ok(mut k) => {
+                flow::gc(&mut k, &portmap_net_prefix(req.network()), &valid).map(|done| flush_udp(&done.udp))
+            }
+            Err(e) => {
+                eprintln!("portmap: {}; nothing to collect", e.msg);
+                Ok(())
+            }
+        };
+        errors.take(ours);
+        errors.finish()
+    }
+
+    fn status(&self, req: &Request) -> Result<()> {
+        let conf = load(req)?;
+        flow::status(
+            &mut nf_tables()?,
+            &conf,
+            Some(std::path::Path::new(cni_common::netlink::nft::certify::DIR)),
+        )
+    }
+}
