@@ -225,9 +225,9 @@ mod tests {
         vec![NftOp::AddTable { family: NftFamily::Inet, table: name.into(), comment: None }]
     }
 
-    fn scratch() -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("certify-{}-{}", std::process::id(), nsident::cookie_here()));
+    /// A directory of the test's own (tests of one process run concurrently in one namespace).
+    fn scratch(test: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("certify-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d.join("status")
     }
@@ -247,7 +247,7 @@ mod tests {
     fn a_success_is_certified_a_failure_never() {
         if nsident::cookie_here() == 0 {
             // without cookies nothing is certified: every call dry-runs
-            let dir = scratch();
+            let dir = scratch("nocookie");
             let runs = Cell::new(0);
             for _ in 0..2 {
                 let dry_run = || {
@@ -259,7 +259,7 @@ mod tests {
             assert_eq!(runs.get(), 2);
             return;
         }
-        let dir = scratch();
+        let dir = scratch("success");
         let runs = Cell::new(0);
         let ok = || -> Result<(), &str> {
             runs.set(runs.get() + 1);
@@ -299,7 +299,7 @@ mod tests {
     /// others can write, certifies nothing.
     #[test]
     fn only_an_exact_certificate_in_a_private_directory_holds() {
-        let dir = scratch();
+        let dir = scratch("exact");
         let Some(c) = Certificate::here(&dir, "p", &[7; 32]) else {
             assert_eq!(nsident::cookie_here(), 0, "a certificate is named whenever the namespace can be");
             return;
