@@ -444,7 +444,7 @@ pub fn validate_status(masq: bool, spoof: bool) -> Result<()> {
         ops.extend(spoof_add_ops(&a, "vethstatus", Mac([0x02, 0, 0, 0, 0, 1]), &nothing));
     }
     let mut nf = open()?;
-    nf.validate(&ops).map_err(CniError::from)
+    cni_common::netlink::nft::certify::validate_certified(&mut nf, "bridge", &ops).map_err(CniError::from)
 }
 
 /// ADD's firewall state for `a`: masquerading of `masq` = (addresses, `nonMasqueradeCIDRs`)
