@@ -134,14 +134,16 @@ impl Marks {
                 Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
                     std::thread::sleep(Duration::from_millis(20).min(wait))
                 }
-                Err(std::fs::TryLockError::WouldBlock) => return Err(CniError::new(
-                    code::TRY_AGAIN,
-                    format!(
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(CniError::new(
+                        code::TRY_AGAIN,
+                        format!(
                         "portmap: {} is held (a resync is rebuilding host ports) past {} s; try again later",
                         path.display(),
                         wait.as_secs_f64()
                     ),
-                )),
+                    ))
+                }
                 Err(std::fs::TryLockError::Error(e)) => return Err(io(&path, "lock", e)),
             }
         }

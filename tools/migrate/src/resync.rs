@@ -43,7 +43,8 @@ use cni_common::netns::NetNs;
 use cni_common::spec::env::Env;
 use cni_common::spec::Command;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
-use std::collections::HashMap;
+use portmap::marks::Marks;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -363,6 +364,62 @@ fn guard_part(req: &Request, conf: &portmap::config::Conf, dry_run: bool) -> Res
     Ok(Some(format!("the localhost guard (route_localnet is on for {on:?}): {}", missing.join("; "))))
 }
 
+/// portmap's part under the lock portmap's DEL takes to mark the attachment deleted
+/// ([`portmap::marks`]), held from the look for the mark until `rebuild` has committed: a DEL
+/// whose portmap step came first has marked it (nothing is rebuilt), one that comes later
+/// marks it only after the rebuild, and its deletion then removes what was rebuilt. The cache
+/// entry is looked at under the lock too (`unchanged`): an ADD after a DEL of the same
+/// attachment (a restarted pod) removes the mark, and the entry resync read is then the
+/// deleted attachment's, gone or replaced. `Ok(Err(why))`: its DEL has begun, nothing was
+/// rebuilt. Dry runs take the lock shared and make nothing (no directory: no mark).
+fn under_marks<T>(
+    marks: &Marks,
+    owner: &portmap::model::Owner,
+    dry_run: bool,
+    unchanged: impl FnOnce() -> std::result::Result<(), String>,
+    rebuild: impl FnOnce() -> Result<T>,
+) -> Result<std::result::Result<T, String>> {
+    let held = if dry_run {
+        marks.shared(false, portmap::marks::WAIT)?
+    } else {
+        Some(marks.exclusive(portmap::marks::WAIT)?)
+    };
+    if let Some(h) = &held {
+        if h.is_marked(owner)? {
+            return Ok(Err(format!(
+                "portmap's DEL of it has begun (its mark is in {}): no host port is rebuilt for it",
+                marks.path().display()
+            )));
+        }
+    }
+    if let Err(why) = unchanged() {
+        return Ok(Err(why));
+    }
+    let done = rebuild()?;
+    drop(held);
+    Ok(Ok(done))
+}
+
+/// Whether `c`'s cache entry is still the one resync read (its path holds the same attachment
+/// with the same result and namespace): `Err(why)` when it is gone or replaced.
+fn still_cached(c: &Cached) -> std::result::Result<(), String> {
+    let dir = c.path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let inv = Inventory::load(&[dir], &[]);
+    match inv.cached.iter().find(|n| n.path == c.path) {
+        Some(n)
+            if n.network == c.network
+                && n.container_id == c.container_id
+                && n.ifname == c.ifname
+                && n.netns == c.netns
+                && n.result_json == c.result_json =>
+        {
+            Ok(())
+        }
+        Some(_) => Err("its cache entry was replaced meanwhile (deleted and added again)".into()),
+        None => Err("its runtime deleted it meanwhile".into()),
+    }
+}
+
 fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
     match part {
         Part::Bridge => bridge::resync::firewall(req, dry_run),
@@ -403,6 +460,7 @@ fn error_line(text: &str) {
 
 fn attachment(
     c: &Cached,
+    marks: &Marks,
     gate: &Gate,
     bin_dir: &Path,
     dry_run: bool,
@@ -436,6 +494,7 @@ fn attachment(
     }
     let netns = c.sandbox().unwrap_or_default();
     let (mut repaired, mut failed) = (Vec::new(), false);
+    let mut deleted_meanwhile: Option<String> = None;
     for part in planned.parts {
         let name = part.name();
         if part == Part::Bridge {
@@ -445,8 +504,23 @@ fn attachment(
                 continue;
             }
         }
-        let r = request(c, name, &netns, bin_dir, gate)
-            .and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
+        let r = request(c, name, &netns, bin_dir, gate).and_then(|req| {
+            if part != Part::Portmap {
+                return judge(part, &req, dry_run).map(|x| (req, Ok(x)));
+            }
+            let owner = portmap::model::Owner::of(&AttachmentId::of(&req));
+            under_marks(marks, &owner, dry_run, || still_cached(c), || judge(part, &req, dry_run))
+                .map(|x| (req, x))
+        });
+        let r = match r {
+            Ok((_, Err(why))) => {
+                // its DEL has begun: nothing more is rebuilt, and what was is taken back below
+                deleted_meanwhile = Some(why);
+                break;
+            }
+            Ok((req, Ok(x))) => Ok((req, x)),
+            Err(e) => Err(e),
+        };
         match r {
             Ok((_, None)) => println!("{who}: {name}: intact"),
             Ok((req, Some(what))) => {
@@ -479,7 +553,14 @@ fn attachment(
         }
         None
     };
-    if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted).flatten() {
+    if let Some(why) = &deleted_meanwhile {
+        if dry_run || repaired.is_empty() {
+            println!("{who}: skipped: {why}");
+            return if failed { Done::Failed } else { Done::Skipped };
+        }
+    }
+    let deleted_meanwhile = || deleted_meanwhile.clone().or_else(deleted);
+    if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted_meanwhile).flatten() {
         println!("{who}: {why}: what was rebuilt is removed again");
         for (part, req) in &repaired {
             if let Err(e) = undo(*part, req) {
@@ -555,8 +636,9 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
         |ty: &str| known.entry(ty.to_string()).or_insert_with(|| crate::installed::ours(bin_dir, ty)).clone();
     let mut t = Tally::default();
     let gate = newest_gate(&inv.cached);
+    let marks = Marks::system();
     for c in &inv.cached {
-        match attachment(c, &gate, bin_dir, dry_run, &mut installed) {
+        match attachment(c, &marks, &gate, bin_dir, dry_run, &mut installed) {
             Done::Nothing => t.nothing += 1,
             Done::Intact => t.intact += 1,
             Done::Repaired => t.repaired += 1,
@@ -564,7 +646,38 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
             Done::Failed => t.failed += 1,
         }
     }
+    if !dry_run {
+        sweep(&marks, cache_dirs);
+    }
     Ok(t)
+}
+
+/// Remove portmap's DEL marks of attachments that no cache scanned holds any more (their DEL
+/// is done: libcni removes the cache entry last), under the lock DEL takes to mark: a mark
+/// written meanwhile belongs to a cached attachment, which keeps it.
+fn sweep(marks: &Marks, cache_dirs: &[PathBuf]) {
+    let swept = marks.exclusive(portmap::marks::WAIT).and_then(|held| {
+        let keep: BTreeSet<String> = Inventory::load(cache_dirs, &[])
+            .cached
+            .iter()
+            .map(|c| {
+                let id = AttachmentId {
+                    network: c.network.clone(),
+                    container_id: c.container_id.clone(),
+                    ifname: c.ifname.clone(),
+                };
+                portmap::marks::name(&portmap::model::Owner::of(&id))
+            })
+            .collect();
+        held.sweep(&keep)
+    });
+    match swept {
+        Ok(0) => {}
+        Ok(n) => {
+            println!("note: removed {n} marks of attachments whose DEL is done ({})", marks.path().display())
+        }
+        Err(e) => error_line(&format!("note: portmap's DEL marks were not swept: {}", e.msg)),
+    }
 }
 
 #[cfg(test)]
@@ -585,6 +698,103 @@ mod tests {
             result: None,
             result_json: None,
         }
+    }
+
+    /// Issue 27 finding 10 at its root, against portmap's fake kernel: portmap's DEL and
+    /// resync's rebuild of the same attachment, in both orders. Whichever comes first, no host
+    /// port of a deleted attachment is left; an ADD after the DEL (a restarted pod with the
+    /// same container id) is rebuilt again after a flush.
+    #[test]
+    fn a_del_and_a_rebuild_never_interleave_and_a_restarted_pod_is_rebuilt() {
+        use portmap::config::{Conf, Intent};
+        use portmap::kernel::fake::Fake;
+        use portmap::model::{NsId, Owner};
+        use portmap::{flow, marks};
+        let dir = std::env::temp_dir().join(format!("resync-marks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let marks = Marks::at(dir.join("portmap"));
+        let raw = json!({"cniVersion": "1.0.0", "name": "net", "type": "portmap",
+                         "runtimeConfig": {"portMappings": [
+                             {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}});
+        let conf = Conf::from_raw(&serde_json::from_value(raw).unwrap()).unwrap();
+        let prev = cni_common::CniResult::decode(
+            &json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/run/netns/p"}],
+                    "ips": [{"address": "10.66.0.5/24", "interface": 0}]}),
+            Version::V1_0_0,
+        )
+        .unwrap();
+        let owner = Owner::new("net", "ctr", "eth0");
+        let ns = Some((NsId { ino: 4242, cookie: 1 }, "/run/netns/p".to_string()));
+        let (intent, _) = Intent::new(&conf, &prev, "eth0", owner.clone(), ns.clone()).unwrap();
+        let k = Fake::new();
+        let alive = |_: &NsId, _: &str| None;
+        let add = || flow::add(&mut k.clone(), &conf, &intent, &alive).map(drop);
+        let intact =
+            || flow::check(&mut k.clone(), &conf, &intent, Some(ns.as_ref().unwrap().0), &mut Vec::new());
+        // portmap's DEL, as the plugin runs it: the mark first, then the deletion
+        let del = || {
+            marks.mark_deleted(&owner).unwrap();
+            flow::del(&mut k.clone(), &owner, Some(&intent)).unwrap();
+        };
+        let flush = || k.edit(|t| *t = None);
+        let resync = || under_marks(&marks, &owner, false, || Ok(()), add).unwrap();
+
+        add().unwrap();
+        flush();
+        // 1. the DEL's portmap step before the rebuild (its interface is still there, so the
+        //    second look would find the pod alive): nothing is rebuilt
+        del();
+        let why = resync().expect_err("a marked attachment is not rebuilt");
+        assert!(why.contains("DEL of it has begun"), "{why}");
+        assert!(intact().is_err(), "no host port of the deleted pod");
+        // 2. the pod restarted with the same container id: ADD unmarks, a flush, a rebuild
+        marks.unmark(&owner).unwrap();
+        add().unwrap();
+        flush();
+        resync().expect("the restarted pod is rebuilt");
+        intact().expect("its host port is back");
+        // 3. the DEL comes while the rebuild runs: it waits for the lock, marks after the
+        //    rebuild committed, and its deletion removes what was rebuilt
+        flush();
+        let r = under_marks(
+            &marks,
+            &owner,
+            false,
+            || Ok(()),
+            || {
+                let e = marks.shared(true, Duration::ZERO).expect_err("DEL's mark waits for the rebuild");
+                assert_eq!(e.code, code::TRY_AGAIN);
+                add()
+            },
+        )
+        .unwrap();
+        assert_eq!(r, Ok(()));
+        intact().expect("rebuilt");
+        del();
+        assert!(intact().is_err(), "the DEL that came during the rebuild removed it");
+        assert!(resync().is_err(), "and a later resync does not bring it back");
+        // 4. a cache entry replaced or gone meanwhile: nothing is rebuilt, no mark needed
+        marks.unmark(&owner).unwrap();
+        let r = under_marks(
+            &marks,
+            &owner,
+            false,
+            || Err("replaced".to_string()),
+            || -> Result<()> { panic!("not rebuilt") },
+        )
+        .unwrap();
+        assert_eq!(r, Err("replaced".to_string()));
+        // a dry run makes no directory and marks nothing
+        let dry = Marks::at(dir.join("none"));
+        assert_eq!(under_marks(&dry, &owner, true, || Ok(()), || Ok(7)).unwrap(), Ok(7));
+        assert!(!dry.path().exists());
+        // the sweep keeps the marks of cached attachments only
+        marks.mark_deleted(&owner).unwrap();
+        let held = marks.exclusive(Duration::ZERO).unwrap();
+        assert_eq!(held.sweep(&[marks::name(&owner)].into()).unwrap(), 0);
+        assert_eq!(held.sweep(&BTreeSet::new()).unwrap(), 1);
+        drop(held);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
