@@ -26,13 +26,18 @@
 //! the MAC the pod has now; portmap's part also restores the localhost guard for an attachment
 //! without host ports when a host-side interface of its result has `route_localnet` on.
 //!
-//! A runtime may delete an attachment while it is being rebuilt (its DEL before our rebuild):
-//! after the rebuild the attachment is looked at again (its cache file, its pod: namespace,
-//! interface and addresses, and its MAC), and what was rebuilt is removed again by the plugins'
-//! own DEL code unless all are still there. (A DEL whose portmap step ran before the rebuild and
-//! whose later steps, which remove the pod's interface, run only after that second look can
-//! still leave rebuilt host ports behind: portmap's stale-holder judgment frees such a port for
-//! the next ADD that wants it, and GC removes the rest.)
+//! bridge's spoof check is rebuilt for the MAC of the cached result ([`bridge_part`]), never
+//! one read from the interface.
+//!
+//! A runtime may delete an attachment while it is being rebuilt. Its DEL runs the chain in
+//! reverse, portmap's step first, and portmap's DEL marks the attachment before it deletes
+//! anything ([`portmap::marks`]); portmap's part is looked for that mark, and for its cache
+//! entry unchanged, and rebuilt, all under the lock that DEL takes to mark ([`under_marks`]).
+//! So a DEL whose portmap step came first is seen (nothing is rebuilt for it, and what was of
+//! bridge's part is taken back), and one that comes later deletes what was rebuilt. After the
+//! rebuild the attachment is looked at again too (its cache file, its pod: namespace,
+//! interface and addresses, and its MAC), and what was rebuilt is removed again by the
+//! plugins' own DEL code unless all are still there.
 
 use crate::inventory::{Cached, Inventory};
 use cni_common::attachment::AttachmentId;
@@ -177,8 +182,8 @@ pub fn pod(c: &Cached) -> Pod {
 /// sidecar with `CAP_NET_ADMIN` can), and what the spoof check would be rebuilt for is the
 /// pod's choice, not the runtime's truth (issue 27 finding 1). `Err(why)` then (and when the
 /// MAC cannot be read); `Ok` when they match or the cache names no MAC (bridge's CHECK compares
-/// only a MAC it was given; the spoof check is then keyed on the interface's MAC, as bridge's
-/// own resync does).
+/// only a MAC it was given; [`bridge_part`] then rebuilds no spoof check). Whatever the pod does
+/// after this look, the spoof check is rebuilt for the cached MAC ([`bridge_part`]).
 pub fn mac_as_cached(c: &Cached) -> std::result::Result<(), String> {
     let Some(result) = c.result.as_ref() else { return Ok(()) };
     let Some(want) = result
@@ -403,7 +408,8 @@ fn under_marks<T>(
 /// Whether `c`'s cache entry is still the one resync read (its path holds the same attachment
 /// with the same result and namespace): `Err(why)` when it is gone or replaced.
 fn still_cached(c: &Cached) -> std::result::Result<(), String> {
-    let dir = c.path.parent().map(Path::to_path_buf).unwrap_or_default();
+    // `<cache dir>/results/<file>`
+    let dir = c.path.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
     let inv = Inventory::load(&[dir], &[]);
     match inv.cached.iter().find(|n| n.path == c.path) {
         Some(n)
@@ -420,9 +426,116 @@ fn still_cached(c: &Cached) -> std::result::Result<(), String> {
     }
 }
 
+/// The container interface of `prev` (named `ifname`, in the namespace `netns`): its
+/// addresses, and the MAC the runtime was given for it, which is what bridge's spoof check is
+/// keyed on. `Err` when the result names no such interface or no MAC for it: the spoof check is
+/// then not rebuilt (a MAC read from the interface would be the pod's choice).
+fn container_in_result(
+    prev: &cni_common::CniResult,
+    ifname: &str,
+    netns: &str,
+) -> Result<(Vec<ipnet::IpNet>, Option<cni_common::mac::Mac>)> {
+    let pos =
+        prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == netns).ok_or_else(|| {
+            CniError::internal(format!("the cached result lists no interface {ifname:?} in {netns:?}"))
+        })?;
+    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
+    let mac = &prev.interfaces[pos].mac;
+    let mac = (!mac.is_empty())
+        .then(|| cni_common::mac::Mac::parse_interface("mac", mac))
+        .transpose()
+        .map_err(|e| CniError::internal(format!("the cached result: {}", e.msg)))?;
+    Ok((addrs, mac))
+}
+
+/// The host end of the veth whose container end is `ifname` in the namespace at `netns` (where
+/// the spoof check goes): the pod cannot rename or replace an interface of the host.
+fn host_veth(netns: &str, ifname: &str) -> Result<String> {
+    let ns = NetNs::open_recorded(netns)?
+        .ok_or_else(|| CniError::internal(format!("the namespace {} is gone", netns.escape_debug())))?;
+    let mut ctr = Netlink::new_in(&ns)?;
+    let mut host = Netlink::new()?;
+    let gone =
+        || CniError::internal(format!("container interface {ifname} has no veth peer in this namespace"));
+    let c = ctr
+        .link_by_name(ifname)?
+        .ok_or_else(|| CniError::internal(format!("container interface {ifname} not found")))?;
+    let h = host.link_by_index(c.link.ok_or_else(gone)?)?.ok_or_else(gone)?;
+    if h.kind.as_deref() != Some("veth") || h.link != Some(c.index) {
+        return Err(gone());
+    }
+    Ok(h.name)
+}
+
+/// bridge's part (`ipMasq`, `macspoofchk`), judged as bridge's CHECK judges it and rebuilt by
+/// its ADD's transaction ([`bridge::firewall::apply_add`]), with the spoof check keyed on the
+/// MAC of the cached result ([`container_in_result`]), never on the one the interface has
+/// when it is read: [`mac_as_cached`] refused a pod that had changed its MAC before, and one
+/// that changes it between that look and the rebuild still gets the runtime's MAC, not its
+/// own, in the spoof check.
+fn bridge_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
+    use bridge::firewall;
+    let conf = bridge::Conf::from_request(req)?;
+    if !conf.ip_masq && !conf.macspoofchk {
+        return Ok(None);
+    }
+    let prev =
+        req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
+    let (addrs, mac) = container_in_result(&prev, &req.env.ifname, &req.env.netns)?;
+    let masq_wanted =
+        conf.ip_masq && !addrs.is_empty() && !cni_common::upstream::masq::check(req)?.is_intact();
+    let masq: Option<(&[ipnet::IpNet], Option<&[ipnet::IpNet]>)> =
+        masq_wanted.then_some((addrs.as_slice(), conf.non_masquerade.as_deref()));
+    let pair = if conf.macspoofchk {
+        let mac = mac.ok_or_else(|| {
+            CniError::internal(format!(
+                "the cached result names no MAC for {}: the spoof check is not rebuilt for a MAC read                  from the pod",
+                req.env.ifname
+            ))
+        })?;
+        Some((host_veth(&req.env.netns, &req.env.ifname)?, mac))
+    } else {
+        None
+    };
+    let spoof = pair.as_ref().map(|(veth, mac)| (veth.as_str(), *mac));
+    let att = AttachmentId::of(req);
+    let mut nf = firewall::open()?;
+    let missing = |nf: &mut cni_common::netlink::nft::NfTables| -> Result<Vec<String>> {
+        let found = firewall::find(nf, &att, masq.is_some(), spoof.is_some())?;
+        Ok([
+            masq.and_then(|(a, n)| firewall::masq_missing(&found, &att, a, n)),
+            spoof.and_then(|(v, m)| firewall::spoof_missing(&found, v, m)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect())
+    };
+    let found = firewall::find(&mut nf, &att, masq.is_some(), spoof.is_some())?;
+    let (masq_gap, spoof_gap) = (
+        masq.and_then(|(a, n)| firewall::masq_missing(&found, &att, a, n)),
+        spoof.and_then(|(v, m)| firewall::spoof_missing(&found, v, m)),
+    );
+    let what: Vec<String> = masq_gap.iter().chain(spoof_gap.iter()).cloned().collect();
+    if what.is_empty() {
+        return Ok(None);
+    }
+    if !dry_run {
+        firewall::apply_add(
+            &mut nf,
+            &att,
+            masq.filter(|_| masq_gap.is_some()),
+            spoof.filter(|_| spoof_gap.is_some()),
+        )?;
+        if let Some(still) = missing(&mut nf)?.into_iter().next() {
+            return Err(CniError::internal(format!("still missing after rebuilding it: {still}")));
+        }
+    }
+    Ok(Some(what.join("; ")))
+}
+
 fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
     match part {
-        Part::Bridge => bridge::resync::firewall(req, dry_run),
+        Part::Bridge => bridge_part(req, dry_run),
         Part::Portmap => portmap_part(req, dry_run),
         Part::Bandwidth => bandwidth::resync::shaping(req, dry_run),
     }
@@ -933,6 +1046,66 @@ mod tests {
         c.ifname = "cni-rs-none0".into();
         c.result.as_mut().unwrap().interfaces[0].name = "cni-rs-none0".into();
         assert!(mac_as_cached(&c).unwrap_err().contains("cannot read"), "unreadable: not rebuilt");
+    }
+
+    /// The cache entry resync read, looked at again under the marks lock: the same, replaced
+    /// (a DEL and an ADD of the same attachment meanwhile) or gone.
+    #[test]
+    fn a_cache_entry_is_still_cached_only_as_it_was_read() {
+        let dir = std::env::temp_dir().join(format!("resync-still-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("results").join("net-ctr-eth0");
+        let write = |ip: &str| {
+            let conf = json!({"cniVersion": "1.0.0", "name": "net", "plugins": [{"type": "portmap"}]});
+            let result = json!({"cniVersion": "1.0.0", "ips": [{"address": ip}]});
+            let e = cnitool::cache::CacheEntry {
+                container_id: "ctr".into(),
+                config: conf.to_string().into_bytes(),
+                if_name: "eth0".into(),
+                network_name: "net".into(),
+                netns: "/run/netns/p".into(),
+                cni_args: Vec::new(),
+                capability_args: None,
+                result: result.as_object().cloned(),
+            };
+            cnitool::cache::write(&path, &e).unwrap();
+        };
+        write("10.66.0.5/24");
+        let inv = Inventory::load(std::slice::from_ref(&dir), &[]);
+        let c = inv.cached.first().expect("the entry").clone();
+        assert_eq!(still_cached(&c), Ok(()));
+        write("10.66.0.9/24");
+        assert!(still_cached(&c).unwrap_err().contains("replaced"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(still_cached(&c).unwrap_err().contains("deleted it meanwhile"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The spoof check is keyed on the MAC of the cached result, never read from the pod's
+    /// interface (where a pod with `CAP_NET_ADMIN` could change it between resync's look and
+    /// the rebuild); without a cached MAC it is not rebuilt.
+    #[test]
+    fn the_spoof_checks_mac_comes_from_the_cached_result() {
+        let result = |mac: &str| {
+            cni_common::CniResult::decode(
+                &json!({"cniVersion": "1.0.0",
+                        "interfaces": [{"name": "rsbr0", "mac": "02:00:00:00:00:01"},
+                                       {"name": "veth1", "mac": "02:00:00:00:00:02"},
+                                       {"name": "eth0", "mac": mac, "sandbox": "/run/netns/p"}],
+                        "ips": [{"address": "10.66.0.5/24", "interface": 2},
+                                {"address": "10.77.0.5/24", "interface": 0}]}),
+                Version::V1_0_0,
+            )
+            .unwrap()
+        };
+        let (addrs, mac) = container_in_result(&result("02:42:AC:11:00:02"), "eth0", "/run/netns/p").unwrap();
+        assert_eq!(addrs, vec!["10.66.0.5/24".parse::<ipnet::IpNet>().unwrap()], "its own addresses only");
+        assert_eq!(mac, Some(cni_common::mac::Mac([0x02, 0x42, 0xac, 0x11, 0x00, 0x02])));
+        let (_, mac) = container_in_result(&result(""), "eth0", "/run/netns/p").unwrap();
+        assert_eq!(mac, None, "no MAC cached: none (and the spoof check is not rebuilt)");
+        assert!(container_in_result(&result("zz"), "eth0", "/run/netns/p").is_err());
+        let e = container_in_result(&result("02:42:ac:11:00:02"), "eth0", "/run/netns/q").unwrap_err();
+        assert!(e.msg.contains("lists no interface"), "another namespace is not the pod's: {e:?}");
     }
 
     #[test]
