@@ -1,6 +1,7 @@
 //! The default network configurations the ecosystem's tools write (conf-examples/: Podman 4,
 //! nerdctl, Nomad, kind, k3s, containerd, CRI-O), each run with **only our release tarball**
-//! extracted into a scratch CNI bin dir: ADD of two pods, traffic (gateway, pod to pod, pod to
+//! extracted into a scratch CNI bin dir, once through the harness's runner and once through
+//! the tarball's own `cnitool`: ADD of two pods, traffic (gateway, pod to pod, pod to
 //! an outside namespace, the host port from outside where the list has `portmap`), CHECK, DEL
 //! (twice), and nothing left in the fake host.
 //!
@@ -174,23 +175,137 @@ fn rewrite_ipam(ipam: &mut Value, w: &World) {
     ipam["dataDir"] = json!(w.data.str());
 }
 
-/// The list as a chain on the tarball's binaries, host-local rewritten (see the module doc).
-fn chain_of(list: &Value, w: &World) -> Chain {
-    let mut plugins = list["plugins"].as_array().expect("plugins").clone();
-    for p in &mut plugins {
+/// The list with its host-local entries rewritten for a scratch run (see the module doc).
+fn scratch(list: &Value, w: &World) -> Value {
+    let mut list = list.clone();
+    for p in list["plugins"].as_array_mut().expect("plugins") {
         if p["ipam"]["type"] == "host-local" {
             rewrite_ipam(&mut p["ipam"], w);
         }
     }
+    list
+}
+
+/// A (scratch) list as a chain on the tarball's binaries.
+fn chain_of(list: &Value, w: &World) -> Chain {
     Chain {
         name: list["name"].as_str().expect("name").into(),
         version: list["cniVersion"].as_str().expect("cniVersion").into(),
-        plugins,
+        plugins: list["plugins"].as_array().expect("plugins").clone(),
         cni_path: w.bins.path().to_path_buf(),
     }
 }
 
+/// Who runs the list: the harness's runner (tests/src/chain.rs, libcni's semantics), or the
+/// tarball's own `cnitool` with the list in a scratch NETCONFPATH under the tool's file name
+/// and a scratch cache (CHECK and DEL then take the result from cnitool's cache, as libcni).
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Runner,
+    Cnitool,
+}
+
+struct Driver<'a> {
+    via: Via,
+    chain: Chain,
+    w: &'a World,
+    conf: TempDir,
+    cache: TempDir,
+}
+
+impl<'a> Driver<'a> {
+    fn new(via: Via, file: &str, list: &Value, w: &'a World) -> Driver<'a> {
+        let conf = TempDir::new("clconf");
+        std::fs::write(conf.join(file), serde_json::to_string_pretty(list).unwrap()).unwrap();
+        Driver { via, chain: chain_of(list, w), w, conf, cache: TempDir::new("clcache") }
+    }
+
+    fn cnitool(&self, verb: &str, id: &str, pod: &Netns, caps: &Value) -> std::process::Output {
+        self.w
+            .host
+            .command(self.w.bins.join("cnitool"))
+            .args([verb, &self.chain.name, pod.path_str()])
+            .env("CNI_PATH", self.w.bins.path())
+            .env("NETCONFPATH", self.conf.path())
+            .env("CNI_CACHE_DIR", self.cache.path())
+            .env("CNI_CONTAINERID", id)
+            .env("CNI_IFNAME", "eth0")
+            .env("CAP_ARGS", caps.to_string())
+            .output()
+            .expect("run the tarball's cnitool")
+    }
+
+    fn add(&self, id: &str, pod: &Netns, caps: &Value) -> Value {
+        let name = &self.chain.name;
+        match self.via {
+            Via::Runner => {
+                self.chain
+                    .add(id, pod.path_str(), "eth0", caps, Some(&self.w.host))
+                    .unwrap_or_else(|s| panic!("{name}: ADD failed: {s:?}"))
+                    .0
+            }
+            Via::Cnitool => {
+                let out = self.cnitool("add", id, pod, caps);
+                assert!(
+                    out.status.success(),
+                    "{name}: cnitool add: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                serde_json::from_slice(&out.stdout).expect("cnitool add prints the result")
+            }
+        }
+    }
+
+    /// CHECK through the list. libcni refuses CHECK below 0.4.0, and so does our cnitool
+    /// (checked); the runner checks kind's 0.3.1 list at 1.0.0 with its 0.3.1 result instead,
+    /// as after a runtime upgraded the list.
+    fn check(&self, id: &str, pod: &Netns, caps: &Value, result: &Value) {
+        let name = &self.chain.name;
+        match self.via {
+            Via::Runner => {
+                let checked = if self.chain.version.as_str() < "0.4.0" {
+                    Chain { version: "1.0.0".into(), ..self.chain.clone() }
+                } else {
+                    self.chain.clone()
+                };
+                for s in checked.check(id, pod.path_str(), "eth0", caps, result, Some(&self.w.host)) {
+                    assert_eq!(s.out.code, 0, "{name}: CHECK {}: {}{}", s.plugin, s.out.stdout, s.out.stderr);
+                }
+            }
+            Via::Cnitool => {
+                let out = self.cnitool("check", id, pod, caps);
+                let err = String::from_utf8_lossy(&out.stderr);
+                if self.chain.version.as_str() < "0.4.0" {
+                    // libcni's CheckNetworkList refuses, naming the version: so does ours
+                    assert!(!out.status.success(), "{name}: cnitool check of a 0.3.x list succeeded");
+                    assert!(err.contains("does not support the CHECK command"), "{name}: {err}");
+                } else {
+                    assert!(out.status.success(), "{name}: cnitool check: {err}");
+                }
+            }
+        }
+    }
+
+    fn del(&self, id: &str, pod: &Netns, caps: &Value, result: &Value) {
+        match self.via {
+            Via::Runner => {
+                self.chain.del(id, pod.path_str(), "eth0", caps, Some(result), Some(&self.w.host));
+            }
+            Via::Cnitool => {
+                let out = self.cnitool("del", id, pod, caps);
+                assert!(
+                    out.status.success(),
+                    "{}: cnitool del: {}",
+                    self.chain.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
 /// What a run expects beyond the defaults.
+#[derive(Clone)]
 struct Expect {
     /// Pods leave for the outside with the host's address (the main plugin's `ipMasq`);
     /// otherwise the outside routes the pod subnets back (the cluster's routing does that for
@@ -213,8 +328,19 @@ fn gateways(result: &Value) -> Vec<String> {
         .collect()
 }
 
-/// ADD two pods, traffic, CHECK, DEL twice, nothing left.
-fn run(chain: &Chain, w: &World, expect: Expect) {
+/// ADD two pods, traffic, CHECK, DEL twice, nothing left: once through the runner and once
+/// through the tarball's cnitool, each in a fresh world made by `world` (which also prepares
+/// the host as the tool would) from the tool's `file` (made scratch by `scratch`).
+fn run_both(file: &str, list: &Value, world: impl Fn() -> World, expect: Expect) {
+    for via in [Via::Runner, Via::Cnitool] {
+        let w = world();
+        let d = Driver::new(via, file, &scratch(list, &w), &w);
+        run(&d, &expect);
+    }
+}
+
+fn run(d: &Driver, expect: &Expect) {
+    let (chain, w) = (&d.chain, d.w);
     let n = w.n;
     let has_portmap = chain.plugins.iter().any(|p| p["type"] == "portmap");
     let mut caps_a = expect.caps_a.clone();
@@ -224,12 +350,8 @@ fn run(chain: &Chain, w: &World, expect: Expect) {
     let caps_b = json!({});
     let (a, ida) = w.pod();
     let (b, idb) = w.pod();
-    let (ra, _) = chain
-        .add(&ida, a.path_str(), "eth0", &caps_a, Some(&w.host))
-        .unwrap_or_else(|s| panic!("{}: ADD pod A failed: {s:?}", chain.name));
-    let (rb, _) = chain
-        .add(&idb, b.path_str(), "eth0", &caps_b, Some(&w.host))
-        .unwrap_or_else(|s| panic!("{}: ADD pod B failed: {s:?}", chain.name));
+    let ra = d.add(&ida, &a, &caps_a);
+    let rb = d.add(&idb, &b, &caps_b);
     assert_eq!(ra["cniVersion"], json!(chain.version), "{}: the result's version", chain.name);
     let families: Vec<bool> = [false, true].into_iter().filter(|v6| addr_of(&ra, *v6).is_some()).collect();
     assert!(!families.is_empty(), "{}: no address in {ra}", chain.name);
@@ -278,23 +400,13 @@ fn run(chain: &Chain, w: &World, expect: Expect) {
         }
     }
 
-    // CHECK (libcni runs none below 0.4.0: kind's 0.3.1 list is checked at 1.0.0 with its
-    // 0.3.1 result, as a runtime does after upgrading the list)
-    let checked = if chain.version.as_str() < "0.4.0" {
-        Chain { version: "1.0.0".into(), ..chain.clone() }
-    } else {
-        chain.clone()
-    };
     for (id, pod, caps, r) in [(&ida, &a, &caps_a, &ra), (&idb, &b, &caps_b, &rb)] {
-        for s in checked.check(id, pod.path_str(), "eth0", caps, r, Some(&w.host)) {
-            assert_eq!(s.out.code, 0, "{}: CHECK {}: {}{}", chain.name, s.plugin, s.out.stdout, s.out.stderr);
-        }
+        d.check(id, pod, caps, r);
     }
-
     // DEL, and DEL again (a runtime retries)
     for _ in 0..2 {
-        chain.del(&ida, a.path_str(), "eth0", &caps_a, Some(&ra), Some(&w.host));
-        chain.del(&idb, b.path_str(), "eth0", &caps_b, Some(&rb), Some(&w.host));
+        d.del(&ida, &a, &caps_a, &ra);
+        d.del(&idb, &b, &caps_b, &rb);
     }
     let addrs: Vec<String> = result_ips(&ra).into_iter().chain(result_ips(&rb)).collect();
     assert_eq!(
@@ -351,12 +463,8 @@ fn left_behind(chain: &Chain, w: &World, pods: &[&Netns], ids: &[&str], addrs: &
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn podman_87_podman_bridge() {
-    let w = World::new();
-    run(
-        &chain_of(&example("87-podman-bridge.conflist"), &w),
-        &w,
-        Expect { masquerade: true, caps_a: json!({}) },
-    );
+    let f = "87-podman-bridge.conflist";
+    run_both(f, &example(f), World::new, Expect { masquerade: true, caps_a: json!({}) });
 }
 
 /// nerdctl's default network (nerdctl-bridge.conflist): as Podman's, firewall with
@@ -364,50 +472,52 @@ fn podman_87_podman_bridge() {
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn nerdctl_default_bridge() {
-    let w = World::new();
-    run(
-        &chain_of(&example("nerdctl-bridge.conflist"), &w),
-        &w,
-        Expect { masquerade: true, caps_a: json!({}) },
-    );
+    let f = "nerdctl-bridge.conflist";
+    run_both(f, &example(f), World::new, Expect { masquerade: true, caps_a: json!({}) });
 }
 
 /// Nomad's bridge network (cniVersion 0.4.0, loopback first inside the list, `forceAddress`,
 /// firewall on iptables with Nomad's `NOMAD-ADMIN` chain, portmap with `snat`). Nomad creates
 /// its admin chain with a rule accepting traffic to the bridge's subnet before the first ADD
-/// (client/allocrunner/networking_iptables.go, ensureChainRule): so does the host here.
+/// (client/allocrunner/networking_iptables.go, ensureChainRule): so does the host here, and
+/// our firewall's `CNI-FORWARD` must jump to it.
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn nomad_bridge() {
-    let w = World::new();
-    let chain = chain_of(&example("nomad-bridge.conflist"), &w);
-    assert_eq!(chain.plugin_type(0), "loopback");
-    let subnet = chain.plugins[1]["ipam"]["ranges"][0][0]["subnet"].as_str().unwrap().to_string();
-    let bridge = chain.plugins[1]["bridge"].as_str().unwrap().to_string();
-    w.host.run("iptables", &["-t", "filter", "-N", "NOMAD-ADMIN"]);
-    w.host.run(
-        "iptables",
-        &["-t", "filter", "-A", "NOMAD-ADMIN", "-o", &bridge, "-d", &subnet, "-j", "ACCEPT"],
-    );
-    run(&chain, &w, Expect { masquerade: true, caps_a: json!({}) });
-    let admin = w.host.run("iptables", &["-t", "filter", "-S", "CNI-FORWARD"]);
-    assert!(
-        String::from_utf8_lossy(&admin.stdout).contains("-j NOMAD-ADMIN"),
-        "CNI-FORWARD jumps to Nomad's admin chain: {}",
-        String::from_utf8_lossy(&admin.stdout)
-    );
+    let f = "nomad-bridge.conflist";
+    let list = example(f);
+    assert_eq!(list["plugins"][0]["type"], "loopback");
+    let nomad_host = || {
+        let w = World::new();
+        let l = scratch(&list, &w);
+        let subnet = l["plugins"][1]["ipam"]["ranges"][0][0]["subnet"].as_str().unwrap().to_string();
+        let bridge = l["plugins"][1]["bridge"].as_str().unwrap().to_string();
+        w.host.run("iptables", &["-t", "filter", "-N", "NOMAD-ADMIN"]);
+        w.host.run(
+            "iptables",
+            &["-t", "filter", "-A", "NOMAD-ADMIN", "-o", &bridge, "-d", &subnet, "-j", "ACCEPT"],
+        );
+        w
+    };
+    for via in [Via::Runner, Via::Cnitool] {
+        let w = nomad_host();
+        let d = Driver::new(via, f, &scratch(&list, &w), &w);
+        run(&d, &Expect { masquerade: true, caps_a: json!({}) });
+        let fwd = w.host.run("iptables", &["-t", "filter", "-S", "CNI-FORWARD"]);
+        assert!(
+            String::from_utf8_lossy(&fwd.stdout).contains("-j NOMAD-ADMIN"),
+            "CNI-FORWARD jumps to Nomad's admin chain: {}",
+            String::from_utf8_lossy(&fwd.stdout)
+        );
+    }
 }
 
 /// kind's kindnetd conflist (0.3.1: ptp without ipMasq, host-local dual stack, portmap).
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn kind_kindnet() {
-    let w = World::new();
-    run(
-        &chain_of(&example("kind-kindnet.conflist"), &w),
-        &w,
-        Expect { masquerade: false, caps_a: json!({}) },
-    );
+    let f = "kind-kindnet.conflist";
+    run_both(f, &example(f), World::new, Expect { masquerade: false, caps_a: json!({}) });
 }
 
 /// containerd's 10-containerd-net.conflist (script/setup/install-cni): bridge with
@@ -415,52 +525,51 @@ fn kind_kindnet() {
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn containerd_10_containerd_net() {
-    let w = World::new();
-    run(
-        &chain_of(&example("10-containerd-net.conflist"), &w),
-        &w,
-        Expect { masquerade: true, caps_a: json!({}) },
-    );
+    let f = "10-containerd-net.conflist";
+    run_both(f, &example(f), World::new, Expect { masquerade: true, caps_a: json!({}) });
 }
 
 /// CRI-O's contrib/cni/10-crio-bridge.conflist: one bridge, dual stack, hairpin.
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn crio_10_crio_bridge() {
-    let w = World::new();
-    run(
-        &chain_of(&example("10-crio-bridge.conflist"), &w),
-        &w,
-        Expect { masquerade: true, caps_a: json!({}) },
-    );
+    let f = "10-crio-bridge.conflist";
+    run_both(f, &example(f), World::new, Expect { masquerade: true, caps_a: json!({}) });
 }
 
 /// k3s's 10-flannel.conflist: `flannel` is not ours (nor upstream's plugins'): it is a
 /// meta-plugin that reads flannel's subnet.env and delegates to `bridge`. The list runs with
 /// flannel's entry replaced by exactly the delegate flannel-io/cni-plugin builds from k3s's
-/// `delegate` keys (flannel_linux.go, doCmdAdd: `name`, `type` bridge, `ipMasq` = not flannel's
+/// `delegate` keys (flannel_linux.go, doCmdAdd: `type` bridge, `ipMasq` = not flannel's
 /// ipmasq (k3s runs flannel with it on), `mtu` of the backend (vxlan: 1450), `isGateway`,
-/// host-local with the node's flannel subnet and the cluster network as route), then k3s's
-/// portmap and bandwidth as written, with kubelet's bandwidth runtimeConfig for the first pod.
+/// host-local with the node's flannel subnet as range and the cluster network as route), then
+/// k3s's portmap and bandwidth as written, with kubelet's bandwidth runtimeConfig (rates from
+/// the pod's annotations, burst MaxInt32) for the first pod.
 #[test]
 #[ignore = "needs scripts/release.sh's tarball: scripts/test.sh runs it after release.sh"]
 fn k3s_flannel_delegate_portmap_bandwidth() {
-    let w = World::new();
-    let n = w.n;
-    let mut list = example("k3s-10-flannel.conflist");
+    let f = "k3s-10-flannel.conflist";
+    let mut list = example(f);
     assert_eq!(list["plugins"][0]["type"], "flannel");
     let mut delegate = list["plugins"][0]["delegate"].clone();
     delegate["type"] = json!("bridge");
     delegate["ipMasq"] = json!(false);
     delegate["mtu"] = json!(1450);
     delegate["isGateway"] = json!(true);
-    delegate["ipam"] = json!({"type": "host-local", "ranges": [[{"subnet": format!("10.{n}.1.0/24")}]],
-                              "routes": [{"dst": format!("10.{n}.0.0/16")}]});
+    // flannel's ranges and route; scratch() moves the range into the test's 10.<n>.1.0/24,
+    // and the cluster route is 10.<n>.0.0/16 below
+    delegate["ipam"] = json!({"type": "host-local", "ranges": [[{"subnet": "10.42.0.0/24"}]],
+                              "routes": [{"dst": "10.42.0.0/16"}]});
     list["plugins"][0] = delegate;
-    let chain = chain_of(&list, &w);
     let bandwidth = json!({"bandwidth": {"ingressRate": 10_000_000, "ingressBurst": 2_147_483_647_u64,
                                          "egressRate": 10_000_000, "egressBurst": 2_147_483_647_u64}});
-    run(&chain, &w, Expect { masquerade: false, caps_a: bandwidth });
+    for via in [Via::Runner, Via::Cnitool] {
+        let w = World::new();
+        let mut l = scratch(&list, &w);
+        l["plugins"][0]["ipam"]["routes"] = json!([{"dst": format!("10.{}.0.0/16", w.n)}]);
+        let d = Driver::new(via, f, &l, &w);
+        run(&d, &Expect { masquerade: false, caps_a: bandwidth.clone() });
+    }
 }
 
 /// Every conflist of conf-examples/ that names a plugin names one of the tarball's, except
