@@ -200,6 +200,10 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<()> {
         let conf = load(req)?;
-        flow::status(&mut nf_tables()?, &conf)
+        flow::status(
+            &mut nf_tables()?,
+            &conf,
+            Some(std::path::Path::new(cni_common::netlink::nft::certify::DIR)),
+        )
     }
 }
