@@ -65,6 +65,15 @@ scripts/upstream-tests.sh
 # The release artifacts (both architectures, checked: scripts/check-release.sh), and the arm64
 # binaries under qemu (docs/packaging.md, docs/testing.md). The x86_64 build is the one above.
 scripts/release.sh
+# The ecosystem's default conflists (conf-examples/) on the release tarball alone, extracted
+# into a scratch bin dir (tests/e2e/conflists.rs: #[ignore]d in the passes above, which run
+# before the tarball exists).
+tarball="$PWD/dist/cni-rs-linux-amd64-v$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml).tgz"
+if cargo nextest --version >/dev/null 2>&1; then
+    CNI_TEST_RELEASE_TARBALL=$tarball cargo nextest run -p cni-tests --test conflists --run-ignored ignored-only --no-fail-fast
+else
+    CNI_TEST_RELEASE_TARBALL=$tarball cargo test -p cni-tests --test conflists --no-fail-fast -- --ignored
+fi
 scripts/test-arm64.sh
 
 # A fixed sample of the mutation tests (docs/testing.md, "Mutation testing"; the whole set is
