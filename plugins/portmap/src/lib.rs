@@ -22,6 +22,8 @@
 //! - [`kernel`]: the seam ([`kernel::Kernel`]): netlink, and a fake for tests.
 //! - [`flow`]: each verb's loop of read, plan, apply.
 //! - [`netns`]: telling a stale holder of a host port from a live one.
+//! - [`upstream`]: upstream portmap's host ports (iptables, its nftables backend), found,
+//!   checked and removed so that binaries can be swapped under running containers.
 #![warn(clippy::too_many_lines)]
 
 pub mod config;
@@ -34,3 +36,4 @@ pub mod netns;
 pub mod plan;
 pub mod plugin;
 pub mod state;
+pub mod upstream;
