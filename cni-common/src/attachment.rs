@@ -36,6 +36,8 @@ pub struct AttachmentId {
 
 /// nft's limit on comment length.
 const NFT_COMMENT_MAX: usize = 128;
+/// The longest spoof-check reference: `macspoofchk-<ref>` fits in a rule comment.
+const SPOOF_REF_MAX: usize = NFT_COMMENT_MAX - "macspoofchk-".len();
 /// `IFALIASZ - 1`.
 const ALIAS_MAX: usize = 255;
 const IFNAMSIZ: usize = 15;
@@ -204,8 +206,20 @@ impl AttachmentId {
     }
 
     /// `<containerID>-<ifname>`: upstream's spoof-check reference id (chain names, comments).
+    /// One that would not fit whole in the rule comment `macspoofchk-<ref>` (128 bytes; the
+    /// chain names' limit is 255) keeps its first bytes and ends in `-` and 16 hex digits of
+    /// a hash of the whole (ids past ~110 bytes: no runtime's, but accepted): the chains, the
+    /// comment and GC's reading of it then name the same attachment, where a cut comment
+    /// would name another and nf_tables would refuse the chain name.
     pub fn spoof_ref(&self) -> String {
-        nft_safe(&format!("{}-{}", self.container_id, self.ifname))
+        let full = format!("{}-{}", self.container_id, self.ifname);
+        let mut r = nft_safe(&full);
+        if r.len() > SPOOF_REF_MAX {
+            r.truncate(SPOOF_REF_MAX - 17);
+            r.push('-');
+            r.push_str(&sha512_hex(&full, 16));
+        }
+        r
     }
 
     /// The alias bridge gives the host veth of a `macspoofchk` attachment:
@@ -217,8 +231,14 @@ impl AttachmentId {
         s
     }
 
-    /// The attachment a [`AttachmentId::veth_alias`] names.
+    /// The attachment a [`AttachmentId::veth_alias`] names. `None` for an alias that may have
+    /// been cut at the length limit (within a character's width of it): its last field could
+    /// be a prefix of the real one, and a caller that took it for the attachment (GC judging
+    /// a port's owner) could find a live attachment stale. Unknown is alive.
     pub fn from_veth_alias(alias: &str) -> Option<AttachmentId> {
+        if alias.len() > ALIAS_MAX - 4 {
+            return None;
+        }
         let mut parts = alias.strip_prefix(VETH_ALIAS_TAG)?.splitn(3, ':');
         Some(AttachmentId::new(parts.next()?, parts.next()?, parts.next()?))
     }
@@ -322,6 +342,26 @@ mod tests {
         assert_eq!(AttachmentId::from_veth_alias(&x.veth_alias()), Some(x));
         assert_eq!(AttachmentId::from_veth_alias("some admin note"), None);
         assert_eq!(AttachmentId::from_veth_alias("cni:only:two"), None);
+        // an alias that may have been cut names nothing (GC keeps its port's rules)
+        let long = a("n", &"c".repeat(300), "eth0");
+        assert_eq!(AttachmentId::from_veth_alias(&long.veth_alias()), None);
+        let fits = a("n", &"c".repeat(ALIAS_MAX - 4 - "cni:n::eth0".len()), "eth0");
+        assert_eq!(fits.veth_alias().len(), ALIAS_MAX - 4);
+        assert_eq!(AttachmentId::from_veth_alias(&fits.veth_alias()), Some(fits));
+    }
+
+    #[test]
+    fn a_long_spoof_ref_fits_comments_and_chain_names_and_stays_distinct() {
+        let short = a("n", &"c".repeat(64), "eth0");
+        assert_eq!(short.spoof_ref(), format!("{}-eth0", "c".repeat(64)), "runtimes' ids: upstream's form");
+        let (x, y) = (a("n", &"c".repeat(400), "eth0"), a("n", &"c".repeat(401), "eth0"));
+        for r in [x.spoof_ref(), y.spoof_ref()] {
+            assert_eq!(r.len(), SPOOF_REF_MAX);
+            assert!(format!("macspoofchk-{r}").len() <= NFT_COMMENT_MAX);
+            assert!(format!("cni-br-iface-{r}-mac").len() <= 255);
+        }
+        assert_ne!(x.spoof_ref(), y.spoof_ref(), "ids that share a prefix keep apart");
+        assert_eq!(x.spoof_ref(), x.spoof_ref());
     }
 
     #[test]

@@ -1240,3 +1240,112 @@ fn an_add_whose_helper_thread_cannot_start_leaves_nothing() {
     // Without the limit the same ADD works.
     w.exec("ADD", "nothread", &ctr, "eth0").run(&conf).ok();
 }
+
+// ---------------------------------------------------------------------------------------------
+// IPv6 uplinks: forwarding must not cost the host its default route from router advertisements
+
+/// One router advertisement (router lifetime 1800 s, no options) sent to all nodes on `dev`
+/// from inside `router`: a raw ICMPv6 socket (the kernel fills in the checksum) on a thread that
+/// enters the namespace, hop limit 255 as the receiver demands, from the link-local address.
+fn send_router_advertisement(router: &Netns, dev: &str) {
+    let index = router.link(dev).and_then(|l| l["ifindex"].as_u64()).expect("router link") as u32;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            router.enter_current_thread();
+            // SAFETY: plain socket calls on a descriptor this thread owns; every pointer is to a
+            // live local of the size passed.
+            unsafe {
+                let fd =
+                    libc::socket(libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_ICMPV6);
+                assert!(fd >= 0, "raw ICMPv6 socket: {}", std::io::Error::last_os_error());
+                let hops: libc::c_int = 255;
+                let ifindex: libc::c_int = index as libc::c_int;
+                for (opt, v) in [(libc::IPV6_MULTICAST_HOPS, &hops), (libc::IPV6_MULTICAST_IF, &ifindex)] {
+                    let r = libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IPV6,
+                        opt,
+                        (v as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    );
+                    assert_eq!(r, 0, "setsockopt {opt}: {}", std::io::Error::last_os_error());
+                }
+                // type 134, code 0, checksum, hop limit 64, flags 0, lifetime 1800, reachable 0,
+                // retransmit 0
+                let ra: [u8; 16] = [134, 0, 0, 0, 64, 0, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
+                let mut to: libc::sockaddr_in6 = std::mem::zeroed();
+                to.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                to.sin6_addr.s6_addr = "ff02::1".parse::<std::net::Ipv6Addr>().unwrap().octets();
+                to.sin6_scope_id = index;
+                let n = libc::sendto(
+                    fd,
+                    ra.as_ptr().cast(),
+                    ra.len(),
+                    0,
+                    (&to as *const libc::sockaddr_in6).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                );
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                assert_eq!(n, ra.len() as isize, "send router advertisement: {err}");
+            }
+        });
+    });
+}
+
+/// The default routes of the namespace learnt from router advertisements (`proto ra`).
+fn ra_default_routes(ns: &Netns) -> Vec<Value> {
+    ns.ip_json(&["-6", "route", "show", "default"])
+        .as_array()
+        .map(|a| a.iter().filter(|r| r["protocol"] == "ra").cloned().collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn ipv6_forwarding_keeps_the_uplinks_default_route_from_router_advertisements() {
+    let w = World::new();
+    // The uplink "up0" of the test host, cabled to a router namespace that advertises itself.
+    let router = Netns::new("brr");
+    w.host.run("ip", &["link", "add", "up0", "type", "veth", "peer", "name", "rt0", "netns", router.name()]);
+    for (ns, dev) in [(&w.host, "up0"), (&router, "rt0")] {
+        ns.run("sysctl", &["-qw", &format!("net.ipv6.conf.{dev}.accept_dad=0")]);
+        ns.run("ip", &["link", "set", dev, "up"]);
+    }
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/up0/accept_ra"), "1", "a fresh namespace's default");
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/all/forwarding"), "0");
+    wait_until("rt0's link-local address", Duration::from_secs(10), || {
+        router.addrs("rt0").iter().any(|a| a.starts_with("fe80"))
+    });
+    wait_until("a default route from the router's advertisement", Duration::from_secs(10), || {
+        send_router_advertisement(&router, "rt0");
+        !ra_default_routes(&w.host).is_empty()
+    });
+
+    // A dual-stack pod with gateways on the bridge turns on forwarding for both families.
+    let ctr = Netns::new("brc");
+    let mut conf = w.conf("1.0.0", json!({"isGateway": true, "isDefaultGateway": true}));
+    conf["ipam"] = w.ipam(&["10.10.0.0/24", "fd00:10::/64"], json!([]));
+    let out = w.exec("ADD", "ra", &ctr, "eth0").run(&conf.to_string()).success();
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/all/forwarding"), "1");
+    assert_eq!(sysctl(&w.host, "net/ipv4/ip_forward"), "1");
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/up0/accept_ra"), "2");
+    assert!(out.stderr.contains("accept_ra raised from 1 to 2 on up0"), "stderr: {}", out.stderr);
+    // The kernel purges default routes learnt from advertisements when forwarding comes on,
+    // except on interfaces with accept_ra=2: the uplink's is still there, and advertisements
+    // are still taken (the next one renews it).
+    let routes = ra_default_routes(&w.host);
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert_eq!(routes[0]["dev"], "up0", "{routes:?}");
+    // Templates and the bridge's own ports are left alone; a second ADD (forwarding already on)
+    // says nothing.
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/default/accept_ra"), "1");
+    assert_eq!(sysctl(&w.host, "net/ipv6/conf/cni0/accept_ra"), "0");
+    let c2 = Netns::new("brc");
+    let out = w.exec("ADD", "ra2", &c2, "eth0").run(&conf.to_string()).success();
+    assert!(!out.stderr.contains("accept_ra"), "stderr: {}", out.stderr);
+    send_router_advertisement(&router, "rt0");
+    assert_eq!(ra_default_routes(&w.host).len(), 1);
+    for (id, ns) in [("ra", &ctr), ("ra2", &c2)] {
+        w.exec("DEL", id, ns, "eth0").run(&conf.to_string()).ok_silent();
+    }
+}

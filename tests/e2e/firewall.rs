@@ -220,7 +220,16 @@ fn traffic_through(tool: &str) {
     // without the firewall: the drop wins, and the diagnosis names the chain and the fix
     let bare = w.chain(&net, false);
     let p0 = Netns::new("fwp");
-    let (r0, _) = bare.add("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD");
+    let (r0, steps) = bare.add("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&w.host)).expect("ADD");
+    // the bridge's ADD that made the bridge names the chain that drops and the fix
+    let said = &steps[0].out.stderr;
+    assert!(
+        said.contains("bridge: note:")
+            && said.contains(tool)
+            && said.contains("FORWARD")
+            && said.contains("\"firewall\" plugin"),
+        "bridge's ADD says who drops its pods' traffic: {said}"
+    );
     assert!(
         !pings(&p0, "192.0.2.2"),
         "traffic must die at {tool}'s FORWARD DROP without the firewall plugin"

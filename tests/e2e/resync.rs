@@ -6,7 +6,7 @@
 //! `cri_pods_survive_a_firewall_reload_through_resync` in tests/e2e/cri.rs.
 
 use cni_tests::traffic::{fetch, fetch_udp, Server, UdpServer};
-use cni_tests::{bin, bin_dir, cni_path_with, workspace_root, Netns, TempDir};
+use cni_tests::{bin, bin_dir, cni_path_with, workspace_root, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -524,5 +524,77 @@ fn resync_never_whitelists_a_mac_the_pod_chose() {
             assert!(out.contains("the pod changed it"), "{out}");
             assert!(!node.ruleset().contains(CHOSEN), "nothing is rebuilt for the MAC the pod chose");
         }
+    }
+}
+
+/// Issue 27 finding 10: a runtime's DEL runs the chain in reverse, portmap's step first and
+/// bridge's (which removes the pod's interface) after it. Paused between the two — portmap's DEL
+/// run alone, as the chain runs it — the pod still looks alive (namespace, interface, addresses,
+/// MAC) and its cache entry is there. The previous main's resync then rebuilt the deleted pod's
+/// host port, left pointing at an address host-local hands out again. Now portmap's DEL has
+/// marked the attachment, and resync rebuilds nothing for it (what it rebuilt of bridge's part
+/// is taken back). The DEL then completes; the pod restarted with the same container id gets
+/// its host port, and resync rebuilds it again after the next flush.
+#[test]
+fn resync_never_rebuilds_host_ports_of_a_pod_whose_del_has_begun() {
+    const PORT: u16 = 18_491;
+    for (exe, before) in [(baseline_cni_migrate(), true), (bin("cni-migrate"), false)] {
+        let node = Node::new(&[]);
+        let ctr = Netns::new("rsd");
+        let id = "pod-del";
+        let caps = json!({"portMappings": [{"hostPort": PORT, "containerPort": 80, "protocol": "tcp"}]});
+        let result = node.add(id, &ctr, &caps);
+        let _server = Server::tcp(&ctr, 80, id);
+        let from_outside = format!("{id} {OUTSIDE_ADDR}");
+        assert_eq!(fetch(&node.outside, HOST_ADDR, PORT), from_outside, "the host port works");
+        node.host.run("nft", &["flush", "ruleset"]);
+        assert_eq!(fetch(&node.outside, HOST_ADDR, PORT), "", "the flush took it");
+
+        // the DEL, paused after its portmap step: the configuration libcni gives portmap
+        let conf = json!({"cniVersion": "1.0.0", "name": NET, "type": "portmap",
+                          "capabilities": {"portMappings": true}, "snat": true,
+                          "runtimeConfig": caps, "prevResult": result});
+        Exec::new(node.plugins.join("portmap").to_str().unwrap())
+            .in_ns(&node.host)
+            .attachment("DEL", id, ctr.path_str(), "eth0", node.plugins.str())
+            .run_json(&conf)
+            .ok_silent();
+        assert!(ctr.link("eth0").is_some(), "the pod's interface is still there");
+
+        let installed =
+            if before { exe.parent().unwrap().to_path_buf() } else { node.plugins.path().to_path_buf() };
+        let (_, out) = node.resync_by(&exe, &[], &installed);
+        if before {
+            assert_eq!(
+                fetch(&node.outside, HOST_ADDR, PORT),
+                from_outside,
+                "cf0d296 rebuilds the host port of a pod whose DEL has begun: {out}"
+            );
+        } else {
+            assert!(out.contains("portmap's DEL of it has begun"), "{out}");
+            assert!(out.contains("what was rebuilt is removed again"), "bridge's part taken back: {out}");
+            assert_eq!(fetch(&node.outside, HOST_ADDR, PORT), "", "no host port for the deleted pod: {out}");
+            let rules = String::from_utf8(node.host.run("nft", &["list", "ruleset"]).stdout).unwrap();
+            assert!(!rules.contains(&PORT.to_string()), "nothing of it in the ruleset:\n{rules}");
+        }
+
+        // the DEL completes (the whole chain, as the runtime retries it)
+        let out = node.cnitool("del", id, ctr.path_str(), &caps);
+        assert!(out.status.success(), "DEL: {}", String::from_utf8_lossy(&out.stderr));
+        if before {
+            continue;
+        }
+        // the pod restarted with the same container id: ADD unmarks it
+        node.add(id, &ctr, &caps);
+        let _server = Server::tcp(&ctr, 80, id);
+        assert_eq!(fetch(&node.outside, HOST_ADDR, PORT), from_outside, "the restarted pod's host port");
+        node.host.run("nft", &["flush", "ruleset"]);
+        let (status, out) = node.resync(&[], node.plugins.path());
+        assert_eq!(status, 10, "rebuilt: {out}");
+        assert_eq!(lines_with(&out, &format!("{NET}/{id}/eth0: portmap: repaired")).len(), 1, "{out}");
+        assert_eq!(fetch(&node.outside, HOST_ADDR, PORT), from_outside, "rebuilt after the flush: {out}");
+        node.check(id, &ctr, &caps).unwrap_or_else(|e| panic!("CHECK after resync: {e}\n{out}"));
+        let out = node.cnitool("del", id, ctr.path_str(), &caps);
+        assert!(out.status.success(), "DEL: {}", String::from_utf8_lossy(&out.stderr));
     }
 }

@@ -873,7 +873,6 @@ pub fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-pub mod bench;
 pub mod chain;
 pub mod clients;
 pub mod cri;

@@ -9,16 +9,16 @@ use cni_common::attachment::AttachmentId;
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
 use cni_common::mac::Mac;
-use cni_common::netlink::nft::NfTables;
-use cni_common::netlink::{Link, Netlink, Route, TABLE_MAIN};
+use cni_common::netlink::{Link, Route, TABLE_MAIN};
 use cni_common::spec::result::{CniResult, Interface};
 use cni_common::spec::Command;
 use cni_common::Request;
 use ipnet::IpNet;
 
-use crate::add::port_vlan_plan;
 use crate::config::Conf;
 use crate::firewall;
+use crate::kernel::{Kernel, Ns, Real};
+use crate::model::{container_of, port_vlan_plan, route_gateway};
 
 fn fail(msg: impl Into<String>) -> CniError {
     CniError::internal(msg)
@@ -33,7 +33,10 @@ pub fn check(req: &Request) -> Result<()> {
     let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
     // The delegate checks its reservation while we look at the kernel.
     let pending = if conf.l3 { Some(ipam::start(req, Command::Check)?) } else { None };
-    let ours = check_state(req, &conf, &prev);
+    let ours = req.require_netns().and_then(|ns| {
+        let mut k = Real::new(req, ns)?;
+        check_state(&mut k, req, &conf, &prev)
+    });
     let theirs = match pending {
         Some(p) => p.wait().map(drop),
         None => Ok(()),
@@ -41,11 +44,9 @@ pub fn check(req: &Request) -> Result<()> {
     ours.and(theirs)
 }
 
-fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
+/// CHECK of the kernel's state through the seam `k` (the IPAM delegate aside).
+pub(crate) fn check_state(k: &mut dyn Kernel, req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
     let ifname = req.env.ifname.as_str();
-    let ns = req.require_netns()?;
-    let mut host = Netlink::new()?;
-    let mut ctr = Netlink::new_in(&ns)?;
 
     // Interfaces we created, as listed in prevResult.
     let br_if = prev
@@ -55,22 +56,22 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         .ok_or_else(|| fail(format!("prevResult lists no bridge interface {:?}", conf.bridge)))?;
     let (ctr_pos, ours) = container_of(prev, ifname, &req.env.netns)?;
 
-    let br = check_bridge(&mut host, conf, br_if)?;
-    let c = check_container_interface(&mut ctr, conf, ifname, &prev.interfaces[ctr_pos])?;
-    let hv = find_host_veth(&mut host, conf, prev, &c, &br)?;
+    let br = check_bridge(k, conf, br_if)?;
+    let c = check_container_interface(k, conf, ifname, &prev.interfaces[ctr_pos])?;
+    let hv = find_host_veth(k, conf, prev, &c, &br)?;
     if conf.uses_vlans() {
-        let have = host.bridge_port_vlans(hv.index)?;
+        let have = k.bridge_port_vlans(hv.index)?;
         for want in port_vlan_plan(conf.vlan, &conf.trunk) {
             if !have.contains(&want) {
                 return Err(fail(format!("bridge port {} lacks VLAN {want:?} (has {have:?})", hv.name)));
             }
         }
     }
-    check_addresses_and_routes(&mut ctr, prev, &ours, &c)?;
+    check_addresses_and_routes(k, prev, &ours, &c)?;
 
     // Gateway addresses on the bridge.
     if conf.l3 && conf.is_gateway && conf.vlan == 0 {
-        let on_bridge = host.addrs(Some(br.index), None)?;
+        let on_bridge = k.addrs(Ns::Host, Some(br.index), None)?;
         for ip in prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == ctr_pos)) {
             let Some(gw) = ip.gateway else { continue };
             let Ok(want) = IpNet::new(gw, ip.address.prefix_len()) else { continue };
@@ -80,30 +81,17 @@ fn check_state(req: &Request, conf: &Conf, prev: &CniResult) -> Result<()> {
         }
     }
     // Masquerading made by upstream's bridge (iptables) is checked in its own form.
-    let upstream_masq =
-        conf.ip_masq && !ours.is_empty() && cni_common::upstream::masq::check(req)?.is_intact();
-    if (conf.ip_masq && !ours.is_empty() && !upstream_masq) || conf.macspoofchk {
-        check_firewall(&AttachmentId::of(req), conf, &ours, &hv, &c, upstream_masq)?;
+    let masq = conf.ip_masq && !ours.is_empty() && !k.upstream_masq_intact()?;
+    if masq || conf.macspoofchk {
+        check_firewall(k, &AttachmentId::of(req), conf, &ours, &hv, &c, masq)?;
     }
     Ok(())
 }
 
-/// The container interface of prevResult (`ifname` in sandbox `netns`): its position in
-/// `interfaces` and the addresses prevResult puts on it.
-pub(crate) fn container_of(prev: &CniResult, ifname: &str, netns: &str) -> Result<(usize, Vec<IpNet>)> {
-    let pos = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == ifname && i.sandbox == netns)
-        .ok_or_else(|| fail(format!("prevResult lists no interface {ifname:?} in sandbox {netns:?}")))?;
-    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
-    Ok((pos, addrs))
-}
-
 /// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
-fn check_bridge(host: &mut Netlink, conf: &Conf, br_if: &Interface) -> Result<Link> {
-    let br = host
-        .link_by_name(&conf.bridge)?
+fn check_bridge(k: &mut dyn Kernel, conf: &Conf, br_if: &Interface) -> Result<Link> {
+    let br = k
+        .link_by_name(Ns::Host, &conf.bridge)?
         .ok_or_else(|| fail(format!("CNI created bridge {} in host namespace was not found", conf.bridge)))?;
     if br.kind.as_deref() != Some("bridge") {
         return Err(fail(format!("Interface {} does not have link type of bridge", br.name)));
@@ -129,13 +117,13 @@ fn check_bridge(host: &mut Netlink, conf: &Conf, br_if: &Interface) -> Result<Li
 
 /// The container interface is a veth with prevResult's MAC, up unless disabled.
 fn check_container_interface(
-    ctr: &mut Netlink,
+    k: &mut dyn Kernel,
     conf: &Conf,
     ifname: &str,
     ctr_if: &Interface,
 ) -> Result<Link> {
-    let c = ctr
-        .link_by_name(ifname)?
+    let c = k
+        .link_by_name(Ns::Container, ifname)?
         .ok_or_else(|| fail(format!("CNI created interface in container {ifname} not found")))?;
     if c.kind.as_deref() != Some("veth") {
         return Err(fail(format!("Error: Container interface {ifname} not of type veth")));
@@ -155,10 +143,10 @@ fn check_container_interface(
 
 /// The container interface's peer: a host veth of prevResult, enslaved to the bridge, with the
 /// configured port flags.
-fn find_host_veth(host: &mut Netlink, conf: &Conf, prev: &CniResult, c: &Link, br: &Link) -> Result<Link> {
+fn find_host_veth(k: &mut dyn Kernel, conf: &Conf, prev: &CniResult, c: &Link, br: &Link) -> Result<Link> {
     let peer = c.link.ok_or_else(|| fail(format!("Unable to obtain veth peer index for veth {}", c.name)))?;
     for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty() && i.name != conf.bridge) {
-        let Some((l, flags)) = host.link_with_port_flags(&i.name)? else { continue };
+        let Some((l, flags)) = k.link_with_port_flags(&i.name)? else { continue };
         if l.kind.as_deref() != Some("veth")
             || l.index != peer
             || l.link != Some(c.index)
@@ -189,13 +177,13 @@ fn find_host_veth(host: &mut Netlink, conf: &Conf, prev: &CniResult, c: &Link, b
 
 /// Every address of the container interface is on it with its connected route; every
 /// prevResult route exists.
-fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet], c: &Link) -> Result<()> {
+fn check_addresses_and_routes(k: &mut dyn Kernel, prev: &CniResult, ours: &[IpNet], c: &Link) -> Result<()> {
     if ours.is_empty() && prev.routes.is_empty() {
         return Ok(());
     }
     let ifname = c.name.as_str();
-    let addrs = ctr.addrs(Some(c.index), None)?;
-    let routes = ctr.routes(None)?;
+    let addrs = k.addrs(Ns::Container, Some(c.index), None)?;
+    let routes = k.routes(Ns::Container, None)?;
     for a in ours {
         if !addrs.iter().any(|x| x.addr == *a) {
             return Err(fail(format!("Failed to match addr {a} on interface {ifname}")));
@@ -207,10 +195,8 @@ fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet
             return Err(fail(format!("no connected route {connected} dev {ifname} for address {a}")));
         }
     }
-    let gw_of =
-        |v4: bool| prev.ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway);
     for r in &prev.routes {
-        let want_gw = r.gw.or(gw_of(r.dst.addr().is_ipv4()));
+        let want_gw = route_gateway(&prev.ips, r);
         let table = r.table.unwrap_or(TABLE_MAIN);
         if !routes.iter().any(|k| route_matches(k, r.dst, want_gw, table, c.index)) {
             let via = want_gw.map(|g| format!(" via {g}")).unwrap_or_default();
@@ -221,18 +207,17 @@ fn check_addresses_and_routes(ctr: &mut Netlink, prev: &CniResult, ours: &[IpNet
 }
 
 /// The masquerade rules of the container's addresses and the spoof-check chains are in place.
-/// (`upstream_masq`: the masquerading is upstream's iptables form, already checked.)
+/// (`masq`: ours to check; not when upstream's iptables form holds it, intact.)
 fn check_firewall(
+    k: &mut dyn Kernel,
     att: &AttachmentId,
     conf: &Conf,
     ours: &[IpNet],
     hv: &Link,
     c: &Link,
-    upstream_masq: bool,
+    masq: bool,
 ) -> Result<()> {
-    let masq = conf.ip_masq && !ours.is_empty() && !upstream_masq;
-    let mut nf = NfTables::new()?;
-    let found = firewall::find(&mut nf, att, masq, conf.macspoofchk)?;
+    let found = firewall::find(k.nft()?, att, masq, conf.macspoofchk)?;
     if masq {
         if let Some(why) = firewall::masq_missing(&found, att, ours, conf.non_masquerade.as_deref()) {
             return Err(fail(why));
@@ -304,35 +289,5 @@ mod tests {
             !route_matches(&m, d6, Some("fd01::2".parse().unwrap()), TABLE_MAIN, 3),
             "gateway and interface of one hop"
         );
-    }
-
-    #[test]
-    fn the_container_interface_is_found_by_name_and_sandbox_with_its_addresses() {
-        let prev = CniResult::decode(
-            &serde_json::json!({
-                "cniVersion": "1.0.0",
-                "interfaces": [
-                    {"name": "cni0", "mac": "0a:58:0a:01:00:01"},
-                    {"name": "eth0"},
-                    {"name": "eth0", "sandbox": "/run/netns/other"},
-                    {"name": "eth0", "sandbox": "/run/netns/mine"},
-                ],
-                "ips": [
-                    {"address": "10.1.0.5/24", "interface": 3},
-                    {"address": "10.1.0.6/24", "interface": 2},
-                    {"address": "fd00::5/64"},
-                ],
-            }),
-            cni_common::Version::V1_0_0,
-        )
-        .unwrap();
-        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/mine").unwrap();
-        assert_eq!(pos, 3);
-        let want: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00::5/64".parse().unwrap()];
-        assert_eq!(addrs, want, "its own and those that name no interface");
-        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/other").unwrap();
-        assert_eq!((pos, addrs.len()), (2, 2));
-        let e = container_of(&prev, "eth1", "/run/netns/mine").unwrap_err();
-        assert_eq!(e.msg, r#"prevResult lists no interface "eth1" in sandbox "/run/netns/mine""#);
     }
 }

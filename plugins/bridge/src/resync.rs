@@ -14,9 +14,9 @@ use cni_common::netns::NetNs;
 use cni_common::{CniError, Request, Result};
 use ipnet::IpNet;
 
-use crate::check::container_of;
 use crate::config::Conf;
 use crate::firewall;
+use crate::model::container_of;
 
 /// The host end of the veth whose container end is `ifname` in the namespace at `netns`, and
 /// the container end's MAC: what the spoof check is keyed on.
@@ -90,5 +90,5 @@ pub fn firewall(req: &Request, dry_run: bool) -> Result<Option<String>> {
 /// Remove what [`firewall`] rebuilt for an attachment whose runtime deleted it meanwhile (its
 /// DEL may have run before the rebuild): the firewall part of bridge's DEL.
 pub fn undo(req: &Request) -> Result<()> {
-    crate::teardown::remove_firewall(req, true).map(drop)
+    crate::firewall::remove::remove(req, true).map(drop)
 }

@@ -14,6 +14,7 @@ use crate::model::{Key, NsId, Owner};
 use crate::plan::{self, Checked, Judge, Plan, Step};
 use crate::state::{Scope, State};
 use cni_common::net::Family;
+use cni_common::netlink::nft::certify;
 use cni_common::netlink::NlError;
 use cni_common::{code, CniError, Result};
 use std::collections::BTreeSet;
@@ -231,20 +232,39 @@ pub fn check(
 }
 
 /// STATUS: the whole layout (with a masquerade set of each family) is dry-run: processed by
-/// the kernel and never committed; a gate chain with conditions is checked by `nft -c`.
-pub fn status(k: &mut dyn Kernel, conf: &Conf) -> Result<()> {
+/// the kernel and never committed; a gate chain with conditions is checked by `nft -c`. The
+/// dry run's abort holds the namespace's nf_tables lock for an RCU grace period, so its success
+/// is certified in `certificates` (cni-common's `nft::certify`: per boot, namespace and exact
+/// batch) and later calls only read the generation to see nf_tables answer. `None`, or
+/// conditions (their `nft` is checked on every call): every call dry-runs.
+pub fn status(k: &mut dyn Kernel, conf: &Conf, certificates: Option<&std::path::Path>) -> Result<()> {
     let cannot = |msg: String| {
         CniError::new(code::NOT_AVAILABLE, format!("nf_tables cannot hold the portmap rules: {msg}"))
     };
     let lens: Lens = [(Family::V4, 24), (Family::V6, 64)].into();
     let setup = declaration(&lens, &conf.conditions).setup(&crate::layout::Found::default());
-    k.validate(&setup.ops).map_err(|e| cannot(e.to_string()))?;
-    match &setup.nft {
-        Some(script) => {
-            k.nft(script, true).map_err(|e| if e.code == code::NOT_AVAILABLE { e } else { cannot(e.msg) })
-        }
-        None => Ok(()),
-    }
+    let fingerprint = certify::fingerprint(&setup.ops, setup.nft.as_deref());
+    // A gate chain with conditions is applied by running `nft`, which can vanish or change
+    // (CNI_NFT) after any certificate: with conditions every STATUS checks them with `nft -c`.
+    let certificates = certificates.filter(|_| setup.nft.is_none());
+    let k = std::cell::RefCell::new(k);
+    certify::certified(
+        certificates,
+        "portmap",
+        &fingerprint,
+        || k.borrow_mut().answers().map_err(|e| cannot(e.to_string())),
+        || {
+            let mut k = k.borrow_mut();
+            k.validate(&setup.ops).map_err(|e| cannot(e.to_string()))?;
+            match &setup.nft {
+                Some(script) => {
+                    k.nft(script, true)
+                        .map_err(|e| if e.code == code::NOT_AVAILABLE { e } else { cannot(e.msg) })
+                }
+                None => Ok(()),
+            }
+        },
+    )
 }
 
 #[cfg(test)]

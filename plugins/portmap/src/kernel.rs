@@ -17,6 +17,9 @@ pub trait Kernel {
     fn apply(&mut self, ops: &[NftOp], generation: Option<u32>) -> std::result::Result<(), NlError>;
     /// Process `ops` without committing (STATUS).
     fn validate(&mut self, ops: &[NftOp]) -> std::result::Result<(), NlError>;
+    /// A read that shows nf_tables answers here (the ruleset generation: no lock, no
+    /// transaction), for STATUS when its dry run is certified.
+    fn answers(&mut self) -> std::result::Result<(), NlError>;
     /// Run an `nft -f` script (a gate chain with user conditions), or check it (`check`).
     fn nft(&mut self, script: &str, check: bool) -> Result<()>;
 }
@@ -56,6 +59,10 @@ impl Kernel for Netlink {
 
     fn validate(&mut self, ops: &[NftOp]) -> std::result::Result<(), NlError> {
         self.nf.validate(ops).map_err(|e| self.after(e))
+    }
+
+    fn answers(&mut self) -> std::result::Result<(), NlError> {
+        self.nf.generation().map(drop).map_err(|e| self.after(e))
     }
 
     fn nft(&mut self, script: &str, check: bool) -> Result<()> {

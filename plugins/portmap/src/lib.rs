@@ -22,6 +22,7 @@
 //! - [`kernel`]: the seam ([`kernel::Kernel`]): netlink, and a fake for tests.
 //! - [`flow`]: each verb's loop of read, plan, apply.
 //! - [`netns`]: telling a stale holder of a host port from a live one.
+//! - [`marks`]: DEL's marks, which keep `cni-migrate resync` from rebuilding what a DEL removes.
 //! - [`upstream`]: upstream portmap's host ports (iptables, its nftables backend), found,
 //!   checked and removed so that binaries can be swapped under running containers.
 #![warn(clippy::too_many_lines)]
@@ -31,6 +32,7 @@ pub mod flow;
 pub mod kernel;
 pub mod layout;
 pub mod localnet;
+pub mod marks;
 pub mod model;
 pub mod netns;
 pub mod plan;

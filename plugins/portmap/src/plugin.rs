@@ -6,6 +6,7 @@ use crate::config::{Conf, Intent, Teardown};
 use crate::flow;
 use crate::kernel;
 use crate::localnet;
+use crate::marks::Marks;
 use crate::model::Owner;
 use crate::netns;
 use cni_common::attachment::{portmap_net_prefix, AttachmentId};
@@ -98,6 +99,9 @@ impl Plugin for Portmap {
         let prev = req
             .prev_result()?
             .ok_or_else(|| CniError::config("must be called as chained plugin: prevResult is missing"))?;
+        // a DEL of this attachment (same container id and interface) may have marked it: it
+        // lives again, and resync may rebuild it from the cache entry this ADD leads to
+        Marks::system().unmark(&owner(req))?;
         if conf.mappings.is_empty() {
             restore_guard(&conf, &prev)?;
             return Ok(prev);
@@ -124,6 +128,11 @@ impl Plugin for Portmap {
     fn del(&self, req: &Request) -> Result<()> {
         let t = load_teardown(req, "DEL")?;
         let me = owner(req);
+        // marked before anything is deleted, under the lock resync's rebuild holds: a rebuild
+        // either sees the mark or comes before it, and then this deletion removes what it made
+        // ([`crate::marks`]). Deleting goes on when the mark cannot be made; the error is then
+        // reported (the runtime tries DEL again).
+        let marked = Marks::system().mark_deleted(&me);
         let ours = match nf_tables() {
             Ok(mut k) => {
                 let intent = t
@@ -143,6 +152,7 @@ impl Plugin for Portmap {
         let mut errors = ErrorList::new();
         errors.take(ours);
         errors.take(crate::upstream::del(req));
+        errors.take(marked);
         errors.finish()
     }
 
@@ -200,6 +210,10 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<()> {
         let conf = load(req)?;
-        flow::status(&mut nf_tables()?, &conf)
+        flow::status(
+            &mut nf_tables()?,
+            &conf,
+            Some(std::path::Path::new(cni_common::netlink::nft::certify::DIR)),
+        )
     }
 }

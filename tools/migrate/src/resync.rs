@@ -26,13 +26,18 @@
 //! the MAC the pod has now; portmap's part also restores the localhost guard for an attachment
 //! without host ports when a host-side interface of its result has `route_localnet` on.
 //!
-//! A runtime may delete an attachment while it is being rebuilt (its DEL before our rebuild):
-//! after the rebuild the attachment is looked at again (its cache file, its pod: namespace,
-//! interface and addresses, and its MAC), and what was rebuilt is removed again by the plugins'
-//! own DEL code unless all are still there. (A DEL whose portmap step ran before the rebuild and
-//! whose later steps, which remove the pod's interface, run only after that second look can
-//! still leave rebuilt host ports behind: portmap's stale-holder judgment frees such a port for
-//! the next ADD that wants it, and GC removes the rest.)
+//! bridge's spoof check is rebuilt for the MAC of the cached result ([`bridge_part`]), never
+//! one read from the interface.
+//!
+//! A runtime may delete an attachment while it is being rebuilt. Its DEL runs the chain in
+//! reverse, portmap's step first, and portmap's DEL marks the attachment before it deletes
+//! anything ([`portmap::marks`]); portmap's part is looked for that mark, and for its cache
+//! entry unchanged, and rebuilt, all under the lock that DEL takes to mark ([`under_marks`]).
+//! So a DEL whose portmap step came first is seen (nothing is rebuilt for it, and what was of
+//! bridge's part is taken back), and one that comes later deletes what was rebuilt. After the
+//! rebuild the attachment is looked at again too (its cache file, its pod: namespace,
+//! interface and addresses, and its MAC), and what was rebuilt is removed again by the
+//! plugins' own DEL code unless all are still there.
 
 use crate::inventory::{Cached, Inventory};
 use cni_common::attachment::AttachmentId;
@@ -43,7 +48,8 @@ use cni_common::netns::NetNs;
 use cni_common::spec::env::Env;
 use cni_common::spec::Command;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
-use std::collections::HashMap;
+use portmap::marks::Marks;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -176,8 +182,8 @@ pub fn pod(c: &Cached) -> Pod {
 /// sidecar with `CAP_NET_ADMIN` can), and what the spoof check would be rebuilt for is the
 /// pod's choice, not the runtime's truth (issue 27 finding 1). `Err(why)` then (and when the
 /// MAC cannot be read); `Ok` when they match or the cache names no MAC (bridge's CHECK compares
-/// only a MAC it was given; the spoof check is then keyed on the interface's MAC, as bridge's
-/// own resync does).
+/// only a MAC it was given; [`bridge_part`] then rebuilds no spoof check). Whatever the pod does
+/// after this look, the spoof check is rebuilt for the cached MAC ([`bridge_part`]).
 pub fn mac_as_cached(c: &Cached) -> std::result::Result<(), String> {
     let Some(result) = c.result.as_ref() else { return Ok(()) };
     let Some(want) = result
@@ -363,9 +369,173 @@ fn guard_part(req: &Request, conf: &portmap::config::Conf, dry_run: bool) -> Res
     Ok(Some(format!("the localhost guard (route_localnet is on for {on:?}): {}", missing.join("; "))))
 }
 
+/// portmap's part under the lock portmap's DEL takes to mark the attachment deleted
+/// ([`portmap::marks`]), held from the look for the mark until `rebuild` has committed: a DEL
+/// whose portmap step came first has marked it (nothing is rebuilt), one that comes later
+/// marks it only after the rebuild, and its deletion then removes what was rebuilt. The cache
+/// entry is looked at under the lock too (`unchanged`): an ADD after a DEL of the same
+/// attachment (a restarted pod) removes the mark, and the entry resync read is then the
+/// deleted attachment's, gone or replaced. `Ok(Err(why))`: its DEL has begun, nothing was
+/// rebuilt. Dry runs take the lock shared and make nothing (no directory: no mark).
+fn under_marks<T>(
+    marks: &Marks,
+    owner: &portmap::model::Owner,
+    dry_run: bool,
+    unchanged: impl FnOnce() -> std::result::Result<(), String>,
+    rebuild: impl FnOnce() -> Result<T>,
+) -> Result<std::result::Result<T, String>> {
+    let held = if dry_run {
+        marks.shared(false, portmap::marks::WAIT)?
+    } else {
+        Some(marks.exclusive(portmap::marks::WAIT)?)
+    };
+    if let Some(h) = &held {
+        if h.is_marked(owner)? {
+            return Ok(Err(format!(
+                "portmap's DEL of it has begun (its mark is in {}): no host port is rebuilt for it",
+                marks.path().display()
+            )));
+        }
+    }
+    if let Err(why) = unchanged() {
+        return Ok(Err(why));
+    }
+    let done = rebuild()?;
+    drop(held);
+    Ok(Ok(done))
+}
+
+/// Whether `c`'s cache entry is still the one resync read (its path holds the same attachment
+/// with the same result and namespace): `Err(why)` when it is gone or replaced.
+fn still_cached(c: &Cached) -> std::result::Result<(), String> {
+    // `<cache dir>/results/<file>`
+    let dir = c.path.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let inv = Inventory::load(&[dir], &[]);
+    match inv.cached.iter().find(|n| n.path == c.path) {
+        Some(n)
+            if n.network == c.network
+                && n.container_id == c.container_id
+                && n.ifname == c.ifname
+                && n.netns == c.netns
+                && n.result_json == c.result_json =>
+        {
+            Ok(())
+        }
+        Some(_) => Err("its cache entry was replaced meanwhile (deleted and added again)".into()),
+        None => Err("its runtime deleted it meanwhile".into()),
+    }
+}
+
+/// The container interface of `prev` (named `ifname`, in the namespace `netns`): its
+/// addresses, and the MAC the runtime was given for it, which is what bridge's spoof check is
+/// keyed on. `Err` when the result names no such interface or no MAC for it: the spoof check is
+/// then not rebuilt (a MAC read from the interface would be the pod's choice).
+fn container_in_result(
+    prev: &cni_common::CniResult,
+    ifname: &str,
+    netns: &str,
+) -> Result<(Vec<ipnet::IpNet>, Option<cni_common::mac::Mac>)> {
+    let pos =
+        prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == netns).ok_or_else(|| {
+            CniError::internal(format!("the cached result lists no interface {ifname:?} in {netns:?}"))
+        })?;
+    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
+    let mac = &prev.interfaces[pos].mac;
+    let mac = (!mac.is_empty())
+        .then(|| cni_common::mac::Mac::parse_interface("mac", mac))
+        .transpose()
+        .map_err(|e| CniError::internal(format!("the cached result: {}", e.msg)))?;
+    Ok((addrs, mac))
+}
+
+/// The host end of the veth whose container end is `ifname` in the namespace at `netns` (where
+/// the spoof check goes): the pod cannot rename or replace an interface of the host.
+fn host_veth(netns: &str, ifname: &str) -> Result<String> {
+    let ns = NetNs::open_recorded(netns)?
+        .ok_or_else(|| CniError::internal(format!("the namespace {} is gone", netns.escape_debug())))?;
+    let mut ctr = Netlink::new_in(&ns)?;
+    let mut host = Netlink::new()?;
+    let gone =
+        || CniError::internal(format!("container interface {ifname} has no veth peer in this namespace"));
+    let c = ctr
+        .link_by_name(ifname)?
+        .ok_or_else(|| CniError::internal(format!("container interface {ifname} not found")))?;
+    let h = host.link_by_index(c.link.ok_or_else(gone)?)?.ok_or_else(gone)?;
+    if h.kind.as_deref() != Some("veth") || h.link != Some(c.index) {
+        return Err(gone());
+    }
+    Ok(h.name)
+}
+
+/// bridge's part (`ipMasq`, `macspoofchk`), judged as bridge's CHECK judges it and rebuilt by
+/// its ADD's transaction ([`bridge::firewall::apply_add`]), with the spoof check keyed on the
+/// MAC of the cached result ([`container_in_result`]), never on the one the interface has
+/// when it is read: [`mac_as_cached`] refused a pod that had changed its MAC before, and one
+/// that changes it between that look and the rebuild still gets the runtime's MAC, not its
+/// own, in the spoof check.
+fn bridge_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
+    use bridge::firewall;
+    let conf = bridge::Conf::from_request(req)?;
+    if !conf.ip_masq && !conf.macspoofchk {
+        return Ok(None);
+    }
+    let prev =
+        req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
+    let (addrs, mac) = container_in_result(&prev, &req.env.ifname, &req.env.netns)?;
+    let masq_wanted =
+        conf.ip_masq && !addrs.is_empty() && !cni_common::upstream::masq::check(req)?.is_intact();
+    let masq: Option<(&[ipnet::IpNet], Option<&[ipnet::IpNet]>)> =
+        masq_wanted.then_some((addrs.as_slice(), conf.non_masquerade.as_deref()));
+    let pair = if conf.macspoofchk {
+        let mac = mac.ok_or_else(|| {
+            CniError::internal(format!(
+                "the cached result names no MAC for {}: the spoof check is not rebuilt for a MAC read                  from the pod",
+                req.env.ifname
+            ))
+        })?;
+        Some((host_veth(&req.env.netns, &req.env.ifname)?, mac))
+    } else {
+        None
+    };
+    let spoof = pair.as_ref().map(|(veth, mac)| (veth.as_str(), *mac));
+    let att = AttachmentId::of(req);
+    let mut nf = firewall::open()?;
+    let missing = |nf: &mut cni_common::netlink::nft::NfTables| -> Result<Vec<String>> {
+        let found = firewall::find(nf, &att, masq.is_some(), spoof.is_some())?;
+        Ok([
+            masq.and_then(|(a, n)| firewall::masq_missing(&found, &att, a, n)),
+            spoof.and_then(|(v, m)| firewall::spoof_missing(&found, v, m)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect())
+    };
+    let found = firewall::find(&mut nf, &att, masq.is_some(), spoof.is_some())?;
+    let (masq_gap, spoof_gap) = (
+        masq.and_then(|(a, n)| firewall::masq_missing(&found, &att, a, n)),
+        spoof.and_then(|(v, m)| firewall::spoof_missing(&found, v, m)),
+    );
+    let what: Vec<String> = masq_gap.iter().chain(spoof_gap.iter()).cloned().collect();
+    if what.is_empty() {
+        return Ok(None);
+    }
+    if !dry_run {
+        firewall::apply_add(
+            &mut nf,
+            &att,
+            masq.filter(|_| masq_gap.is_some()),
+            spoof.filter(|_| spoof_gap.is_some()),
+        )?;
+        if let Some(still) = missing(&mut nf)?.into_iter().next() {
+            return Err(CniError::internal(format!("still missing after rebuilding it: {still}")));
+        }
+    }
+    Ok(Some(what.join("; ")))
+}
+
 fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
     match part {
-        Part::Bridge => bridge::resync::firewall(req, dry_run),
+        Part::Bridge => bridge_part(req, dry_run),
         Part::Portmap => portmap_part(req, dry_run),
         Part::Bandwidth => bandwidth::resync::shaping(req, dry_run),
     }
@@ -403,6 +573,7 @@ fn error_line(text: &str) {
 
 fn attachment(
     c: &Cached,
+    marks: &Marks,
     gate: &Gate,
     bin_dir: &Path,
     dry_run: bool,
@@ -436,6 +607,7 @@ fn attachment(
     }
     let netns = c.sandbox().unwrap_or_default();
     let (mut repaired, mut failed) = (Vec::new(), false);
+    let mut deleted_meanwhile: Option<String> = None;
     for part in planned.parts {
         let name = part.name();
         if part == Part::Bridge {
@@ -445,8 +617,23 @@ fn attachment(
                 continue;
             }
         }
-        let r = request(c, name, &netns, bin_dir, gate)
-            .and_then(|req| judge(part, &req, dry_run).map(|x| (req, x)));
+        let r = request(c, name, &netns, bin_dir, gate).and_then(|req| {
+            if part != Part::Portmap {
+                return judge(part, &req, dry_run).map(|x| (req, Ok(x)));
+            }
+            let owner = portmap::model::Owner::of(&AttachmentId::of(&req));
+            under_marks(marks, &owner, dry_run, || still_cached(c), || judge(part, &req, dry_run))
+                .map(|x| (req, x))
+        });
+        let r = match r {
+            Ok((_, Err(why))) => {
+                // its DEL has begun: nothing more is rebuilt, and what was is taken back below
+                deleted_meanwhile = Some(why);
+                break;
+            }
+            Ok((req, Ok(x))) => Ok((req, x)),
+            Err(e) => Err(e),
+        };
         match r {
             Ok((_, None)) => println!("{who}: {name}: intact"),
             Ok((req, Some(what))) => {
@@ -479,7 +666,14 @@ fn attachment(
         }
         None
     };
-    if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted).flatten() {
+    if let Some(why) = &deleted_meanwhile {
+        if dry_run || repaired.is_empty() {
+            println!("{who}: skipped: {why}");
+            return if failed { Done::Failed } else { Done::Skipped };
+        }
+    }
+    let deleted_meanwhile = || deleted_meanwhile.clone().or_else(deleted);
+    if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted_meanwhile).flatten() {
         println!("{who}: {why}: what was rebuilt is removed again");
         for (part, req) in &repaired {
             if let Err(e) = undo(*part, req) {
@@ -555,8 +749,9 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
         |ty: &str| known.entry(ty.to_string()).or_insert_with(|| crate::installed::ours(bin_dir, ty)).clone();
     let mut t = Tally::default();
     let gate = newest_gate(&inv.cached);
+    let marks = Marks::system();
     for c in &inv.cached {
-        match attachment(c, &gate, bin_dir, dry_run, &mut installed) {
+        match attachment(c, &marks, &gate, bin_dir, dry_run, &mut installed) {
             Done::Nothing => t.nothing += 1,
             Done::Intact => t.intact += 1,
             Done::Repaired => t.repaired += 1,
@@ -564,7 +759,38 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
             Done::Failed => t.failed += 1,
         }
     }
+    if !dry_run {
+        sweep(&marks, cache_dirs);
+    }
     Ok(t)
+}
+
+/// Remove portmap's DEL marks of attachments that no cache scanned holds any more (their DEL
+/// is done: libcni removes the cache entry last), under the lock DEL takes to mark: a mark
+/// written meanwhile belongs to a cached attachment, which keeps it.
+fn sweep(marks: &Marks, cache_dirs: &[PathBuf]) {
+    let swept = marks.exclusive(portmap::marks::WAIT).and_then(|held| {
+        let keep: BTreeSet<String> = Inventory::load(cache_dirs, &[])
+            .cached
+            .iter()
+            .map(|c| {
+                let id = AttachmentId {
+                    network: c.network.clone(),
+                    container_id: c.container_id.clone(),
+                    ifname: c.ifname.clone(),
+                };
+                portmap::marks::name(&portmap::model::Owner::of(&id))
+            })
+            .collect();
+        held.sweep(&keep)
+    });
+    match swept {
+        Ok(0) => {}
+        Ok(n) => {
+            println!("note: removed {n} marks of attachments whose DEL is done ({})", marks.path().display())
+        }
+        Err(e) => error_line(&format!("note: portmap's DEL marks were not swept: {}", e.msg)),
+    }
 }
 
 #[cfg(test)]
@@ -585,6 +811,103 @@ mod tests {
             result: None,
             result_json: None,
         }
+    }
+
+    /// Issue 27 finding 10 at its root, against portmap's fake kernel: portmap's DEL and
+    /// resync's rebuild of the same attachment, in both orders. Whichever comes first, no host
+    /// port of a deleted attachment is left; an ADD after the DEL (a restarted pod with the
+    /// same container id) is rebuilt again after a flush.
+    #[test]
+    fn a_del_and_a_rebuild_never_interleave_and_a_restarted_pod_is_rebuilt() {
+        use portmap::config::{Conf, Intent};
+        use portmap::kernel::fake::Fake;
+        use portmap::model::{NsId, Owner};
+        use portmap::{flow, marks};
+        let dir = std::env::temp_dir().join(format!("resync-marks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let marks = Marks::at(dir.join("portmap"));
+        let raw = json!({"cniVersion": "1.0.0", "name": "net", "type": "portmap",
+                         "runtimeConfig": {"portMappings": [
+                             {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}});
+        let conf = Conf::from_raw(&serde_json::from_value(raw).unwrap()).unwrap();
+        let prev = cni_common::CniResult::decode(
+            &json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/run/netns/p"}],
+                    "ips": [{"address": "10.66.0.5/24", "interface": 0}]}),
+            Version::V1_0_0,
+        )
+        .unwrap();
+        let owner = Owner::new("net", "ctr", "eth0");
+        let ns = Some((NsId { ino: 4242, cookie: 1 }, "/run/netns/p".to_string()));
+        let (intent, _) = Intent::new(&conf, &prev, "eth0", owner.clone(), ns.clone()).unwrap();
+        let k = Fake::new();
+        let alive = |_: &NsId, _: &str| None;
+        let add = || flow::add(&mut k.clone(), &conf, &intent, &alive).map(drop);
+        let intact =
+            || flow::check(&mut k.clone(), &conf, &intent, Some(ns.as_ref().unwrap().0), &mut Vec::new());
+        // portmap's DEL, as the plugin runs it: the mark first, then the deletion
+        let del = || {
+            marks.mark_deleted(&owner).unwrap();
+            flow::del(&mut k.clone(), &owner, Some(&intent)).unwrap();
+        };
+        let flush = || k.edit(|t| *t = None);
+        let resync = || under_marks(&marks, &owner, false, || Ok(()), add).unwrap();
+
+        add().unwrap();
+        flush();
+        // 1. the DEL's portmap step before the rebuild (its interface is still there, so the
+        //    second look would find the pod alive): nothing is rebuilt
+        del();
+        let why = resync().expect_err("a marked attachment is not rebuilt");
+        assert!(why.contains("DEL of it has begun"), "{why}");
+        assert!(intact().is_err(), "no host port of the deleted pod");
+        // 2. the pod restarted with the same container id: ADD unmarks, a flush, a rebuild
+        marks.unmark(&owner).unwrap();
+        add().unwrap();
+        flush();
+        resync().expect("the restarted pod is rebuilt");
+        intact().expect("its host port is back");
+        // 3. the DEL comes while the rebuild runs: it waits for the lock, marks after the
+        //    rebuild committed, and its deletion removes what was rebuilt
+        flush();
+        let r = under_marks(
+            &marks,
+            &owner,
+            false,
+            || Ok(()),
+            || {
+                let e = marks.shared(true, Duration::ZERO).expect_err("DEL's mark waits for the rebuild");
+                assert_eq!(e.code, code::TRY_AGAIN);
+                add()
+            },
+        )
+        .unwrap();
+        assert_eq!(r, Ok(()));
+        intact().expect("rebuilt");
+        del();
+        assert!(intact().is_err(), "the DEL that came during the rebuild removed it");
+        assert!(resync().is_err(), "and a later resync does not bring it back");
+        // 4. a cache entry replaced or gone meanwhile: nothing is rebuilt, no mark needed
+        marks.unmark(&owner).unwrap();
+        let r = under_marks(
+            &marks,
+            &owner,
+            false,
+            || Err("replaced".to_string()),
+            || -> Result<()> { panic!("not rebuilt") },
+        )
+        .unwrap();
+        assert_eq!(r, Err("replaced".to_string()));
+        // a dry run makes no directory and marks nothing
+        let dry = Marks::at(dir.join("none"));
+        assert_eq!(under_marks(&dry, &owner, true, || Ok(()), || Ok(7)).unwrap(), Ok(7));
+        assert!(!dry.path().exists());
+        // the sweep keeps the marks of cached attachments only
+        marks.mark_deleted(&owner).unwrap();
+        let held = marks.exclusive(Duration::ZERO).unwrap();
+        assert_eq!(held.sweep(&[marks::name(&owner)].into()).unwrap(), 0);
+        assert_eq!(held.sweep(&BTreeSet::new()).unwrap(), 1);
+        drop(held);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -723,6 +1046,66 @@ mod tests {
         c.ifname = "cni-rs-none0".into();
         c.result.as_mut().unwrap().interfaces[0].name = "cni-rs-none0".into();
         assert!(mac_as_cached(&c).unwrap_err().contains("cannot read"), "unreadable: not rebuilt");
+    }
+
+    /// The cache entry resync read, looked at again under the marks lock: the same, replaced
+    /// (a DEL and an ADD of the same attachment meanwhile) or gone.
+    #[test]
+    fn a_cache_entry_is_still_cached_only_as_it_was_read() {
+        let dir = std::env::temp_dir().join(format!("resync-still-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("results").join("net-ctr-eth0");
+        let write = |ip: &str| {
+            let conf = json!({"cniVersion": "1.0.0", "name": "net", "plugins": [{"type": "portmap"}]});
+            let result = json!({"cniVersion": "1.0.0", "ips": [{"address": ip}]});
+            let e = cnitool::cache::CacheEntry {
+                container_id: "ctr".into(),
+                config: conf.to_string().into_bytes(),
+                if_name: "eth0".into(),
+                network_name: "net".into(),
+                netns: "/run/netns/p".into(),
+                cni_args: Vec::new(),
+                capability_args: None,
+                result: result.as_object().cloned(),
+            };
+            cnitool::cache::write(&path, &e).unwrap();
+        };
+        write("10.66.0.5/24");
+        let inv = Inventory::load(std::slice::from_ref(&dir), &[]);
+        let c = inv.cached.first().expect("the entry").clone();
+        assert_eq!(still_cached(&c), Ok(()));
+        write("10.66.0.9/24");
+        assert!(still_cached(&c).unwrap_err().contains("replaced"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(still_cached(&c).unwrap_err().contains("deleted it meanwhile"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The spoof check is keyed on the MAC of the cached result, never read from the pod's
+    /// interface (where a pod with `CAP_NET_ADMIN` could change it between resync's look and
+    /// the rebuild); without a cached MAC it is not rebuilt.
+    #[test]
+    fn the_spoof_checks_mac_comes_from_the_cached_result() {
+        let result = |mac: &str| {
+            cni_common::CniResult::decode(
+                &json!({"cniVersion": "1.0.0",
+                        "interfaces": [{"name": "rsbr0", "mac": "02:00:00:00:00:01"},
+                                       {"name": "veth1", "mac": "02:00:00:00:00:02"},
+                                       {"name": "eth0", "mac": mac, "sandbox": "/run/netns/p"}],
+                        "ips": [{"address": "10.66.0.5/24", "interface": 2},
+                                {"address": "10.77.0.5/24", "interface": 0}]}),
+                Version::V1_0_0,
+            )
+            .unwrap()
+        };
+        let (addrs, mac) = container_in_result(&result("02:42:AC:11:00:02"), "eth0", "/run/netns/p").unwrap();
+        assert_eq!(addrs, vec!["10.66.0.5/24".parse::<ipnet::IpNet>().unwrap()], "its own addresses only");
+        assert_eq!(mac, Some(cni_common::mac::Mac([0x02, 0x42, 0xac, 0x11, 0x00, 0x02])));
+        let (_, mac) = container_in_result(&result(""), "eth0", "/run/netns/p").unwrap();
+        assert_eq!(mac, None, "no MAC cached: none (and the spoof check is not rebuilt)");
+        assert!(container_in_result(&result("zz"), "eth0", "/run/netns/p").is_err());
+        let e = container_in_result(&result("02:42:ac:11:00:02"), "eth0", "/run/netns/q").unwrap_err();
+        assert!(e.msg.contains("lists no interface"), "another namespace is not the pod's: {e:?}");
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! socket of our own can be kept open by a process that outlives the verb (see the bridge
 //! plugin's DEL), so the caller does not wait.
 
+pub mod certify;
 mod consts;
 pub mod expr;
 #[cfg(any(test, feature = "nftgolden"))]

@@ -572,6 +572,9 @@ impl crate::kernel::Kernel for BadNft {
     fn validate(&mut self, ops: &[cni_common::netlink::nft::NftOp]) -> std::result::Result<(), NlError> {
         self.0.validate(ops)
     }
+    fn answers(&mut self) -> std::result::Result<(), NlError> {
+        self.0.answers()
+    }
     fn nft(&mut self, _: &str, _: bool) -> Result<()> {
         Err(self.1.clone())
     }
@@ -1090,12 +1093,69 @@ fn thousands_of_mappings_in_one_transaction_each_way() {
 #[test]
 fn status_dry_runs_the_layout() {
     let mut k = Fake::new();
-    flow::status(&mut k, &conf(json!({}))).unwrap();
+    flow::status(&mut k, &conf(json!({})), None).unwrap();
     assert!(k.table().is_none(), "nothing committed");
     let with = conf(json!({"conditionsV6": ["ip6", "saddr", "!=", "fd00::1"]}));
-    flow::status(&mut k, &with).unwrap();
+    flow::status(&mut k, &with, None).unwrap();
     assert!(k.table().is_none());
     assert_eq!(k.scripts().len(), 1, "checked by nft -c");
+}
+
+/// A kernel that counts STATUS's dry runs and can stop answering.
+struct Counting(Fake, usize, bool);
+
+impl crate::kernel::Kernel for Counting {
+    fn read(&mut self, s: &Scope) -> std::result::Result<State, NlError> {
+        self.0.read(s)
+    }
+    fn apply(
+        &mut self,
+        ops: &[cni_common::netlink::nft::NftOp],
+        g: Option<u32>,
+    ) -> std::result::Result<(), NlError> {
+        self.0.apply(ops, g)
+    }
+    fn validate(&mut self, ops: &[cni_common::netlink::nft::NftOp]) -> std::result::Result<(), NlError> {
+        self.1 += 1;
+        self.0.validate(ops)
+    }
+    fn answers(&mut self) -> std::result::Result<(), NlError> {
+        if self.2 {
+            Ok(())
+        } else {
+            Err(NlError::new("nftables generation", libc::EPROTONOSUPPORT))
+        }
+    }
+    fn nft(&mut self, script: &str, check: bool) -> Result<()> {
+        self.0.nft(script, check)
+    }
+}
+
+/// With a certificate directory, the dry run runs once per layout: later STATUS calls only see
+/// nf_tables answer; a kernel that stops answering fails STATUS even though the layout was
+/// certified; a layout with conditions (applied by `nft`, which may vanish) dry-runs every time.
+#[test]
+fn status_dry_runs_once_per_layout_then_reads() {
+    let dir = std::env::temp_dir().join(format!("portmap-status-{}", std::process::id()));
+    let certs = dir.join("status");
+    let mut k = Counting(Fake::new(), 0, true);
+    let plain = conf(json!({}));
+    for _ in 0..3 {
+        flow::status(&mut k, &plain, Some(&certs)).unwrap();
+    }
+    let certified = cni_common::nsident::cookie_here() != 0;
+    assert_eq!(k.1, if certified { 1 } else { 3 }, "dry runs (certified: {certified})");
+    let with = conf(json!({"conditionsV6": ["ip6", "saddr", "!=", "fd00::1"]}));
+    flow::status(&mut k, &with, Some(&certs)).unwrap();
+    flow::status(&mut k, &with, Some(&certs)).unwrap();
+    assert_eq!(k.1, if certified { 3 } else { 5 }, "conditions need nft at every call: never certified");
+    assert_eq!(k.0.scripts().len(), 2, "checked by nft -c each time");
+    assert!(k.0.table().is_none(), "nothing committed");
+    k.2 = false;
+    let e = flow::status(&mut k, &plain, Some(&certs)).unwrap_err();
+    assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
+    assert!(e.msg.contains("cannot hold the portmap rules"), "{}", e.msg);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A kernel without nf_tables' nat or fib support: every transaction is refused.
@@ -1115,6 +1175,9 @@ impl crate::kernel::Kernel for NoNat {
     fn validate(&mut self, _: &[cni_common::netlink::nft::NftOp]) -> std::result::Result<(), NlError> {
         Err(NlError::new("nftables validation", libc::EOPNOTSUPP))
     }
+    fn answers(&mut self) -> std::result::Result<(), NlError> {
+        self.0.answers()
+    }
     fn nft(&mut self, _: &str, _: bool) -> Result<()> {
         Err(CniError::new(code::NOT_AVAILABLE, "nft binary not found"))
     }
@@ -1123,22 +1186,22 @@ impl crate::kernel::Kernel for NoNat {
 #[test]
 fn status_is_50_only_when_no_add_could_work() {
     // nf_tables that cannot hold the layout: 50, naming why
-    let e = flow::status(&mut NoNat(Fake::new()), &conf(json!({}))).unwrap_err();
+    let e = flow::status(&mut NoNat(Fake::new()), &conf(json!({})), None).unwrap_err();
     assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
     assert!(e.msg.contains("cannot hold the portmap rules"), "{}", e.msg);
     // conditions that need nft, without nft: 50 too
     let with = conf(json!({"conditionsV4": ["ip", "saddr", "!=", "192.0.2.1"]}));
     let mut k = NoNat(Fake::new());
-    assert_eq!(flow::status(&mut k, &with).unwrap_err().code, code::NOT_AVAILABLE);
+    assert_eq!(flow::status(&mut k, &with, None).unwrap_err().code, code::NOT_AVAILABLE);
     // conditions nft -c refuses: 50, naming why
-    let e = flow::status(&mut BadNft(Fake::new(), syntax_error()), &with).unwrap_err();
+    let e = flow::status(&mut BadNft(Fake::new(), syntax_error()), &with, None).unwrap_err();
     assert_eq!(e.code, code::NOT_AVAILABLE, "{}", e.msg);
     assert!(e.msg.contains("cannot hold the portmap rules") && e.msg.contains("syntax error"), "{}", e.msg);
     // a healthy kernel: ready, whatever the table holds (a full table of conflicts is ADD's
     // business, not STATUS's)
     let k = Fake::new();
     add(&k, &pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")])).unwrap();
-    flow::status(&mut k.clone(), &conf(json!({}))).unwrap();
+    flow::status(&mut k.clone(), &conf(json!({})), None).unwrap();
 }
 
 // ---- random sequences ----

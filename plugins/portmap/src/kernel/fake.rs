@@ -409,6 +409,10 @@ impl Kernel for Fake {
         Ok(())
     }
 
+    fn answers(&mut self) -> std::result::Result<(), NlError> {
+        Ok(())
+    }
+
     fn nft(&mut self, script: &str, check: bool) -> Result<()> {
         let mut w = self.0.borrow_mut();
         w.scripts.push(script.to_string());

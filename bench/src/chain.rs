@@ -8,10 +8,10 @@
 //! host ports (against a baseline build of ours, each build in a host namespace of its own). cniVersion 1.0.0: the newest version Debian's upstream plugins accept.
 
 use super::floor::{BandwidthFloor, BridgeFloor, BridgePlan, PortmapFloor};
-use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::chain::Chain;
-use crate::{bin, Netns, TempDir};
+use super::{peer_dir, timed, upstream_bin, Case, Step, FLOOR, V110, V110_NFT};
 use cni_common::netns::NetNs;
+use cni_tests::chain::Chain;
+use cni_tests::{bin, Netns, TempDir};
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ pub(crate) fn step<'a>(
     chain: Chain,
     port_base: u16,
     rss: RssTable,
-    host: Option<Rc<Netns>>,
+    host: Option<std::sync::Arc<Netns>>,
 ) -> Step<'a> {
     let mut n = 0u32;
     Box::new(move || {
@@ -131,40 +131,56 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
         Chain::kubenet("bench-ours", "1.0.0", "cbro", "10.201.0.0/16", ours_data.str(), ours_dir.path());
     let upstream =
         Chain::kubenet("bench-up", "1.0.0", "cbru", "10.202.0.0/16", upstream_data.str(), &upstream_dir);
-    keep.extend([ours_dir, ours_data, upstream_data]);
+    let (peer_data, nft_data) = (TempDir::new("bench-data"), TempDir::new("bench-data"));
+    let peer = Chain::kubenet("bench-v110", "1.0.0", "cbrv", "10.203.0.0/16", peer_data.str(), &peer_dir());
+    // v1.10 with its nftables backend: portmap `backend` (bridge has no masquerading here)
+    let mut peer_nft =
+        Chain::kubenet("bench-v110n", "1.0.0", "cbrn", "10.204.0.0/16", nft_data.str(), &peer_dir());
+    peer_nft.plugins[1]["backend"] = json!("nftables");
+    keep.extend([ours_dir, ours_data, upstream_data, peer_data, nft_data]);
     // Against a baseline build of ours, each build runs in a host namespace of its own (both
     // through the same pre-exec setns): two builds of portmap may keep its table in different
     // layouts, and sharing one table would time each side rebuilding the other's layout
     // (upstream keeps its own iptables chains).
-    let host = |name| super::baseline().map(|_| Rc::new(Netns::new(name)));
+    let host = |name| super::baseline().map(|_| std::sync::Arc::new(Netns::new(name)));
     vec![Case {
         label: "bridge+host-local+portmap+bandwidth".into(),
         rows: rows(),
         ours: step("ours", ours, 20000, rss.clone(), host("bco")),
-        upstream: step("upstream", upstream, 40000, rss, host("bcb")),
-        extra: vec![(FLOOR.into(), floor_step(None))],
+        upstream: step("upstream", upstream, 40000, rss.clone(), host("bcb")),
+        extra: if super::baseline().is_some() {
+            vec![(FLOOR.into(), floor_step(None))]
+        } else {
+            vec![
+                (V110.into(), step("v110", peer, 30000, rss.clone(), None)),
+                (V110_NFT.into(), step("v110nft", peer_nft, 50000, rss, None)),
+                (FLOOR.into(), floor_step(None)),
+            ]
+        },
     }]
 }
 
 /// Markdown table of peak RSS per plugin: the largest of all ADD processes (warm-up included,
-/// so a one-time cost such as creating a table shows) and the median one.
+/// so a one-time cost such as creating a table shows) and the median one, ours against v1.10
+/// (default backend) and 1.1.1.
 pub fn rss_markdown(rss: &RssTable) -> String {
     let r = rss.borrow();
     let mut s = String::from(
-        "| plugin | ours largest (KiB) | upstream largest (KiB) | ours / upstream | ours median (KiB) | upstream median (KiB) | ours / upstream |\n|---|---|---|---|---|---|---|\n",
+        "| plugin | ours largest (KiB) | v1.10 largest (KiB) | 1.1.1 largest (KiB) | ours median (KiB) | v1.10 median (KiB) | 1.1.1 median (KiB) | ours / v1.10 (median) | ours / 1.1.1 (median) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let stats = |side: &str, p: &str| {
         let mut v = r.get(&(side.to_string(), p.to_string())).cloned().unwrap_or_default();
         v.sort_unstable();
         (v.last().copied().unwrap_or(0), v.get(v.len() / 2).copied().unwrap_or(0))
     };
+    let q = |a: u64, b: u64| if b > 0 { format!("{:.2}", a as f64 / b as f64) } else { "–".into() };
     for p in PLUGINS {
-        let ((o, om), (u, um)) = (stats("ours", p), stats("upstream", p));
+        let ((o, om), (v, vm), (u, um)) = (stats("ours", p), stats("v110", p), stats("upstream", p));
         if o > 0 && u > 0 {
             s.push_str(&format!(
-                "| {p} | {o} | {u} | {:.2} | {om} | {um} | {:.2} |\n",
-                o as f64 / u as f64,
-                om as f64 / um as f64
+                "| {p} | {o} | {v} | {u} | {om} | {vm} | {um} | {} | {} |\n",
+                q(om, vm),
+                q(om, um)
             ));
         }
     }

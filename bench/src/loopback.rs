@@ -1,7 +1,7 @@
 //! loopback ADD and DEL, whole process, in a fresh container netns each iteration.
 
-use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::{bin, Exec, Netns};
+use super::{peer_bin, peer_sides, timed, upstream_bin, Case, Step, FLOOR, V110};
+use cni_tests::{bin, Exec, Netns};
 use std::time::Duration;
 
 fn step<'a>(plugin: String) -> Step<'a> {
@@ -26,7 +26,7 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
         rows: vec!["ADD".into(), "DEL".into()],
         ours: step(bin("loopback").to_string_lossy().into_owned()),
         upstream: step(upstream_bin("loopback").to_string_lossy().into_owned()),
-        extra: vec![],
+        extra: peer_sides(|| vec![(V110.into(), step(peer_bin("loopback").to_string_lossy().into_owned()))]),
     }]
 }
 
@@ -47,7 +47,13 @@ pub fn startup<'a>() -> Vec<Case<'a>> {
             rows: vec!["exec + about banner".into()],
             ours: one(bin(p).to_string_lossy().into_owned()),
             upstream: one(upstream_bin(p).to_string_lossy().into_owned()),
-            extra: vec![(FLOOR.to_string(), one(bin("cnibench-nop").to_string_lossy().into_owned()))],
+            extra: [
+                peer_sides(|| vec![(V110.to_string(), one(peer_bin(p).to_string_lossy().into_owned()))]),
+                vec![(FLOOR.to_string(), one(bin("cnibench-nop").to_string_lossy().into_owned()))],
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
         })
         .collect()
 }

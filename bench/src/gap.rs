@@ -5,7 +5,7 @@
 //! shares, not the absolute figures.
 
 use super::stats;
-use crate::{bin, Netns, TempDir};
+use cni_tests::{bin, Netns, TempDir};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Command, Stdio};

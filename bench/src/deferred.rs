@@ -11,9 +11,9 @@
 //!   until B's gratuitous ARP, `arp_notify`, replaces it).
 
 use super::{stats, timed};
-use crate::{bin, Exec, Netns, TempDir};
 use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
+use cni_tests::{bin, Exec, Netns, TempDir};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

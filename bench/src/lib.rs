@@ -1,15 +1,16 @@
-//! Benchmark framework: ours vs upstream, interleaved, whole-process.
+//! Benchmark framework: ours vs the upstream releases, interleaved, whole-process.
 //!
 //! Each scenario gives one or more *cases* (a label and, per implementation, a closure that
-//! does untimed setup, times the operation and does untimed cleanup). The driver alternates
-//! implementations every iteration (ours, upstream, ours, …, starting side flipped each round)
-//! so that noise from a shared machine hits both alike, then reports medians, min–max and the
-//! ratio upstream/ours. Absolute times on shared machines mean little; ratios from one run do.
+//! does untimed setup, times the operation and does untimed cleanup). The driver rotates
+//! through the implementations every iteration (the starting side changes each round) so that
+//! noise from a shared machine hits all alike, then reports medians, min–max and ratios.
+//! Absolute times on shared machines mean little; ratios from one run do.
 //!
-//! A case may carry more sides than ours and upstream's ([`Case::extra`]): the **floor** (the
-//! same kernel requests issued bare from this process, see [`floor`]) or, for the kube-proxy
-//! scenario, ours on an empty host. They take their turn in the same rotation, so every
-//! side of a row is measured in the same minutes.
+//! `upstream` is Debian's 1.1.1 (`/usr/lib/cni`). Further sides ([`Case::extra`]) are today's
+//! release, v1.10 ([`V110`], and [`V110_NFT`] with its nftables backend where the plugin has
+//! one; [`peer_dir`]), the **floor** (the same kernel requests issued bare from this process,
+//! see [`floor`]) or, for the kube-proxy scenario, ours on an empty host. They take their turn
+//! in the same rotation, so every side of a row is measured in the same minutes.
 //!
 //! In **baseline mode** (`cnibench --baseline DIR`) the "upstream" side is a previous build of
 //! ours in DIR and the tables say so and report current / baseline.
@@ -24,6 +25,7 @@ pub mod host_local;
 pub mod kubeproxy;
 pub mod loopback;
 pub mod portmap;
+pub mod status;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -62,6 +64,46 @@ pub struct Case<'a> {
 
 /// Name of the floor side: the same kernel requests, bare, from inside the driver.
 pub const FLOOR: &str = "floor";
+
+/// Today's upstream release (containernetworking/plugins v1.10.0, built by
+/// scripts/install-peers.sh) with its default backend: a side of its own in every row.
+pub const V110: &str = "v1.10";
+
+/// The same release with its `nftables` backend (bridge `ipMasqBackend`, portmap `backend`),
+/// in the rows where the plugin has one.
+pub const V110_NFT: &str = "v1.10 nftables";
+
+/// The directory of today's upstream release: `CNI_PEER_DIR` (scripts/bench.sh sets it from
+/// `scripts/install-peers.sh --print-dir plugins`), else where that script builds it. Fails
+/// loudly when the peer is not built: no row silently loses its v1.10 columns.
+pub fn peer_dir() -> std::path::PathBuf {
+    let d = std::env::var_os("CNI_PEER_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cni_tests::workspace_root().join("target/peers/plugins-v1.10.0"));
+    assert!(
+        d.join("bridge").is_file(),
+        "the v1.10 peer is missing in {}: run scripts/install-peers.sh",
+        d.display()
+    );
+    d
+}
+
+/// The v1.10 sides `make` builds, or none in baseline mode (the table compares two builds of
+/// ours there).
+pub fn peer_sides<'a>(make: impl FnOnce() -> Vec<(String, Step<'a>)>) -> Vec<(String, Step<'a>)> {
+    if baseline().is_some() {
+        Vec::new()
+    } else {
+        make()
+    }
+}
+
+/// Path of one of today's upstream plugins.
+pub fn peer_bin(name: &str) -> std::path::PathBuf {
+    let p = peer_dir().join(name);
+    assert!(p.is_file(), "v1.10 plugin {} missing: run scripts/install-peers.sh", p.display());
+    p
+}
 
 /// Statistics of one series.
 #[derive(Debug, Clone)]
@@ -176,15 +218,20 @@ fn ratio(a: &Stats, b: &Stats) -> f64 {
     a.median.as_secs_f64() / b.median.as_secs_f64()
 }
 
-/// Markdown table of the rows. Floor columns (floor median, ours / floor) appear when any row
-/// has a floor; rows without one show "–" there. In baseline mode the other side is the
-/// baseline and the ratio is current / baseline (above 1: the current build is slower).
+/// Markdown table of the rows. With v1.10 sides ([`V110`], [`V110_NFT`]) in any row: ours,
+/// v1.10 (default backend), v1.10 nftables, Debian's 1.1.1, then **best v1.10 / ours** (the
+/// faster of its backends) and 1.1.1 / ours. Floor columns (floor median, ours / floor) appear
+/// when any row has a floor; rows without one side show "–" there. In baseline mode the other
+/// side is the baseline and the ratio is current / baseline (above 1: the current build is
+/// slower).
 pub fn markdown(rows: &[Row]) -> String {
     let floors = rows.iter().any(|r| r.floor().is_some());
+    let peers = baseline().is_none() && rows.iter().any(|r| r.side(V110).is_some());
     let mut s = match baseline() {
         Some(b) => format!(
             "| case | operation | current median ms (min–max) | baseline `{b}` median ms (min–max) | current / baseline |"
         ),
+        None if peers => "| case | operation | ours median ms (min–max) | v1.10 median ms | v1.10 nftables median ms | 1.1.1 median ms | best v1.10 / ours | 1.1.1 / ours |".to_string(),
         None => {
             "| case | operation | ours median ms (min–max) | upstream median ms (min–max) | upstream / ours |".to_string()
         }
@@ -193,18 +240,40 @@ pub fn markdown(rows: &[Row]) -> String {
         s.push_str(" floor median ms (min–max) | ours / floor |");
     }
     s.push('\n');
-    s.push_str(if floors { "|---|---|---|---|---|---|---|\n" } else { "|---|---|---|---|---|\n" });
+    let columns = s.matches(" |").count();
+    s.push('|');
+    s.push_str(&"---|".repeat(columns));
+    s.push('\n');
+    let dash = || "–".to_string();
     for r in rows {
-        let shown = if baseline().is_some() { ratio(&r.ours, &r.upstream) } else { r.ratio() };
-        // a baseline comparison is about small differences: two decimals
-        let shown = if baseline().is_some() { format!("{shown:.2}") } else { format!("{shown:.1}") };
-        s.push_str(&format!(
-            "| {} | {} | {} | {} | **{shown}x** |",
-            r.case,
-            r.row,
-            range(&r.ours),
-            range(&r.upstream),
-        ));
+        if peers {
+            let v = r.side(V110);
+            let n = r.side(V110_NFT);
+            let best = [v, n].into_iter().flatten().map(|x| x.median).min();
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1}x |",
+                r.case,
+                r.row,
+                range(&r.ours),
+                v.map(|x| ms(x.median)).unwrap_or_else(dash),
+                n.map(|x| ms(x.median)).unwrap_or_else(dash),
+                ms(r.upstream.median),
+                best.map(|b| format!("**{:.1}x**", b.as_secs_f64() / r.ours.median.as_secs_f64()))
+                    .unwrap_or_else(dash),
+                r.ratio(),
+            ));
+        } else {
+            let shown = if baseline().is_some() { ratio(&r.ours, &r.upstream) } else { r.ratio() };
+            // a baseline comparison is about small differences: two decimals
+            let shown = if baseline().is_some() { format!("{shown:.2}") } else { format!("{shown:.1}") };
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | **{shown}x** |",
+                r.case,
+                r.row,
+                range(&r.ours),
+                range(&r.upstream),
+            ));
+        }
         if floors {
             match r.floor() {
                 Some(f) => s.push_str(&format!(" {} | {:.2}x |", range(f), ratio(&r.ours, f))),
@@ -214,6 +283,18 @@ pub fn markdown(rows: &[Row]) -> String {
         s.push('\n');
     }
     s
+}
+
+/// Rows where the best v1.10 backend is ahead of ours or within 10%: (case, operation, best
+/// v1.10 / ours).
+pub fn close_rows(rows: &[Row]) -> Vec<(String, String, f64)> {
+    rows.iter()
+        .filter_map(|r| {
+            let best = [r.side(V110), r.side(V110_NFT)].into_iter().flatten().map(|x| x.median).min()?;
+            let q = best.as_secs_f64() / r.ours.median.as_secs_f64();
+            (q < 1.1).then(|| (r.case.clone(), r.row.clone(), q))
+        })
+        .collect()
 }
 
 /// Time one closure.
@@ -239,4 +320,4 @@ pub fn machine() -> String {
 }
 
 /// Path of an upstream plugin binary (Debian's containernetworking-plugins).
-pub use crate::upstream_bin;
+pub use cni_tests::upstream_bin;

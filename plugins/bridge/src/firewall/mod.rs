@@ -23,14 +23,18 @@
 //! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
 //! `ip daddr != { … }`, without a set to create).
 
+pub(crate) mod remove;
+
 use cni_common::attachment::{masq_network_hash, AttachmentId};
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::{
-    BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict, HOOK_POSTROUTING,
-    HOOK_PREROUTING, POLICY_ACCEPT,
+    BaseChain, CmpOp, NfTables, NftChain, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict,
+    HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
 };
+use cni_common::netlink::NlError;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+
 use std::collections::HashSet;
 
 pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
@@ -43,6 +47,96 @@ const COMMENT_MAX: usize = 128;
 const MASQ_TABLE_COMMENT: &str = "Masquerading for plugins from github.com/containernetworking/plugins";
 const MASQ_CHAIN_COMMENT: &str =
     "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
+
+/// `Result` of a netlink request.
+type Nl<T> = std::result::Result<T, NlError>;
+
+/// nf_tables as bridge's firewall module uses it.
+pub trait Nft {
+    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>>;
+    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>>;
+    fn chains(&mut self, family: NftFamily, table: &str) -> Nl<Vec<String>> {
+        Ok(self.chain_info(family, table)?.into_iter().map(|c| c.name).collect())
+    }
+    fn apply(&mut self, ops: &[NftOp]) -> Nl<()>;
+    fn validate(&mut self, ops: &[NftOp]) -> Nl<()>;
+}
+
+impl Nft for NfTables {
+    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>> {
+        NfTables::chain_info(self, family, table)
+    }
+    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>> {
+        NfTables::rules(self, family, table, chain)
+    }
+    fn apply(&mut self, ops: &[NftOp]) -> Nl<()> {
+        NfTables::apply(self, ops)
+    }
+    fn validate(&mut self, ops: &[NftOp]) -> Nl<()> {
+        NfTables::validate(self, ops)
+    }
+}
+
+/// A base chain of the two tables: how ADD writes it, and what a reading of the kernel must
+/// find for it to count as there (declared once; ADD, CHECK and STATUS derive from it).
+pub struct Hooked {
+    pub family: NftFamily,
+    pub table: &'static str,
+    pub chain: &'static str,
+    /// "nat" or "filter".
+    pub kind: &'static str,
+    pub hook: u32,
+    pub priority: i32,
+    /// The policy written, when one is (then it must be read back too).
+    pub policy: Option<u32>,
+}
+
+/// ipMasq's hook: `inet cni_plugins_masquerade postrouting`, nat, srcnat (100).
+pub const MASQ_HOOK: Hooked = Hooked {
+    family: NftFamily::Inet,
+    table: MASQ_TABLE,
+    chain: MASQ_HOOK_CHAIN,
+    kind: "nat",
+    hook: HOOK_POSTROUTING,
+    priority: 100,
+    policy: None,
+};
+
+/// macspoofchk's hook: `bridge nat PREROUTING`, filter, -300, policy accept.
+pub const SPOOF_HOOK: Hooked = Hooked {
+    family: NftFamily::Bridge,
+    table: SPOOF_TABLE,
+    chain: SPOOF_BASE_CHAIN,
+    kind: "filter",
+    hook: HOOK_PREROUTING,
+    priority: -300,
+    policy: Some(POLICY_ACCEPT),
+};
+
+impl Hooked {
+    pub fn base(&self) -> BaseChain {
+        BaseChain { kind: self.kind.into(), hook: self.hook, priority: self.priority, policy: self.policy }
+    }
+
+    /// The operation that writes it.
+    pub fn add_op(&self) -> NftOp {
+        NftOp::AddChain {
+            family: self.family,
+            table: self.table.into(),
+            chain: self.chain.into(),
+            base: Some(self.base()),
+            comment: None,
+        }
+    }
+
+    /// Whether the kernel's chain `c` is this one as declared.
+    pub fn is(&self, c: &NftChain) -> bool {
+        c.name == self.chain
+            && c.hook == Some((self.hook, self.priority))
+            && c.chain_type.as_deref() == Some(self.kind)
+            && self.policy.is_none_or(|p| c.policy == Some(p))
+    }
+}
 
 /// The per-attachment spoof-check chain of reference id `refid` ([`AttachmentId::spoof_ref`]).
 pub fn spoof_chain(refid: &str) -> String {
@@ -100,18 +194,14 @@ fn postrouting_ok(rules: &[&NftRule]) -> bool {
 }
 
 /// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
-pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
+pub fn find(nf: &mut dyn Nft, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
     let mut f = Found::default();
     if masq {
         let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
         if !chains.is_empty() {
             f.masq_table = true;
             f.masq_checks = chains.iter().any(|c| c.name == MASQ_CHAIN && c.hook.is_none());
-            let hook_ok = chains.iter().any(|c| {
-                c.name == MASQ_HOOK_CHAIN
-                    && c.hook == Some((4, 100))
-                    && c.chain_type.as_deref() == Some("nat")
-            });
+            let hook_ok = chains.iter().any(|c| MASQ_HOOK.is(c));
             let prefix = a.masq_tag();
             // chain by chain: rules another process appends to masq_checks while a dump of
             // the whole table is under way would shift the rules of postrouting after them
@@ -129,12 +219,7 @@ pub fn find(nf: &mut NfTables, a: &AttachmentId, masq: bool, spoof: bool) -> Res
         let (chain, mac_chain, comment) =
             (spoof_chain(&refid), spoof_mac_chain(&refid), spoof_comment(&refid));
         let chains = nf.chain_info(NftFamily::Bridge, SPOOF_TABLE)?;
-        f.spoof_base = chains.iter().any(|c| {
-            c.name == SPOOF_BASE_CHAIN
-                && c.hook == Some((0, -300))
-                && c.chain_type.as_deref() == Some("filter")
-                && c.policy == Some(1)
-        });
+        f.spoof_base = chains.iter().any(|c| SPOOF_HOOK.is(c));
         f.spoof_chains = (chains.iter().any(|c| c.name == chain), chains.iter().any(|c| c.name == mac_chain));
         if !chains.is_empty() {
             f.spoof_jumps = nf
@@ -222,8 +307,7 @@ pub fn masq_add_ops(
         ops.push(chain(MASQ_CHAIN, None, Some(MASQ_CHAIN_COMMENT)));
     }
     if !f.masq_hooked {
-        let base = BaseChain { kind: "nat".into(), hook: HOOK_POSTROUTING, priority: 100, policy: None };
-        ops.push(chain(MASQ_HOOK_CHAIN, Some(base), None));
+        ops.push(MASQ_HOOK.add_op());
         ops.push(NftOp::Delete(NftDelete::Flush {
             family: inet,
             table: t.clone(),
@@ -254,18 +338,7 @@ pub fn spoof_add_ops(a: &AttachmentId, host_veth: &str, mac: Mac, f: &Found) -> 
     let mut ops = Vec::new();
     if !f.spoof_base {
         ops.push(NftOp::AddTable { family: br, table: t.into(), comment: None });
-        ops.push(NftOp::AddChain {
-            family: br,
-            table: t.into(),
-            chain: SPOOF_BASE_CHAIN.into(),
-            base: Some(BaseChain {
-                kind: "filter".into(),
-                hook: HOOK_PREROUTING,
-                priority: -300,
-                policy: Some(POLICY_ACCEPT),
-            }),
-            comment: None,
-        });
+        ops.push(SPOOF_HOOK.add_op());
     }
     for r in &f.spoof_jumps {
         ops.push(NftOp::Delete(NftDelete::Rule {
@@ -371,7 +444,7 @@ pub fn validate_status(masq: bool, spoof: bool) -> Result<()> {
         ops.extend(spoof_add_ops(&a, "vethstatus", Mac([0x02, 0, 0, 0, 0, 1]), &nothing));
     }
     let mut nf = open()?;
-    nf.validate(&ops).map_err(CniError::from)
+    cni_common::netlink::nft::certify::validate_certified(&mut nf, "bridge", &ops).map_err(CniError::from)
 }
 
 /// ADD's firewall state for `a`: masquerading of `masq` = (addresses, `nonMasqueradeCIDRs`)
@@ -379,12 +452,12 @@ pub fn validate_status(masq: bool, spoof: bool) -> Result<()> {
 /// from what the kernel has. If it fails (e.g. a rule it deletes by handle vanished meanwhile),
 /// read again and retry once.
 pub fn apply_add(
-    nf: &mut NfTables,
+    nf: &mut dyn Nft,
     a: &AttachmentId,
     masq: Option<(&[IpNet], Option<&[IpNet]>)>,
     spoof: Option<(&str, Mac)>,
 ) -> Result<()> {
-    let build = |nf: &mut NfTables| -> Result<Vec<NftOp>> {
+    let build = |nf: &mut dyn Nft| -> Result<Vec<NftOp>> {
         let found = find(nf, a, masq.is_some(), spoof.is_some())?;
         let mut ops = Vec::new();
         if let Some((veth, mac)) = spoof {
@@ -447,7 +520,7 @@ fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
 }
 
 /// GC: the masquerade rules of `network` whose attachment is not in `valid`.
-pub fn masq_garbage(nf: &mut NfTables, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
+pub fn masq_garbage(nf: &mut dyn Nft, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
     let net = format!("{}-", masq_network_hash(network));
     Ok(nf
         .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
@@ -475,7 +548,7 @@ pub enum PortOwner {
 // Reads the kernel: not mutated by scripts/mutants.sh (exclude_re does not reach field deletions).
 #[cfg_attr(mutants, mutants::skip)]
 pub fn spoof_garbage(
-    nf: &mut NfTables,
+    nf: &mut dyn Nft,
     network: &str,
     owner_of: &mut dyn FnMut(&str) -> Result<PortOwner>,
     valid: &HashSet<AttachmentId>,
@@ -854,5 +927,49 @@ mod tests {
             .collect();
         let f = Found { spoof_rules: without_verdicts, ..f };
         assert!(spoof_missing(&f, "veth1234abcd", mac).is_some(), "the MAC compared, nothing decided");
+    }
+
+    #[test]
+    fn the_hooks_read_back_as_declared_and_nothing_else_counts() {
+        use crate::kernel::fake::{Fake, World};
+        let mut f = Fake::new(World::new());
+        let nf = crate::kernel::Kernel::nft(&mut f).unwrap();
+        let a = a();
+        let addrs: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00:1::5/64".parse().unwrap()];
+        apply_add(nf, &a, Some((&addrs, None)), Some(("veth1", Mac([2, 0, 0, 0, 0, 1])))).unwrap();
+        let found = find(nf, &a, true, true).unwrap();
+        assert!(found.masq_hooked && found.spoof_base && found.masq_checks, "{found:?}");
+        for h in [&MASQ_HOOK, &SPOOF_HOOK] {
+            let chains = nf.chain_info(h.family, h.table).unwrap();
+            let c = chains.iter().find(|c| c.name == h.chain).unwrap();
+            assert!(h.is(c), "{}", h.chain);
+            let other = |f: &dyn Fn(&mut NftChain)| {
+                let mut x = c.clone();
+                f(&mut x);
+                h.is(&x)
+            };
+            assert!(!other(&|x| x.priority_shift()), "{}: priority", h.chain);
+            assert!(!other(&|x| x.hook = x.hook.map(|(k, p)| (k + 1, p))), "{}: hook", h.chain);
+            assert!(!other(&|x| x.chain_type = Some("route".into())), "{}: type", h.chain);
+            assert!(!other(&|x| x.name.push('x')), "{}: name", h.chain);
+            assert_eq!(other(&|x| x.policy = Some(0)), h.policy.is_none(), "{}: policy", h.chain);
+        }
+        // a second ADD finds both hooks and writes neither again
+        let again = find(nf, &a, true, true).unwrap();
+        let ops = masq_add_ops(&a, &addrs, None, &again);
+        assert!(!ops.iter().any(|o| matches!(o, NftOp::AddChain { .. } | NftOp::AddTable { .. })), "{ops:?}");
+        assert!(!spoof_add_ops(&a, "veth1", Mac([2, 0, 0, 0, 0, 1]), &again)
+            .iter()
+            .any(|o| matches!(o, NftOp::AddChain { base: Some(_), .. })));
+    }
+
+    trait Shift {
+        fn priority_shift(&mut self);
+    }
+
+    impl Shift for NftChain {
+        fn priority_shift(&mut self) {
+            self.hook = self.hook.map(|(k, p)| (k, p + 1));
+        }
     }
 }

@@ -23,7 +23,6 @@
 //!
 //! The floor tables are the driver's own (`inet cnibench_*`), never the plugins'.
 
-use crate::{unique, Netns, TempDir};
 use cni_common::net::Family;
 use cni_common::netlink::nft::{
     BaseChain, CmpOp, NfTables, NftDelete, NftFamily, NftOp, RuleExpr, Verdict, HOOK_POSTROUTING,
@@ -35,6 +34,7 @@ use cni_common::netlink::{
 use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
 use cni_common::sysctl;
+use cni_tests::{unique, Netns, TempDir};
 use ipnet::IpNet;
 use portmap::config::PortMapConf;
 use portmap::config::{Conditions, Conf, Intent, Lens};
@@ -91,7 +91,7 @@ impl BridgeFloor {
     /// `net` picks the subnets 10.<net>.0.0/16 and fd00:<net>::/64 (gateway .1 / ::1 on the bridge).
     pub fn new(plan: BridgePlan, net: u8) -> BridgeFloor {
         let name = unique("bfl");
-        let run = |args: &[&str]| crate::sh("ip", args);
+        let run = |args: &[&str]| cni_tests::sh("ip", args);
         run(&["link", "add", &name, "type", "bridge"]);
         run(&["addr", "add", &format!("10.{net}.0.1/16"), "dev", &name]);
         if plan.v6 {

@@ -2,8 +2,8 @@
 //! each iteration. Ours deletes the host veth's qdiscs on DEL as well; upstream only the ifb.
 
 use super::floor::BandwidthFloor;
-use super::{timed, upstream_bin, Case, Step, FLOOR};
-use crate::{bin, sh, unique, Exec, Netns};
+use super::{peer_bin, timed, upstream_bin, Case, Step, FLOOR, V110};
+use cni_tests::{bin, sh, unique, Exec, Netns};
 use serde_json::json;
 use std::time::Duration;
 
@@ -63,6 +63,9 @@ pub fn cases<'a>() -> Vec<Case<'a>> {
         rows: vec!["ADD".into(), "CHECK".into(), "DEL".into()],
         ours: step(bin("bandwidth").to_string_lossy().into_owned()),
         upstream: step(upstream_bin("bandwidth").to_string_lossy().into_owned()),
-        extra: vec![(FLOOR.into(), floor_step())],
+        extra: vec![
+            (V110.into(), step(peer_bin("bandwidth").to_string_lossy().into_owned())),
+            (FLOOR.into(), floor_step()),
+        ],
     }]
 }

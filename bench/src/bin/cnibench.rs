@@ -4,7 +4,7 @@
 //! CNI_TEST_BIN_DIR (scripts set it to the release build), upstream ones from
 //! CNI_UPSTREAM_DIR (default /usr/lib/cni).
 
-use cni_tests::bench;
+use cni_bench as bench;
 use cni_tests::Netns;
 
 fn main() {
@@ -26,7 +26,7 @@ fn main() {
             "--baseline-name" => baseline_name = args.next().expect("--baseline-name NAME"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|gap|deferred>… \
+                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|status|status-load|gap|deferred>… \
                      [--iterations N] [--warmup N] [--containers N] [--services N] [--baseline DIR --baseline-name NAME]"
                 );
                 return;
@@ -61,6 +61,9 @@ fn main() {
     let mut gap = None;
     let mut deferred = None;
     let mut mappings_table = None;
+    let mut status_cases = Vec::new();
+    let mut bare_cases = Vec::new();
+    let mut loaded = None;
     for s in &scenarios {
         match s.as_str() {
             "loopback" => cases.extend(bench::loopback::cases()),
@@ -87,13 +90,42 @@ fn main() {
                 kp_cases.extend(c);
                 notes.push(note);
             }
+            "status" => {
+                status_cases.extend(bench::status::cases());
+                bare_cases.extend(bench::status::bare_cases());
+            }
+            "status-load" => {
+                let (c, count) = bench::status::loaded_cases(services, &mut keep);
+                loaded = Some((c, count));
+            }
             "gap" => gap = Some(bench::gap::report(iterations)),
             "deferred" => deferred = Some(bench::deferred::report(iterations)),
             other => panic!("unknown scenario {other}"),
         }
     }
     let mut rows = bench::run(cases, iterations, warmup);
+    let status_rows = bench::run(status_cases, iterations, warmup);
+    let bare_rows = bench::run(bare_cases, iterations, warmup);
+    let loaded = loaded.map(|(c, count)| (bench::run(c, iterations, warmup), count));
     let kp_rows = bench::run(kp_cases, iterations, warmup);
+    // rows where v1.10's best backend is ahead of ours or within 10%, for the doc's closing list
+    let mut close = bench::close_rows(&rows);
+    close.extend(bench::close_rows(&kp_rows));
+    close.extend(bench::close_rows(&scale_rows));
+    for r in status_rows.iter().filter(|r| r.row == "STATUS") {
+        let q = r.upstream.median.as_secs_f64() / r.ours.median.as_secs_f64();
+        if q < 1.1 {
+            close.push((format!("STATUS: {}", r.case), r.row.clone(), q));
+        }
+    }
+    if let Some(path) = std::env::var_os("CNIBENCH_CLOSE_FILE") {
+        use std::io::Write;
+        let mut f =
+            std::fs::OpenOptions::new().append(true).create(true).open(path).expect("CNIBENCH_CLOSE_FILE");
+        for (case, row, q) in &close {
+            writeln!(f, "| {case} | {row} | {q:.2}x |").expect("write CNIBENCH_CLOSE_FILE");
+        }
+    }
     println!("Machine: {}.", bench::machine());
     if !rows.is_empty() || !kp_rows.is_empty() {
         println!("{iterations} interleaved iterations per case after {warmup} warm-up.");
@@ -108,6 +140,25 @@ fn main() {
     }
     if !kp_rows.is_empty() {
         print!("{}", bench::kubeproxy::markdown(&kp_rows));
+    }
+    if !status_rows.is_empty() {
+        println!("STATUS and VERSION of each plugin, whole process (cniVersion 1.1.0), ours and v1.10 interleaved with the start-up floor:\n");
+        print!("{}", bench::status::markdown(&status_rows));
+    }
+    if !bare_rows.is_empty() {
+        println!(
+            "\nIn-process, in the host namespace (the \"upstream\" column holds the second of each pair): a one-element\n\
+             commit of portmap's ADD, quiet against the same commit while another thread makes STATUS's dry run back to\n\
+             back; and the generation read STATUS makes now against the dry run it made on every call before:\n"
+        );
+        print!("{}", bench::markdown(&bare_rows));
+    }
+    if let Some((rows, count)) = loaded {
+        println!(
+            "\nThe full chain (ours, ipMasq, cniVersion 1.1.0) quiet and under each background load (in all: {}):\n",
+            count.describe()
+        );
+        print!("{}", bench::status::loaded_markdown(&rows));
     }
     if growth {
         println!("\nGrowth with the store size (median at N / median on an empty store):\n");

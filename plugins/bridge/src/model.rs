@@ -1,0 +1,255 @@
+//! The attachment as it should be, derived without touching the kernel from the configuration
+//! and the addresses (IPAM's result for ADD, prevResult for CHECK and resync): gateways and
+//! default routes, the gateway a route goes through, the port's VLANs, the container's IPv6
+//! settings, which interface of a result is the container's. ADD builds from it, CHECK and
+//! resync judge against it: nothing here is derived twice.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use cni_common::error::{CniError, Result};
+use cni_common::netlink::PortVlan;
+use cni_common::spec::result::{CniResult, IpConfig, Route};
+use cni_common::sysctl;
+use ipnet::IpNet;
+
+use crate::config::Conf;
+
+/// The VLAN entries a port gets for `vlan`/`vlanTrunk`, in request order.
+pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
+    let mut plan = Vec::new();
+    if vlan != 0 {
+        plan.push(PortVlan::access(vlan));
+    } else if !trunk.is_empty() {
+        plan.push(PortVlan::access(1)); // native VLAN of the trunk
+    }
+    plan.extend(trunk.iter().map(|v| PortVlan::tagged(*v)));
+    plan
+}
+
+fn first_host(net: &IpNet) -> IpAddr {
+    match net.trunc().addr() {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a).wrapping_add(1))),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a).wrapping_add(1))),
+    }
+}
+
+/// Upstream's `calcGateways`: every address belongs to the container interface (index 2); with
+/// `isGateway` a missing gateway is the subnet's first address; with `isDefaultGateway` a default
+/// route per family is added unless one with a gateway is there. Returns the gateway addresses
+/// (with the container's prefix length) for the bridge.
+pub(crate) fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Vec<IpNet> {
+    let mut gws = Vec::new();
+    let mut default_done = [false, false];
+    for i in 0..result.ips.len() {
+        let ip = &mut result.ips[i];
+        ip.interface = Some(2);
+        if ip.gateway.is_none() && conf.is_gateway {
+            ip.gateway = Some(first_host(&ip.address));
+        }
+        let (v4, gw, prefix) = (ip.address.addr().is_ipv4(), ip.gateway, ip.address.prefix_len());
+        let fam = if v4 { 0 } else { 1 };
+        if conf.is_default_gateway && !default_done[fam] {
+            let default: IpNet = if v4 { "0.0.0.0/0".parse().unwrap() } else { "::/0".parse().unwrap() };
+            if !result.routes.iter().any(|r| r.gw.is_some() && r.dst == default) {
+                result.routes.push(Route::new(default, gw));
+            }
+            default_done[fam] = true;
+        }
+        if conf.is_gateway {
+            if let Some(g) = gw {
+                if let Ok(n) = IpNet::new(g, prefix) {
+                    if !gws.contains(&n) {
+                        gws.push(n);
+                    }
+                }
+            }
+        }
+    }
+    gws
+}
+
+/// The container's IPv6 settings: DAD off (or enhanced DAD on with `enabledad`); with IPv6
+/// addresses, IPv6 enabled on `lo` and the interface and addresses kept when it goes down.
+/// (key, value, whether failing to write it is an error — DAD keys are best effort as upstream:
+/// a namespace without IPv6 has none.)
+pub(crate) fn ipv6_settings(ifname: &str, conf: &Conf, has_v6: bool) -> Vec<(String, &'static str, bool)> {
+    let key = |dev: &str, leaf: &str| sysctl::iface_key("ipv6", dev, leaf);
+    let mut list = Vec::new();
+    if conf.enable_dad {
+        list.push((key(ifname, "enhanced_dad"), "1", false));
+        list.push((key(ifname, "accept_dad"), "1", false));
+    } else {
+        list.push((key(ifname, "accept_dad"), "0", false));
+    }
+    if has_v6 {
+        list.push((key("lo", "disable_ipv6"), "0", true));
+        list.push((key(ifname, "disable_ipv6"), "0", true));
+        list.push((key(ifname, "keep_addr_on_down"), "1", false));
+    }
+    list
+}
+
+/// The gateway route `r` goes through: its own, else the gateway of the first address of its
+/// family that has one (upstream's rule, for ADD and CHECK alike).
+pub(crate) fn route_gateway(ips: &[IpConfig], r: &Route) -> Option<IpAddr> {
+    let v4 = r.dst.addr().is_ipv4();
+    r.gw.or_else(|| ips.iter().filter(|i| i.address.addr().is_ipv4() == v4).find_map(|i| i.gateway))
+}
+
+/// The container interface of prevResult (`ifname` in sandbox `netns`): its position in
+/// `interfaces` and the addresses prevResult puts on it.
+pub(crate) fn container_of(prev: &CniResult, ifname: &str, netns: &str) -> Result<(usize, Vec<IpNet>)> {
+    let pos =
+        prev.interfaces.iter().position(|i| i.name == ifname && i.sandbox == netns).ok_or_else(|| {
+            CniError::internal(format!("prevResult lists no interface {ifname:?} in sandbox {netns:?}"))
+        })?;
+    let addrs = prev.ips.iter().filter(|i| i.interface.is_none_or(|x| x == pos)).map(|i| i.address).collect();
+    Ok((pos, addrs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RawConf;
+    use cni_common::netlink::PortVlan;
+    use cni_common::spec::json;
+    use cni_common::spec::result::IpConfig;
+    use serde_json::json;
+
+    fn conf(v: serde_json::Value) -> Conf {
+        let raw: RawConf = json::from_value(v).unwrap();
+        Conf::from_raw(raw, "", true, None).unwrap()
+    }
+
+    fn ip(a: &str, gw: Option<&str>) -> IpConfig {
+        IpConfig { interface: None, address: a.parse().unwrap(), gateway: gw.map(|g| g.parse().unwrap()) }
+    }
+
+    #[test]
+    fn gateways_and_default_routes_like_upstream() {
+        let mut r = CniResult {
+            ips: vec![
+                ip("10.1.0.5/24", None),
+                ip("fd00:1::5/64", Some("fd00:1::1")),
+                ip("fd00:2::5/64", None),
+            ],
+            ..Default::default()
+        };
+        let gws = calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
+        assert!(r.ips.iter().all(|i| i.interface == Some(2)));
+        assert_eq!(r.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
+        assert_eq!(r.ips[2].gateway, Some("fd00:2::1".parse().unwrap()));
+        let gw_text: Vec<String> = gws.iter().map(|g| g.to_string()).collect();
+        assert_eq!(gw_text, vec!["10.1.0.1/24", "fd00:1::1/64", "fd00:2::1/64"]);
+        let routes: Vec<(String, Option<String>)> =
+            r.routes.iter().map(|r| (r.dst.to_string(), r.gw.map(|g| g.to_string()))).collect();
+        assert_eq!(
+            routes,
+            vec![("0.0.0.0/0".into(), Some("10.1.0.1".into())), ("::/0".into(), Some("fd00:1::1".into()))]
+        );
+
+        // An IPAM default route with a gateway is kept and not duplicated.
+        let mut r = CniResult {
+            ips: vec![ip("10.1.0.5/24", Some("10.1.0.254"))],
+            routes: vec![Route::new("0.0.0.0/0".parse().unwrap(), Some("10.1.0.254".parse().unwrap()))],
+            ..Default::default()
+        };
+        calc_gateways(&mut r, &conf(json!({"isDefaultGateway": true})));
+        assert_eq!(r.routes.len(), 1);
+
+        // Without isGateway nothing is invented.
+        let mut r = CniResult { ips: vec![ip("10.1.0.5/24", None)], ..Default::default() };
+        assert!(calc_gateways(&mut r, &conf(json!({}))).is_empty());
+        assert_eq!(r.ips[0].gateway, None);
+        assert!(r.routes.is_empty());
+    }
+
+    #[test]
+    fn vlan_plans() {
+        assert_eq!(port_vlan_plan(100, &[]), vec![PortVlan::access(100)]);
+        assert_eq!(
+            port_vlan_plan(0, &[101, 200]),
+            vec![PortVlan::access(1), PortVlan::tagged(101), PortVlan::tagged(200)]
+        );
+        assert_eq!(port_vlan_plan(100, &[101]), vec![PortVlan::access(100), PortVlan::tagged(101)]);
+        assert!(port_vlan_plan(0, &[]).is_empty());
+    }
+
+    #[test]
+    fn ipv6_settings_turn_dad_off_unless_enabledad_and_enable_ipv6_with_v6_addresses() {
+        let list = |dad: bool, v6: bool| -> Vec<(String, &'static str, bool)> {
+            ipv6_settings("eth0", &conf(json!({"enabledad": dad})), v6)
+        };
+        let k = |dev: &str, leaf: &str| format!("net/ipv6/conf/{dev}/{leaf}");
+        assert_eq!(list(false, false), vec![(k("eth0", "accept_dad"), "0", false)]);
+        assert_eq!(
+            list(true, false),
+            vec![(k("eth0", "enhanced_dad"), "1", false), (k("eth0", "accept_dad"), "1", false)]
+        );
+        assert_eq!(
+            list(false, true),
+            vec![
+                (k("eth0", "accept_dad"), "0", false),
+                (k("lo", "disable_ipv6"), "0", true),
+                (k("eth0", "disable_ipv6"), "0", true),
+                (k("eth0", "keep_addr_on_down"), "1", false),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_container_interface_is_found_by_name_and_sandbox_with_its_addresses() {
+        let prev = CniResult::decode(
+            &serde_json::json!({
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    {"name": "cni0", "mac": "0a:58:0a:01:00:01"},
+                    {"name": "eth0"},
+                    {"name": "eth0", "sandbox": "/run/netns/other"},
+                    {"name": "eth0", "sandbox": "/run/netns/mine"},
+                ],
+                "ips": [
+                    {"address": "10.1.0.5/24", "interface": 3},
+                    {"address": "10.1.0.6/24", "interface": 2},
+                    {"address": "fd00::5/64"},
+                ],
+            }),
+            cni_common::Version::V1_0_0,
+        )
+        .unwrap();
+        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/mine").unwrap();
+        assert_eq!(pos, 3);
+        let want: Vec<IpNet> = vec!["10.1.0.5/24".parse().unwrap(), "fd00::5/64".parse().unwrap()];
+        assert_eq!(addrs, want, "its own and those that name no interface");
+        let (pos, addrs) = container_of(&prev, "eth0", "/run/netns/other").unwrap();
+        assert_eq!((pos, addrs.len()), (2, 2));
+        let e = container_of(&prev, "eth1", "/run/netns/mine").unwrap_err();
+        assert_eq!(e.msg, r#"prevResult lists no interface "eth1" in sandbox "/run/netns/mine""#);
+    }
+
+    #[test]
+    fn a_route_goes_through_its_own_gateway_else_the_first_of_its_family() {
+        let ips = vec![
+            ip("10.1.0.5/24", None),
+            ip("10.2.0.5/24", Some("10.2.0.1")),
+            ip("fd00:1::5/64", Some("fd00:1::1")),
+            ip("fd00:2::5/64", Some("fd00:2::1")),
+        ];
+        let r =
+            |dst: &str, gw: Option<&str>| Route::new(dst.parse().unwrap(), gw.map(|g| g.parse().unwrap()));
+        let gw = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        // IPv4, IPv6, and both in one list: each family finds its own
+        assert_eq!(route_gateway(&ips, &r("0.0.0.0/0", None)), gw("10.2.0.1"));
+        assert_eq!(route_gateway(&ips, &r("::/0", None)), gw("fd00:1::1"));
+        assert_eq!(route_gateway(&ips, &r("10.9.0.0/16", Some("10.1.0.254"))), gw("10.1.0.254"));
+        assert_eq!(route_gateway(&ips, &r("fd09::/64", Some("fd00:2::fe"))), gw("fd00:2::fe"));
+        // an IPv6-first list gives the same answers
+        let mut rev = ips.clone();
+        rev.reverse();
+        assert_eq!(route_gateway(&rev, &r("0.0.0.0/0", None)), gw("10.2.0.1"));
+        assert_eq!(route_gateway(&rev, &r("::/0", None)), gw("fd00:2::1"));
+        // a family without a gateway: none
+        assert_eq!(route_gateway(&ips[..2], &r("::/0", None)), None);
+        assert_eq!(route_gateway(&ips[2..], &r("0.0.0.0/0", None)), None);
+    }
+}

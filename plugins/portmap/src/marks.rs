@@ -1,0 +1,355 @@
+//! DEL's marks: what lets `cni-migrate resync` refuse to rebuild host ports for an attachment
+//! whose DEL has begun (issue 27 finding 10).
+//!
+//! A runtime's DEL runs the chain in reverse: portmap's step first, the pod's interface goes
+//! later (bridge's step). A resync that rebuilt the host ports after portmap's step and looked
+//! at the pod again before its interface went left the deleted pod's DNAT behind, pointing at an
+//! address host-local hands out again. So portmap's DEL leaves a mark for the attachment before
+//! it deletes anything, and resync rebuilds only when there is none, holding the lock DEL takes
+//! to write it:
+//!
+//! - `<dir>/lock`: DEL and ADD hold it shared (they never wait for each other), resync holds it
+//!   exclusively from looking for the mark until its rebuild is committed. So a DEL's mark is
+//!   either seen by resync (nothing rebuilt) or written after the rebuild, and that DEL's
+//!   deletion, which follows its mark, then removes what was rebuilt.
+//! - `<dir>/<hash>` (the attachment's 128-bit value, 32 hex digits): the mark, an empty file
+//!   created with `O_EXCL | O_NOFOLLOW`. ADD of the same attachment (a restarted pod with the
+//!   same container id) removes it. Whatever is at that name, of any type, counts as a mark:
+//!   resync then rebuilds nothing (unknown is alive, and a mark no one can remove is loud).
+//!
+//! Files, not elements of portmap's nf_tables table: the table is what a `flush ruleset` takes,
+//! and that is when resync runs; `/run` survives a flush, and goes at reboot, when every pod
+//! has gone too. The directory is root's (mode 0700, refused when it is another user's or
+//! writable by others, never followed when a link); nothing in it is read as data.
+//! resync sweeps the marks of attachments no cache it scans holds any more.
+
+use cni_common::{code, CniError, Result};
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::model::Owner;
+
+/// Where the marks are kept on a node.
+pub const DIR: &str = "/run/cni/portmap";
+
+/// How long a verb waits for the lock (a resync holds it for one attachment's rebuild).
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// The marks directory.
+#[derive(Debug, Clone)]
+pub struct Marks {
+    dir: PathBuf,
+}
+
+/// The lock held (shared or exclusive), and the directory it guards.
+#[derive(Debug)]
+pub struct Held {
+    dir: File,
+    _lock: File,
+    path: PathBuf,
+}
+
+fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> CniError {
+    CniError::io(format!("portmap: {what} {}: {e}", path.display()))
+}
+
+impl Marks {
+    /// The node's ([`DIR`]).
+    pub fn system() -> Marks {
+        Marks { dir: PathBuf::from(DIR) }
+    }
+
+    /// Marks kept in `dir` (tests).
+    pub fn at(dir: impl Into<PathBuf>) -> Marks {
+        Marks { dir: dir.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory, opened without following a link and checked to be root's alone (`None`:
+    /// not there and `create` is false).
+    fn open_dir(&self, create: bool) -> Result<Option<File>> {
+        if create {
+            if let Some(parent) = self.dir.parent() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .map_err(|e| io(parent, "create", e))?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(&self.dir, "create", e)),
+            }
+        }
+        let dir = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.dir)
+        {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(io(&self.dir, "open (a directory, not a link)", e)),
+        };
+        let m = dir.metadata().map_err(|e| io(&self.dir, "stat", e))?;
+        // SAFETY: geteuid cannot fail
+        let me = unsafe { libc::geteuid() };
+        if m.uid() != me || m.mode() & 0o022 != 0 {
+            return Err(io(
+                &self.dir,
+                "refuse",
+                format!(
+                    "owned by uid {} with mode {:o}: it must be ours and writable by us alone",
+                    m.uid(),
+                    m.mode()
+                ),
+            ));
+        }
+        Ok(Some(dir))
+    }
+
+    fn hold(&self, create: bool, exclusive: bool, wait: Duration) -> Result<Option<Held>> {
+        let Some(dir) = self.open_dir(create)? else { return Ok(None) };
+        let path = self.dir.join("lock");
+        let fd = openat(&dir, "lock", libc::O_CREAT | libc::O_RDWR | libc::O_NONBLOCK, 0o600)
+            .map_err(|e| io(&path, "open", e))?;
+        let lock = File::from(fd);
+        if !lock.metadata().map_err(|e| io(&path, "stat", e))?.is_file() {
+            return Err(io(&path, "refuse", "not a regular file (remove it)"));
+        }
+        let start = Instant::now();
+        loop {
+            let tried = if exclusive { lock.try_lock() } else { lock.try_lock_shared() };
+            match tried {
+                Ok(()) => return Ok(Some(Held { dir, _lock: lock, path: self.dir.clone() })),
+                Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(20).min(wait))
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(CniError::new(
+                        code::TRY_AGAIN,
+                        format!(
+                        "portmap: {} is held (a resync is rebuilding host ports) past {} s; try again later",
+                        path.display(),
+                        wait.as_secs_f64()
+                    ),
+                    ))
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(&path, "lock", e)),
+            }
+        }
+    }
+
+    /// The lock shared, as DEL and ADD hold it; the directory is made when `create`.
+    pub fn shared(&self, create: bool, wait: Duration) -> Result<Option<Held>> {
+        self.hold(create, false, wait)
+    }
+
+    /// The lock exclusive, as resync holds it (the directory is made: a DEL that comes later
+    /// must find it).
+    pub fn exclusive(&self, wait: Duration) -> Result<Held> {
+        Ok(self.hold(true, true, wait)?.expect("created"))
+    }
+
+    /// DEL's step: mark `owner`'s attachment deleted (idempotent), under the shared lock.
+    pub fn mark_deleted(&self, owner: &Owner) -> Result<()> {
+        self.shared(true, WAIT)?.expect("created").mark(owner)
+    }
+
+    /// ADD's step: the attachment lives again (a restarted pod with the same container id).
+    pub fn unmark(&self, owner: &Owner) -> Result<()> {
+        match self.shared(false, WAIT)? {
+            Some(h) => h.unmark(owner),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The name of `owner`'s mark.
+pub fn name(owner: &Owner) -> String {
+    owner.hash.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn cstr(name: &str) -> CString {
+    CString::new(name).expect("hex digits or a fixed name")
+}
+
+fn openat(dir: &File, name: &str, flags: i32, mode: libc::mode_t) -> std::io::Result<std::os::fd::OwnedFd> {
+    let n = cstr(name);
+    // SAFETY: a valid directory fd and a NUL-terminated name
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            n.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and own
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+impl Held {
+    /// Mark `owner` (an existing mark, whatever it is, stays: never followed, never opened).
+    pub fn mark(&self, owner: &Owner) -> Result<()> {
+        let n = name(owner);
+        match openat(&self.dir, &n, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600) {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(io(&self.path.join(&n), "create", e)),
+        }
+    }
+
+    /// Remove `owner`'s mark (a link there is removed, never followed; none: nothing to do).
+    pub fn unmark(&self, owner: &Owner) -> Result<()> {
+        self.unlink(&name(owner))
+    }
+
+    fn unlink(&self, n: &str) -> Result<()> {
+        let c = cstr(n);
+        // SAFETY: a valid directory fd and a NUL-terminated name
+        let r = unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
+        if r == 0 {
+            return Ok(());
+        }
+        match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            e => Err(io(&self.path.join(n), "remove", e)),
+        }
+    }
+
+    /// Whether `owner` has a mark: anything at its name counts (Err: cannot tell).
+    pub fn is_marked(&self, owner: &Owner) -> Result<bool> {
+        let n = name(owner);
+        let c = cstr(&n);
+        // SAFETY: a valid directory fd, a NUL-terminated name, a zeroed stat buffer
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let r =
+            unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        if r == 0 {
+            return Ok(true);
+        }
+        match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            e => Err(io(&self.path.join(&n), "look for", e)),
+        }
+    }
+
+    /// Remove the marks whose names are not in `keep` (names of [`name`]); other names are left
+    /// alone. The number removed.
+    pub fn sweep(&self, keep: &BTreeSet<String>) -> Result<usize> {
+        let list = std::fs::read_dir(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
+            .map_err(|e| io(&self.path, "list", e))?;
+        let mut removed = 0;
+        for e in list {
+            let e = e.map_err(|e| io(&self.path, "list", e))?;
+            let n = e.file_name();
+            let is_mark = n.len() == 32 && n.as_bytes().iter().all(|b| b.is_ascii_hexdigit());
+            let Some(n) = n.to_str().filter(|n| is_mark && !keep.contains(*n)) else { continue };
+            self.unlink(n)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cni_common::attachment::AttachmentId;
+
+    fn owner(id: &str) -> Owner {
+        Owner::of(&AttachmentId { network: "net".into(), container_id: id.into(), ifname: "eth0".into() })
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("portmap-marks-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_del_marks_an_add_unmarks_and_a_missing_directory_is_no_mark() {
+        let d = scratch("cycle");
+        let m = Marks::at(d.join("portmap"));
+        m.unmark(&owner("a")).expect("no directory: nothing to unmark, nothing made");
+        assert!(!d.exists(), "ADD makes no directory");
+        m.mark_deleted(&owner("a")).unwrap();
+        m.mark_deleted(&owner("a")).expect("DEL is idempotent");
+        let meta = std::fs::metadata(m.path()).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        let h = m.exclusive(Duration::ZERO).unwrap();
+        assert!(h.is_marked(&owner("a")).unwrap());
+        assert!(!h.is_marked(&owner("b")).unwrap());
+        drop(h);
+        m.unmark(&owner("a")).unwrap();
+        let h = m.exclusive(Duration::ZERO).unwrap();
+        assert!(!h.is_marked(&owner("a")).unwrap(), "a restarted pod (ADD after DEL) is no longer marked");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn resync_holding_the_lock_keeps_a_del_from_marking_until_it_is_done() {
+        let d = scratch("lock");
+        let m = Marks::at(d.join("portmap"));
+        let resync = m.exclusive(Duration::ZERO).unwrap();
+        let e = m.shared(true, Duration::ZERO).expect_err("a DEL waits for the rebuild");
+        assert_eq!(e.code, code::TRY_AGAIN, "{e:?}");
+        let e = m.exclusive(Duration::ZERO).expect_err("one resync at a time");
+        assert_eq!(e.code, code::TRY_AGAIN);
+        drop(resync);
+        let del1 = m.shared(true, Duration::ZERO).unwrap().unwrap();
+        let del2 = m.shared(true, Duration::ZERO).unwrap().expect("DELs and ADDs share it");
+        assert_eq!(m.exclusive(Duration::ZERO).unwrap_err().code, code::TRY_AGAIN, "no rebuild meanwhile");
+        drop((del1, del2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn planted_things_are_never_followed_and_count_as_marks() {
+        let d = scratch("planted");
+        let m = Marks::at(d.join("portmap"));
+        let victim = d.join("victim");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(&victim, "keep").unwrap();
+        m.mark_deleted(&owner("x")).unwrap();
+        // a link at a mark's name: a mark, and removing it removes the link, not its target
+        std::os::unix::fs::symlink(&victim, m.path().join(name(&owner("a")))).unwrap();
+        let h = m.exclusive(Duration::ZERO).unwrap();
+        assert!(h.is_marked(&owner("a")).unwrap());
+        h.mark(&owner("a")).expect("already marked");
+        h.unmark(&owner("a")).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        // a sweep keeps what is asked and what is no mark
+        std::fs::write(m.path().join("README"), "").unwrap();
+        h.mark(&owner("y")).unwrap();
+        let keep: BTreeSet<String> = [name(&owner("y"))].into();
+        assert_eq!(h.sweep(&keep).unwrap(), 1);
+        assert!(!h.is_marked(&owner("x")).unwrap() && h.is_marked(&owner("y")).unwrap());
+        assert!(m.path().join("README").exists());
+        drop(h);
+        // a lock that is not a regular file, a directory that is a link or others' to write
+        std::fs::remove_file(m.path().join("lock")).unwrap();
+        nix::unistd::mkfifo(&m.path().join("lock"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(m.exclusive(Duration::ZERO).unwrap_err().msg.contains("not a regular file"));
+        let linked = Marks::at(d.join("linked"));
+        std::os::unix::fs::symlink(m.path(), linked.path()).unwrap();
+        assert!(linked.exclusive(Duration::ZERO).is_err(), "a link is not followed");
+        std::fs::set_permissions(m.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let e = m.mark_deleted(&owner("z")).unwrap_err();
+        assert!(e.msg.contains("writable by us alone"), "{e:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# loopback ADD and DEL, ours vs upstream (/usr/lib/cni), one interleaved run. Needs root.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-bin=$(scripts/build-release.sh)
-CNI_TEST_BIN_DIR="$bin" "$bin/cnibench" loopback --iterations "${ITERATIONS:-300}" "$@"
