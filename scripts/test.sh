@@ -19,7 +19,7 @@ scripts/install-peers.sh
 
 # Tests skipped because this kernel lacks a feature (cni_tests::skip_unless) are recorded here
 # and listed at the end, pass or fail: nextest hides the output of passing tests. Features these
-# machines have (/work/shared/DESIGN.md section 5) are required: their tests fail rather than skip.
+# machines have (docs/testing.md, "Skips are visible") are required: their tests fail rather than skip.
 export CNI_TEST_SKIP_LOG="$PWD/target/cni-test-skips.log"
 export CNI_TEST_REQUIRE="${CNI_TEST_REQUIRE-iptables-legacy,br_netfilter}"
 mkdir -p target

@@ -32,11 +32,11 @@ use cni_common::netlink::{
     LinkKind, LinkSpec, Netlink, PortFlags, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
-use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
 use cni_common::sysctl;
 use cni_tests::{unique, Netns, TempDir};
 use ipnet::IpNet;
+use portmap::config::PortMapConf;
 use portmap::config::{Conditions, Conf, Intent, Lens};
 use portmap::layout::{declaration, Found};
 use portmap::model::{NsId, Owner};

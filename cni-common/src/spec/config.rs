@@ -2,8 +2,7 @@
 //!
 //! Plugin-specific keys are decoded by each plugin into its own struct through
 //! [`super::json::from_value`] (Go-compatible key matching); this module holds the common keys,
-//! the well-known sub-objects (`ipam`, `dns`, `args`, runtime capabilities) and the GC list,
-//! and portmap's keys ([`PortMapConf`]), which [`crate::upstream::hostport`] reads too.
+//! the well-known sub-objects (`ipam`, `dns`, `args`, runtime capabilities) and the GC list.
 
 use super::json;
 use super::result::{CniResult, Dns};
@@ -112,48 +111,6 @@ pub struct PortMapping {
     pub protocol: String,
     #[serde(rename = "hostIP", default)]
     pub host_ip: String,
-}
-
-/// portmap's configuration keys (upstream's `PortMapConf`), as the JSON gives them: read by the
-/// portmap plugin, which validates them its own way, and by [`crate::upstream::hostport`],
-/// which reads them as upstream's portmap does.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct PortMapConf {
-    #[serde(default)]
-    pub snat: Option<bool>,
-    #[serde(rename = "masqAll", default)]
-    pub masq_all: bool,
-    #[serde(rename = "conditionsV4", default)]
-    pub conditions_v4: Option<Vec<String>>,
-    #[serde(rename = "conditionsV6", default)]
-    pub conditions_v6: Option<Vec<String>>,
-    #[serde(rename = "markMasqBit", default)]
-    pub mark_masq_bit: Option<i64>,
-    #[serde(rename = "externalSetMarkChain", default)]
-    pub external_set_mark_chain: Option<String>,
-    #[serde(default)]
-    pub backend: Option<String>,
-    #[serde(rename = "runtimeConfig", default)]
-    pub runtime_config: Option<PortMapRuntime>,
-}
-
-/// portmap's `runtimeConfig`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct PortMapRuntime {
-    #[serde(rename = "portMappings", default)]
-    pub port_mappings: Option<Vec<PortMapping>>,
-}
-
-impl PortMapConf {
-    /// `snat`, on unless set to false.
-    pub fn snat(&self) -> bool {
-        self.snat.unwrap_or(true)
-    }
-
-    /// `runtimeConfig.portMappings` (none when absent).
-    pub fn mappings(&self) -> &[PortMapping] {
-        self.runtime_config.as_ref().and_then(|r| r.port_mappings.as_deref()).unwrap_or_default()
-    }
 }
 
 /// One `runtimeConfig.ipRanges` / `ipam.ranges` range.
@@ -293,22 +250,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!((pm.host_port, pm.protocol.as_str(), pm.host_ip.as_str()), (8080, "TCP", "0.0.0.0"));
-    }
-
-    #[test]
-    fn portmap_keys_and_their_defaults() {
-        let c = PortMapConf::default();
-        assert!(c.snat() && !c.masq_all && c.mappings().is_empty());
-        let c: PortMapConf = json::from_value(json!({"SNAT": false, "masqall": true, "snat": null,
-            "runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 8080}]}}))
-        .unwrap();
-        assert!(!c.snat() && c.masq_all);
-        assert_eq!((c.mappings().len(), c.mappings()[0].protocol.as_str()), (1, ""));
-        // a mapping needs both ports (Go would read 0 and refuse it later)
-        assert!(json::from_value::<PortMapConf>(
-            json!({"runtimeConfig": {"portMappings": [{"hostPort": 80}]}})
-        )
-        .is_err());
     }
 
     #[test]

@@ -1,17 +1,13 @@
 //! State made by upstream's Go plugins (containernetworking/plugins), found, checked and
 //! removed by ours, so that binaries can be swapped on a node with running containers.
 //!
-//! What upstream writes, with the source file of each name and rule shape, is in
-//! docs/switching.md ("Upstream's state, exactly"). In short:
-//! - bridge `ipMasq` (iptables, v1.1.1 and every version since): per attachment a chain
-//!   `CNI-<hash(network+id)>` in table `nat`, jumped to from `POSTROUTING -s <address>`, in
-//!   `iptables` and `ip6tables`; see [`masq`].
-//! - portmap (iptables): per attachment `CNI-DN-<hash>` jumped to from the shared
-//!   `CNI-HOSTPORT-DNAT`, the hairpin/localhost marks through `CNI-HOSTPORT-SETMARK` and
-//!   `CNI-HOSTPORT-MASQ`, and `CNI-SN-<hash>` of versions before 0.7; portmap's nftables
-//!   backend (v1.6+): rules commented with the container id in tables `ip`/`ip6 cni_hostport`;
-//!   see [`hostport`].
-//! - bandwidth: an ifb `bwp<hash>` without our owner record; see [`ifb`].
+//! This module is the part that names no plugin: finding an iptables `nat` chain in either
+//! backend ([`locate`], [`locate_any`]), taking jumps and chains out as one change
+//! ([`Teardown`]), GC's sweep over one kind of per-attachment state ([`Collect`], [`collect`]),
+//! upstream's chain-name hash and comment form ([`names`]) and the `iptables` tools themselves
+//! ([`iptables`]). What each plugin made, and how it is recognised, lives with the plugin whose
+//! state it is; docs/switching.md ("Upstream's state, exactly") lists every name and rule shape
+//! with its source file, and says where each part is.
 //!
 //! Both backends of the `iptables` tool are covered: `iptables-nft` (nf_tables tables `ip nat`
 //! and `ip6 nat`) and `iptables-legacy` (x_tables).
@@ -26,8 +22,6 @@
 //! contents) and GC (which reads upstream's comments) run `*-save -t nat` and
 //! `*-restore --noflush` of the backend that holds the state.
 
-pub mod hostport;
-pub mod ifb;
 pub mod iptables;
 pub mod masq;
 pub mod names;
@@ -56,7 +50,7 @@ impl Found {
     }
 }
 
-fn nft_family(fam: Fam) -> NftFamily {
+pub fn nft_family(fam: Fam) -> NftFamily {
     match fam {
         Fam::V4 => NftFamily::Ip,
         Fam::V6 => NftFamily::Ip6,
@@ -64,21 +58,21 @@ fn nft_family(fam: Fam) -> NftFamily {
 }
 
 /// Deletions as one transaction.
-fn delete(nf: &mut NfTables, ops: &[NftDelete]) -> std::result::Result<(), NlError> {
+pub fn delete(nf: &mut NfTables, ops: &[NftDelete]) -> std::result::Result<(), NlError> {
     nf.apply(&ops.iter().cloned().map(NftOp::Delete).collect::<Vec<_>>())
 }
 
 /// The table name iptables uses.
-const NAT: &str = "nat";
+pub const NAT: &str = "nat";
 
 /// A netlink connection when nf_tables is usable (None: then nothing can live there).
-fn nftables() -> Option<NfTables> {
+pub fn nftables() -> Option<NfTables> {
     NfTables::new().ok()
 }
 
 /// The (backend, family) pairs whose `nat` table has at least one of `chains` (`nf`: the
 /// netlink connection, None when nf_tables is not usable).
-fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
+pub fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, Fam)>> {
     let mut out = Vec::new();
     if let Some(nf) = nf {
         for fam in Fam::BOTH {
@@ -103,7 +97,7 @@ fn locate(nf: Option<&mut NfTables>, chains: &[String]) -> Result<Vec<(Backend, 
 /// Every (backend, family) with an iptables `nat` table holding a chain that `wanted` selects
 /// (for GC, which does not know the names in advance). nf_tables: one dump of the chain names
 /// of `ip nat` / `ip6 nat`.
-fn locate_any(wanted: impl Fn(&str) -> bool) -> Result<Vec<(Backend, Fam)>> {
+pub fn locate_any(wanted: impl Fn(&str) -> bool) -> Result<Vec<(Backend, Fam)>> {
     let mut out = Vec::new();
     if let Some(mut nf) = nftables() {
         for fam in Fam::BOTH {
@@ -123,18 +117,18 @@ fn locate_any(wanted: impl Fn(&str) -> bool) -> Result<Vec<(Backend, Fam)>> {
 /// What to take out of one `nat` table: rules of `entries.0` jumping to `entries.1`, then the
 /// chains (flushed first).
 #[derive(Debug, Clone, Default)]
-struct Teardown {
+pub struct Teardown {
     jumps: Vec<(String, String)>,
     chains: Vec<String>,
 }
 
 impl Teardown {
-    fn jump(mut self, from: &str, to: &str) -> Self {
+    pub fn jump(mut self, from: &str, to: &str) -> Self {
         self.jumps.push((from.into(), to.into()));
         self
     }
 
-    fn chain(mut self, c: &str) -> Self {
+    pub fn chain(mut self, c: &str) -> Self {
         self.chains.push(c.into());
         self
     }
@@ -142,7 +136,7 @@ impl Teardown {
     /// The deletions over netlink: jumps found by their verdict (no need to decode iptables'
     /// xt expressions), chains that exist flushed and deleted; one transaction. Returns whether
     /// something was deleted.
-    fn apply_nft(&self, nf: &mut NfTables, fam: Fam) -> Result<bool> {
+    pub fn apply_nft(&self, nf: &mut NfTables, fam: Fam) -> Result<bool> {
         let family = nft_family(fam);
         let build = |nf: &mut NfTables| -> Result<Vec<NftDelete>> {
             let mut ops = Vec::new();
@@ -198,7 +192,7 @@ impl Teardown {
     }
 
     /// The same as a restore script against a saved table.
-    fn script(&self, t: &Table) -> Script {
+    pub fn script(&self, t: &Table) -> Script {
         let mut s = Script::default();
         for r in self.jump_rules(t) {
             s.delete(r);
@@ -212,14 +206,14 @@ impl Teardown {
         s
     }
 
-    fn jump_rules<'a>(&'a self, t: &'a Table) -> impl Iterator<Item = &'a SavedRule> + 'a {
+    pub fn jump_rules<'a>(&'a self, t: &'a Table) -> impl Iterator<Item = &'a SavedRule> + 'a {
         t.rules.iter().filter(|r| {
             self.jumps.iter().any(|(from, to)| r.chain == *from && r.rule.target.as_deref() == Some(to))
         })
     }
 
     /// Apply to the legacy table of `fam`. Returns whether something was deleted.
-    fn apply_legacy(&self, fam: Fam) -> Result<bool> {
+    pub fn apply_legacy(&self, fam: Fam) -> Result<bool> {
         legacy_change(fam, |t| {
             let s = self.script(t);
             let found = !s.is_empty();
@@ -227,7 +221,7 @@ impl Teardown {
         })
     }
 
-    fn apply(&self, nf: Option<&mut NfTables>, backend: Backend, fam: Fam) -> Result<bool> {
+    pub fn apply(&self, nf: Option<&mut NfTables>, backend: Backend, fam: Fam) -> Result<bool> {
         match (backend, nf) {
             (Backend::Nft, Some(nf)) => self.apply_nft(nf, fam),
             (Backend::Nft, None) => Ok(false),
@@ -240,7 +234,7 @@ impl Teardown {
 /// apply the script. A restore that fails (the table changed since it was saved, e.g. a rule to
 /// delete is gone) is tried again from a new save, three times in all. Returns what `build`
 /// returned with the script that was applied.
-fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> Result<T> {
+pub fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> Result<T> {
     let mut last = None;
     for _ in 0..3 {
         let t = iptables::save(Backend::Legacy, fam)?;
@@ -255,7 +249,7 @@ fn legacy_change<T>(fam: Fam, mut build: impl FnMut(&Table) -> (Script, T)) -> R
 
 /// One kind of upstream state in the iptables `nat` tables, as GC finds and removes it
 /// ([`collect`]).
-trait Collect {
+pub trait Collect {
     /// What GC's messages call it: "masquerade rules", "port mappings".
     const WHAT: &'static str;
     /// Whether a `nat` table with chain `c` may hold some.
@@ -280,7 +274,7 @@ trait Collect {
 /// the valid list, in every (backend, family) whose `nat` table has a chain of that kind (found
 /// by reading each saved table; nf_tables changed over netlink, legacy by one restore script),
 /// and forget the UDP flows of what was removed. A failing table does not stop the others.
-fn collect<C: Collect>(req: &Request) -> Result<()> {
+pub fn collect<C: Collect>(req: &Request) -> Result<()> {
     let network = req.network();
     let valid = req.valid_attachments()?;
     let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
@@ -321,7 +315,7 @@ fn collect<C: Collect>(req: &Request) -> Result<()> {
                     backend.name()
                 );
             }
-            flush_udp(&ports, &[fam]);
+            flush_udp(&format!("upstream's {}", C::WHAT), &ports, &[fam]);
             Ok(())
         })();
         if let Err(e) = r {
@@ -331,9 +325,9 @@ fn collect<C: Collect>(req: &Request) -> Result<()> {
     errors.finish()
 }
 
-/// Forget UDP flows to host ports whose mapping went away.
-fn flush_udp(ports: &[u16], families: &[Fam]) {
+/// Forget UDP flows to host ports whose mapping went away (`who`: whose, for the messages).
+pub fn flush_udp(who: &str, ports: &[u16], families: &[Fam]) {
     let targets: Vec<(Family, u16)> =
         families.iter().flat_map(|f| ports.iter().map(move |p| (*f, *p))).collect();
-    conntrack::flush_udp_ports("portmap (upstream's rules)", &targets);
+    conntrack::flush_udp_ports(who, &targets);
 }

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod resync;
 pub mod shape;
+pub mod upstream;
 
 use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
 use cni_common::error_list::ErrorList;
@@ -163,7 +164,7 @@ impl Plugin for Bandwidth {
             }
         }
         // ifbs made by upstream's bandwidth (no owner record): removed when nothing uses them.
-        if let Err(e) = cni_common::upstream::ifb::gc(&mut host, net, &valid) {
+        if let Err(e) = upstream::gc(&mut host, net, &valid) {
             errors.push(e);
         }
         errors.finish()

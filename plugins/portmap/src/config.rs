@@ -9,12 +9,55 @@
 
 use crate::model::{Elem, Hash, HostPort, Masq, NsId, Owner, Target};
 use cni_common::net::{container_addrs, Family, Proto};
-use cni_common::spec::config::{PortMapConf, PortMapping};
+use cni_common::spec::config::PortMapping;
 use cni_common::spec::result::CniResult;
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+use serde::Deserialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// portmap's configuration keys (upstream's `PortMapConf`), as the JSON gives them: read by the
+/// plugin's [`Conf`] and [`Teardown`], which validate them their own way, and by
+/// [`crate::upstream`], which reads them as upstream's portmap does.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PortMapConf {
+    #[serde(default)]
+    pub snat: Option<bool>,
+    #[serde(rename = "masqAll", default)]
+    pub masq_all: bool,
+    #[serde(rename = "conditionsV4", default)]
+    pub conditions_v4: Option<Vec<String>>,
+    #[serde(rename = "conditionsV6", default)]
+    pub conditions_v6: Option<Vec<String>>,
+    #[serde(rename = "markMasqBit", default)]
+    pub mark_masq_bit: Option<i64>,
+    #[serde(rename = "externalSetMarkChain", default)]
+    pub external_set_mark_chain: Option<String>,
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(rename = "runtimeConfig", default)]
+    pub runtime_config: Option<PortMapRuntime>,
+}
+
+/// portmap's `runtimeConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PortMapRuntime {
+    #[serde(rename = "portMappings", default)]
+    pub port_mappings: Option<Vec<PortMapping>>,
+}
+
+impl PortMapConf {
+    /// `snat`, on unless set to false.
+    pub fn snat(&self) -> bool {
+        self.snat.unwrap_or(true)
+    }
+
+    /// `runtimeConfig.portMappings` (none when absent).
+    pub fn mappings(&self) -> &[PortMapping] {
+        self.runtime_config.as_ref().and_then(|r| r.port_mappings.as_deref()).unwrap_or_default()
+    }
+}
 
 /// Which host addresses a mapping listens on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -782,5 +825,21 @@ mod tests {
         }
         // a document of the wrong shape is still a decode error
         assert_eq!(teardown(json!({"snat": "yes"})).unwrap_err().code, 6);
+    }
+
+    #[test]
+    fn portmap_keys_and_their_defaults() {
+        let c = PortMapConf::default();
+        assert!(c.snat() && !c.masq_all && c.mappings().is_empty());
+        let c: PortMapConf = json::from_value(json!({"SNAT": false, "masqall": true, "snat": null,
+            "runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 8080}]}}))
+        .unwrap();
+        assert!(!c.snat() && c.masq_all);
+        assert_eq!((c.mappings().len(), c.mappings()[0].protocol.as_str()), (1, ""));
+        // a mapping needs both ports (Go would read 0 and refuse it later)
+        assert!(json::from_value::<PortMapConf>(
+            json!({"runtimeConfig": {"portMappings": [{"hostPort": 80}]}})
+        )
+        .is_err());
     }
 }

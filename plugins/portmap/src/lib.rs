@@ -23,6 +23,8 @@
 //! - [`flow`]: each verb's loop of read, plan, apply.
 //! - [`netns`]: telling a stale holder of a host port from a live one.
 //! - [`marks`]: DEL's marks, which keep `cni-migrate resync` from rebuilding what a DEL removes.
+//! - [`upstream`]: upstream portmap's host ports (iptables, its nftables backend), found,
+//!   checked and removed so that binaries can be swapped under running containers.
 #![warn(clippy::too_many_lines)]
 
 pub mod config;
@@ -36,3 +38,4 @@ pub mod netns;
 pub mod plan;
 pub mod plugin;
 pub mod state;
+pub mod upstream;

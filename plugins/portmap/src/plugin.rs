@@ -1,6 +1,7 @@
 //! The CNI plugin around this library (request in, side effects of the kernel's answers out:
 //! `route_localnet` and its guard, UDP conntrack flushes, upstream's leftovers).
 
+use crate::config::PortMapConf;
 use crate::config::{Conf, Intent, Teardown};
 use crate::flow;
 use crate::kernel;
@@ -12,7 +13,6 @@ use cni_common::attachment::{portmap_net_prefix, AttachmentId};
 use cni_common::net::Family;
 use cni_common::netlink::conntrack;
 use cni_common::netlink::Netlink;
-use cni_common::spec::config::PortMapConf;
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, ErrorList, Plugin, Request, Result};
 use std::collections::BTreeSet;
@@ -148,10 +148,10 @@ impl Plugin for Portmap {
             }
         };
         // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
-        // nftables `cni_hostport` rules): cni_common::upstream, docs/switching.md.
+        // nftables `cni_hostport` rules): crate::upstream, docs/switching.md.
         let mut errors = ErrorList::new();
         errors.take(ours);
-        errors.take(cni_common::upstream::hostport::del(req));
+        errors.take(crate::upstream::del(req));
         errors.take(marked);
         errors.finish()
     }
@@ -160,7 +160,7 @@ impl Plugin for Portmap {
         let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
         // An attachment made by upstream (iptables or its nftables backend) is checked in its
         // own form instead of ours (before our validation: its configuration is upstream's).
-        if cni_common::upstream::hostport::check(req)?.is_intact() {
+        if crate::upstream::check(req)?.is_intact() {
             return Ok(());
         }
         let conf = load(req)?;
@@ -194,7 +194,7 @@ impl Plugin for Portmap {
             AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
         let mut errors = ErrorList::new();
         // Upstream-made leftovers of this network's attachments not in the valid list.
-        errors.take(cni_common::upstream::hostport::gc(req));
+        errors.take(crate::upstream::gc(req));
         let ours = match nf_tables() {
             Ok(mut k) => {
                 flow::gc(&mut k, &portmap_net_prefix(req.network()), &valid).map(|done| flush_udp(&done.udp))

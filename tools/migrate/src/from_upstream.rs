@@ -19,9 +19,10 @@ use cni_common::netlink::Netlink;
 use cni_common::netns::NetNs;
 use cni_common::spec::config::PortMapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Table};
-use cni_common::upstream::{hostport, masq, names};
+use cni_common::upstream::{masq, names};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+use portmap::upstream::{self as hostport, names as hostport_names};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -70,11 +71,11 @@ fn collect(t: &Table, out: &mut BTreeMap<(String, String), Found>) {
         let f = out.entry((net.to_string(), id.to_string())).or_default();
         push_unique(&mut f.masq, IpNet::new(ip, prefix).unwrap_or(src.net));
     }
-    for r in t.rules_in(names::HOSTPORT_DNAT) {
+    for r in t.rules_in(hostport_names::HOSTPORT_DNAT) {
         let Some((net, id)) = r.rule.comment.as_deref().and_then(|c| names::parse_comment("dnat ", c)) else {
             continue;
         };
-        let chain = names::dnat_chain(net, id);
+        let chain = hostport_names::dnat_chain(net, id);
         if r.rule.target.as_deref() != Some(chain.as_str()) {
             continue;
         }
@@ -266,11 +267,11 @@ fn collect_nft_backend(
 ) -> Result<()> {
     let mut ids: Vec<String> = Vec::new();
     for family in [NftFamily::Ip, NftFamily::Ip6] {
-        if !nf.has_table(family, names::NFT_HOSTPORT_TABLE)? {
+        if !nf.has_table(family, hostport_names::NFT_HOSTPORT_TABLE)? {
             continue;
         }
         for chain in ["hostports", "hostip_hostports"] {
-            for r in nf.rules(family, names::NFT_HOSTPORT_TABLE, Some(chain))? {
+            for r in nf.rules(family, hostport_names::NFT_HOSTPORT_TABLE, Some(chain))? {
                 if let Some(c) = r.comment.filter(|c| !c.is_empty()) {
                     push_unique(&mut ids, c);
                 }
@@ -313,8 +314,8 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     // Upstream's attachments, from every backend and family that has a nat table.
     let mut nf =
         NfTables::new().map_err(|e| CniError::internal(format!("nf_tables is not usable (netlink): {e}")))?;
-    let hostport_tables = nf.has_table(NftFamily::Ip, names::NFT_HOSTPORT_TABLE)?
-        || nf.has_table(NftFamily::Ip6, names::NFT_HOSTPORT_TABLE)?;
+    let hostport_tables = nf.has_table(NftFamily::Ip, hostport_names::NFT_HOSTPORT_TABLE)?
+        || nf.has_table(NftFamily::Ip6, hostport_names::NFT_HOSTPORT_TABLE)?;
     if iptables::default_backend()?.is_none() && !hostport_tables {
         return Err(crate::refused(
             "iptables is not installed on this node and there is no cni_hostport table: upstream's plugins cannot \

@@ -24,12 +24,13 @@ use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
 use cni_common::netlink::{Family, Netlink, RouteKind, TABLE_MAIN};
 use cni_common::nft_cli::{quote, Nft};
-use cni_common::spec::config::{PortMapConf, PortMapRuntime, PortMapping};
-use cni_common::upstream::hostport::{self, Spec};
+use cni_common::spec::config::PortMapping;
 use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
 use cni_common::upstream::{masq, names};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+use portmap::config::{PortMapConf, PortMapRuntime};
+use portmap::upstream::{self as hostport, names as hostport_names, Spec};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -78,7 +79,7 @@ fn nft_hostport_script(spec: &Spec) -> String {
         let Some(addr) = spec.addr(fam) else { continue };
         let ip = addr.addr();
         let ipx = if fam == Fam::V4 { "ip" } else { "ip6" };
-        let t = format!("{ipx} {}", names::NFT_HOSTPORT_TABLE);
+        let t = format!("{ipx} {}", hostport_names::NFT_HOSTPORT_TABLE);
         let _ = writeln!(s, "add table {t} {{ comment \"CNI portmap plugin\" ; }}");
         for c in ["hostports", "hostip_hostports", "hostports_all"] {
             let _ = writeln!(s, "add chain {t} {c}");
@@ -263,8 +264,10 @@ fn script_for(t: &Table, fam: Fam, atts: &BTreeMap<Ident, Att>) -> Script {
         atts.values().filter_map(|a| a.hostports.as_ref()).filter(|p| p.addr(fam).is_some()).collect();
     if let Some(first) = specs.iter().find(|p| p.makes_mark_chains()).or(specs.first()) {
         let plumbing = hostport::plumbing_rules(first);
-        for c in [names::HOSTPORT_SETMARK, names::HOSTPORT_MASQ, names::HOSTPORT_DNAT] {
-            let used = c == names::HOSTPORT_DNAT || plumbing.iter().any(|(x, _, _)| x == c);
+        for c in
+            [hostport_names::HOSTPORT_SETMARK, hostport_names::HOSTPORT_MASQ, hostport_names::HOSTPORT_DNAT]
+        {
+            let used = c == hostport_names::HOSTPORT_DNAT || plumbing.iter().any(|(x, _, _)| x == c);
             if used && !t.has_chain(c) {
                 s.new_chain(c);
             }
@@ -278,7 +281,7 @@ fn script_for(t: &Table, fam: Fam, atts: &BTreeMap<Ident, Att>) -> Script {
         if let Some(d) = hostport::dnat_rules(spec, fam) {
             ensure_chain(&mut s, t, &d.chain, &d.rules);
             for e in &d.entries {
-                ensure(&mut s, t, names::HOSTPORT_DNAT, e);
+                ensure(&mut s, t, hostport_names::HOSTPORT_DNAT, e);
             }
         } else {
             let _ = id;

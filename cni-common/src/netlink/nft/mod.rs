@@ -39,11 +39,13 @@ pub mod read;
 pub mod set;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 
 use self::consts::*;
-use super::nfnl::{self, cstr, encode_be32, message, put_attr, string_of, NETLINK_NETFILTER};
+use self::wire::{comment_udata, nft_msg};
+use super::nfnl::{self, cstr, encode_be32, message, put_attr, NETLINK_NETFILTER};
 use super::socket::NlSocket;
 use super::NlError;
 
@@ -165,40 +167,7 @@ impl NftOp {
     }
 }
 
-/// The message type of nf_tables message `msg`.
-pub(crate) const fn nft_msg(msg: u16) -> u16 {
-    nfnl::msg_type(NFNL_SUBSYS_NFTABLES, msg)
-}
-
 const ACK: u16 = NLM_F_REQUEST | NLM_F_ACK;
-
-/// A comment TLV as libnftnl writes it (`nftnl_udata_put_strz`): type, length with the
-/// terminating NUL, text, NUL. Cut at [`COMMENT_MAX`] bytes (on a character boundary).
-pub(crate) fn comment_udata(comment: &str) -> Vec<u8> {
-    let mut end = comment.len().min(COMMENT_MAX);
-    while !comment.is_char_boundary(end) {
-        end -= 1;
-    }
-    let text = &comment.as_bytes()[..end];
-    let mut v = vec![UDATA_COMMENT, (text.len() + 1) as u8];
-    v.extend_from_slice(text);
-    v.push(0);
-    v
-}
-
-/// The comment in the userdata of a table, chain, rule or element.
-pub(crate) fn comment_of(udata: &[u8]) -> Option<String> {
-    let mut rest = udata;
-    while rest.len() >= 2 {
-        let (kind, len) = (rest[0], rest[1] as usize);
-        let value = rest.get(2..2 + len)?;
-        if kind == UDATA_COMMENT {
-            return Some(string_of(value));
-        }
-        rest = &rest[2 + len..];
-    }
-    None
-}
 
 /// The message of one deletion.
 fn delete_message(op: &NftDelete) -> Vec<u8> {

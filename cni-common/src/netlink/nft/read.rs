@@ -3,12 +3,13 @@
 //! the ruleset generation. One netlink dump each instead of one more `nft` process; set
 //! elements are read in [`super::set`].
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST};
 
 use super::consts::*;
 use super::expr::{expr_of, NftExpr, Verdict};
 use super::set::ListedSet;
-use super::{comment_of, nft_msg, NfTables, NftElem, NftFamily};
+use super::wire::{comment_of, dump_request, nft_msg};
+use super::{NfTables, NftElem, NftFamily};
 use crate::netlink::nfnl::{attrs, cstr, decode_be32, find_attr, message, string_of};
 use crate::netlink::socket::Reply;
 use crate::netlink::NlError;
@@ -74,12 +75,6 @@ pub struct NftChain {
     /// How many references lead to the chain (`NFTA_CHAIN_USE`: its rules and the jumps and
     /// gotos into it).
     pub uses: Option<u32>,
-}
-
-/// A dump request of the nf_tables subsystem with string attributes.
-pub(super) fn dump_request(msg: u16, family: NftFamily, attrs: &[(u16, &str)]) -> Vec<u8> {
-    let attrs: Vec<(u16, Vec<u8>)> = attrs.iter().map(|(k, v)| (*k, cstr(v))).collect();
-    message(nft_msg(msg), NLM_F_REQUEST | NLM_F_DUMP, family.proto(), 0, &attrs)
 }
 
 /// Decode one `NFT_MSG_NEWRULE` payload (after the netlink header), with the position the

@@ -11,7 +11,8 @@
 
 use super::consts::*;
 use super::expr::{value_attr, value_of, verdict_attr, verdict_of, Verdict};
-use super::{comment_of, comment_udata, nft_msg, NfTables, NftFamily};
+use super::wire::{comment_of, comment_udata, dump_request, nft_msg};
+use super::{NfTables, NftFamily};
 use crate::netlink::nfnl::{
     attrs, cstr, decode_be32, encode_be32, message, put_attr, put_nested, string_of, NLA_F_NESTED,
 };
@@ -534,7 +535,7 @@ impl NfTables {
         set: &str,
     ) -> Result<Vec<NftElem>, NlError> {
         let what = format!("list elements of {} {table} {set}", family.keyword());
-        let req = super::read::dump_request(
+        let req = dump_request(
             NFT_MSG_GETSETELEM,
             family,
             &[(NFTA_SET_ELEM_LIST_TABLE, table), (NFTA_SET_ELEM_LIST_SET, set)],

@@ -1,5 +1,6 @@
-use super::read::{dump_request, parse_rule, whole_listing};
+use super::read::{parse_rule, whole_listing};
 use super::set::parse_setelem_message;
+use super::wire::dump_request;
 use super::*;
 use crate::netlink::nfnl::{put_attr, put_nested};
 use crate::nft_cli::Nft;

@@ -3,13 +3,13 @@
 //! attachments that must keep the invariants.
 
 use super::*;
+use crate::config::PortMapConf;
 use crate::config::{Conf, Intent};
 use crate::flow;
 use crate::kernel::fake::{Fake, Fault};
 use crate::layout::{self, LAYOUT_SET};
 use crate::model::{Elem, Key, NsId, Owner, Set, Target};
 use cni_common::netlink::nft::{NftElem, NftExpr};
-use cni_common::spec::config::PortMapConf;
 use cni_common::spec::json;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
 use serde_json::json;

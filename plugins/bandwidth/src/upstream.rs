@@ -11,17 +11,23 @@
 //! have. A dead ifb shapes nothing, so removing it in whichever network's GC runs first takes
 //! nothing from anybody. A live one is never touched, whatever network it belongs to.
 
-use super::names;
-use crate::attachment::AttachmentId;
-use crate::error_list::ErrorList;
-use crate::netlink::tc::{FilterAction, INGRESS_HANDLE};
-use crate::netlink::{Link, Netlink};
-use crate::{CniError, Result};
+use cni_common::attachment::AttachmentId;
+use cni_common::error_list::ErrorList;
+use cni_common::netlink::tc::{FilterAction, INGRESS_HANDLE};
+use cni_common::netlink::{Link, Netlink};
+use cni_common::{CniError, Result};
 use std::collections::HashSet;
+
+/// Whether `name` has the shape of an ifb name upstream derives (`bwp` + 12 hex digits).
+pub fn is_ifb_name(name: &str) -> bool {
+    name.len() == 15
+        && name.starts_with("bwp")
+        && name[3..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
 
 /// An ifb upstream made: the name shape, kind ifb, no alias, device group 0.
 pub fn is_upstream_ifb(l: &Link) -> bool {
-    l.kind.as_deref() == Some("ifb") && names::is_ifb_name(&l.name) && l.alias.is_none() && l.group == 0
+    l.kind.as_deref() == Some("ifb") && is_ifb_name(&l.name) && l.alias.is_none() && l.group == 0
 }
 
 /// Interfaces that some ingress filter of `host` redirects packets into.
@@ -69,4 +75,19 @@ pub fn gc(host: &mut Netlink, network: &str, valid: &[AttachmentId]) -> Result<V
         }
     }
     errors.finish().map(|()| deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifb_names_match_upstream() {
+        // upstream 1.1.1's ifb of network "swnet", container "ctrA" (captured with `ip link`)
+        assert_eq!(AttachmentId::new("swnet", "ctrA", "eth0").ifb_name(), "bwp6c848780a988");
+        assert!(is_ifb_name("bwp6c848780a988"));
+        assert!(!is_ifb_name("bwp6c848780a98g"));
+        assert!(!is_ifb_name("bwp6c848780a98"));
+        assert!(!is_ifb_name("xyz6c848780a988"));
+    }
 }

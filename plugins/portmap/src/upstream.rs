@@ -1,4 +1,6 @@
-//! portmap's host ports as upstream makes them.
+//! portmap's host ports as upstream makes them: found, checked and removed by our verbs (and
+//! read and written by `cni-migrate`), on the plugin-agnostic iptables layer of
+//! `cni_common::upstream`.
 //!
 //! **iptables backend** (plugins/meta/portmap/portmap.go and chain.go; v1.1.1 and later, table
 //! `nat` of `iptables` and `ip6tables`):
@@ -28,14 +30,17 @@
 //! rules in `hostports`). `cni-migrate to-upstream` writes the latter form
 //! ([`nft_backend_missing`] verifies it).
 
-use super::iptables::{self, Backend, Fam, Rule, Script, Table};
-use super::{locate, names, nft_family, nftables, Found, Teardown};
-use crate::error_list::ErrorList;
-use crate::netlink::nft::{NfTables, NftDelete, NftRule};
-use crate::spec::config::{PortMapConf, PortMapping};
-use crate::spec::json;
-use crate::spec::result::CniResult;
-use crate::{CniError, Request, Result};
+pub mod names;
+
+use crate::config::PortMapConf;
+use cni_common::error_list::ErrorList;
+use cni_common::netlink::nft::{NfTables, NftDelete, NftRule};
+use cni_common::spec::config::PortMapping;
+use cni_common::spec::json;
+use cni_common::spec::result::CniResult;
+use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
+use cni_common::upstream::{self as common, locate, nft_family, nftables, Collect, Found, Teardown};
+use cni_common::{CniError, Request, Result};
 use ipnet::IpNet;
 use serde_json::Value;
 use std::collections::HashSet;
@@ -86,7 +91,8 @@ impl Spec {
             return Err(CniError::config(format!("markMasqBit {b} is not between 0 and 31")));
         }
         // the addresses upstream's portmap forwarded to (a prevResult no plugin made gives none)
-        let (v4, v6) = prev.and_then(|p| crate::net::container_addrs(p, ifname).ok()).unwrap_or_default();
+        let (v4, v6) =
+            prev.and_then(|p| cni_common::net::container_addrs(p, ifname).ok()).unwrap_or_default();
         Ok(Spec { network: network.into(), container_id: container_id.into(), conf, v4, v6 })
     }
 
@@ -420,7 +426,8 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
             handle: r.handle,
         })
         .collect();
-    super::delete(nf, &ops).map_err(|e| CniError::from(e).context("remove upstream's cni_hostport rules"))?;
+    common::delete(nf, &ops)
+        .map_err(|e| CniError::from(e).context("remove upstream's cni_hostport rules"))?;
     for fam in Fam::BOTH {
         let family = nft_family(fam);
         if !found.iter().any(|(f, _)| *f == fam) {
@@ -432,7 +439,7 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
         }
         if left == 0 {
             let drop = NftDelete::Table { family, table: names::NFT_HOSTPORT_TABLE.into() };
-            if let Err(e) = super::delete(nf, &[drop]) {
+            if let Err(e) = common::delete(nf, &[drop]) {
                 eprintln!(
                     "note: empty table {} {} left in place: {e}",
                     family.keyword(),
@@ -466,7 +473,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
                 }
                 None => Ok(false),
             },
-            Backend::Legacy => super::legacy_change(fam, |table| {
+            Backend::Legacy => common::legacy_change(fam, |table| {
                 let mut s = t.script(table);
                 let found = !s.is_empty();
                 plumbing_script(table, &dropped_by(&s), &mut s);
@@ -495,7 +502,7 @@ pub fn del(req: &Request) -> Result<()> {
         .map_err(|e| e.context("remove upstream's port mappings"))?;
     if removed {
         if let Ok(spec) = Spec::from_request(req) {
-            super::flush_udp(&spec.udp_ports(), &Fam::BOTH);
+            common::flush_udp("portmap (upstream's rules)", &spec.udp_ports(), &Fam::BOTH);
         }
     }
     Ok(())
@@ -602,7 +609,8 @@ fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for (top, kind) in [(names::HOSTPORT_DNAT, "dnat "), (names::HOSTPORT_SNAT, "snat ")] {
         for r in t.rules_in(top) {
-            let Some((net, id)) = r.rule.comment.as_deref().and_then(|c| names::parse_comment(kind, c))
+            let Some((net, id)) =
+                r.rule.comment.as_deref().and_then(|c| cni_common::upstream::names::parse_comment(kind, c))
             else {
                 continue;
             };
@@ -631,7 +639,7 @@ fn udp_ports_in(t: &Table, chain: &str) -> Vec<u16> {
 /// network and are left to DEL.
 struct Gc;
 
-impl super::Collect for Gc {
+impl Collect for Gc {
     const WHAT: &'static str = "port mappings";
 
     fn is_chain(c: &str) -> bool {
@@ -666,14 +674,14 @@ impl super::Collect for Gc {
 /// GC: remove upstream's iptables port mappings of this network's attachments that are not
 /// in the valid list, the shared chains once unused, and the UDP flows of the removed mappings.
 pub fn gc(req: &Request) -> Result<()> {
-    super::collect::<Gc>(req)
+    common::collect::<Gc>(req)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::result::{Interface, IpConfig};
-    use crate::upstream::iptables::SAVED_FOR_TESTS;
+    use cni_common::spec::result::{Interface, IpConfig};
+    use cni_common::upstream::iptables::SAVED_FOR_TESTS;
     use serde_json::json;
 
     fn prev() -> CniResult {
