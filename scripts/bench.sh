@@ -57,7 +57,7 @@ startup | loopback | bridge | chain | bandwidth | ptp | tuning | firewall | host
     exec "$bin/cnibench" "$verb" "${args[@]}" "$@"
     ;;
 *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac
