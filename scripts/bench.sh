@@ -12,6 +12,7 @@
 # One scenario, printed to stdout (one interleaved run; ITERATIONS=N overrides the count, further
 # arguments go to the driver, e.g. `scripts/bench.sh scale --containers 200`):
 #   scripts/bench.sh startup|loopback|bridge|chain|bandwidth   # default 300/200 iterations
+#   scripts/bench.sh ptp|tuning|firewall   # the newer plugins; ITERATIONS=60: --reduced's count
 #   scripts/bench.sh host-local    # SIZES="0 1000" for other store sizes (default 0 1000 10000 30000)
 #   scripts/bench.sh scale         # portmap at scale, --containers N (default 1000)
 #   scripts/bench.sh mappings|kube-proxy|gap|deferred
@@ -34,7 +35,7 @@ case $verb in
 all) mode=full ;;
 --reduced) mode=reduced ;;
 --quick) mode=quick ;;
-startup | loopback | bridge | chain | bandwidth | host-local | scale | mappings | kube-proxy | status | status-load | gap | deferred)
+startup | loopback | bridge | chain | bandwidth | ptp | tuning | firewall | host-local | scale | mappings | kube-proxy | status | status-load | gap | deferred)
     shift
     # upstream's bridge ipMasq and portmap (1.1.1, and v1.10's default backend) use iptables
     scripts/install-deps.sh iptables
@@ -171,6 +172,17 @@ echo "tbf on the ifb), CHECK, DEL. DEL is dominated by the kernel's unregistrati
 echo
 bench bandwidth --iterations "$it" | grep -v '^Machine'
 echo
+echo "## ptp, tuning and firewall"
+echo
+echo "ptp + host-local ADD and DEL in a fresh container namespace per iteration, plain and with"
+echo "\`ipMasq\` (v1.10: iptables by default, nftables with \`ipMasqBackend\`; 1.1.1 iptables; ours"
+echo "nftables). tuning (one sysctl, \`mtu\`, \`mac\`) chained after a veth pair the driver makes"
+echo "untimed: only tuning's call is timed. firewall in the scratch host namespace with iptables-nft"
+echo "as \`iptables\`: ours with its nftables backend, the upstreams with \`\"backend\": \"iptables\"\`."
+echo "No floor column."
+echo
+bench ptp tuning firewall --iterations "$it" | grep -v '^Machine'
+echo
 echo "## host-local with a growing store"
 echo
 echo "ADD and DEL of one more container against stores already holding N reservations"
@@ -306,7 +318,7 @@ echo "## Binary sizes"
 echo
 echo "| plugin | ours (static, stripped) | v1.10 (static Go, stripped) | 1.1.1 (dynamic, stripped) | ours / v1.10 | ours / 1.1.1 |"
 echo "|---|---|---|---|---|---|"
-for p in loopback bridge host-local portmap bandwidth; do
+for p in loopback bridge host-local portmap bandwidth ptp tuning firewall; do
     o=$(stat -c %s "$bin/$p")
     v=$(stat -c %s "$CNI_PEER_DIR/$p")
     u=$(stat -c %s "/usr/lib/cni/$p")

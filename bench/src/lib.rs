@@ -19,13 +19,16 @@ pub mod bandwidth;
 pub mod bridge;
 pub mod chain;
 pub mod deferred;
+pub mod firewall;
 pub mod floor;
 pub mod gap;
 pub mod host_local;
 pub mod kubeproxy;
 pub mod loopback;
 pub mod portmap;
+pub mod ptp;
 pub mod status;
+pub mod tuning;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -26,7 +26,7 @@ fn main() {
             "--baseline-name" => baseline_name = args.next().expect("--baseline-name NAME"),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: cnibench <startup|loopback|bridge|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|status|status-load|gap|deferred>… \
+                    "usage: cnibench <startup|loopback|bridge|ptp|tuning|firewall|bandwidth|chain|host-local|portmap-scale|portmap-mappings|kube-proxy|status|status-load|gap|deferred>… \
                      [--iterations N] [--warmup N] [--containers N] [--services N] [--baseline DIR --baseline-name NAME]"
                 );
                 return;
@@ -70,6 +70,9 @@ fn main() {
             "startup" => cases.extend(bench::loopback::startup()),
             "bandwidth" => cases.extend(bench::bandwidth::cases()),
             "bridge" => cases.extend(bench::bridge::cases()),
+            "ptp" => cases.extend(bench::ptp::cases()),
+            "tuning" => cases.extend(bench::tuning::cases()),
+            "firewall" => cases.extend(bench::firewall::cases()),
             "chain" => cases.extend(bench::chain::cases(rss.clone(), &mut keep)),
             "host-local" => {
                 cases.extend(bench::host_local::cases(&sizes, &other));
