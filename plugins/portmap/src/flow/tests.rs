@@ -1449,3 +1449,27 @@ fn the_guard_comes_back_without_host_ports_after_a_flush() {
     flow::guard(&mut k.clone(), &conds).unwrap();
     assert!(guard_intact(&k));
 }
+
+/// The guard restored after a flush while another verb rebuilds the table between the guard's
+/// read and its transaction: the guard's setup holds only at the generation it read, so it is
+/// planned again on the new table (nothing to do) instead of adding the static part's rules a
+/// second time.
+#[test]
+fn the_guard_restored_while_an_add_rebuilds_the_table_is_planned_again() {
+    let k = Fake::new();
+    let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let intact = k.table();
+    k.edit(|t| *t = None);
+    let conds = crate::config::Conditions::default();
+    let (k2, a2) = (k.clone(), a.clone());
+    k.before_apply(move || add(&k2, &a2).map(|_| ()).unwrap());
+    flow::guard(&mut k.clone(), &conds).unwrap();
+    k.clear_hooks();
+    assert!(guard_intact(&k));
+    check(&k, &a).unwrap();
+    let shape = |t: Option<crate::kernel::fake::Table>| -> Vec<(String, usize)> {
+        t.expect("a table").chains.into_iter().map(|(n, r)| (n, r.len())).collect()
+    };
+    assert_eq!(shape(k.table()), shape(intact), "the chains ADD made, no rule twice");
+}
