@@ -16,6 +16,7 @@
 #   strace                      scripts/bench.sh: where the time beyond the kernel floor goes
 #   systemd                     systemd-analyze verify and systemctl --root of the resync unit
 #                               (tests/e2e/resync.rs; nothing is started)
+#   python3                     scripts/upstream-tests.sh: reads ginkgo's JSON reports
 #   lintian, qemu-user-static   release checks (scripts/check-release.sh, scripts/test-arm64.sh):
 #                               asked for with --only, so the release scripts install no more
 # Usage: scripts/install-deps.sh [PACKAGE...]   the list above plus these
@@ -23,7 +24,7 @@
 set -euo pipefail
 
 packages=(nftables iproute2 containernetworking-plugins socat conntrack iputils-ping procps kmod curl
-    podman containerd runc busybox-static util-linux iptables strace systemd dbus firewalld)
+    podman containerd runc busybox-static util-linux iptables strace systemd dbus firewalld python3)
 if [ "${1:-}" = --only ]; then
     shift
     packages=()
