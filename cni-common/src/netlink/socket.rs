@@ -29,7 +29,7 @@ use std::time::Instant;
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use super::NlError;
+use super::error::NlError;
 
 /// How many times a dump is tried before an interrupted result is reported as an error.
 pub(crate) const DUMP_ATTEMPTS: usize = 5;

@@ -66,20 +66,3 @@ impl Plugin for Ptp {
         status::status(req)
     }
 }
-
-/// A host-side veth name: `veth` + 8 random hex digits, as upstream's (NetworkManager and
-/// friends ignore `veth*`).
-pub fn host_veth_name() -> String {
-    let mut b = [0u8; 4];
-    let mut filled = 0;
-    while filled < b.len() {
-        // SAFETY: writes at most len - filled bytes into the buffer's tail.
-        let n = unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            panic!("getrandom failed: {}", std::io::Error::last_os_error());
-        }
-    }
-    format!("veth{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3])
-}

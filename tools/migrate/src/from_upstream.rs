@@ -10,7 +10,7 @@
 //! entry they stay in upstream's form, which our CHECK and DEL handle.
 
 use crate::inventory::{Cached, Inventory};
-use crate::{Opts, Report};
+use crate::opts::{Opts, Report};
 use bridge::firewall;
 use cni_common::attachment::AttachmentId;
 use cni_common::child;
@@ -317,7 +317,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let hostport_tables = nf.has_table(NftFamily::Ip, hostport_names::NFT_HOSTPORT_TABLE)?
         || nf.has_table(NftFamily::Ip6, hostport_names::NFT_HOSTPORT_TABLE)?;
     if iptables::default_backend()?.is_none() && !hostport_tables {
-        return Err(crate::refused(
+        return Err(crate::opts::refused(
             "iptables is not installed on this node and there is no cni_hostport table: upstream's plugins cannot \
              have left state to convert (iptables state cannot be read without it); nothing was changed",
         ));
@@ -352,7 +352,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let portmap_bin = opts.bin_dir.join("portmap");
     let needs_portmap = found.values().any(|f| !f.mappings.is_empty());
     if needs_portmap && crate::installed::ours(&opts.bin_dir, "portmap").is_err() {
-        return Err(crate::refused(format!(
+        return Err(crate::opts::refused(format!(
             "{} is not this suite's portmap (install ours first: scripts/install.sh --force, or give --cni-bin-dir); \
              nothing was changed",
             portmap_bin.display()

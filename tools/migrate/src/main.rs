@@ -19,7 +19,7 @@
 //! no iptables: nothing changed).
 //!
 //! `resync` rebuilds what a firewall reload took from every live attachment in libcni's cache
-//! (`resync.rs`; `scripts/resync.sh` and the systemd unit `scripts/systemd/cni-resync.service`
+//! (`resync.rs`; `scripts/migrate.sh resync` and the systemd unit `scripts/systemd/cni-resync.service`
 //! run it; docs/node-operations.md). Exit status 0 when everything was intact (nothing was
 //! changed), 10 when something was rebuilt (with `--dry-run`: would be), 1 when some
 //! attachment could not be judged or rebuilt (the others were), 2 when it refused before
@@ -28,37 +28,14 @@
 mod from_upstream;
 mod installed;
 mod inventory;
+mod opts;
 mod ours;
 mod resync;
 mod to_upstream;
 
 use std::path::PathBuf;
 
-/// What the user asked for.
-pub struct Opts {
-    pub dry_run: bool,
-    /// libcni cache directories (`<dir>/results/…`).
-    pub cache_dirs: Vec<PathBuf>,
-    /// host-local data directories (`<dir>/<network>/<ip>`).
-    pub data_dirs: Vec<PathBuf>,
-    /// Where our plugins are (from-upstream runs our portmap).
-    pub bin_dir: PathBuf,
-    /// to-upstream: the backend upstream's bridge and portmap use where an attachment's cached
-    /// configuration does not say (`--backend`; default iptables).
-    pub nftables: bool,
-}
-
-/// What happened, for the user.
-#[derive(Default)]
-pub struct Report {
-    pub done: Vec<String>,
-    pub notes: Vec<String>,
-}
-
-/// A refusal before anything was changed (exit status 2).
-pub fn refused(msg: impl Into<String>) -> cni_common::CniError {
-    cni_common::CniError::new(cni_common::code::NOT_AVAILABLE, msg)
-}
+use opts::{Opts, Report};
 
 const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream|resync [--dry-run] [--cache-dir DIR]... \
                      [--data-dir DIR]... [--cni-bin-dir DIR] [--backend iptables|nftables (to-upstream)]";

@@ -720,7 +720,7 @@ fn lock(dir: &Path, wait: Duration) -> Result<File> {
                 std::thread::sleep(Duration::from_millis(100).min(wait))
             }
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(crate::refused(format!(
+                return Err(crate::opts::refused(format!(
                     "another resync has held {} for {} s; nothing was changed",
                     path.display(),
                     wait.as_secs_f64()

@@ -17,8 +17,8 @@
 //!   carried (upstream keeps one set per table, the last ADD's).
 
 use crate::inventory::Inventory;
+use crate::opts::{Opts, Report};
 use crate::ours::{self, MasqRule};
-use crate::{Opts, Report};
 use bridge::firewall;
 use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftDelete, NftFamily, NftOp};
@@ -364,7 +364,7 @@ fn tools_present(backend: Backend) -> Result<()> {
         for what in ["save", "restore"] {
             let name = backend.tool(fam, what);
             if iptables::find_tool(&name).is_none() {
-                return Err(crate::refused(format!(
+                return Err(crate::opts::refused(format!(
                     "{name} is not installed: the iptables package is incomplete; nothing was changed"
                 )));
             }
@@ -419,7 +419,7 @@ fn remove_ours(
 
 pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
     let no_iptables = || {
-        crate::refused(
+        crate::opts::refused(
             "iptables is not installed on this node: upstream's plugins 1.1.1 (and later releases' default backend) \
              need it (bridge ipMasq and portmap run iptables), so their form cannot be written; install the \
              iptables package, or give --backend nftables for upstream's nftables backend (v1.6+). Nothing was \
@@ -471,7 +471,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
         }
     }
     if !unresolved.is_empty() {
-        return Err(crate::refused(format!(
+        return Err(crate::opts::refused(format!(
             "{} piece(s) of our state cannot be attributed to an attachment (give --cache-dir/--data-dir): {}; \
              nothing was changed",
             unresolved.len(),

@@ -27,7 +27,9 @@
 //! one else; otherwise every STATUS dry-runs, as before. Writing a certificate is best effort:
 //! a failure to write costs the next STATUS a dry run, never a wrong answer.
 
-use super::{op_messages, NfTables, NftOp};
+use super::encode::op_messages;
+use super::ops::NftOp;
+use super::NfTables;
 use crate::netlink::NlError;
 use crate::nsident;
 use sha2::{Digest, Sha256};

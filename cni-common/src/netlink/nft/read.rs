@@ -7,9 +7,11 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST};
 
 use super::consts::*;
 use super::expr::{expr_of, NftExpr, Verdict};
+use super::family::NftFamily;
 use super::set::ListedSet;
+use super::set::NftElem;
 use super::wire::{comment_of, dump_request, nft_msg};
-use super::{NfTables, NftElem, NftFamily};
+use super::NfTables;
 use crate::netlink::nfnl::{attrs, cstr, decode_be32, find_attr, message, string_of};
 use crate::netlink::socket::Reply;
 use crate::netlink::NlError;

@@ -1,6 +1,6 @@
 //! Sets, maps and their elements: declaring a set with `type` ([`NftSet`]), element messages
 //! (concatenated keys and data, interval ends, comments) and reading elements back
-//! ([`NfTables::set_elements`]).
+//! (`NfTables::set_elements`, in `set_read`).
 //!
 //! Keys and data are raw bytes in nft's layout: a concatenation pads every component to a
 //! multiple of 4 bytes ([`concat`]); a lone key is not padded (an `nf_proto` key is 1 byte).
@@ -11,12 +11,11 @@
 
 use super::consts::*;
 use super::expr::{value_attr, value_of, verdict_attr, verdict_of, Verdict};
-use super::wire::{comment_of, comment_udata, dump_request, nft_msg};
-use super::{NfTables, NftFamily};
+use super::family::NftFamily;
+use super::wire::{comment_of, comment_udata, nft_msg};
 use crate::netlink::nfnl::{
     attrs, cstr, decode_be32, encode_be32, message, put_attr, put_nested, string_of, NLA_F_NESTED,
 };
-use crate::netlink::NlError;
 
 /// Element bytes per `NFT_MSG_NEWSETELEM`/`DELSETELEM` message: the element list is one
 /// attribute, whose length field has 16 bits.
@@ -523,28 +522,5 @@ pub(super) fn parse_setelem_message(payload: &[u8], table: &str, set: &str) -> V
         out
     } else {
         Vec::new()
-    }
-}
-
-impl NfTables {
-    /// The elements of set or map `set` of `table` (empty when either does not exist).
-    pub fn set_elements(
-        &mut self,
-        family: NftFamily,
-        table: &str,
-        set: &str,
-    ) -> Result<Vec<NftElem>, NlError> {
-        let what = format!("list elements of {} {table} {set}", family.keyword());
-        let req = dump_request(
-            NFT_MSG_GETSETELEM,
-            family,
-            &[(NFTA_SET_ELEM_LIST_TABLE, table), (NFTA_SET_ELEM_LIST_SET, set)],
-        );
-        Ok(self
-            .dump(req, &what)?
-            .iter()
-            .filter(|r| r.msg_type == nft_msg(NFT_MSG_NEWSETELEM))
-            .flat_map(|r| parse_setelem_message(&r.payload, table, set))
-            .collect())
     }
 }

@@ -1,6 +1,7 @@
+use super::consts::*;
 use super::read::{parse_rule, whole_listing};
 use super::set::parse_setelem_message;
-use super::wire::dump_request;
+use super::wire::{comment_udata, dump_request, nft_msg};
 use super::*;
 use crate::netlink::nfnl::{put_attr, put_nested};
 use crate::nft_cli::Nft;

@@ -5,7 +5,7 @@
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 
 use super::consts::{COMMENT_MAX, NFNL_SUBSYS_NFTABLES, UDATA_COMMENT};
-use super::NftFamily;
+use super::family::NftFamily;
 use crate::netlink::nfnl::{self, cstr, message, string_of};
 
 /// The message type of nf_tables message `msg`.
