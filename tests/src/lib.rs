@@ -107,9 +107,42 @@ fn source_dirs(name: &str) -> Vec<PathBuf> {
     dirs
 }
 
+/// The files cargo built a binary from, from the dep-info file it writes beside the binary
+/// (`<bin>.d`: `<bin>: <source> <source> …`, spaces in paths escaped). Exactly the files whose
+/// change makes cargo rebuild it: a test-only module (`#[cfg(test)] mod tests;`) or another
+/// binary's `main.rs` is not among them, so editing those never makes the binary "stale" in a
+/// way `cargo build` would not clear.
+fn dep_info_sources(bin: &Path) -> Option<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(bin.with_extension("d")).ok()?;
+    let line = text.lines().next()?;
+    let (_, deps) = line.split_once(": ")?;
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = deps.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => {
+                cur.push(' ');
+                chars.next();
+            }
+            ' ' => {
+                if !cur.is_empty() {
+                    out.push(PathBuf::from(std::mem::take(&mut cur)));
+                }
+            }
+            _ => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(PathBuf::from(cur));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 /// Path of a built binary (`loopback`, `bridge`, `cnitool`, …). Fails the test if it is
 /// missing or older than its sources: run `cargo build --workspace --bins` (scripts/test.sh
-/// does) before the tests.
+/// does) before the tests. The sources are the ones cargo recorded for that binary
+/// ([`dep_info_sources`]); without that record, every Rust file of the crates it links.
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
     let meta = std::fs::metadata(&p).unwrap_or_else(|e| {
@@ -117,14 +150,34 @@ pub fn bin(name: &str) -> PathBuf {
     });
     if std::env::var_os("CNI_TEST_BIN_DIR").is_none() {
         let built = meta.modified().expect("mtime");
-        for d in source_dirs(name) {
-            if let Some(src) = newest_mtime(&d) {
-                assert!(
-                    src <= built,
-                    "binary {} is older than sources in {}: rebuild with `cargo build --workspace --bins`",
-                    p.display(),
-                    d.display()
-                );
+        let stale = |src: SystemTime, what: &Path| {
+            assert!(
+                src <= built,
+                "binary {} is older than its source {}: rebuild with `cargo build --workspace --bins`",
+                p.display(),
+                what.display()
+            )
+        };
+        match dep_info_sources(&p) {
+            Some(files) => {
+                for f in files {
+                    // a source that is gone was removed since the build: cargo rebuilds then
+                    match std::fs::metadata(&f).and_then(|m| m.modified()) {
+                        Ok(t) => stale(t, &f),
+                        Err(_) => panic!(
+                            "binary {} was built from {}, which is gone: rebuild with `cargo build --workspace --bins`",
+                            p.display(),
+                            f.display()
+                        ),
+                    }
+                }
+            }
+            None => {
+                for d in source_dirs(name) {
+                    if let Some(src) = newest_mtime(&d) {
+                        stale(src, &d);
+                    }
+                }
             }
         }
     }
