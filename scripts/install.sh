@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the plugins into a CNI bin directory, /opt/cni/bin by default (cnitool is a user
 # tool, not a plugin: copy it from the build directory to your PATH if you want it), and
-# cni-migrate next to them (scripts/migrate.sh and scripts/resync.sh run it; no runtime ever
+# cni-migrate next to them (scripts/migrate.sh runs it; no runtime ever
 # does), and the systemd unit that runs `cni-migrate resync` after nftables.service starts or
 # reloads (cni-resync.service; docs/node-operations.md).
 #   scripts/install.sh [--force] [--from BUILD_DIR] [--unit-dir UNIT_DIR] [DIR]
@@ -159,7 +159,7 @@ for n in "${present[@]}"; do
 done
 if [ -x "$bin/cni-migrate" ]; then
     put "$bin/cni-migrate" "$dest/cni-migrate" 0755
-    echo "installed $dest/cni-migrate (run by scripts/migrate.sh and resync.sh and the resync unit, never by a runtime)"
+    echo "installed $dest/cni-migrate (run by scripts/migrate.sh and the resync unit, never by a runtime)"
 fi
 
 # The resync unit, with this bin directory in its command lines (systemd wants an absolute

@@ -16,7 +16,21 @@
 # --cache-dir: libcni's cache (default /var/lib/cni); --data-dir: host-local's stores (default
 # /var/lib/cni/networks); --cni-bin-dir: where our plugins are (default /opt/cni/bin).
 #   scripts/migrate.sh resync [--dry-run] [--cache-dir DIR]... [--cni-bin-dir DIR]
-#       what scripts/resync.sh runs: see there.
+#       rebuild the host state our plugins own for every running attachment, after the
+#       firewall was reloaded: Debian's /etc/nftables.conf starts with `flush ruleset`, so
+#       `systemctl reload nftables` (or any `nft flush ruleset`) deletes the pods' masquerading
+#       and host ports, and no runtime notices. For every attachment in libcni's cache whose
+#       network namespace still exists: bridge's ipMasq and macspoofchk rules, portmap's host
+#       ports and its table (the localnet guard included), and bandwidth's buckets, ifb and
+#       redirect are checked the way each plugin's CHECK checks them and rebuilt where something
+#       is missing. Attachments whose pod is gone and plugins that are not ours (or not
+#       installed as our build in --cni-bin-dir) are skipped, with a line saying so.
+#       Idempotent; --dry-run prints what it would rebuild and changes nothing. Exit status:
+#       0 everything intact or nothing of ours to rebuild; 10 something was rebuilt (--dry-run:
+#       would be); 1 some attachment could not be judged or rebuilt (the others were); 2
+#       refused before looking (bad usage, not root, another resync held the lock 60 s).
+#       The systemd unit scripts/systemd/cni-resync.service, which scripts/install.sh installs,
+#       runs it whenever nftables.service starts, restarts or reloads (docs/node-operations.md).
 # The work is done by cni-migrate (tools/migrate), which scripts/install.sh installs next to
 # the plugins; CNI_MIGRATE=<path> picks another one. docs/switching.md has the details.
 set -euo pipefail

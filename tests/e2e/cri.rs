@@ -766,7 +766,7 @@ fn print_verbs(rt: &Runtime, all: &[Call]) {
 /// `/etc/nftables.conf` starts with `flush ruleset`), and no runtime notices. Three pods
 /// through the CRI with a TCP and a UDP hostPort each and the page's masquerading, the third
 /// also shaped (and its ifb deleted by someone as well) → `nft flush ruleset` in the node's
-/// namespace → CHECK fails, nothing is forwarded or masqueraded → scripts/resync.sh rebuilds
+/// namespace → CHECK fails, nothing is forwarded or masqueraded → scripts/migrate.sh resync rebuilds
 /// from containerd's libcni cache → every port reached from outside, egress masqueraded, CHECK
 /// passes → a second resync changes nothing (`nft -j list ruleset` identical).
 #[test]
@@ -869,14 +869,14 @@ fn cri_pods_survive_a_firewall_reload_through_resync() {
         };
         let resync = || {
             let out = sb
-                .command(300, cni_tests::workspace_root().join("scripts/resync.sh").to_str().unwrap())
-                .args(["--cni-bin-dir", sb.dir.join("bin").to_str().unwrap()])
+                .command(300, cni_tests::workspace_root().join("scripts/migrate.sh").to_str().unwrap())
+                .args(["resync", "--cni-bin-dir", sb.dir.join("bin").to_str().unwrap()])
                 .env("CNI_MIGRATE", cni_tests::bin("cni-migrate"))
                 .output()
-                .expect("run scripts/resync.sh");
+                .expect("run scripts/migrate.sh resync");
             let text =
                 format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            eprintln!("--- scripts/resync.sh:\n{text}");
+            eprintln!("--- scripts/migrate.sh resync:\n{text}");
             (out.status.code(), text)
         };
         let ruleset = || String::from_utf8(sb.host.run("nft", &["-j", "list", "ruleset"]).stdout).unwrap();

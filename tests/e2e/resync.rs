@@ -1,4 +1,4 @@
-//! `cni-migrate resync` (scripts/resync.sh): after a firewall reload, the host state of every
+//! `cni-migrate resync` (scripts/migrate.sh resync): after a firewall reload, the host state of every
 //! live attachment in libcni's cache is rebuilt where it is missing. Pods are made by our
 //! cnitool (libcni's cache format) in scratch namespaces: a fake host, an outside namespace
 //! behind it, container namespaces. And what scripts/install.sh does with the systemd unit that
