@@ -1,4 +1,4 @@
-//! Running another plugin found on CNI_PATH: how bridge delegates to its IPAM plugin
+//! Running another plugin found on CNI_PATH: how a main plugin delegates to its IPAM plugin
 //! ([`ipam`]) and how cnitool runs every plugin ([`spawn_plugin`]).
 //!
 //! A delegate gets the same environment with `CNI_COMMAND` replaced (and, for cnitool, the

@@ -27,6 +27,17 @@ const PLUGIN_FORMS: &[&str] = &[
     "firewall's",
     "loopback plugin",
     "loopback's",
+    // the plugin as the subject of a sentence: `upstream's bridge`, what bridge writes or
+    // delegates, a bridge verb (the kernel object is written `the bridge`, `a bridge port`)
+    "upstream's bridge ",
+    "upstream's bridge,",
+    "upstream's bridge)",
+    "bridge writes",
+    "bridge delegates",
+    "bridge add",
+    "bridge check",
+    "bridge del",
+    "bridge gc",
     "bridge.go",
     "firewall.go",
     "loopback.go",
@@ -121,6 +132,9 @@ fn the_reader_tells_plugin_names_from_kernel_words() {
         "// upstream's bridge.go",
         "x.tuning()",
         "// the PTP plugin",
+        "/// what upstream's bridge made",
+        "//! how bridge delegates to its IPAM plugin",
+        "// (a bridge CHECK once saw",
     ] {
         assert_eq!(offences(line).len(), 1, "{line}");
     }

@@ -69,7 +69,7 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
     errors.finish().map(|()| true)
 }
 
-/// DEL: remove what upstream's bridge made for this attachment's `ipMasq` (upstream keys it by
+/// DEL: remove what upstream's `ipMasq` made for this attachment (upstream keys it by
 /// network and container id only; the addresses are not needed, so an empty or vanished
 /// CNI_NETNS is no obstacle).
 pub fn del(req: &Request) -> Result<()> {
@@ -117,7 +117,7 @@ pub fn check(req: &Request) -> Result<Found> {
         let t = iptables::save(*backend, fam)?;
         if let Some(why) = missing_rule(&t, net, id, addr) {
             return Err(CniError::internal(format!(
-                "masquerading made by upstream's bridge ({} backend) is incomplete: {why}",
+                "masquerading made by upstream's ipMasq ({} backend) is incomplete: {why}",
                 backend.name()
             )));
         }

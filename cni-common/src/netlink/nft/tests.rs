@@ -53,7 +53,7 @@ fn masq_rule(saddr: &str, daddr: &[&str], nonlocal: bool, comment: &str) -> NftO
     NftOp::rule(NftFamily::Inet, MASQ, "masq_checks", exprs, Some(comment))
 }
 
-/// The static part of the masquerade table (upstream's nftables layout, which bridge writes), in
+/// The static part of the masquerade table (upstream's nftables ipmasq layout), in
 /// the order it is written, each object with the name of its capture: table, chains, the
 /// flush of the hook chain, its rules.
 fn masq_layout() -> Vec<(&'static str, NftOp)> {
@@ -941,7 +941,7 @@ fn snapshots_list_the_shape_of_every_set() {
 /// append rules to an earlier chain and then commit or abort. The kernel resumes such a dump
 /// by counting rules, counts the ones an uncommitted transaction has linked in, and does not
 /// flag the dump as interrupted: unchecked, a listing here repeats or loses rules of the later
-/// chain (a bridge CHECK once saw `postrouting`'s last rule twice under churn).
+/// chain (a plugin's CHECK once saw `postrouting`'s last rule twice under churn).
 #[test]
 fn rule_listings_stay_whole_while_other_transactions_append_commit_and_abort() {
     crate::netns::test_support::private_netns();
