@@ -129,3 +129,30 @@ fn the_plugins_own_namespace_is_refused_by_every_path_that_names_it() {
         }
     }
 }
+
+/// A recordable CNI_NETNS path is made of allowed bytes only: one byte that could break a
+/// record's line or need escaping anywhere in it, first or last or between good ones, makes
+/// it unrecordable (not just a path made entirely of them).
+#[test]
+fn a_path_with_one_unrecordable_byte_anywhere_is_not_recordable() {
+    use cni_common::nsident::recordable_path;
+    assert!(recordable_path("/var/run/netns/cni-1234_a.b:c@d,e=f+g-h~", 64));
+    for bad in [
+        "/var/run/netns/with space",
+        "/var/run/netns/new\nline",
+        "/var/run/netns/tab\there",
+        " /var/run/netns/x",
+        "/var/run/netns/x ",
+        "/var/run/netns/caf\u{e9}",
+        "/var/run/netns/quote\"d",
+        "/var/run/netns/back\\slash",
+        "/var/run/netns/nul\0",
+    ] {
+        assert!(!recordable_path(bad, 64), "{bad:?}");
+    }
+    // The length limit, at its boundary.
+    let p = format!("/{}", "a".repeat(63));
+    assert!(recordable_path(&p, 64));
+    assert!(!recordable_path(&format!("{p}b"), 64));
+    assert!(!recordable_path("", 64));
+}
