@@ -1,0 +1,146 @@
+//! Second variants of the verb tests in tests.rs (issue 28): an IPv6-only attachment, dual
+//! stack listed IPv6 first, a host-length IPv6 address, and CHECK finding one family's part
+//! taken away while the other family's is whole.
+
+use crate::add::{self, Input};
+use crate::config::Conf;
+use crate::ipam::fake::FakeIpam;
+use crate::kernel::fake::Fake;
+use crate::kernel::{Kernel, Side};
+use crate::{check, del};
+use cni_common::attachment::AttachmentId;
+use cni_common::spec::result::{CniResult, IpConfig, Route};
+
+const NETNS: &str = "/run/netns/pod";
+
+fn ip(a: &str, gw: &str) -> IpConfig {
+    IpConfig { interface: None, address: a.parse().unwrap(), gateway: gw.parse().ok() }
+}
+
+fn result(ips: Vec<IpConfig>, routes: &[&str]) -> CniResult {
+    CniResult {
+        ips,
+        routes: routes.iter().map(|r| Route::new(r.parse().unwrap(), None)).collect(),
+        ..Default::default()
+    }
+}
+
+fn att() -> AttachmentId {
+    AttachmentId::new("kindnet", "c0ffee", "eth0")
+}
+
+fn conf(masq: bool) -> Conf {
+    Conf { ip_masq: masq, mtu: None, dns: None }
+}
+
+fn run_add(k: &mut Fake, r: CniResult, masq: bool) -> CniResult {
+    let mut ipam = FakeIpam { result: r, ..Default::default() };
+    let mut n = 0;
+    let mut names = move || {
+        n += 1;
+        format!("veth{n:08x}")
+    };
+    add::run(k, &mut ipam, &Input { attachment: att(), netns: NETNS, conf: &conf(masq) }, &mut names).unwrap()
+}
+
+fn routes(k: &Fake, side: Side) -> Vec<String> {
+    let mut v: Vec<String> = k
+        .routes
+        .iter()
+        .filter(|(s, _, _)| *s == side)
+        .map(|(_, _, r)| format!("{} {:?}", r.dst, r.gw.map(|g| g.to_string())))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn ipv6_only_add_routes_through_its_gateway_and_turns_on_ipv6_forwarding_only() {
+    let mut k = Fake::new();
+    let r = run_add(&mut k, result(vec![ip("fd00:10::5/64", "fd00:10::1")], &["::/0"]), true);
+    assert_eq!(k.forward, (false, true));
+    assert!(k.ctr_v6);
+    assert_eq!(
+        routes(&k, Side::Container),
+        ["::/0 Some(\"fd00:10::1\")", "fd00:10::/64 Some(\"fd00:10::1\")", "fd00:10::1/128 None"]
+    );
+    assert_eq!(routes(&k, Side::Host), ["fd00:10::5/128 None"]);
+    let host = k.link(Side::Host, "veth00000001").unwrap().unwrap();
+    assert_eq!(k.addrs(Side::Host, host.index).unwrap(), vec!["fd00:10::1/128".parse().unwrap()]);
+    assert_eq!(k.masq.len(), 1);
+    check::run(&mut k, &conf(true), &r, &att(), NETNS, &mut || Ok(false)).unwrap();
+    del::run(&mut k, None, &att(), true, true).unwrap();
+    assert!(k.links.is_empty() && k.routes.is_empty() && k.masq.is_empty());
+}
+
+#[test]
+fn dual_stack_listed_ipv6_first_makes_the_same_kernel_state() {
+    let v4 = ip("10.244.1.5/24", "10.244.1.1");
+    let v6 = ip("fd00:10::5/64", "fd00:10::1");
+    let mut a = Fake::new();
+    run_add(&mut a, result(vec![v4.clone(), v6.clone()], &["0.0.0.0/0", "::/0"]), false);
+    let mut b = Fake::new();
+    let r = run_add(&mut b, result(vec![v6, v4], &["::/0", "0.0.0.0/0"]), false);
+    for side in [Side::Container, Side::Host] {
+        assert_eq!(routes(&a, side), routes(&b, side), "{side:?}");
+    }
+    assert_eq!(routes(&b, Side::Container).len(), 6);
+    assert_eq!((a.forward, a.ctr_v6), (b.forward, b.ctr_v6));
+    check::run(&mut b, &conf(false), &r, &att(), NETNS, &mut || Ok(false)).unwrap();
+}
+
+#[test]
+fn a_host_length_ipv6_address_has_no_subnet_route_like_a_32() {
+    for (addr, gw, link_route) in
+        [("10.1.0.5/32", "10.1.0.1", "10.1.0.1/32 None"), ("fd00::5/128", "fd00::1", "fd00::1/128 None")]
+    {
+        let mut k = Fake::new();
+        run_add(&mut k, result(vec![ip(addr, gw)], &[]), false);
+        assert_eq!(routes(&k, Side::Container), [link_route], "{addr}");
+    }
+}
+
+/// CHECK of a dual-stack attachment with only one family's part taken away, each family in
+/// turn: the other family's being whole does not hide it.
+#[test]
+fn check_finds_one_familys_part_taken_away_in_either_family() {
+    type Tamper = fn(&mut Fake, bool);
+    let cases: [(&str, Tamper); 4] = [
+        ("address", |k, v4| {
+            let c = k.link(Side::Container, "eth0").unwrap().unwrap();
+            k.links
+                .get_mut(&(Side::Container, c.index))
+                .unwrap()
+                .addrs
+                .retain(|(a, _)| a.addr().is_ipv4() != v4);
+        }),
+        ("route", |k, v4| {
+            k.routes.retain(|(s, _, r)| {
+                !(*s == Side::Container && r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4() == v4)
+            })
+        }),
+        ("host route", |k, v4| {
+            k.routes.retain(|(s, _, r)| !(*s == Side::Host && r.dst.addr().is_ipv4() == v4))
+        }),
+        ("gateway address", |k, v4| {
+            let h = k.link(Side::Host, "veth00000001").unwrap().unwrap();
+            k.links.get_mut(&(Side::Host, h.index)).unwrap().addrs.retain(|(a, _)| a.addr().is_ipv4() != v4);
+        }),
+    ];
+    for v4 in [true, false] {
+        for (part, tamper) in cases {
+            let mut k = Fake::new();
+            let r = run_add(
+                &mut k,
+                result(
+                    vec![ip("10.244.1.5/24", "10.244.1.1"), ip("fd00:10::5/64", "fd00:10::1")],
+                    &["0.0.0.0/0", "::/0"],
+                ),
+                false,
+            );
+            tamper(&mut k, v4);
+            let e = check::run(&mut k, &conf(false), &r, &att(), NETNS, &mut || Ok(false)).unwrap_err();
+            assert!(e.msg.contains(part), "{part} (IPv4: {v4}): {}", e.msg);
+        }
+    }
+}
