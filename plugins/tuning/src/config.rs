@@ -381,6 +381,23 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
     }
 
+    /// Both ends of each range (issue 28: a boundary is tested on both sides of it).
+    #[test]
+    fn mtu_and_txqlen_at_the_ends_of_their_ranges() {
+        for (m, want) in [(0, None), (68, Some(68)), (1500, Some(1500)), (65535, Some(65535))] {
+            assert_eq!(conf(json!({"mtu": m})).unwrap().link.mtu, want, "mtu {m}");
+        }
+        for m in [1, 67, 65536, -1] {
+            let e = conf(json!({"mtu": m})).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "mtu {m}");
+            assert!(e.msg.contains("use 68-65535"), "{}", e.msg);
+        }
+        for (q, want) in [(0, Some(0)), (4_294_967_295_i64, Some(u32::MAX))] {
+            assert_eq!(conf(json!({"txQLen": q})).unwrap().link.txqlen, want, "txQLen {q}");
+        }
+        assert_eq!(conf(json!({"txQLen": 4_294_967_296_i64})).unwrap_err().code, code::INVALID_CONFIG);
+    }
+
     #[test]
     fn bad_values_are_config_errors() {
         for (v, part) in [
