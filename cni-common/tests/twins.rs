@@ -11,11 +11,12 @@ fn net(a: &str) -> IpNet {
 
 fn prev_of(addrs: &[&str]) -> CniResult {
     CniResult {
-        interfaces: vec![Interface { name: "eth0".into(), sandbox: "/run/netns/x".into(), ..Default::default() }],
-        ips: addrs
-            .iter()
-            .map(|a| IpConfig { interface: Some(0), address: net(a), gateway: None })
-            .collect(),
+        interfaces: vec![Interface {
+            name: "eth0".into(),
+            sandbox: "/run/netns/x".into(),
+            ..Default::default()
+        }],
+        ips: addrs.iter().map(|a| IpConfig { interface: Some(0), address: net(a), gateway: None }).collect(),
         ..Default::default()
     }
 }
@@ -32,7 +33,10 @@ fn container_addresses_listed_ipv6_first_are_found_as_ipv4_first() {
     assert_eq!(container_addrs(&mixed, "eth0").unwrap(), want);
     // One family alone, either one.
     assert_eq!(container_addrs(&prev_of(&["fd00::5/64"]), "eth0").unwrap(), (None, Some(net("fd00::5/64"))));
-    assert_eq!(container_addrs(&prev_of(&["10.0.0.5/24"]), "eth0").unwrap(), (Some(net("10.0.0.5/24")), None));
+    assert_eq!(
+        container_addrs(&prev_of(&["10.0.0.5/24"]), "eth0").unwrap(),
+        (Some(net("10.0.0.5/24")), None)
+    );
 }
 
 /// A plugin the skeleton must never reach: every test here expects it to refuse first.
@@ -73,8 +77,15 @@ impl BoundHere {
         let src = c(std::path::Path::new("/proc/thread-self/ns/net"));
         let dst = c(&file);
         // SAFETY: both are NUL-terminated paths; a bind mount takes no filesystem type or data.
-        let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
-        assert_eq!(rc, 0, "bind mount of the test's namespace: {} (run as root)", std::io::Error::last_os_error());
+        let rc = unsafe {
+            libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
+        };
+        assert_eq!(
+            rc,
+            0,
+            "bind mount of the test's namespace: {} (run as root)",
+            std::io::Error::last_os_error()
+        );
         BoundHere(file)
     }
 }

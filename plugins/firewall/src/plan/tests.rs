@@ -225,7 +225,11 @@ fn dual_stack_del_removes_both_families_rules_whichever_comes_first() {
             nft::del(&mut k, fam, "CNI-ADMIN", &addrs).unwrap();
         }
         for fam in [Family::V4, Family::V6] {
-            assert_eq!(all(&mut k, fam).rules_in(PRIV_CHAIN).count(), 3, "{order:?} {fam:?}: its two rules gone");
+            assert_eq!(
+                all(&mut k, fam).rules_in(PRIV_CHAIN).count(),
+                3,
+                "{order:?} {fam:?}: its two rules gone"
+            );
         }
         assert_eq!(missing(&mut k, &c, &intent(&order)).len(), 4, "{order:?}: both families' rules gone");
         assert!(missing(&mut k, &c, &other).is_empty(), "{order:?}: the other attachment's kept");

@@ -12,7 +12,9 @@ fn conf(v: serde_json::Value) -> Result<Conf> {
 }
 
 fn one(host: i64, ctr: i64) -> Result<Conf> {
-    conf(json!({"runtimeConfig": {"portMappings": [{"hostPort": host, "containerPort": ctr, "protocol": "tcp"}]}}))
+    conf(
+        json!({"runtimeConfig": {"portMappings": [{"hostPort": host, "containerPort": ctr, "protocol": "tcp"}]}}),
+    )
 }
 
 fn intent_of(c: &Conf, addrs: &[&str]) -> Result<(Intent, Vec<String>)> {
@@ -50,7 +52,8 @@ fn a_host_ip_of_one_family_maps_only_that_family_either_way_round() {
         {"hostPort": 9003, "containerPort": 93, "protocol": "udp", "hostIP": "192.0.2.1"}
     ]}}))
     .unwrap();
-    let fams = |i: &Intent| -> Vec<(u16, Family)> { i.entries.iter().map(|e| (e.host.port, e.host.fam)).collect() };
+    let fams =
+        |i: &Intent| -> Vec<(u16, Family)> { i.entries.iter().map(|e| (e.host.port, e.host.fam)).collect() };
     let want = vec![(9000, Family::V6), (9001, Family::V4), (9002, Family::V6), (9003, Family::V4)];
     // Dual stack, listed either way round: the same entries, each of its host IP's family.
     let (v4_first, notes) = intent_of(&c, &["10.0.0.5/24", "fd00::5/64"]).unwrap();
