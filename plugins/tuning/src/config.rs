@@ -321,6 +321,8 @@ mod tests {
             "net/ipv6/conf/e.1/accept_ra"
         );
         assert_eq!(sysctl_path("net.core.somaxconn", "eth0").unwrap(), "net/core/somaxconn");
+        // Two parts pass here, as upstream's; the kernel refuses a directory when it is written.
+        assert_eq!(sysctl_path("net.core", "eth0").unwrap(), "net/core");
         for bad in [
             "kernel.panic",
             "net",
@@ -335,6 +337,56 @@ mod tests {
             let e = sysctl_path(bad, "eth0").unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
         }
+    }
+
+    /// DEL and GC read only the data directory: the configured one, or the default.
+    #[test]
+    fn teardown_reads_the_data_directory_or_its_default() {
+        use cni_common::spec::env::Env;
+        use cni_common::spec::{Command, Version};
+        let req = |conf: serde_json::Value| {
+            let env = Env {
+                command: Some(Command::Del),
+                container_id: "c0ffee".into(),
+                netns: String::new(),
+                ifname: "eth0".into(),
+                args: String::new(),
+                path: "/opt/cni/bin".into(),
+                netns_override: true,
+            };
+            Request::new(env, serde_json::to_vec(&conf).unwrap(), &Version::ALL).unwrap()
+        };
+        let base = json!({"cniVersion": "1.0.0", "name": "n", "type": "tuning"});
+        assert_eq!(teardown_data_dir(&req(base.clone())).unwrap(), PathBuf::from(DEFAULT_DATA_DIR));
+        let mut with = base;
+        with["dataDir"] = json!("/var/lib/tuning-test");
+        assert_eq!(teardown_data_dir(&req(with)).unwrap(), PathBuf::from("/var/lib/tuning-test"));
+    }
+
+    #[test]
+    fn a_sysctl_of_another_type_names_what_is_expected() {
+        let e = serde_json::from_str::<RawConf>(r#"{"sysctl": 5}"#).unwrap_err().to_string();
+        assert!(e.contains("an object of sysctl keys and string values"), "{e}");
+    }
+
+    /// The allowlist file: absent is no list, present is its trimmed non-empty lines, and one
+    /// that cannot be read (a directory there) is an error, not an absent list.
+    #[test]
+    fn the_allowlist_is_absent_read_or_an_error() {
+        let dir = std::env::temp_dir().join(format!("tuning-allowlist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(read_allowlist(&dir.join("none")).unwrap(), None);
+        let file = dir.join("list");
+        std::fs::write(&file, "  ^net\\.core\\..*$ \n\n\tsomaxconn\n   \n").unwrap();
+        assert_eq!(
+            read_allowlist(&file).unwrap(),
+            Some(vec!["^net\\.core\\..*$".to_string(), "somaxconn".to_string()])
+        );
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(read_allowlist(&file).unwrap(), Some(vec![]));
+        let e = read_allowlist(&dir).unwrap_err();
+        assert_eq!(e.code, code::IO, "{}", e.msg);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
