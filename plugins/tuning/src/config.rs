@@ -15,7 +15,6 @@
 //! - `/etc/cni/tuning/allowlist.conf`, when present: every sysctl key must match one of its
 //!   lines (regular expressions, unanchored, as Go's `regexp.MatchString`).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -291,11 +290,6 @@ pub fn read_allowlist(path: &Path) -> Result<Option<Vec<String>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(CniError::io(format!("read {}: {e}", path.display()))),
     }
-}
-
-/// The sysctl values a CHECK compares, by path.
-pub fn by_path(s: &[Sysctl]) -> BTreeMap<&str, &str> {
-    s.iter().map(|x| (x.path.as_str(), x.value.as_str())).collect()
 }
 
 #[cfg(test)]
