@@ -50,7 +50,7 @@ impl Use {
     /// (kubelet gives RunPodSandbox twice its 2-minute runtime request timeout; containerd's
     /// CNI calls end with that request's context; libcni itself has no deadline), so ours end
     /// well before theirs and report code 11 instead of being killed without a word:
-    /// * a delegate, 60 s: host-local's own waits (its store lock) end sooner;
+    /// * a delegate, 60 s: an IPAM plugin's own waits (its store lock) end sooner;
     /// * cnitool's plugins, 120 s: a plugin may wait up to 60 s for its delegate;
     /// * nft, 30 s: a transaction of a few hundred lines takes milliseconds;
     /// * iptables tools, 60 s: `--wait` may queue behind kube-proxy's xtables lock, and a

@@ -7,8 +7,8 @@
 //!
 //! # In-process fast path
 //!
-//! A binary may declare, with [`allow_in_process`], plugins whose code it carries (bridge
-//! carries host-local's). When a delegate's name (`ipam.type`) resolves on CNI_PATH — exactly as for an exec: the
+//! A binary may declare, with [`allow_in_process`], plugins whose code it carries (a main
+//! plugin carries its IPAM's). When a delegate's name (`ipam.type`) resolves on CNI_PATH — exactly as for an exec: the
 //! first regular file of that name — to a file that is **this very build** of such a plugin,
 //! the delegate runs inside this process instead of being exec'd. "This very build" is proven
 //! by [`crate::ident::file_carries`]: the file must be runnable by us (what execve checks

@@ -1,13 +1,13 @@
 //! Who drops forwarded traffic from a subnet: the forward hook chains of every nf_tables table
 //! (iptables-nft's `filter FORWARD` among them) and iptables-legacy's `filter FORWARD`, judged
 //! for a subnet, with a message naming the chain and the fix. Plugin-agnostic: a plugin that
-//! routes or bridges pod traffic (bridge at ADD and STATUS, ptp) calls [`diagnose`] and prints
-//! [`Diagnosis::message`] when it is `Some`.
+//! routes or bridges pod traffic calls [`diagnose`] and prints [`Diagnosis::message`] when it is
+//! `Some`, with the remedy it knows of (a plugin to add to the list) first.
 //!
 //! A chain drops the subnet's traffic when its policy is drop or it ends in an unconditional
 //! drop, and nothing in it accepts the subnet first: an accept whose address match lies in the
-//! subnet, directly or in a chain it jumps to (the `firewall` plugin's `CNI-FORWARD`, one level
-//! deep). Only whole-chain verdicts are judged: a rule that drops some traffic by its own
+//! subnet, directly or in a chain it jumps to (one level deep: upstream's `CNI-FORWARD` is such
+//! a chain). Only whole-chain verdicts are judged: a rule that drops some traffic by its own
 //! matches is not reported (it is someone's deliberate rule).
 
 use crate::net::Family;
@@ -149,8 +149,9 @@ pub fn judge(chains: &[ForwardChain], subnet: IpNet) -> Vec<Dropper> {
 }
 
 impl Diagnosis {
-    /// A message for the user, `None` when nothing drops the subnet.
-    pub fn message(&self, subnet: IpNet) -> Option<String> {
+    /// A message for the user, `None` when nothing drops the subnet. `remedy` is the caller's
+    /// advice (e.g. a plugin to add to the list), said before the manual rules.
+    pub fn message(&self, subnet: IpNet, remedy: &str) -> Option<String> {
         if self.droppers.is_empty() {
             return None;
         }
@@ -164,8 +165,7 @@ impl Diagnosis {
             IpNet::V6(_) => ("ip6tables", "6"),
         };
         Some(format!(
-            "forwarded traffic from {subnet} will be dropped by {}: add the \"firewall\" plugin after this one in the \
-             network's plugin list (it accepts each pod's addresses in that chain), or accept the subnet there yourself \
+            "forwarded traffic from {subnet} will be dropped by {}: {remedy}, or accept the subnet there yourself \
              (IPv{fam}: {tool} -I FORWARD -s {subnet} -j ACCEPT; {tool} -I FORWARD -d {subnet} -m conntrack --ctstate \
              RELATED,ESTABLISHED -j ACCEPT)",
             which.join(", ")
@@ -316,10 +316,13 @@ mod tests {
         let bare = judge(&[fc(POLICY_DROP, vec![], vec![])], subnet);
         assert_eq!(bare.len(), 1);
         assert_eq!((bare[0].chain.as_str(), bare[0].how), ("FORWARD", "policy drop"));
-        let msg = Diagnosis { droppers: bare, unread: vec![] }.message(subnet).unwrap();
-        assert!(msg.contains("iptables-nft chain FORWARD of table ip filter (policy drop)"), "{msg}");
-        assert!(msg.contains("\"firewall\" plugin"), "{msg}");
-        // accepted directly (the subnet or a pod's address), or through the firewall plugin's chain
+        let msg = Diagnosis { droppers: bare, unread: vec![] }.message(subnet, "REMEDY").unwrap();
+        assert!(
+            msg.contains("iptables-nft chain FORWARD of table ip filter (policy drop): REMEDY, or accept"),
+            "{msg}"
+        );
+        assert!(msg.contains("iptables -I FORWARD -s 10.88.0.0/16 -j ACCEPT"), "{msg}");
+        // accepted directly (the subnet or a pod's address), or through a chain it jumps to
         assert!(
             judge(&[fc(POLICY_DROP, vec![accept_src("FORWARD", "10.88.0.0/16")], vec![])], subnet).is_empty()
         );
@@ -346,7 +349,7 @@ mod tests {
         let late =
             judge(&[fc(POLICY_ACCEPT, vec![drop, accept_src("FORWARD", "10.88.0.0/16")], vec![])], subnet);
         assert_eq!(late.len(), 1);
-        assert_eq!(Diagnosis::default().message(subnet), None);
+        assert_eq!(Diagnosis::default().message(subnet, "REMEDY"), None);
     }
 
     #[test]

@@ -10,12 +10,12 @@
 //! - **only regular files**: a FIFO, socket or device is refused with a message naming what it
 //!   is ([`kind`]), before anything is read from it.
 //!
-//! Inside a directory the plugin owns (host-local's store), [`open_regular_at`] additionally
+//! Inside a directory the plugin owns (an address store), [`open_regular_at`] additionally
 //! never follows a symbolic link (`O_NOFOLLOW`). A file a configuration names by path is
 //! opened with [`open_named_regular`], which follows links (`/etc/resolv.conf` usually is one)
 //! but looks at the file through an `O_PATH` handle first, so that a device is never opened.
 //!
-//! A store or cache directory another program fills (host-local's `<dataDir>/<net>`, libcni's
+//! A store or cache directory another program fills (an IPAM store's `<dataDir>/<net>`, libcni's
 //! `<cacheDir>/results`) is opened with [`open_dir_at`] (a symbolic link in its place is not
 //! followed), listed with [`names`] (the very directory opened, whatever happens to its path)
 //! and its files read with [`read_regular_at`].

@@ -1,7 +1,7 @@
 //! Build identity markers: how a binary of this suite proves, without being run, that it is a
 //! particular build of a particular plugin.
 //!
-//! A plugin binary that others may run in-process (host-local) carries its identity — a byte
+//! A plugin binary that others may run in-process (an IPAM plugin) carries its identity — a byte
 //! string made of a magic, the plugin's name, the crate version, the commit and a random
 //! per-build id — in a dedicated ELF section named [`SECTION`]. Another binary of the same build
 //! knows the expected bytes at compile time and asks [`file_carries`] whether a file on disk
@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn recognises_exactly_the_expected_marker() {
         let d = tempdir();
-        let marker = b"cni-rs build identity v1\0host-local\x000.1.0\0abc\0";
+        let marker = b"cni-rs build identity v1\0some-ipam\x000.1.0\0abc\0";
         let good = write(
             &d,
             "good",

@@ -141,7 +141,7 @@ pub fn interface_addrs(prev: &CniResult, ifname: &str) -> Result<Vec<IpNet>> {
     Ok(out)
 }
 
-/// The container addresses a chained plugin forwards to, as upstream's portmap picks them:
+/// The container addresses a chained plugin forwards to, as upstream's host-port mapping picks them:
 /// the first IPv4 and the first IPv6 address of [`interface_addrs`] (upstream would use an
 /// address whose `interface` index is out of range; we refuse it, code 7).
 pub fn container_addrs(prev: &CniResult, ifname: &str) -> Result<(Option<IpNet>, Option<IpNet>)> {

@@ -1,5 +1,5 @@
 //! The `nft` command-line tool, run as a child process: for the one input that is nft syntax
-//! (portmap's user-written `conditionsV4/V6`), whose table portmap then builds with
+//! (conditions a user writes into a plugin's configuration), whose table the plugin then builds with
 //! `nft -f -` (the whole script is one transaction: committed or nothing). Everything else
 //! goes over netlink ([`crate::netlink::nft`]).
 //!

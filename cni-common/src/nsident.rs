@@ -26,8 +26,8 @@ impl NsIdent {
     }
 }
 
-/// Whether a CNI_NETNS path can be recorded beside an attachment's state (portmap's element
-/// comment, host-local's record) and read back as one token: not empty, at most `max` bytes,
+/// Whether a CNI_NETNS path can be recorded beside an attachment's state (an element comment,
+/// an address store's record) and read back as one token: not empty, at most `max` bytes,
 /// and only characters that cannot break a line or need escaping (no space, control or
 /// non-ASCII character). What is read back is still only opened by [`NetNs::open_recorded`].
 pub fn recordable_path(path: &str, max: usize) -> bool {

@@ -33,7 +33,7 @@ use std::sync::mpsc;
 /// What a plugin implements. Every verb of spec 1.1.0 is required: a plugin with nothing to
 /// do for a verb says so explicitly by returning `Ok`.
 pub trait Plugin {
-    /// Binary name, e.g. "bridge" (used in the about banner).
+    /// Binary name (used in the about banner).
     fn name(&self) -> &'static str;
 
     /// Spec versions this plugin accepts in `cniVersion`.
@@ -446,8 +446,8 @@ pub const UPSTREAM_RELEASE: &str = "1.10.0";
 /// Why this shape: tools read the banner as upstream's (`CNI <name> plugin v1.x.y`). Nomad runs
 /// every file of its CNI bin dir with no arguments, takes the first whitespace-separated word of
 /// stdout and stderr that parses as a semantic version (hashicorp/go-version's `NewSemver`) and
-/// schedules bridge networking only where bridge, firewall, host-local, loopback and portmap
-/// are `semver >= 0.4.0`; our own 0.1.0 would fail that, though we implement every verb of spec
+/// schedules bridge networking only where the five plugins its bridge mode chains are
+/// `semver >= 0.4.0`; our own 0.1.0 would fail that, though we implement every verb of spec
 /// 1.1.0. Build metadata is ignored by every semver comparison (Nomad's included), so the word
 /// compares exactly as upstream's same release, and a pre-release tag (`-cni-rs`) would not do:
 /// it sorts before the release. The metadata keeps ours recognisable (`cni-migrate` tells our
@@ -601,8 +601,8 @@ mod tests {
     #[test]
     fn banner_version_is_upstreams_release_with_ours_as_build_metadata() {
         assert_eq!(BANNER_VERSION, format!("v{UPSTREAM_RELEASE}+cni-rs.{}", env!("CARGO_PKG_VERSION")));
-        let banner = about("bridge", &Version::ALL);
-        assert!(banner.starts_with(&format!("CNI bridge plugin {BANNER_VERSION} (")), "{banner}");
+        let banner = about("example", &Version::ALL);
+        assert!(banner.starts_with(&format!("CNI example plugin {BANNER_VERSION} (")), "{banner}");
     }
 
     #[test]

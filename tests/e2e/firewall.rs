@@ -235,8 +235,8 @@ fn traffic_through(tool: &str) {
         "traffic must die at {tool}'s FORWARD DROP without the firewall plugin"
     );
     let d = diagnose_in(&w.host, subnet);
-    let msg = d.message(subnet.parse().unwrap()).expect("the drop is found");
-    assert!(msg.contains(tool) && msg.contains("FORWARD") && msg.contains("\"firewall\" plugin"), "{msg}");
+    let msg = d.message(subnet.parse().unwrap(), "REMEDY").expect("the drop is found");
+    assert!(msg.contains(tool) && msg.contains("FORWARD") && msg.contains("REMEDY"), "{msg}");
     bare.del("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&r0), Some(&w.host));
 
     // with it: out and back, and pod to pod across the bridge
@@ -249,7 +249,7 @@ fn traffic_through(tool: &str) {
     if w.bridged {
         assert!(pings(&a, &pod_addr(&rb)), "pod a reaches pod b through the bridge");
     }
-    assert!(diagnose_in(&w.host, subnet).message(subnet.parse().unwrap()).is_none());
+    assert!(diagnose_in(&w.host, subnet).message(subnet.parse().unwrap(), "REMEDY").is_none());
     for s in chain.check("ctr-a", a.path_str(), "eth0", &json!({}), &ra, Some(&w.host)) {
         assert_eq!(s.out.code, 0, "CHECK {}: {}", s.plugin, s.out.stdout);
     }

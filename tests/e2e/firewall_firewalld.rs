@@ -143,7 +143,7 @@ fn pods_get_through_firewalld() {
         .join()
         .unwrap()
     });
-    let msg = d.message(subnet).expect("firewalld's reject is found");
+    let msg = d.message(subnet, "add the firewall plugin").expect("firewalld's reject is found");
     assert!(msg.contains("inet firewalld"), "{msg}");
     bare.del("ctr-bare", p0.path_str(), "eth0", &json!({}), Some(&r0), Some(&host));
 

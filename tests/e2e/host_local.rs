@@ -1132,11 +1132,15 @@ fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_name
     let net = d.path().join("mynet");
     let next = std::sync::atomic::AtomicUsize::new(0);
     let live: std::sync::Mutex<std::collections::HashMap<String, String>> = Default::default();
-    let (reclaimed, deleted) =
-        (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    let (reclaimed, deleted, exhausted) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
     std::thread::scope(|s| {
         for w in 0..workers {
-            let (c, net, next, live, reclaimed, deleted) = (&c, &net, &next, &live, &reclaimed, &deleted);
+            let (c, net, next, live, reclaimed, deleted, exhausted) =
+                (&c, &net, &next, &live, &reclaimed, &deleted, &exhausted);
             s.spawn(move || {
                 let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
                 let mut mine: std::collections::VecDeque<(String, String, PodNetns)> = Default::default();
@@ -1148,7 +1152,25 @@ fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_name
                     let ns = PodNetns::new("hlc");
                     let id = format!("churn-{w}-{k}");
                     let out = hl_at("ADD", &id, ns.path()).run_json(c);
-                    assert_eq!(out.code, 0, "cycle {k}: {} {}", out.stdout, out.stderr);
+                    if out.stdout.contains("no IP addresses available") {
+                        // a legitimate refusal: 4 workers hold up to 3 pods each, plus the one
+                        // each may be tearing down (out of the live set, namespace not yet
+                        // gone): 16 > 13 addresses at the worst moment. Never a shared address.
+                        if exhausted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+                            eprintln!("cycle {k}: the first refusal on a full pool: {}", out.stderr);
+                        }
+                        continue;
+                    }
+                    if out.code != 0 {
+                        // this worker's pods leave the live set before their namespaces go
+                        // with the unwinding: another worker may then take their addresses
+                        let mut l = live.lock().unwrap();
+                        for (_, ip, _) in &mine {
+                            l.remove(ip);
+                        }
+                        drop(l);
+                        panic!("cycle {k}: {} {}", out.stdout, out.stderr);
+                    }
                     reclaimed.fetch_add(
                         out.stderr.matches("released").count(),
                         std::sync::atomic::Ordering::Relaxed,
@@ -1194,8 +1216,11 @@ fn churn_with_random_namespace_deletion_never_gives_one_address_to_two_live_name
             });
         }
     });
-    let (r, dd) = (reclaimed.into_inner(), deleted.into_inner());
-    eprintln!("churn: {cycles} ADDs, {dd} pods died without DEL, {r} of their addresses reclaimed");
+    let (r, dd, full) = (reclaimed.into_inner(), deleted.into_inner(), exhausted.into_inner());
+    eprintln!(
+        "churn: {cycles} ADDs, {dd} pods died without DEL, {r} of their addresses reclaimed, {full} ADDs refused \
+         on a pool whose dead could not all be proven dead at that moment"
+    );
     assert!(r > 0 && dd > 0, "the pool never ran out: nothing was reclaimed");
     assert!(live.lock().unwrap().is_empty());
 }

@@ -2169,19 +2169,29 @@ fn stress_cast(w: &World, ctrs: &[Netns]) -> Vec<Att> {
             "ips": [{"address": format!("10.{n}.{subnet}.{host}/24"), "interface": 0},
                     {"address": format!("fd00:{n}:{subnet}::{host}/64"), "interface": 0}]});
         let cfg = conf(net, &prev, m, json!({"masqAll": k % 4 == 3}));
-        let a = cni_common::attachment::AttachmentId::new(net, &id, ifname);
-        v.push(Att {
-            net,
-            ifname,
-            ctr,
-            id,
-            ports,
-            cfg,
-            tag: a.portmap_tag(),
-            hash: a.portmap_hash().to_string(),
-        });
+        let (tag, hash) = owner_encoding(net, &id, ifname);
+        v.push(Att { net, ifname, ctr, id, ports, cfg, tag, hash });
     }
     v
+}
+
+/// How portmap names an attachment in its table (plugins/portmap/src/identity.rs pins the same
+/// values), derived here independently for the short names of this test: the element comment `<network>,<container id>,<ifname>` and the
+/// 128-bit claim value, the first 16 bytes of SHA-256 over `owner`, network, id and ifname, each
+/// followed by a NUL (written as an IPv6 address).
+fn owner_encoding(net: &str, id: &str, ifname: &str) -> (String, String) {
+    use sha2::{Digest, Sha256};
+    assert!(net.len() <= 40 && id.len() <= 64 && ifname.len() <= 15, "short names only");
+    assert!(ifname.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)), "no escaping");
+    let mut h = Sha256::new();
+    for p in ["owner", net, id, ifname] {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    let d = h.finalize();
+    let mut claim = [0u8; 16];
+    claim.copy_from_slice(&d[..16]);
+    (format!("{net},{id},{ifname}"), std::net::Ipv6Addr::from(claim).to_string())
 }
 
 /// One verb of the stress test, run and recorded in the model. ADD registers in the valid

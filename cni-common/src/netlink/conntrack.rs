@@ -2,7 +2,7 @@
 //! network namespace whose original-direction tuple has a given layer-4 protocol and one of a
 //! set of (family, destination port) pairs.
 //!
-//! This is what portmap needs against stale UDP flows: a UDP "connection" created before a
+//! This is what host-port mapping needs against stale UDP flows: a UDP "connection" created before a
 //! host port was mapped (or while it pointed at another container) keeps its old NAT binding
 //! for as long as packets keep arriving, so new DNAT rules never see it (plugins#123).
 //!

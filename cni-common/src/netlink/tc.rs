@@ -1,5 +1,5 @@
 //! Traffic control: the `ingress` and `tbf` qdiscs and a u32 match-all filter with one mirred
-//! egress redirect — what the bandwidth plugin builds — plus dumps that read them back.
+//! egress redirect — what traffic shaping with an ifb builds — plus dumps that read them back.
 //!
 //! netlink-packet-route has no TBF type, so its options are encoded here by hand, the way the
 //! kernel's `net/sched/sch_tbf.c` reads them:
@@ -144,7 +144,7 @@ pub struct Tbf {
 }
 
 impl Tbf {
-    /// The bandwidth plugin's TBF (upstream's arithmetic): `rate` bytes/s, a bucket of `burst`
+    /// A TBF as upstream's plugins compute it: `rate` bytes/s, a bucket of `burst`
     /// bytes, and a queue that holds `latency` worth of traffic on top of the burst
     /// (`limit = rate × latency + burst`, saturating). The bucket is converted to time at the
     /// rate (whole µs) and then to ticks, saturating at `u32::MAX` ticks (≈ 274.9 s at the

@@ -188,18 +188,18 @@ mod tests {
     #[test]
     fn common_keys_and_tolerated_extras() {
         let v = json!({
-            "cniVersion": "1.1.0", "name": "net", "type": "bridge",
+            "cniVersion": "1.1.0", "name": "net", "type": "example",
             "capabilities": {"portMappings": true}, "addIf": "eth0",
-            "ipam": {"type": "host-local", "subnet": "10.0.0.0/24"},
+            "ipam": {"type": "example-ipam", "subnet": "10.0.0.0/24"},
             "dns": {"nameservers": ["10.0.0.1"]},
             "runtimeConfig": {"portMappings": []}
         });
         let c = NetConf::from_value(&v).unwrap();
         assert_eq!(
             (c.cni_version.as_str(), c.name.as_str(), c.plugin_type.as_str()),
-            ("1.1.0", "net", "bridge")
+            ("1.1.0", "net", "example")
         );
-        assert_eq!(c.ipam_type(), Some("host-local"));
+        assert_eq!(c.ipam_type(), Some("example-ipam"));
         assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.1"]);
     }
 
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn plugin_type_rejects_paths() {
-        assert!(validate_plugin_type("type", "bridge").is_ok());
+        assert!(validate_plugin_type("type", "example").is_ok());
         for bad in ["../bin/sh", "/bin/sh", "a/b", "..", "", "a\\b"] {
             let e = validate_plugin_type("ipam.type", bad).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");

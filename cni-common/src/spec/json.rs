@@ -2,7 +2,7 @@
 //!
 //! Go's `encoding/json` matches object keys to struct fields exactly first and then
 //! case-insensitively, ignores unknown keys and lets the last duplicate win. Real
-//! configurations rely on this (upstream's own tests send `"bandWidth"`), so every plugin
+//! configurations rely on this (upstream's own tests send a capability key in other case), so every plugin
 //! decodes its configuration through [`from_value`], which wraps a `serde_json::Value` in a
 //! deserializer that renames keys to the field names serde asks for before handing them over.
 //! Errors name the path of the offending value: `ipam.ranges[0][1].subnet: invalid IP address`.
@@ -264,7 +264,7 @@ mod tests {
         #[serde(default)]
         mtu: Option<u32>,
         #[serde(default)]
-        bandwidth: Option<Inner>,
+        shaping: Option<Inner>,
         #[serde(default)]
         list: Vec<Inner>,
         #[serde(default)]
@@ -273,11 +273,11 @@ mod tests {
 
     #[test]
     fn keys_match_case_insensitively_like_go() {
-        let v = json!({"IsGateway": true, "MTU": 1400, "bandWidth": {"INGRESSRATE": 5, "ingressburst": 6}});
+        let v = json!({"IsGateway": true, "MTU": 1400, "shaPing": {"INGRESSRATE": 5, "ingressburst": 6}});
         let o: Outer = from_value(v).unwrap();
         assert!(o.is_gateway);
         assert_eq!(o.mtu, Some(1400));
-        assert_eq!(o.bandwidth, Some(Inner { ingress_rate: 5, ingress_burst: 6 }));
+        assert_eq!(o.shaping, Some(Inner { ingress_rate: 5, ingress_burst: 6 }));
     }
 
     #[test]
@@ -311,16 +311,16 @@ mod tests {
     #[test]
     fn arrays_do_not_fill_structs() {
         // serde's derive accepts [5, 6] as Inner { ingress_rate: 5, ingress_burst: 6 }; Go does not.
-        let e = from_value::<Outer>(json!({"bandwidth": [5, 6]})).unwrap_err();
-        assert!(e.starts_with("bandwidth: invalid type: sequence, expected a JSON object"), "{e}");
+        let e = from_value::<Outer>(json!({"shaping": [5, 6]})).unwrap_err();
+        assert!(e.starts_with("shaping: invalid type: sequence, expected a JSON object"), "{e}");
         assert!(from_value::<Outer>(json!([true])).is_err());
     }
 
     #[test]
     fn null_is_none_for_options() {
-        let o: Outer = from_value(json!({"mtu": null, "bandwidth": null, "list": null})).unwrap();
+        let o: Outer = from_value(json!({"mtu": null, "shaping": null, "list": null})).unwrap();
         assert_eq!(o.mtu, None);
-        assert_eq!(o.bandwidth, None);
+        assert_eq!(o.shaping, None);
         assert!(o.list.is_empty());
     }
 }

@@ -51,7 +51,7 @@ pub struct IpConfig {
     pub gateway: Option<IpAddr>,
 }
 
-/// A route, as results and host-local's `routes` config carry it.
+/// A route, as results and IPAM configurations' `routes` carry it.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Route {
     pub dst: IpNet,

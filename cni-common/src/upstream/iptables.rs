@@ -451,8 +451,8 @@ pub fn default_backend() -> Result<Option<Backend>> {
     Ok(Some(if v.contains("nf_tables") { Backend::Nft } else { Backend::Legacy }))
 }
 
-/// Table `name` of a `*-save` text (what [`Table::parse`] does for `nat`), for plugins whose
-/// upstream form lives in another table (`filter`: upstream's firewall).
+/// Table `name` of a `*-save` text (what [`Table::parse`] does for `nat`), for upstream forms
+/// that live in another table (`filter`).
 pub fn parse_table(text: &str, name: &str) -> Table {
     let mut t = Table::default();
     let mut inside = false;
@@ -595,7 +595,7 @@ mod tests {
     #[test]
     fn upstream_arguments_match_saved_rules() {
         let t = Table::parse(SAVED_FOR_TESTS);
-        // What upstream passes to `iptables -C` (chain.go / portmap.go), with its spellings.
+        // What upstream passes to `iptables -C` (its chain helpers), with its spellings.
         let hairpin = Rule::parse(&w("-p tcp --dport 18080 -s 10.77.0.2/24 -j CNI-HOSTPORT-SETMARK"));
         assert!(t.contains("CNI-DN-6c848780a988c4f72c3ef", &hairpin));
         let local = Rule::parse(&w("-p tcp --dport 18080 -s 127.0.0.1 -j CNI-HOSTPORT-SETMARK"));

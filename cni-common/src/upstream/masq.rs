@@ -1,4 +1,4 @@
-//! bridge's `ipMasq`, as upstream's iptables backend makes it (pkg/ip/ipmasq_linux.go,
+//! `ipMasq`, as upstream's iptables backend makes it (pkg/ip/ipmasq_linux.go,
 //! `SetupIPMasq`; every version since 0.x, the default backend through v1.9): per attachment a
 //! chain `CNI-<hash(network+id)>` in table `nat` of `iptables` (IPv4 addresses) and/or
 //! `ip6tables` (IPv6), holding
@@ -10,7 +10,7 @@
 //!
 //! and jumped to from `POSTROUTING -s <address> -j CNI-… -m comment --comment …`. Upstream's
 //! nftables backend (v1.6+) writes table `inet cni_plugins_masquerade`, which is our own
-//! layout: the bridge plugin handles that one itself.
+//! layout: the plugins that masquerade handle that one themselves.
 
 use super::iptables::{self, Fam, Rule, Table};
 use super::{locate, names, nftables, Found, Teardown};

@@ -13,15 +13,17 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod config;
+pub mod identity;
 pub mod resync;
 pub mod shape;
 pub mod upstream;
 
-use cni_common::attachment::{ifb_group, AttachmentId, IfbOwner};
+use cni_common::attachment::AttachmentId;
 use cni_common::error_list::ErrorList;
 use cni_common::netlink::{Link, Netlink};
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, Plugin, Request, Result, Version};
+use identity::{ifb_group, IfbIdentity, IfbOwner};
 
 use shape::Plan;
 

@@ -9,6 +9,8 @@
 //! ifb, the qdiscs on its host veth) are replaced, anything of someone else's refuses.
 
 use cni_common::attachment::AttachmentId;
+
+use crate::identity::IfbIdentity;
 use cni_common::{CniError, Request, Result};
 
 use crate::{config, shape, shaped_veth};

@@ -11,7 +11,9 @@
 
 use std::time::Duration;
 
-use cni_common::attachment::{AttachmentId, IfbOwner};
+use cni_common::attachment::AttachmentId;
+
+use crate::identity::{IfbIdentity, IfbOwner};
 use cni_common::mac::Mac;
 use cni_common::netlink::tc::{self, Filter, Psched, Qdisc, Tbf, INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT};
 use cni_common::netlink::{Link, LinkKind, LinkSpec, Netlink, NlError};

@@ -12,6 +12,8 @@
 //! nothing from anybody. A live one is never touched, whatever network it belongs to.
 
 use cni_common::attachment::AttachmentId;
+
+use crate::identity::IfbIdentity;
 use cni_common::error_list::ErrorList;
 use cni_common::netlink::tc::{FilterAction, INGRESS_HANDLE};
 use cni_common::netlink::{Link, Netlink};

@@ -9,6 +9,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use cni_common::attachment::AttachmentId;
+
+use crate::identity::BridgeIdentity;
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Context, Result};
 use cni_common::mac::Mac;

@@ -4,6 +4,8 @@
 use std::collections::HashSet;
 
 use cni_common::attachment::AttachmentId;
+
+use crate::identity::from_veth_alias;
 use cni_common::error::Result;
 use cni_common::error_list::ErrorList;
 use cni_common::Request;
@@ -50,12 +52,10 @@ pub(crate) fn gc_with(
                     let mut owner_of = |name: &str| -> Result<firewall::PortOwner> {
                         Ok(match links.iter().find(|(n, _)| n == name) {
                             None => firewall::PortOwner::Gone,
-                            Some((_, alias)) => {
-                                match alias.as_deref().and_then(AttachmentId::from_veth_alias) {
-                                    Some(a) => firewall::PortOwner::Attachment(a),
-                                    None => firewall::PortOwner::Unknown,
-                                }
-                            }
+                            Some((_, alias)) => match alias.as_deref().and_then(from_veth_alias) {
+                                Some(a) => firewall::PortOwner::Attachment(a),
+                                None => firewall::PortOwner::Unknown,
+                            },
                         })
                     };
                     firewall::spoof_garbage(nf, network, &mut owner_of, &keep_spoof)?

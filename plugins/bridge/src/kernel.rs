@@ -20,6 +20,11 @@ use cni_common::spec::Command;
 use cni_common::sysctl;
 use cni_common::Request;
 
+/// What the forward-drop note (`cni_common::forward_drop`) advises first: the plugin of the
+/// ecosystem's default lists that accepts each pod's addresses in the dropping chain.
+const FORWARD_REMEDY: &str = "add the \"firewall\" plugin after this one in the network's plugin list (it \
+                              accepts each pod's addresses in that chain)";
+
 pub use crate::firewall::Nft;
 
 type Nl<T> = std::result::Result<T, NlError>;
@@ -328,7 +333,7 @@ impl Kernel for Real<'_> {
         ipam::gc(self.req)
     }
     fn forward_drop_note(&mut self, subnet: ipnet::IpNet) -> Option<String> {
-        cni_common::forward_drop::diagnose(subnet).message(subnet)
+        cni_common::forward_drop::diagnose(subnet).message(subnet, FORWARD_REMEDY)
     }
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         Ok(cni_common::upstream::masq::check(self.req)?.is_intact())

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod firewall;
+pub mod identity;
 pub mod resync;
 
 mod add;

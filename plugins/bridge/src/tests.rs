@@ -2,6 +2,7 @@
 //! stack; every failure point of ADD, refused or with its answer lost, leaves the host as it was;
 //! each kind of drift CHECK claims to find, one by one, in each family.
 
+use crate::identity::BridgeIdentity;
 use cni_common::netlink::nft::NftFamily;
 use cni_common::skel::Request;
 use cni_common::spec::result::CniResult;

@@ -29,6 +29,7 @@
 
 pub mod config;
 pub mod flow;
+pub mod identity;
 pub mod kernel;
 pub mod layout;
 pub mod localnet;

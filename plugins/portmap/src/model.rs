@@ -7,6 +7,8 @@
 //! [`Elem::decode`] are the only place that knows the bytes.
 
 use cni_common::attachment::AttachmentId;
+
+use crate::identity::PortmapIdentity;
 use cni_common::net::{Family, Proto};
 use cni_common::netlink::nft::{split_concat, NftData, NftElem, NftType};
 use ipnet::IpNet;
@@ -41,7 +43,7 @@ impl fmt::Display for Hash {
 }
 
 /// Who elements belong to: one attachment (network, container id, interface) in the encodings
-/// of [`AttachmentId`] (`portmap_tag`, `portmap_hash`, `portmap_container`, pinned there so that
+/// of [`AttachmentId`] (`crate::identity`: `portmap_tag`, `portmap_hash`, `portmap_container`, pinned there so that
 /// tables written by earlier builds stay readable).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {

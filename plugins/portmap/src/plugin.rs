@@ -9,7 +9,9 @@ use crate::localnet;
 use crate::marks::Marks;
 use crate::model::Owner;
 use crate::netns;
-use cni_common::attachment::{portmap_net_prefix, AttachmentId};
+use cni_common::attachment::AttachmentId;
+
+use crate::identity::{portmap_net_prefix, PortmapIdentity};
 use cni_common::net::Family;
 use cni_common::netlink::conntrack;
 use cni_common::netlink::Netlink;

@@ -2,7 +2,7 @@
 //!
 //! - bridge `ipMasq`: table `inet cni_plugins_masquerade`, chain `masq_checks`, one rule per
 //!   container address (`ip saddr A ip daddr != SUBNET … masquerade`) commented
-//!   `<masq_tag>, net: N, if: I, id: C` (plugins/bridge/src/firewall.rs);
+//!   `<masq_tag>, net: N, if: I, id: C` (plugins/bridge/src/firewall/mod.rs);
 //! - portmap: read and decoded by portmap's own library (`portmap::state`): every attachment
 //!   with its host ports (its claims) and masquerade elements, by owner tag.
 use bridge::firewall;
@@ -10,6 +10,7 @@ use cni_common::attachment::AttachmentId;
 use cni_common::netlink::nft::{NfTables, NftFamily, NftRule};
 use cni_common::{CniError, Result};
 use ipnet::IpNet;
+use portmap::identity::PortmapIdentity;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// One of our masquerade rules.

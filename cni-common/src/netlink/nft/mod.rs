@@ -29,8 +29,8 @@
 //! Why deletions go over netlink too: the kernel frees deleted nftables objects after an RCU
 //! grace period and, when the netlink socket that made the change is released, waits for that
 //! (10-20 ms here) — in `nft` that is every `nft -f` that deletes or redefines something. A
-//! socket of our own can be kept open by a process that outlives the verb (see the bridge
-//! plugin's DEL), so the caller does not wait.
+//! socket of our own can be kept open by a process that outlives the verb (a DEL that hands
+//! its last work to a detached helper does), so the caller does not wait.
 
 pub mod certify;
 mod consts;

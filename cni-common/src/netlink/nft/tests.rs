@@ -15,7 +15,7 @@ fn assert_like_nft(name: &str, op: NftOp) {
     super::golden::assert_like_nft(name, &[op]);
 }
 
-const PM: &str = "cni_portmap";
+const PM: &str = "cni_nft_test";
 const MASQ: &str = "cni_plugins_masquerade";
 const TAG: &str = "n,c,eth0";
 
@@ -249,7 +249,7 @@ fn long_element_lists_are_split_and_numbered() {
 
 // ---- kernel tests (private network namespace) ----
 
-const SETUP: &str = "table inet cni_portmap {\n\
+const SETUP: &str = "table inet cni_nft_test {\n\
     map hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }\n\
     map owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }\n\
     set masq4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }\n\
@@ -276,7 +276,7 @@ fn listed(nft: &Nft, set: &str) -> Vec<Value> {
 }
 
 #[test]
-fn kernel_add_semantics_match_what_portmap_relies_on() {
+fn kernel_add_semantics_match_what_host_port_maps_rely_on() {
     let (nft, mut nf) = setup();
     let errno = |r: Result<(), NlError>| r.unwrap_err().errno();
     nf.apply(&[add("hp4", vec![hp4(80, "10.0.0.5").comment("first")])]).unwrap();
@@ -344,7 +344,7 @@ fn kernel_add_semantics_match_what_portmap_relies_on() {
     assert_eq!(nf.generation().unwrap(), g);
     nf.apply(&[add("hp4", vec![hp4(82, "10.0.0.8")])]).unwrap();
     assert_ne!(nf.generation().unwrap(), g);
-    nft.apply("flush map inet cni_portmap hp4\n").unwrap();
+    nft.apply("flush map inet cni_nft_test hp4\n").unwrap();
 }
 
 #[test]
@@ -397,9 +397,9 @@ fn kernel_round_trip_with_nft() {
     );
     // nft -> ours
     nft.apply(
-        "flush map inet cni_portmap hp4\n\
-         add element inet cni_portmap hp4 { udp . 5353 comment \"from nft\" : 10.1.2.3 . 53 }\n\
-         add element inet cni_portmap iv { 10.20.0.0/16 }\n",
+        "flush map inet cni_nft_test hp4\n\
+         add element inet cni_nft_test hp4 { udp . 5353 comment \"from nft\" : 10.1.2.3 . 53 }\n\
+         add element inet cni_nft_test iv { 10.20.0.0/16 }\n",
     )
     .unwrap();
     let els = nf.set_elements(NftFamily::Inet, PM, "hp4").unwrap();
@@ -792,7 +792,7 @@ fn listed_is_what_the_decoder_reads_back() {
 }
 
 /// A snapshot reads a chain's reference count (`NFTA_CHAIN_USE`: its rules and the jumps into
-/// it, a base chain its hook too): what portmap's ADD checks instead of reading every rule.
+/// it, a base chain its hook too): what a plugin's ADD can check instead of reading every rule.
 #[test]
 fn snapshots_count_the_jumps_into_a_chain() {
     crate::netns::test_support::private_netns();

@@ -26,6 +26,8 @@
 pub(crate) mod remove;
 
 use cni_common::attachment::{masq_network_hash, AttachmentId};
+
+use crate::identity::BridgeIdentity;
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::{
     BaseChain, CmpOp, NfTables, NftChain, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict,

@@ -62,6 +62,12 @@ impl Owner {
         }
     }
 
+    /// The content of the reservation file of `a`: `<id>\r\n<ifname>`, the id trimmed as
+    /// upstream compares it (upstream's format: its DEL and GC release our reservations).
+    pub fn content_of(a: &AttachmentId) -> String {
+        format!("{}\r\n{}", a.container_id.trim(), a.ifname)
+    }
+
     /// What the index files this owner under.
     pub(super) fn key(&self) -> Option<(Kind, u64)> {
         match self {
@@ -137,7 +143,7 @@ impl Store {
 
     /// Prepare the reservation content of `a` in an unnamed file.
     pub fn pending(&self, a: &AttachmentId) -> Result<Pending> {
-        let content = a.reservation().into_bytes();
+        let content = Owner::content_of(a).into_bytes();
         let tmpfile = nix::fcntl::openat(
             self.at(),
             ".",

@@ -696,3 +696,13 @@ fn a_records_directory_that_is_a_link_or_a_file_is_not_used() {
     assert_eq!(s.records_boot(), None);
     assert!(s.record(ip("10.0.0.2")).is_none());
 }
+
+#[test]
+fn reservation_content_is_upstreams_and_reads_back() {
+    let a = AttachmentId::new("n", " c1 ", "eth0");
+    assert_eq!(Owner::content_of(&a), "c1\r\neth0");
+    assert_eq!(
+        Owner::parse(Owner::content_of(&a).as_bytes()),
+        Owner::Attachment { id: "c1".into(), ifname: "eth0".into() }
+    );
+}

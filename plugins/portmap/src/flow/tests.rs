@@ -289,17 +289,17 @@ fn gc_removes_the_dead_of_its_network_only() {
         add(&k, p).unwrap();
     }
     let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
-    let out = flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &valid).unwrap();
+    let out = flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("n"), &valid).unwrap();
     assert_eq!(out.udp, BTreeSet::from([(Family::V4, 8081)]));
     check(&k, &a).unwrap();
     check(&k, &c).unwrap();
     assert!(traces(&k, &b.intent.owner).is_empty());
     // nothing valid: the network's last attachment goes, the table stays
-    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &BTreeSet::new()).unwrap();
+    flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("n"), &BTreeSet::new()).unwrap();
     assert!(traces(&k, &a.intent.owner).is_empty());
     check(&k, &c).unwrap();
     // and when GC removes the table's last attachment, the localnet guard stays with it
-    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
     assert!(elements(&k).is_empty(), "{:?}", elements(&k));
     assert!(guard_intact(&k));
 }
@@ -314,7 +314,7 @@ fn gc_racing_an_add_keeps_the_added_mapping() {
         add(&k, &stale).unwrap();
         let x = pod("n", "x", "10.0.0.5/24", &[(8080, 80, "tcp")]);
         let valid = BTreeSet::from([x.intent.owner.tag.clone()]);
-        let prefix = cni_common::attachment::portmap_net_prefix("n");
+        let prefix = crate::identity::portmap_net_prefix("n");
         if gc_first {
             // GC reads and plans, then X's ADD commits, then GC's transaction is processed
             let (k2, x2) = (k.clone(), x.clone());
@@ -359,7 +359,7 @@ fn both_claimants_of_a_shared_port_withdrawn_at_once_leave_nothing() {
         let (k2, p2) = (k.clone(), a2.clone());
         if gc {
             k.before_apply(move || del(&k2, &p2).map(|_| ()).unwrap());
-            let prefix = cni_common::attachment::portmap_net_prefix("n1");
+            let prefix = crate::identity::portmap_net_prefix("n1");
             flow::gc(&mut k.clone(), &prefix, &BTreeSet::new()).unwrap();
         } else {
             // a1's DEL by record fails (the port is shared), and the full plan meets a2's DEL
@@ -462,7 +462,7 @@ fn a_kernel_error_is_reported_at_once_and_changes_nothing() {
     let before = k.table();
     k.fail_next([Fault::Before(libc::ENOMEM)]);
     let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
-    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    let prefix = crate::identity::portmap_net_prefix("n");
     reported(flow::gc(&mut k.clone(), &prefix, &valid).unwrap_err(), "garbage-collect");
     assert_eq!(k.table(), before);
     check(&k, &b).unwrap();
@@ -476,7 +476,7 @@ fn a_full_plan_refused_without_a_new_generation_is_retried_three_times() {
     let k = Fake::new();
     let a = pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")]);
     let b = pod("n", "b", "10.0.0.6/24", &[(9090, 90, "tcp")]);
-    let prefix = cni_common::attachment::portmap_net_prefix("n");
+    let prefix = crate::identity::portmap_net_prefix("n");
     let only_a = BTreeSet::from([a.intent.owner.tag.clone()]);
     add(&k, &a).unwrap();
     add(&k, &b).unwrap();
@@ -994,7 +994,7 @@ fn a_full_plan_keeps_the_records_it_finds() {
             }
         }
     });
-    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
+    flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("m"), &BTreeSet::new()).unwrap();
     check(&k, &a).unwrap();
 }
 
@@ -1016,7 +1016,7 @@ fn records_without_claims_are_removed_by_the_next_full_plan() {
     });
     assert_eq!(traces(&k, &a.intent.owner).len(), 2, "its records");
     let valid = BTreeSet::from([a.intent.owner.tag.clone()]);
-    flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix("n"), &valid).unwrap();
+    flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("n"), &valid).unwrap();
     assert!(traces(&k, &a.intent.owner).is_empty(), "{:?}", traces(&k, &a.intent.owner));
     check(&k, &b).unwrap();
 }
@@ -1309,7 +1309,7 @@ fn step(k: &Fake, pods: &[Pod], live: &Rc<RefCell<BTreeSet<usize>>>, v: Verb, ex
         Verb::Gc(net) => {
             let valid: BTreeSet<String> =
                 live.borrow().iter().chain(extra.iter()).map(|i| pods[*i].intent.owner.tag.clone()).collect();
-            flow::gc(&mut k.clone(), &cni_common::attachment::portmap_net_prefix(net), &valid).unwrap();
+            flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix(net), &valid).unwrap();
             let gone: Vec<usize> = live
                 .borrow()
                 .iter()
