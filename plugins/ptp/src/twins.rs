@@ -144,3 +144,32 @@ fn check_finds_one_familys_part_taken_away_in_either_family() {
         }
     }
 }
+
+/// Upstream's rule (mutation triage, issue 28): a host route to the container's address that
+/// is there already (a stale one of an earlier pod) does not fail ADD, in either family.
+#[test]
+fn a_host_route_that_is_there_already_does_not_fail_add() {
+    for (addr, gw, host) in
+        [("10.244.1.5/24", "10.244.1.1", "10.244.1.5/32"), ("fd00:10::5/64", "fd00:10::1", "fd00:10::5/128")]
+    {
+        let mut k = Fake::new();
+        let stale = k.plant(Side::Host, "vethstale", "veth");
+        k.routes.push((
+            Side::Host,
+            stale,
+            crate::desired::RouteWant {
+                dst: host.parse().unwrap(),
+                gw: None,
+                src: None,
+                scope: None,
+                table: None,
+                priority: None,
+                mtu: None,
+                advmss: None,
+                append: false,
+            },
+        ));
+        run_add(&mut k, result(vec![ip(addr, gw)], &[]), false);
+        assert!(k.link(Side::Container, "eth0").unwrap().is_some(), "{addr}");
+    }
+}
