@@ -173,3 +173,42 @@ fn a_host_route_that_is_there_already_does_not_fail_add() {
         assert!(k.link(Side::Container, "eth0").unwrap().is_some(), "{addr}");
     }
 }
+
+/// CHECK's other identity tests (mutation triage, issue 28): a container MAC in prevResult that
+/// is not the interface's, and a host interface in prevResult that is a veth but not the peer
+/// of the container's.
+#[test]
+fn check_finds_a_wrong_mac_and_a_host_veth_that_is_not_the_peer() {
+    let r0 = result(vec![ip("10.244.1.5/24", "10.244.1.1"), ip("fd00:10::5/64", "fd00:10::1")], &[]);
+    let mut k = Fake::new();
+    let r = run_add(&mut k, r0.clone(), false);
+    let mut wrong_mac = r.clone();
+    wrong_mac.interfaces[1].mac = "02:00:00:00:00:ff".into();
+    let e = check::run(&mut k, &conf(false), &wrong_mac, &att(), NETNS, &mut || Ok(false)).unwrap_err();
+    assert!(e.msg.contains("Mac"), "{}", e.msg);
+    // No MAC in prevResult: nothing to compare.
+    let mut no_mac = r.clone();
+    no_mac.interfaces[1].mac.clear();
+    check::run(&mut k, &conf(false), &no_mac, &att(), NETNS, &mut || Ok(false)).unwrap();
+    // Another pod's host veth named in prevResult.
+    k.plant(Side::Host, "vethother", "veth");
+    let mut other = r;
+    other.interfaces[0].name = "vethother".into();
+    let e = check::run(&mut k, &conf(false), &other, &att(), NETNS, &mut || Ok(false)).unwrap_err();
+    assert!(e.msg.contains("not the peer"), "{}", e.msg);
+}
+
+/// The DNS of the configuration replaces IPAM's when any one of its fields is set (mutation
+/// triage, issue 28: config.rs tests the nameservers alone).
+#[test]
+fn each_dns_field_alone_is_something_set() {
+    use cni_common::spec::result::Dns;
+    let raw: crate::config::RawConf = cni_common::spec::json::from_value(serde_json::json!({})).unwrap();
+    for one in [
+        Dns { domain: "cluster.local".into(), ..Default::default() },
+        Dns { search: vec!["svc.cluster.local".into()], ..Default::default() },
+        Dns { options: vec!["ndots:5".into()], ..Default::default() },
+    ] {
+        assert_eq!(Conf::from_raw(&raw, Some("host-local"), Some(one.clone())).unwrap().dns, Some(one));
+    }
+}
