@@ -212,3 +212,28 @@ fn each_dns_field_alone_is_something_set() {
         assert_eq!(Conf::from_raw(&raw, Some("host-local"), Some(one.clone())).unwrap().dns, Some(one));
     }
 }
+
+/// DEL when the container's veth is gone between the read and the delete (its namespace went):
+/// done; when deleting it fails otherwise: DEL fails (mutation triage, issue 28).
+#[test]
+fn del_tells_a_veth_gone_meanwhile_from_one_that_cannot_be_deleted() {
+    let dual = || result(vec![ip("10.244.1.5/24", "10.244.1.1"), ip("fd00:10::5/64", "fd00:10::1")], &[]);
+    let mut k = Fake::new();
+    run_add(&mut k, dual(), false);
+    k.vanish_next = true;
+    del::run(&mut k, None, &att(), true, false).unwrap();
+    assert!(k.links.is_empty());
+    let mut k = Fake::new();
+    run_add(&mut k, dual(), false);
+    k.fail_at = Some(k.changes + 1);
+    let e = del::run(&mut k, None, &att(), true, false).unwrap_err();
+    assert!(e.msg.contains("failed to delete eth0"), "{}", e.msg);
+}
+
+/// Masquerade rules that cannot be looked for fail DEL only when `ipMasq` is set now.
+#[test]
+fn del_without_nf_tables_fails_only_with_ipmasq() {
+    let mut k = Fake { nft_missing: true, ..Fake::new() };
+    del::run(&mut k, None, &att(), false, false).unwrap();
+    assert!(del::run(&mut k, None, &att(), false, true).is_err());
+}
