@@ -237,3 +237,29 @@ fn del_without_nf_tables_fails_only_with_ipmasq() {
     del::run(&mut k, None, &att(), false, false).unwrap();
     assert!(del::run(&mut k, None, &att(), false, true).is_err());
 }
+
+/// A 1.1.0 IPAM route keeps its scope, table, priority, MTU and advmss, in either family
+/// (mutation triage, issue 28).
+#[test]
+fn an_ipam_routes_attributes_are_kept_in_either_family() {
+    for (addr, gw, dst) in
+        [("10.244.1.5/24", "10.244.1.1", "192.0.2.0/24"), ("fd00:10::5/64", "fd00:10::1", "2001:db8::/64")]
+    {
+        let mut route = Route::new(dst.parse().unwrap(), None);
+        route.scope = Some(0);
+        route.table = Some(100);
+        route.priority = Some(7);
+        route.mtu = Some(1300);
+        route.advmss = Some(1260);
+        let r = CniResult { ips: vec![ip(addr, gw)], routes: vec![route], ..Default::default() };
+        let d = crate::desired::desired(&conf(false), &r).unwrap();
+        let w = d.ctr_routes.last().unwrap();
+        assert_eq!(w.dst, dst.parse().unwrap());
+        assert_eq!(w.gw, gw.parse().ok(), "{dst}: through its family's gateway");
+        assert_eq!(
+            (w.scope, w.table, w.priority, w.mtu, w.advmss, w.append),
+            (Some(0), Some(100), Some(7), Some(1300), Some(1260), true),
+            "{dst}"
+        );
+    }
+}
