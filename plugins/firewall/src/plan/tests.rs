@@ -254,3 +254,17 @@ fn ipv6_only_attachment_lives_in_the_ip6_table_only() {
     assert_eq!(missing(&mut k, &c, &i).len(), 2);
     assert_eq!(all(&mut k, Family::V6).rules_in(PRIV_CHAIN).count(), 1);
 }
+
+/// A refusal that is not a stale generation is the answer at once, in either family: not
+/// retried into code 11 (mutation triage, issue 28).
+#[test]
+fn a_refusal_is_returned_as_it_is_not_retried_in_either_family() {
+    let c = conf(serde_json::json!({}));
+    for (fam, addr) in [(Family::V4, "10.88.0.5"), (Family::V6, "fd00::5")] {
+        let (chains, rules) = desired(&c, &intent(&[addr]), fam);
+        let mut f = Fake { fail: Some(libc::EPERM), ..Fake::default() };
+        let e = nft::add(&mut f, fam, "CNI-ADMIN", &chains, &rules).unwrap_err();
+        assert_ne!(e.code, cni_common::code::TRY_AGAIN, "{fam:?}: {}", e.msg);
+        assert!(f.tables.is_empty(), "{fam:?}");
+    }
+}
