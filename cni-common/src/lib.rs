@@ -24,6 +24,7 @@ pub mod filelock;
 pub mod forward_drop;
 pub mod fsread;
 pub mod ident;
+pub mod ipmasq;
 pub mod mac;
 pub mod net;
 pub mod netlink;

@@ -26,7 +26,7 @@ use crate::config::Conf;
 use crate::firewall;
 use crate::host::{host_veth_name, kubenet_mtu, random_mac, BR_NF_CALL_IPTABLES};
 use crate::kernel::{IpamJob, Kernel, Ns, Real, SysctlJob};
-use crate::model::{calc_gateways, ipv6_settings, port_vlan_plan, route_gateway};
+use crate::model::{calc_gateways, ipv6_settings, port_flags, port_vlan_plan, route_gateway};
 
 /// How long the host veth may take to become operationally up (upstream polls for 2.55 s).
 const OPER_UP_TIMEOUT: Duration = Duration::from_millis(2550);
@@ -272,8 +272,8 @@ impl<'r, 'k> Add<'r, 'k> {
         // container. The container end is still down, so nothing can have arrived yet.
         self.set_if_present(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0")?;
         let conf = &self.conf;
-        if conf.hairpin || conf.port_isolation {
-            let flags = PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation };
+        let flags = port_flags(conf);
+        if flags != PortFlags::default() {
             self.k
                 .bridge_port_set(hv.index, flags, false)
                 .with_context(|| format!("failed to set bridge port flags on {}", hv.name))?;

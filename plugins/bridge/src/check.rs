@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use crate::config::Conf;
 use crate::firewall;
 use crate::kernel::{Kernel, Ns, Real};
-use crate::model::{container_of, port_vlan_plan, route_gateway};
+use crate::model::{container_of, port_flag_drift, port_flags, port_vlan_plan, route_gateway};
 
 fn fail(msg: impl Into<String>) -> CniError {
     CniError::internal(msg)
@@ -157,18 +157,8 @@ fn find_host_veth(k: &mut dyn Kernel, conf: &Conf, prev: &CniResult, c: &Link, b
         if !i.mac.is_empty() && i.mac != mac_of(&l) {
             return Err(fail(format!("Interface {} Mac doesn't match: {} not found", l.name, i.mac)));
         }
-        let flags = flags.unwrap_or_default();
-        if flags.hairpin != conf.hairpin {
-            return Err(fail(format!(
-                "bridge port {} hairpin mode is {}, configured {}",
-                l.name, flags.hairpin, conf.hairpin
-            )));
-        }
-        if flags.isolated != conf.port_isolation {
-            return Err(fail(format!(
-                "bridge port {} isolation is {}, configured portIsolation {}",
-                l.name, flags.isolated, conf.port_isolation
-            )));
+        if let Some(drift) = port_flag_drift(&l.name, &flags.unwrap_or_default(), &port_flags(conf)) {
+            return Err(fail(drift));
         }
         return Ok(l);
     }

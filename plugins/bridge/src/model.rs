@@ -7,12 +7,32 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_common::error::{CniError, Result};
-use cni_common::netlink::PortVlan;
+use cni_common::netlink::{PortFlags, PortVlan};
 use cni_common::spec::result::{CniResult, IpConfig, Route};
 use cni_common::sysctl;
 use ipnet::IpNet;
 
 use crate::config::Conf;
+
+/// The host port's flags as the configuration wants them. ADD writes them when any is set;
+/// CHECK compares each one ([`port_flag_drift`]). A key that sets a port flag adds its field
+/// here and its line in [`PORT_FLAGS`].
+pub(crate) fn port_flags(conf: &Conf) -> PortFlags {
+    PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation }
+}
+
+/// Every port flag CHECK judges: how CHECK names it, the key that sets it (when the name is
+/// not the key), and its value in a [`PortFlags`].
+type PortFlag = (&'static str, &'static str, fn(&PortFlags) -> bool);
+pub(crate) const PORT_FLAGS: [PortFlag; 2] =
+    [("hairpin mode", "", |f| f.hairpin), ("isolation", "portIsolation ", |f| f.isolated)];
+
+/// The first port flag of port `port` that differs from the wanted one, as CHECK reports it.
+pub(crate) fn port_flag_drift(port: &str, have: &PortFlags, want: &PortFlags) -> Option<String> {
+    PORT_FLAGS.iter().find(|(_, _, get)| get(have) != get(want)).map(|(name, key, get)| {
+        format!("bridge port {port} {name} is {}, configured {key}{}", get(have), get(want))
+    })
+}
 
 /// The VLAN entries a port gets for `vlan`/`vlanTrunk`, in request order.
 pub(crate) fn port_vlan_plan(vlan: u16, trunk: &[u16]) -> Vec<PortVlan> {
@@ -110,6 +130,28 @@ pub(crate) fn container_of(prev: &CniResult, ifname: &str, netns: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_flags_follow_their_keys_and_check_names_each_drift() {
+        let none = port_flags(&conf(json!({})));
+        assert_eq!(none, PortFlags::default());
+        let both = port_flags(&conf(json!({"hairpinMode": true, "portIsolation": true})));
+        assert_eq!(both, PortFlags { hairpin: true, isolated: true });
+        assert_eq!(port_flag_drift("veth1", &both, &both), None);
+        assert_eq!(
+            port_flag_drift("veth1", &none, &both).as_deref(),
+            Some("bridge port veth1 hairpin mode is false, configured true")
+        );
+        let only_hairpin = PortFlags { hairpin: true, isolated: false };
+        assert_eq!(
+            port_flag_drift("veth1", &only_hairpin, &both).as_deref(),
+            Some("bridge port veth1 isolation is false, configured portIsolation true")
+        );
+        assert_eq!(
+            port_flag_drift("veth1", &both, &only_hairpin).as_deref(),
+            Some("bridge port veth1 isolation is true, configured portIsolation false")
+        );
+    }
     use crate::config::RawConf;
     use cni_common::netlink::PortVlan;
     use cni_common::spec::json;

@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use std::collections::HashSet;
 
 use crate::desired::RouteWant;
-use crate::masq;
+use cni_common::ipmasq as masq;
 
 /// How long IPv6 duplicate address detection may take before routes are added (upstream's
 /// `dadSettleTimeout`).
@@ -248,7 +248,7 @@ impl Kernel for Real {
     }
 
     fn masq_set(&mut self, a: &AttachmentId, addrs: &[IpNet]) -> Result<()> {
-        self.masq_txn(|nf| Ok(masq::add_ops(a, addrs, &masq::find(nf, a)?))).map(drop)
+        self.masq_txn(|nf| Ok(masq::add_ops(a, addrs, None, &masq::find(nf, a)?))).map(drop)
     }
 
     fn masq_remove(&mut self, a: &AttachmentId) -> Result<bool> {
@@ -259,7 +259,7 @@ impl Kernel for Real {
 
     fn masq_missing(&mut self, a: &AttachmentId, addrs: &[IpNet]) -> Result<Option<String>> {
         let f = masq::find(self.nf()?, a)?;
-        Ok(masq::missing(&f, a, addrs))
+        Ok(masq::missing(&f, a, addrs, None))
     }
 
     fn masq_gc(&mut self, network: &str, keep: &HashSet<String>) -> Result<bool> {
@@ -275,7 +275,7 @@ impl Kernel for Real {
             "10.255.255.2/24".parse().expect("an address"),
             "fd00:ffff::2/64".parse().expect("an address"),
         ];
-        let ops = masq::add_ops(&a, &addrs, &masq::Found::default());
+        let ops = masq::add_ops(&a, &addrs, None, &masq::Found::default());
         self.nf()?.validate(&ops).map_err(CniError::from)
     }
 }

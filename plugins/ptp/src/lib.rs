@@ -29,7 +29,6 @@ pub mod desired;
 pub mod gc;
 pub mod ipam;
 pub mod kernel;
-pub mod masq;
 pub mod plan;
 pub mod status;
 

@@ -39,6 +39,7 @@ pub mod expr;
 mod family;
 #[cfg(any(test, feature = "nftgolden"))]
 pub mod golden;
+mod hooked;
 mod ops;
 pub mod read;
 pub mod set;
@@ -63,6 +64,7 @@ pub use self::consts::{
 pub(crate) use self::encode::wire_messages;
 pub use self::expr::{listed, CmpOp, NftExpr, RuleExpr, Verdict};
 pub use self::family::NftFamily;
+pub use self::hooked::Hooked;
 pub use self::ops::{BaseChain, NftDelete, NftOp};
 pub use self::read::{NftChain, NftRule, NftTable, Snapshot, SnapshotRequest};
 pub use self::set::{

@@ -4,13 +4,9 @@
 //! ipMasq has an nftables backend) in either direction and each side's DEL/GC finds the other's
 //! rules:
 //!
-//! * ipMasq: table `inet cni_plugins_masquerade`; base chain `postrouting` (nat, srcnat),
-//!   written by an ADD that finds it missing or different: multicast destinations `return`, then
-//!   `goto masq_checks`; in
-//!   `masq_checks` one rule per container address, `ip saddr A ip daddr != SUBNET masquerade`,
-//!   with the comment `<hash16(network)>-<hash16(ifname:containerID)>, net: …, if: …, id: …`.
-//!   The hash prefix identifies the attachment, so DEL (also with an empty CNI_NETNS) and GC
-//!   never need the addresses and never touch another attachment's rules.
+//! * ipMasq: table `inet cni_plugins_masquerade` in upstream's shared layout, written and read
+//!   by `cni_common::ipmasq` (which ptp uses too); this module adds bridge's transactions
+//!   around it.
 //! * macspoofchk: table `bridge nat`, base chain `PREROUTING` (filter, prerouting, -300); per
 //!   attachment chains `cni-br-iface-<id>-<ifname>` and `…-mac`; `iifname <host veth> jump`,
 //!   `jump …-mac`, `ether saddr <mac> return`, `drop`; comments `macspoofchk-<id>-<ifname>`.
@@ -19,19 +15,16 @@
 //! transaction that only adds (shared objects are written only when missing or different; the
 //! rules are encoded as `nft` encodes the same rule text, so `nft list` shows them as before);
 //! DEL and GC delete with one transaction; a verb that finds nothing to change changes nothing.
-//! One difference from rules `nft` wrote from text: the `nonMasqueradeCIDRs` exclusions are
-//! consecutive `ip daddr != <cidr>` matches (same meaning as nft's anonymous set
-//! `ip daddr != { … }`, without a set to create).
 
 pub(crate) mod remove;
 
-use cni_common::attachment::{masq_network_hash, AttachmentId};
+use cni_common::attachment::AttachmentId;
+use cni_common::ipmasq;
 
 use crate::identity::BridgeIdentity;
 use cni_common::mac::Mac;
 use cni_common::netlink::nft::{
-    BaseChain, CmpOp, NfTables, NftChain, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict,
-    HOOK_POSTROUTING, HOOK_PREROUTING, POLICY_ACCEPT,
+    NfTables, NftDelete, NftFamily, NftOp, NftRule, RuleExpr, Verdict, HOOK_PREROUTING, POLICY_ACCEPT,
 };
 use cni_common::netlink::NlError;
 use cni_common::{CniError, Result};
@@ -39,24 +32,21 @@ use ipnet::IpNet;
 
 use std::collections::HashSet;
 
-pub const MASQ_TABLE: &str = "cni_plugins_masquerade";
-pub const MASQ_CHAIN: &str = "masq_checks";
-pub const MASQ_HOOK_CHAIN: &str = "postrouting";
+pub use cni_common::ipmasq::{
+    CHAIN as MASQ_CHAIN, HOOK as MASQ_HOOK, HOOK_CHAIN as MASQ_HOOK_CHAIN, TABLE as MASQ_TABLE,
+};
+pub use cni_common::netlink::nft::Hooked;
 pub const SPOOF_TABLE: &str = "nat";
 pub const SPOOF_BASE_CHAIN: &str = "PREROUTING";
 /// nft's limit on comment length.
 const COMMENT_MAX: usize = 128;
-const MASQ_TABLE_COMMENT: &str = "Masquerading for plugins from github.com/containernetworking/plugins";
-const MASQ_CHAIN_COMMENT: &str =
-    "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
 
 /// `Result` of a netlink request.
 type Nl<T> = std::result::Result<T, NlError>;
 
-/// nf_tables as bridge's firewall module uses it.
-pub trait Nft {
-    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>>;
-    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>>;
+/// nf_tables as bridge's firewall module uses it: the reads of [`ipmasq::NftRead`] and the
+/// transactions.
+pub trait Nft: ipmasq::NftRead {
     fn chains(&mut self, family: NftFamily, table: &str) -> Nl<Vec<String>> {
         Ok(self.chain_info(family, table)?.into_iter().map(|c| c.name).collect())
     }
@@ -65,12 +55,6 @@ pub trait Nft {
 }
 
 impl Nft for NfTables {
-    fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>> {
-        NfTables::chain_info(self, family, table)
-    }
-    fn rules(&mut self, family: NftFamily, table: &str, chain: Option<&str>) -> Nl<Vec<NftRule>> {
-        NfTables::rules(self, family, table, chain)
-    }
     fn apply(&mut self, ops: &[NftOp]) -> Nl<()> {
         NfTables::apply(self, ops)
     }
@@ -78,31 +62,6 @@ impl Nft for NfTables {
         NfTables::validate(self, ops)
     }
 }
-
-/// A base chain of the two tables: how ADD writes it, and what a reading of the kernel must
-/// find for it to count as there (declared once; ADD, CHECK and STATUS derive from it).
-pub struct Hooked {
-    pub family: NftFamily,
-    pub table: &'static str,
-    pub chain: &'static str,
-    /// "nat" or "filter".
-    pub kind: &'static str,
-    pub hook: u32,
-    pub priority: i32,
-    /// The policy written, when one is (then it must be read back too).
-    pub policy: Option<u32>,
-}
-
-/// ipMasq's hook: `inet cni_plugins_masquerade postrouting`, nat, srcnat (100).
-pub const MASQ_HOOK: Hooked = Hooked {
-    family: NftFamily::Inet,
-    table: MASQ_TABLE,
-    chain: MASQ_HOOK_CHAIN,
-    kind: "nat",
-    hook: HOOK_POSTROUTING,
-    priority: 100,
-    policy: None,
-};
 
 /// macspoofchk's hook: `bridge nat PREROUTING`, filter, -300, policy accept.
 pub const SPOOF_HOOK: Hooked = Hooked {
@@ -114,31 +73,6 @@ pub const SPOOF_HOOK: Hooked = Hooked {
     priority: -300,
     policy: Some(POLICY_ACCEPT),
 };
-
-impl Hooked {
-    pub fn base(&self) -> BaseChain {
-        BaseChain { kind: self.kind.into(), hook: self.hook, priority: self.priority, policy: self.policy }
-    }
-
-    /// The operation that writes it.
-    pub fn add_op(&self) -> NftOp {
-        NftOp::AddChain {
-            family: self.family,
-            table: self.table.into(),
-            chain: self.chain.into(),
-            base: Some(self.base()),
-            comment: None,
-        }
-    }
-
-    /// Whether the kernel's chain `c` is this one as declared.
-    pub fn is(&self, c: &NftChain) -> bool {
-        c.name == self.chain
-            && c.hook == Some((self.hook, self.priority))
-            && c.chain_type.as_deref() == Some(self.kind)
-            && self.policy.is_none_or(|p| c.policy == Some(p))
-    }
-}
 
 /// The per-attachment spoof-check chain of reference id `refid` ([`AttachmentId::spoof_ref`]).
 pub fn spoof_chain(refid: &str) -> String {
@@ -178,43 +112,28 @@ pub struct Found {
 }
 
 impl Found {
+    /// The masquerade part, as the shared layout reads it.
+    pub fn masq_found(&self) -> ipmasq::Found {
+        ipmasq::Found {
+            table: self.masq_table,
+            checks: self.masq_checks,
+            hooked: self.masq_hooked,
+            rules: self.masq.clone(),
+        }
+    }
+
     /// Nothing of the attachment is there.
     pub fn is_empty(&self) -> bool {
         self.masq.is_empty() && self.spoof_jumps.is_empty() && self.spoof_chains == (false, false)
     }
 }
 
-/// `postrouting` holds exactly the three rules ADD writes.
-fn postrouting_ok(rules: &[&NftRule]) -> bool {
-    let returns_for = |r: &NftRule, first: u8| {
-        r.verdicts().any(|v| *v == Verdict::Return) && r.cmp_data().any(|d| d.first() == Some(&first))
-    };
-    rules.len() == 3
-        && returns_for(rules[0], 224)
-        && returns_for(rules[1], 0xff)
-        && rules[2].verdicts().any(|v| *v == Verdict::Goto(MASQ_CHAIN.into()))
-}
-
 /// Find what the kernel has for `a`; `masq`/`spoof` select what to look at. Netlink only.
 pub fn find(nf: &mut dyn Nft, a: &AttachmentId, masq: bool, spoof: bool) -> Result<Found> {
     let mut f = Found::default();
     if masq {
-        let chains = nf.chain_info(NftFamily::Inet, MASQ_TABLE)?;
-        if !chains.is_empty() {
-            f.masq_table = true;
-            f.masq_checks = chains.iter().any(|c| c.name == MASQ_CHAIN && c.hook.is_none());
-            let hook_ok = chains.iter().any(|c| MASQ_HOOK.is(c));
-            let prefix = a.masq_tag();
-            // chain by chain: rules another process appends to masq_checks while a dump of
-            // the whole table is under way would shift the rules of postrouting after them
-            let post = nf.rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_HOOK_CHAIN))?;
-            f.masq_hooked = hook_ok && postrouting_ok(&post.iter().collect::<Vec<_>>());
-            f.masq = nf
-                .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
-                .into_iter()
-                .filter(|r| r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix)))
-                .collect();
-        }
+        let m = ipmasq::find(nf, a)?;
+        (f.masq_table, f.masq_checks, f.masq_hooked, f.masq) = (m.table, m.checks, m.hooked, m.rules);
     }
     if spoof {
         let refid = a.spoof_ref();
@@ -239,95 +158,19 @@ pub fn find(nf: &mut dyn Nft, a: &AttachmentId, masq: bool, spoof: bool) -> Resu
     Ok(f)
 }
 
-/// What the masquerade rule of one address leaves alone: destination networks (the
-/// attachment's subnet, plus the `nonMasqueradeCIDRs` of the same family when given) and, with
-/// `nonMasqueradeCIDRs`, local destinations (as kubenet's rule did). `None` when nothing at all
-/// is to be masqueraded.
-fn masq_exclusions(addr: &IpNet, non_masquerade: Option<&[IpNet]>) -> Option<(Vec<IpNet>, bool)> {
-    let Some(extra) = non_masquerade else {
-        return Some((vec![addr.trunc()], false));
-    };
-    let mut nets: Vec<IpNet> = vec![addr.trunc()];
-    nets.extend(extra.iter().filter(|n| n.addr().is_ipv4() == addr.addr().is_ipv4()).copied());
-    let nets = IpNet::aggregate(&nets);
-    if nets.iter().any(|n| n.prefix_len() == 0) {
-        return None; // the whole address family is excluded
-    }
-    Some((nets, true))
-}
-
-/// The masquerade rules `a` should have for `addrs` (one per address, in order):
-/// `ip saddr A ip daddr != SUBNET masquerade comment …` (with `nonMasqueradeCIDRs`: one
-/// `ip daddr != …` per excluded network, then `fib daddr type != local`).
+/// The masquerade rules `a` should have for `addrs` ([`ipmasq::rules`]).
 pub fn masq_rules(a: &AttachmentId, addrs: &[IpNet], non_masquerade: Option<&[IpNet]>) -> Vec<NftOp> {
-    let comment = a.masq_comment();
-    addrs
-        .iter()
-        .filter_map(|addr| {
-            let (nets, not_local) = masq_exclusions(addr, non_masquerade)?;
-            let mut exprs = RuleExpr::nfproto(addr.addr().is_ipv4());
-            exprs.extend(RuleExpr::addr(true, IpNet::from(addr.addr()), CmpOp::Eq));
-            for n in nets {
-                exprs.extend(RuleExpr::addr(false, n, CmpOp::Neq));
-            }
-            if not_local {
-                exprs.extend(RuleExpr::daddr_not_local());
-            }
-            exprs.push(RuleExpr::Masquerade);
-            Some(NftOp::rule(NftFamily::Inet, MASQ_TABLE, MASQ_CHAIN, exprs, Some(&comment)))
-        })
-        .collect()
+    ipmasq::rules(a, addrs, non_masquerade)
 }
 
-/// The ADD transaction for ipMasq. Shared objects are only written when they are missing or
-/// differ (redefining an existing chain makes the kernel keep the old definition until an RCU
-/// grace period has passed, which the process releasing the socket then waits for); stale
-/// rules of the same attachment are removed; the new rules are added.
+/// The ADD transaction for ipMasq ([`ipmasq::add_ops`]).
 pub fn masq_add_ops(
     a: &AttachmentId,
     addrs: &[IpNet],
     non_masquerade: Option<&[IpNet]>,
     f: &Found,
 ) -> Vec<NftOp> {
-    let (inet, t) = (NftFamily::Inet, MASQ_TABLE.to_string());
-    let chain = |name: &str, base: Option<BaseChain>, comment: Option<&str>| NftOp::AddChain {
-        family: inet,
-        table: t.clone(),
-        chain: name.into(),
-        base,
-        comment: comment.map(Into::into),
-    };
-    let mut ops = Vec::new();
-    if !f.masq_table {
-        ops.push(NftOp::AddTable {
-            family: inet,
-            table: t.clone(),
-            comment: Some(MASQ_TABLE_COMMENT.into()),
-        });
-    }
-    if !f.masq_checks {
-        ops.push(chain(MASQ_CHAIN, None, Some(MASQ_CHAIN_COMMENT)));
-    }
-    if !f.masq_hooked {
-        ops.push(MASQ_HOOK.add_op());
-        ops.push(NftOp::Delete(NftDelete::Flush {
-            family: inet,
-            table: t.clone(),
-            chain: MASQ_HOOK_CHAIN.into(),
-        }));
-        for net in ["224.0.0.0/4", "ff00::/8"] {
-            let net: IpNet = net.parse().expect("valid");
-            let mut exprs = RuleExpr::nfproto(net.addr().is_ipv4());
-            exprs.extend(RuleExpr::addr(false, net, CmpOp::Eq));
-            exprs.push(RuleExpr::Verdict(Verdict::Return));
-            ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, exprs, None));
-        }
-        let goto = vec![RuleExpr::Verdict(Verdict::Goto(MASQ_CHAIN.into()))];
-        ops.push(NftOp::rule(inet, &t, MASQ_HOOK_CHAIN, goto, None));
-    }
-    ops.extend(masq_del_ops(&f.masq).into_iter().map(NftOp::Delete));
-    ops.extend(masq_rules(a, addrs, non_masquerade));
-    ops
+    ipmasq::add_ops(a, addrs, non_masquerade, &f.masq_found())
 }
 
 /// The ADD transaction for macspoofchk on `host_veth` allowing only `mac`. Stale state of the
@@ -369,44 +212,15 @@ pub fn spoof_add_ops(a: &AttachmentId, host_veth: &str, mac: Mac, f: &Found) -> 
     ops
 }
 
-fn ip_octets(ip: &std::net::IpAddr) -> Vec<u8> {
-    match ip {
-        std::net::IpAddr::V4(a) => a.octets().to_vec(),
-        std::net::IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
 /// What `a`'s masquerading lacks for `addrs`, judged on what [`find`] read (with `masq`):
-/// None when the base chain is hooked and every address has its rule. CHECK fails with this
-/// message; `cni-migrate resync` rebuilds when it is Some.
+/// [`ipmasq::missing`].
 pub fn masq_missing(
     f: &Found,
     a: &AttachmentId,
     addrs: &[IpNet],
     non_masquerade: Option<&[IpNet]>,
 ) -> Option<String> {
-    let expected = masq_rules(a, addrs, non_masquerade).len();
-    if expected > 0 && !f.masq_hooked {
-        return Some(format!(
-            "masquerading is not hooked: chain {MASQ_HOOK_CHAIN} of table inet {MASQ_TABLE} does not go to {MASQ_CHAIN}"
-        ));
-    }
-    if f.masq.len() != expected {
-        return Some(format!(
-            "expected {expected} masquerade rule(s) for {} in {MASQ_TABLE} {MASQ_CHAIN}, found {}",
-            a.ifname,
-            f.masq.len()
-        ));
-    }
-    if expected == 0 {
-        return None; // every destination excluded: nothing to masquerade
-    }
-    addrs.iter().find_map(|addr| {
-        let octets = ip_octets(&addr.addr());
-        let covered =
-            f.masq.iter().any(|r| r.has_expr("masq") && r.cmp_data().any(|d| d == octets.as_slice()));
-        (!covered).then(|| format!("no masquerade rule for source {}", addr.addr()))
-    })
+    ipmasq::missing(&f.masq_found(), a, addrs, non_masquerade)
 }
 
 /// What the MAC spoof check of host veth `host_veth` allowing only `mac` lacks, judged on what
@@ -482,15 +296,7 @@ pub fn apply_add(
 
 /// Deletions of masquerade rules.
 fn masq_del_ops(rules: &[NftRule]) -> Vec<NftDelete> {
-    rules
-        .iter()
-        .map(|r| NftDelete::Rule {
-            family: NftFamily::Inet,
-            table: MASQ_TABLE.into(),
-            chain: r.chain.clone(),
-            handle: r.handle,
-        })
-        .collect()
+    ipmasq::del_ops(rules)
 }
 
 /// The teardown of what `find` returned, as one netlink transaction (empty: nothing to do).
@@ -523,16 +329,7 @@ fn spoof_del_ops(ops: &mut Vec<NftDelete>, refid: &str, f: &Found) {
 
 /// GC: the masquerade rules of `network` whose attachment is not in `valid`.
 pub fn masq_garbage(nf: &mut dyn Nft, network: &str, valid: &HashSet<String>) -> Result<Vec<NftRule>> {
-    let net = format!("{}-", masq_network_hash(network));
-    Ok(nf
-        .rules(NftFamily::Inet, MASQ_TABLE, Some(MASQ_CHAIN))?
-        .into_iter()
-        .filter(|r| {
-            r.comment
-                .as_deref()
-                .is_some_and(|c| c.starts_with(&net) && !valid.contains(c.get(..33).unwrap_or(c)))
-        })
-        .collect())
+    Ok(ipmasq::garbage(nf, network, valid)?)
 }
 
 /// What GC knows about the host interface a spoof-check rule matches.
@@ -603,6 +400,12 @@ pub fn gc_ops(masq: &[NftRule], spoof: &[(String, Found)]) -> Vec<NftDelete> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cni_common::ipmasq::exclusions as masq_exclusions;
+    use cni_common::netlink::nft::{CmpOp, NftChain};
+
+    fn postrouting_ok(rules: &[&NftRule]) -> bool {
+        ipmasq::postrouting_ok(&rules.iter().map(|r| (*r).clone()).collect::<Vec<_>>())
+    }
 
     fn a() -> AttachmentId {
         AttachmentId::new("kubenet", "c0ffee", "eth0")
@@ -844,13 +647,6 @@ mod tests {
         assert_eq!(summary(&ops), summary(&want));
         assert!(ops.len() >= 3, "{ops:?}");
         assert!(gc_ops(&[], &[]).is_empty());
-    }
-
-    #[test]
-    fn address_octets_as_nf_tables_compares_them() {
-        assert_eq!(ip_octets(&"10.1.2.3".parse().unwrap()), vec![10, 1, 2, 3]);
-        let six = ip_octets(&"fd00::1".parse().unwrap());
-        assert_eq!((six.len(), six[0], six[15]), (16, 0xfd, 1));
     }
 
     #[test]

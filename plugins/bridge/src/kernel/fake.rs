@@ -452,7 +452,7 @@ impl Fake {
     }
 }
 
-impl Nft for FakeNft {
+impl cni_common::ipmasq::NftRead for FakeNft {
     fn chain_info(&mut self, family: NftFamily, table: &str) -> Nl<Vec<NftChain>> {
         let fake = Fake { w: self.w.clone(), nft: self.clone() };
         fake.with("nft_read", |w| {
@@ -478,7 +478,9 @@ impl Nft for FakeNft {
                 .unwrap_or_default())
         })
     }
+}
 
+impl Nft for FakeNft {
     fn apply(&mut self, ops: &[NftOp]) -> Nl<()> {
         let fake = Fake { w: self.w.clone(), nft: self.clone() };
         fake.with("nft_apply", |w| w.nft_apply(ops))

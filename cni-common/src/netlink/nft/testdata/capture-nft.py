@@ -5,7 +5,7 @@ with `strace -e write=<fd>` in a scratch network namespace (run as root:
 left out; each line is `<name> <hex of one message>` (a command may send several messages)."""
 import re, struct, subprocess, sys, tempfile
 
-PORTMAP = """table inet cni_portmap {
+SETS = """table inet cni_nft_test {
     map hp4 { type inet_proto . inet_service : ipv4_addr . inet_service; }
     map hip6 { type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service; }
     map owner { type ipv6_addr . inet_proto . inet_service : ipv6_addr; }
@@ -18,22 +18,22 @@ PORTMAP = """table inet cni_portmap {
     chain gate6 { }
 }
 """
-T = "inet cni_portmap"
+T = "inet cni_nft_test"
 MASQ = "inet cni_plugins_masquerade"
 CASES = [
-    ("gates", PORTMAP, f"add element {T} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}"),
-    ("owner", PORTMAP, f'add element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 comment "n,c,eth0" : 1234::1 }}'),
-    ("owner-create", PORTMAP, f'create element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 : 1234::1 }}'),
-    ("claims", PORTMAP, f'add element {T} claims {{ ::ffff:0.0.0.0 . tcp . 8080 . 1234::1 comment "n,c,eth0" : ::ffff:10.0.0.5 . 80 }}'),
-    ("hp4", PORTMAP, f'add element {T} hp4 {{ tcp . 8080 comment "n,c,eth0" : 10.0.0.5 . 80 }}'),
-    ("hip6", PORTMAP, f'add element {T} hip6 {{ fd00::1 . udp . 53 comment "n,c,eth0" : fd00::5 . 5353 }}'),
-    ("masq4-prefix", PORTMAP, f'add element {T} masq4 {{ 10.0.0.0/24 . 10.0.0.5 . tcp . 80 comment "n,c,eth0" }}'),
-    ("masq4-addr", PORTMAP, f'add element {T} masq4 {{ 127.0.0.1 . 10.0.0.5 . tcp . 80 comment "n,c,eth0" }}'),
-    ("masq6-all", PORTMAP, f'add element {T} masq6 {{ ::/0 . fd00::5 . sctp . 80 comment "n,c,eth0" }}'),
-    ("interval", PORTMAP, f'add element {T} iv {{ 10.0.0.0/24 comment "x" }}'),
-    ("del-owner", PORTMAP + f"add element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 : 1234::1 }}\n",
+    ("gates", SETS, f"add element {T} gates {{ ipv4 : jump gate4, ipv6 : jump gate6 }}"),
+    ("owner", SETS, f'add element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 comment "n,c,eth0" : 1234::1 }}'),
+    ("owner-create", SETS, f'create element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 : 1234::1 }}'),
+    ("claims", SETS, f'add element {T} claims {{ ::ffff:0.0.0.0 . tcp . 8080 . 1234::1 comment "n,c,eth0" : ::ffff:10.0.0.5 . 80 }}'),
+    ("hp4", SETS, f'add element {T} hp4 {{ tcp . 8080 comment "n,c,eth0" : 10.0.0.5 . 80 }}'),
+    ("hip6", SETS, f'add element {T} hip6 {{ fd00::1 . udp . 53 comment "n,c,eth0" : fd00::5 . 5353 }}'),
+    ("masq4-prefix", SETS, f'add element {T} masq4 {{ 10.0.0.0/24 . 10.0.0.5 . tcp . 80 comment "n,c,eth0" }}'),
+    ("masq4-addr", SETS, f'add element {T} masq4 {{ 127.0.0.1 . 10.0.0.5 . tcp . 80 comment "n,c,eth0" }}'),
+    ("masq6-all", SETS, f'add element {T} masq6 {{ ::/0 . fd00::5 . sctp . 80 comment "n,c,eth0" }}'),
+    ("interval", SETS, f'add element {T} iv {{ 10.0.0.0/24 comment "x" }}'),
+    ("del-owner", SETS + f"add element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 : 1234::1 }}\n",
      f"delete element {T} owner {{ ::ffff:0.0.0.0 . tcp . 8080 }}"),
-    ("del-masq4", PORTMAP + f"add element {T} masq4 {{ 10.0.0.0/24 . 10.0.0.5 . tcp . 80 }}\n",
+    ("del-masq4", SETS + f"add element {T} masq4 {{ 10.0.0.0/24 . 10.0.0.5 . tcp . 80 }}\n",
      f"delete element {T} masq4 {{ 10.0.0.0/24 . 10.0.0.5 . tcp . 80 }}"),
     ("masq-table", "", f'add table {MASQ} {{ comment "Masquerading for plugins from github.com/containernetworking/plugins" ; }}'),
     ("masq-chain", f"add table {MASQ}\n",
@@ -75,7 +75,7 @@ def nft_file(text):
 
 def capture(cases):
     """Print `<name> <hex>` for every message nft sends for each (name, setup, command): new and
-    deleted tables, chains, rules, sets and elements (plugins/portmap/testdata reuses this)."""
+    deleted tables, chains, rules, sets and elements (a plugin's own captures may reuse this)."""
     for name, setup, cmd in cases:
         subprocess.run(["nft", "flush", "ruleset"], check=True)
         if setup:
