@@ -1,5 +1,12 @@
 //! The CNI plugin around this library (request in, side effects of the kernel's answers out:
 //! `route_localnet` and its guard, UDP conntrack flushes, upstream's leftovers).
+//!
+//! DEL, CHECK and GC reach what lies beyond the library's pure parts through one seam,
+//! [`Host`]: our table's kernel, upstream's state of the attachment (its iptables chains and
+//! nftables `cni_hostport` rules, `crate::upstream`), the deletion marks, the namespace's
+//! identity, `route_localnet`. [`System`] is the node; the unit tests (`plugin/tests.rs`) give a
+//! fake that holds upstream's state beside the fake table, so the order of the steps (CHECK
+//! judges upstream's form first) and how DEL's and GC's errors combine are tested without root.
 
 use crate::config::PortMapConf;
 use crate::config::{Conf, Intent, Teardown};
@@ -91,6 +98,147 @@ fn notes(o: &flow::Outcome) {
     }
 }
 
+/// What DEL, CHECK and GC reach beyond the library's pure parts (see the module's comment).
+pub(crate) trait Host {
+    /// Our table's kernel (nf_tables over netlink), or why it is not usable (code 4).
+    fn tables(&mut self) -> Result<&mut dyn kernel::Kernel>;
+    /// Remove upstream's state of the request's attachment (nothing there: `Ok`).
+    fn upstream_del(&mut self, req: &Request) -> Result<()>;
+    /// Whether upstream's state of the attachment is there and whole (CHECK then judges it
+    /// in its own form).
+    fn upstream_intact(&mut self, req: &Request) -> Result<bool>;
+    /// Remove upstream's leftovers of the network's attachments not in the valid list.
+    fn upstream_gc(&mut self, req: &Request) -> Result<()>;
+    /// Mark `me` deleted before anything is deleted ([`Marks`]).
+    fn mark_deleted(&mut self, me: &Owner) -> Result<()>;
+    /// The identity of the request's network namespace now, when it can be recorded.
+    fn netns_now(&mut self, req: &Request) -> Result<Option<crate::model::NsId>>;
+    /// prevResult's host-side interfaces whose `route_localnet` is on.
+    fn localnet_on(&mut self, prev: &CniResult) -> Vec<String>;
+    /// Forget conntrack's UDP flows to these host ports.
+    fn flush_udp(&mut self, ports: &BTreeSet<(Family, u16)>);
+}
+
+/// The node.
+#[derive(Default)]
+pub(crate) struct System {
+    nf: Option<kernel::Netlink>,
+}
+
+impl Host for System {
+    fn tables(&mut self) -> Result<&mut dyn kernel::Kernel> {
+        if self.nf.is_none() {
+            self.nf = Some(nf_tables()?);
+        }
+        Ok(self.nf.as_mut().expect("opened above"))
+    }
+    fn upstream_del(&mut self, req: &Request) -> Result<()> {
+        crate::upstream::del(req)
+    }
+    fn upstream_intact(&mut self, req: &Request) -> Result<bool> {
+        Ok(crate::upstream::check(req)?.is_intact())
+    }
+    fn upstream_gc(&mut self, req: &Request) -> Result<()> {
+        crate::upstream::gc(req)
+    }
+    fn mark_deleted(&mut self, me: &Owner) -> Result<()> {
+        Marks::system().mark_deleted(me)
+    }
+    fn netns_now(&mut self, req: &Request) -> Result<Option<crate::model::NsId>> {
+        Ok(netns::record(req)?.map(|(id, _)| id))
+    }
+    fn localnet_on(&mut self, prev: &CniResult) -> Vec<String> {
+        localnet::enabled_on(prev)
+    }
+    fn flush_udp(&mut self, ports: &BTreeSet<(Family, u16)>) {
+        flush_udp(ports)
+    }
+}
+
+/// DEL removes everything the attachment has, whatever the configuration says (its mappings,
+/// when valid and with prevResult, only let it go straight to the elements). Every step is
+/// tried; the errors are reported together.
+pub(crate) fn del_with(h: &mut dyn Host, req: &Request) -> Result<()> {
+    let t = load_teardown(req, "DEL")?;
+    let me = owner(req);
+    // marked before anything is deleted, under the lock resync's rebuild holds: a rebuild
+    // either sees the mark or comes before it, and then this deletion removes what it made
+    // ([`crate::marks`]). Deleting goes on when the mark cannot be made; the error is then
+    // reported (the runtime tries DEL again).
+    let marked = h.mark_deleted(&me);
+    let ours = match h.tables() {
+        Ok(k) => {
+            let intent = t
+                .conf()
+                .zip(req.prev.as_ref())
+                .and_then(|(c, prev)| Intent::new(&c, prev, &req.env.ifname, me.clone(), None).ok())
+                .map(|(i, _)| i);
+            flow::del(k, &me, intent.as_ref()).map(|done| h.flush_udp(&done.udp))
+        }
+        Err(e) => {
+            eprintln!("portmap: {}; nothing to delete", e.msg);
+            Ok(())
+        }
+    };
+    // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
+    // nftables `cni_hostport` rules): crate::upstream, docs/switching.md.
+    let mut errors = ErrorList::new();
+    errors.take(ours);
+    errors.take(h.upstream_del(req));
+    errors.take(marked);
+    errors.finish()
+}
+
+/// CHECK: an attachment made by upstream (iptables or its nftables backend) is checked in its
+/// own form instead of ours (before our validation: its configuration is upstream's).
+pub(crate) fn check_with(h: &mut dyn Host, req: &Request) -> Result<()> {
+    let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
+    if h.upstream_intact(req)? {
+        return Ok(());
+    }
+    let conf = load(req)?;
+    if conf.mappings.is_empty() {
+        let on = h.localnet_on(&prev);
+        if on.is_empty() {
+            return Ok(());
+        }
+        let missing = flow::guard_missing(h.tables()?, &conf.conditions)?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        return Err(CniError::internal(format!(
+            "portmap: route_localnet is on for {on:?}, but the localhost guard is not intact: {}",
+            missing.join("; ")
+        )));
+    }
+    let now = h.netns_now(req)?;
+    let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
+    let mut notes = Vec::new();
+    let checked = flow::check(h.tables()?, &conf, &intent, now, &mut notes);
+    for n in notes {
+        eprintln!("{n}");
+    }
+    checked
+}
+
+/// GC: upstream's leftovers and ours of the network's attachments not in the valid list.
+pub(crate) fn gc_with(h: &mut dyn Host, req: &Request) -> Result<()> {
+    load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
+    let valid: BTreeSet<String> =
+        AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
+    let mut errors = ErrorList::new();
+    errors.take(h.upstream_gc(req));
+    let ours = match h.tables() {
+        Ok(k) => flow::gc(k, &portmap_net_prefix(req.network()), &valid).map(|done| h.flush_udp(&done.udp)),
+        Err(e) => {
+            eprintln!("portmap: {}; nothing to collect", e.msg);
+            Ok(())
+        }
+    };
+    errors.take(ours);
+    errors.finish()
+}
+
 impl Plugin for Portmap {
     fn name(&self) -> &'static str {
         "portmap"
@@ -125,89 +273,16 @@ impl Plugin for Portmap {
         Ok(prev)
     }
 
-    /// DEL removes everything the attachment has, whatever the configuration says (its
-    /// mappings, when valid and with prevResult, only let it go straight to the elements).
     fn del(&self, req: &Request) -> Result<()> {
-        let t = load_teardown(req, "DEL")?;
-        let me = owner(req);
-        // marked before anything is deleted, under the lock resync's rebuild holds: a rebuild
-        // either sees the mark or comes before it, and then this deletion removes what it made
-        // ([`crate::marks`]). Deleting goes on when the mark cannot be made; the error is then
-        // reported (the runtime tries DEL again).
-        let marked = Marks::system().mark_deleted(&me);
-        let ours = match nf_tables() {
-            Ok(mut k) => {
-                let intent = t
-                    .conf()
-                    .zip(req.prev.as_ref())
-                    .and_then(|(c, prev)| Intent::new(&c, prev, &req.env.ifname, me.clone(), None).ok())
-                    .map(|(i, _)| i);
-                flow::del(&mut k, &me, intent.as_ref()).map(|done| flush_udp(&done.udp))
-            }
-            Err(e) => {
-                eprintln!("portmap: {}; nothing to delete", e.msg);
-                Ok(())
-            }
-        };
-        // Upstream-made state of this attachment (iptables CNI-DN-… chains and their jumps,
-        // nftables `cni_hostport` rules): crate::upstream, docs/switching.md.
-        let mut errors = ErrorList::new();
-        errors.take(ours);
-        errors.take(crate::upstream::del(req));
-        errors.take(marked);
-        errors.finish()
+        del_with(&mut System::default(), req)
     }
 
     fn check(&self, req: &Request) -> Result<()> {
-        let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
-        // An attachment made by upstream (iptables or its nftables backend) is checked in its
-        // own form instead of ours (before our validation: its configuration is upstream's).
-        if crate::upstream::check(req)?.is_intact() {
-            return Ok(());
-        }
-        let conf = load(req)?;
-        if conf.mappings.is_empty() {
-            let on = localnet::enabled_on(&prev);
-            if on.is_empty() {
-                return Ok(());
-            }
-            let missing = flow::guard_missing(&mut nf_tables()?, &conf.conditions)?;
-            if missing.is_empty() {
-                return Ok(());
-            }
-            return Err(CniError::internal(format!(
-                "portmap: route_localnet is on for {on:?}, but the localhost guard is not intact: {}",
-                missing.join("; ")
-            )));
-        }
-        let now = netns::record(req)?;
-        let (intent, _) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), None)?;
-        let mut notes = Vec::new();
-        let checked = flow::check(&mut nf_tables()?, &conf, &intent, now.map(|(id, _)| id), &mut notes);
-        for n in notes {
-            eprintln!("{n}");
-        }
-        checked
+        check_with(&mut System::default(), req)
     }
 
     fn gc(&self, req: &Request) -> Result<()> {
-        load_teardown(req, "GC")?; // refuses hostile values; GC itself needs only the network name
-        let valid: BTreeSet<String> =
-            AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
-        let mut errors = ErrorList::new();
-        // Upstream-made leftovers of this network's attachments not in the valid list.
-        errors.take(crate::upstream::gc(req));
-        let ours = match nf_tables() {
-            Ok(mut k) => {
-                flow::gc(&mut k, &portmap_net_prefix(req.network()), &valid).map(|done| flush_udp(&done.udp))
-            }
-            Err(e) => {
-                eprintln!("portmap: {}; nothing to collect", e.msg);
-                Ok(())
-            }
-        };
-        errors.take(ours);
-        errors.finish()
+        gc_with(&mut System::default(), req)
     }
 
     fn status(&self, req: &Request) -> Result<()> {
@@ -219,3 +294,6 @@ impl Plugin for Portmap {
         )
     }
 }
+
+#[cfg(test)]
+mod tests;

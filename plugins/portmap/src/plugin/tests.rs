@@ -1,0 +1,262 @@
+//! DEL, CHECK and GC through the [`Host`] seam with a fake node: our table in the fake kernel,
+//! upstream's state of the attachment beside it. What only the end-to-end suites showed before:
+//! CHECK judges upstream's form first, DEL and GC try every step and report every failure, a
+//! table that cannot be opened leaves upstream's part to run.
+
+use super::*;
+use crate::kernel::fake::Fake;
+use crate::model::NsId;
+use cni_common::spec::env::Env;
+use cni_common::spec::{Command, Version};
+use serde_json::{json, Value};
+
+/// Upstream's state of the one attachment the tests use, as the fake node holds it.
+#[derive(Default)]
+struct Upstream {
+    /// Its chains or rules are there (DEL removes them).
+    present: bool,
+    /// …and whole (CHECK accepts them).
+    intact: bool,
+    /// Reading or removing it fails with this message (code 11).
+    broken: Option<&'static str>,
+}
+
+#[derive(Default)]
+struct FakeHost {
+    table: Fake,
+    /// `None`: nf_tables cannot be opened.
+    tables_usable: bool,
+    upstream: Upstream,
+    mark_fails: bool,
+    /// What ran, in order.
+    calls: Vec<&'static str>,
+    flushed: Vec<(Family, u16)>,
+}
+
+impl FakeHost {
+    fn new() -> FakeHost {
+        FakeHost { tables_usable: true, ..FakeHost::default() }
+    }
+    fn broken(&self) -> Result<()> {
+        match self.upstream.broken {
+            Some(m) => Err(CniError::new(code::TRY_AGAIN, m)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Host for FakeHost {
+    fn tables(&mut self) -> Result<&mut dyn kernel::Kernel> {
+        self.calls.push("tables");
+        if !self.tables_usable {
+            return Err(CniError::new(
+                code::NOT_AVAILABLE,
+                "nf_tables is not usable (netlink): EPROTONOSUPPORT",
+            ));
+        }
+        Ok(&mut self.table)
+    }
+    fn upstream_del(&mut self, _: &Request) -> Result<()> {
+        self.calls.push("upstream_del");
+        self.broken()?;
+        self.upstream.present = false;
+        self.upstream.intact = false;
+        Ok(())
+    }
+    fn upstream_intact(&mut self, _: &Request) -> Result<bool> {
+        self.calls.push("upstream_intact");
+        self.broken()?;
+        Ok(self.upstream.present && self.upstream.intact)
+    }
+    fn upstream_gc(&mut self, _: &Request) -> Result<()> {
+        self.calls.push("upstream_gc");
+        self.broken()?;
+        self.upstream.present = false;
+        Ok(())
+    }
+    fn mark_deleted(&mut self, _: &Owner) -> Result<()> {
+        self.calls.push("mark");
+        if self.mark_fails {
+            return Err(CniError::new(code::TRY_AGAIN, "cannot mark: /run/cni/portmap is read-only"));
+        }
+        Ok(())
+    }
+    fn netns_now(&mut self, _: &Request) -> Result<Option<NsId>> {
+        Ok(None)
+    }
+    fn localnet_on(&mut self, _: &CniResult) -> Vec<String> {
+        Vec::new()
+    }
+    fn flush_udp(&mut self, ports: &BTreeSet<(Family, u16)>) {
+        self.flushed.extend(ports.iter().copied());
+    }
+}
+
+fn conf(ports: Value) -> Value {
+    json!({
+        "cniVersion": "1.0.0", "name": "n", "type": "portmap",
+        "capabilities": {"portMappings": true},
+        "runtimeConfig": {"portMappings": ports},
+        "prevResult": {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": "/run/netns/c1"}],
+            "ips": [{"address": "10.0.0.5/24", "interface": 0}, {"address": "fd00::5/64", "interface": 0}]}
+    })
+}
+
+fn request(command: Command, v: &Value) -> Request {
+    let env = Env {
+        command: Some(command),
+        container_id: "c1".into(),
+        netns: "/run/netns/c1".into(),
+        ifname: "eth0".into(),
+        args: String::new(),
+        path: "/opt/cni/bin".into(),
+        netns_override: true,
+    };
+    Request::new(env, serde_json::to_vec(v).unwrap(), &Version::ALL).expect("valid request")
+}
+
+fn web() -> Value {
+    conf(json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+                {"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]))
+}
+
+/// Our state of the attachment, as ADD makes it, in `h`'s fake table.
+fn add_ours(h: &mut FakeHost, v: &Value) {
+    let req = request(Command::Add, v);
+    let c = load(&req).unwrap();
+    let prev = req.prev_result().unwrap().unwrap();
+    let (intent, _) = Intent::new(&c, &prev, "eth0", owner(&req), None).unwrap();
+    flow::add(&mut h.table, &c, &intent, &|_, _| None).unwrap();
+}
+
+fn has_ours(h: &FakeHost) -> bool {
+    let tag = AttachmentId::new("n", "c1", "eth0").portmap_tag();
+    h.table.table().is_some_and(|t| {
+        t.sets.values().flat_map(|s| s.elems.values()).any(|e| e.comment.as_deref() == Some(tag.as_str()))
+    })
+}
+
+#[test]
+fn check_judges_upstreams_form_first_and_never_reads_ours_then() {
+    let mut h = FakeHost::new();
+    h.upstream = Upstream { present: true, intact: true, broken: None };
+    // our table has nothing of the attachment: judged on ours, CHECK would fail
+    assert!(check_with(&mut h, &request(Command::Check, &web())).is_ok());
+    assert_eq!(h.calls, ["upstream_intact"], "upstream first, ours not read");
+    // upstream's configuration may be one ours refuses: still judged in upstream's form
+    let mut h = FakeHost::new();
+    h.upstream = Upstream { present: true, intact: true, broken: None };
+    let theirs =
+        conf(json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": "127.0.0.1"}]));
+    assert!(check_with(&mut h, &request(Command::Check, &theirs)).is_ok());
+}
+
+#[test]
+fn check_falls_back_to_ours_when_upstreams_form_is_missing_or_partial() {
+    for upstream in [Upstream::default(), Upstream { present: true, intact: false, broken: None }] {
+        let mut h = FakeHost::new();
+        h.upstream = upstream;
+        let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
+        assert_eq!(h.calls.first(), Some(&"upstream_intact"));
+        assert!(h.calls.contains(&"tables"), "ours judged: {:?}", h.calls);
+        assert_ne!(e.code, 0, "{}", e.msg);
+        add_ours(&mut h, &web());
+        check_with(&mut h, &request(Command::Check, &web())).expect("ours whole");
+    }
+}
+
+#[test]
+fn check_reports_upstreams_unreadable_state_instead_of_judging_ours() {
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream.broken = Some("iptables-save: lock held");
+    let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
+    assert_eq!((e.code, e.msg.as_str()), (code::TRY_AGAIN, "iptables-save: lock held"));
+    assert_eq!(h.calls, ["upstream_intact"]);
+}
+
+#[test]
+fn del_removes_ours_and_upstreams_and_composes_their_errors() {
+    // both there: both removed, UDP flows of our ports forgotten, marked first
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream = Upstream { present: true, intact: true, broken: None };
+    del_with(&mut h, &request(Command::Del, &web())).unwrap();
+    assert_eq!(h.calls, ["mark", "tables", "upstream_del"]);
+    assert!(!has_ours(&h) && !h.upstream.present);
+    assert_eq!(h.flushed, [(Family::V4, 5353), (Family::V6, 5353)]);
+
+    // upstream's removal fails: ours is still removed, the error is upstream's
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream = Upstream { present: true, intact: true, broken: Some("iptables: resource busy") };
+    let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
+    assert!(!has_ours(&h), "ours removed although upstream's failed");
+    assert_eq!(e.code, code::TRY_AGAIN);
+    assert!(e.msg.contains("iptables: resource busy"), "{}", e.msg);
+
+    // ours fails (a lost answer on every attempt) and upstream's fails: both reported
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream = Upstream { present: true, intact: true, broken: Some("iptables: resource busy") };
+    h.table.fail_reads([libc::EIO; 64]);
+    let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
+    assert!(e.msg.contains("iptables: resource busy"), "{}", e.msg);
+    assert!(
+        e.msg.contains("could not delete the port mappings") && e.msg.contains("Input/output error"),
+        "{}",
+        e.msg
+    );
+    assert_eq!(e.code, code::TRY_AGAIN);
+    assert_eq!(h.calls, ["mark", "tables", "upstream_del"], "every step tried");
+}
+
+#[test]
+fn del_goes_on_when_the_mark_or_our_table_cannot_be_had_and_says_so() {
+    // the mark cannot be made: everything is still deleted, and DEL reports it (the runtime retries)
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream.present = true;
+    h.mark_fails = true;
+    let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
+    assert!(e.msg.contains("cannot mark"), "{}", e.msg);
+    assert!(!has_ours(&h) && !h.upstream.present);
+
+    // nf_tables cannot be opened: nothing of ours can exist; upstream's part still runs, DEL succeeds
+    let mut h = FakeHost::new();
+    h.tables_usable = false;
+    h.upstream.present = true;
+    del_with(&mut h, &request(Command::Del, &web())).unwrap();
+    assert!(!h.upstream.present);
+
+    // nothing anywhere: DEL is idempotent
+    let mut h = FakeHost::new();
+    del_with(&mut h, &request(Command::Del, &web())).unwrap();
+    del_with(&mut h, &request(Command::Del, &web())).unwrap();
+}
+
+#[test]
+fn gc_runs_upstreams_part_and_ours_and_reports_both() {
+    let gc_conf = |valid: Value| {
+        let mut v = web();
+        v["cni.dev/valid-attachments"] = valid;
+        v["cniVersion"] = json!("1.1.0");
+        v
+    };
+    // our attachment not in the valid list: collected; upstream's failure reported, ours still done
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream = Upstream { present: true, intact: true, broken: Some("ip6tables-save: no such table") };
+    let e = gc_with(&mut h, &request(Command::Gc, &gc_conf(json!([])))).unwrap_err();
+    assert!(e.msg.contains("ip6tables-save"), "{}", e.msg);
+    assert!(!has_ours(&h));
+    assert_eq!(h.calls, ["upstream_gc", "tables"]);
+
+    // in the valid list: kept
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    gc_with(&mut h, &request(Command::Gc, &gc_conf(json!([{"containerID": "c1", "ifname": "eth0"}]))))
+        .unwrap();
+    assert!(has_ours(&h));
+}
