@@ -90,7 +90,8 @@ run_group() { # name, then cargo-mutants arguments
 run_group cni-common --package cni-common \
     --cargo-test-arg=--lib --cargo-test-arg=--test=result_golden --cargo-test-arg=--test=skel \
     --cargo-test-arg=-E --cargo-test-arg='test(/^spec::/) | test(/^netlink::tc::tests::/) | binary(result_golden) | binary(skel)'
-run_group plugins --package bridge --package bandwidth --package host-local --package portmap
+run_group plugins --package bridge --package bandwidth --package host-local --package portmap \
+    --package ptp --package firewall --package tuning
 
 count() { cat "$out"/*/mutants.out/"$1" 2>/dev/null | grep -c . || true; }
 caught=$(count caught.txt)

@@ -69,4 +69,26 @@ mod tests {
         let (all_gone, all_addrs) = stale(&records, "n", &[]);
         assert_eq!((all_gone.len(), all_addrs.len()), (3, 2));
     }
+
+    /// The twin with dual-stack records (issue 28): a valid attachment that holds one family's
+    /// address keeps that address's rules; the other family's address of the stale record goes.
+    #[test]
+    fn dual_stack_records_keep_only_the_family_a_valid_attachment_holds() {
+        let rec = |c: &str, a: &[&str]| Record {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            backend: "nftables".into(),
+            zone: "trusted".into(),
+            addrs: a.iter().map(|a| a.parse().unwrap()).collect(),
+        };
+        let records = [rec("old", &["fd00::2", "10.0.0.2"]), rec("new", &["fd00::2"])];
+        let valid = [AttachmentId::new("n", "new", "eth0")];
+        let (gone, addrs) = stale(&records, "n", &valid);
+        assert_eq!(gone.iter().map(|r| r.container_id.as_str()).collect::<Vec<_>>(), ["old"]);
+        assert_eq!(addrs, vec!["10.0.0.2".parse::<IpAddr>().unwrap()]);
+        // Another network's valid attachment of the same container and interface keeps nothing.
+        let elsewhere = [AttachmentId::new("m", "new", "eth0")];
+        let (gone, addrs) = stale(&records, "n", &elsewhere);
+        assert_eq!((gone.len(), addrs.len()), (2, 2));
+    }
 }

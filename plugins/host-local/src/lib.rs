@@ -435,6 +435,9 @@ fn exhausted(i: usize, set: &RangeSet) -> CniError {
 }
 
 #[cfg(test)]
+mod twins;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use cni_common::spec::config::RangeConf;

@@ -562,6 +562,9 @@ pub fn fingerprint(elems: impl IntoIterator<Item = Elem>) -> Hash {
 }
 
 #[cfg(test)]
+mod twins;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

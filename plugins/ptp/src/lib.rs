@@ -34,6 +34,8 @@ pub mod status;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod twins;
 
 use cni_common::spec::result::CniResult;
 use cni_common::{Plugin, Request, Result};

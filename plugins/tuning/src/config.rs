@@ -15,7 +15,6 @@
 //! - `/etc/cni/tuning/allowlist.conf`, when present: every sysctl key must match one of its
 //!   lines (regular expressions, unanchored, as Go's `regexp.MatchString`).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -293,11 +292,6 @@ pub fn read_allowlist(path: &Path) -> Result<Option<Vec<String>>> {
     }
 }
 
-/// The sysctl values a CHECK compares, by path.
-pub fn by_path(s: &[Sysctl]) -> BTreeMap<&str, &str> {
-    s.iter().map(|x| (x.path.as_str(), x.value.as_str())).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +315,8 @@ mod tests {
             "net/ipv6/conf/e.1/accept_ra"
         );
         assert_eq!(sysctl_path("net.core.somaxconn", "eth0").unwrap(), "net/core/somaxconn");
+        // Two parts pass here, as upstream's; the kernel refuses a directory when it is written.
+        assert_eq!(sysctl_path("net.core", "eth0").unwrap(), "net/core");
         for bad in [
             "kernel.panic",
             "net",
@@ -335,6 +331,56 @@ mod tests {
             let e = sysctl_path(bad, "eth0").unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
         }
+    }
+
+    /// DEL and GC read only the data directory: the configured one, or the default.
+    #[test]
+    fn teardown_reads_the_data_directory_or_its_default() {
+        use cni_common::spec::env::Env;
+        use cni_common::spec::{Command, Version};
+        let req = |conf: serde_json::Value| {
+            let env = Env {
+                command: Some(Command::Del),
+                container_id: "c0ffee".into(),
+                netns: String::new(),
+                ifname: "eth0".into(),
+                args: String::new(),
+                path: "/opt/cni/bin".into(),
+                netns_override: true,
+            };
+            Request::new(env, serde_json::to_vec(&conf).unwrap(), &Version::ALL).unwrap()
+        };
+        let base = json!({"cniVersion": "1.0.0", "name": "n", "type": "tuning"});
+        assert_eq!(teardown_data_dir(&req(base.clone())).unwrap(), PathBuf::from(DEFAULT_DATA_DIR));
+        let mut with = base;
+        with["dataDir"] = json!("/var/lib/tuning-test");
+        assert_eq!(teardown_data_dir(&req(with)).unwrap(), PathBuf::from("/var/lib/tuning-test"));
+    }
+
+    #[test]
+    fn a_sysctl_of_another_type_names_what_is_expected() {
+        let e = serde_json::from_str::<RawConf>(r#"{"sysctl": 5}"#).unwrap_err().to_string();
+        assert!(e.contains("an object of sysctl keys and string values"), "{e}");
+    }
+
+    /// The allowlist file: absent is no list, present is its trimmed non-empty lines, and one
+    /// that cannot be read (a directory there) is an error, not an absent list.
+    #[test]
+    fn the_allowlist_is_absent_read_or_an_error() {
+        let dir = std::env::temp_dir().join(format!("tuning-allowlist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(read_allowlist(&dir.join("none")).unwrap(), None);
+        let file = dir.join("list");
+        std::fs::write(&file, "  ^net\\.core\\..*$ \n\n\tsomaxconn\n   \n").unwrap();
+        assert_eq!(
+            read_allowlist(&file).unwrap(),
+            Some(vec!["^net\\.core\\..*$".to_string(), "somaxconn".to_string()])
+        );
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(read_allowlist(&file).unwrap(), Some(vec![]));
+        let e = read_allowlist(&dir).unwrap_err();
+        assert_eq!(e.code, code::IO, "{}", e.msg);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -379,6 +425,23 @@ mod tests {
         let s: Vec<(&str, &str)> = c.sysctls.iter().map(|s| (s.path.as_str(), s.value.as_str())).collect();
         assert_eq!(s, vec![("net/core/somaxconn", "2"), ("net/ipv4/conf/eth0/arp_filter", "1")]);
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+    }
+
+    /// Both ends of each range (issue 28: a boundary is tested on both sides of it).
+    #[test]
+    fn mtu_and_txqlen_at_the_ends_of_their_ranges() {
+        for (m, want) in [(0, None), (68, Some(68)), (1500, Some(1500)), (65535, Some(65535))] {
+            assert_eq!(conf(json!({"mtu": m})).unwrap().link.mtu, want, "mtu {m}");
+        }
+        for m in [1, 67, 65536, -1] {
+            let e = conf(json!({"mtu": m})).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "mtu {m}");
+            assert!(e.msg.contains("use 68-65535"), "{}", e.msg);
+        }
+        for (q, want) in [(0, Some(0)), (4_294_967_295_i64, Some(u32::MAX))] {
+            assert_eq!(conf(json!({"txQLen": q})).unwrap().link.txqlen, want, "txQLen {q}");
+        }
+        assert_eq!(conf(json!({"txQLen": 4_294_967_296_i64})).unwrap_err().code, code::INVALID_CONFIG);
     }
 
     #[test]

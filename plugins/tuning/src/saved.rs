@@ -168,6 +168,22 @@ mod tests {
         assert!(restore_plan(&Saved { mac: "zz".into(), ..Default::default() }).is_err());
     }
 
+    /// The twin of the MTU-and-txQLen file: settings other than the MTU save no `mtu` key
+    /// (upstream's omitempty), so a later restore does not set an MTU of 0.
+    #[test]
+    fn a_file_without_an_mtu_change_has_no_mtu_key() {
+        let want = LinkSettings { mac: Some(Mac([2, 0, 0, 0, 0, 1])), promisc: true, ..Default::default() };
+        let s = backup(&link(), &want, "net1", None);
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"mac": "02:00:00:00:00:09", "promisc": false, "network": "net1"})
+        );
+        assert_eq!(
+            restore_plan(&s).unwrap(),
+            vec![Restore::Mac(Mac([2, 0, 0, 0, 0, 9])), Restore::Promisc(false)]
+        );
+    }
+
     #[test]
     fn apply_order_is_upstreams() {
         let want = LinkSettings {

@@ -187,3 +187,50 @@ fn gc_removes_only_this_networks_files_of_dead_attachments() {
     assert_eq!(removed, vec!["dead_eth0.json"]);
     assert_eq!(s.files.len(), 3);
 }
+
+/// Mutation triage (issue 28): the link is read, its file loaded and its settings changed only
+/// when some link setting is asked for, each one alone counting; sysctls alone leave a missing
+/// link alone.
+#[test]
+fn the_link_is_needed_only_when_a_link_setting_is_asked_for() {
+    let none = LinkSettings { mac: None, promisc: false, mtu: None, allmulti: None, txqlen: None };
+    assert!(!none.any());
+    let each = [
+        LinkSettings { mac: Some(Mac([2, 0, 0, 0, 0, 1])), ..none.clone() },
+        LinkSettings { promisc: true, ..none.clone() },
+        LinkSettings { mtu: Some(1400), ..none.clone() },
+        LinkSettings { allmulti: Some(false), ..none.clone() },
+        LinkSettings { txqlen: Some(0), ..none.clone() },
+    ];
+    for l in &each {
+        assert!(l.any(), "{l:?}");
+    }
+    // Sysctls only, and the interface is not there: ADD sets them and touches no file.
+    let mut k = ns();
+    k.links.clear();
+    let mut s = MemStore::default();
+    let c = Conf { link: none, ..conf() };
+    add::run(&mut k, &mut s, &c, "eth0", FILE, "net1", prev()).unwrap();
+    assert_eq!(k.sysctls["net/core/somaxconn"], "512");
+    assert!(s.files.is_empty());
+    // One link setting, and the interface is not there: refused before anything changes.
+    let mut k = ns();
+    k.links.clear();
+    let c = Conf { link: each[2].clone(), ..conf() };
+    let e = add::run(&mut k, &mut s, &c, "eth0", FILE, "net1", prev()).unwrap_err();
+    assert!(e.msg.contains("no such link"), "{}", e.msg);
+    assert_eq!(k.sysctls, ns().sysctls);
+}
+
+/// A failed ADD puts back exactly what it changed, once each: a failure at the n-th change
+/// costs n - 1 restoring calls, not a restore of every setting after every change.
+#[test]
+fn the_undo_of_a_failed_add_restores_each_change_once() {
+    for n in 1..=7 {
+        let mut k = Fake { fail_at: Some(n), ..ns() };
+        let mut s = MemStore::default();
+        assert!(run_add(&mut k, &mut s).is_err());
+        assert_eq!(k.changes, n + (n - 1), "failure at change {n}");
+        assert_eq!((k.links.clone(), k.sysctls.clone()), (ns().links, ns().sysctls), "failure at {n}");
+    }
+}

@@ -206,3 +206,65 @@ fn same_bridge_is_upstreams_isolation_chains_in_its_order() {
     assert!(missing(&mut k, &c, &i).is_empty());
     assert!(!missing(&mut k, &conf(serde_json::json!({"ingressPolicy": "isolated"})), &i).is_empty());
 }
+
+/// The second family (issue 28): DEL of a dual-stack attachment, its addresses listed either
+/// way round, removes its rules from both tables and leaves another attachment's in each.
+#[test]
+fn dual_stack_del_removes_both_families_rules_whichever_comes_first() {
+    for order in [["10.88.0.5", "fd00::5"], ["fd00::5", "10.88.0.5"]] {
+        let mut k = Fake::default();
+        let c = conf(serde_json::json!({}));
+        let other = intent(&["10.88.0.6", "fd00::6"]);
+        add(&mut k, &c, &intent(&order));
+        add(&mut k, &c, &other);
+        for fam in [Family::V4, Family::V6] {
+            assert_eq!(all(&mut k, fam).rules_in(PRIV_CHAIN).count(), 5, "{order:?} {fam:?}");
+        }
+        let addrs: Vec<IpAddr> = order.iter().map(|a| a.parse().unwrap()).collect();
+        for fam in [Family::V4, Family::V6] {
+            nft::del(&mut k, fam, "CNI-ADMIN", &addrs).unwrap();
+        }
+        for fam in [Family::V4, Family::V6] {
+            assert_eq!(
+                all(&mut k, fam).rules_in(PRIV_CHAIN).count(),
+                3,
+                "{order:?} {fam:?}: its two rules gone"
+            );
+        }
+        assert_eq!(missing(&mut k, &c, &intent(&order)).len(), 4, "{order:?}: both families' rules gone");
+        assert!(missing(&mut k, &c, &other).is_empty(), "{order:?}: the other attachment's kept");
+    }
+}
+
+/// An IPv6-only attachment: its ADD makes the ip6 table only, CHECK sees it whole, DEL in the
+/// IPv4 table changes nothing (no transaction), DEL in the IPv6 table removes it.
+#[test]
+fn ipv6_only_attachment_lives_in_the_ip6_table_only() {
+    let mut k = Fake::default();
+    let c = conf(serde_json::json!({}));
+    let i = intent(&["fd00::5"]);
+    add(&mut k, &c, &i);
+    assert!(k.tables.iter().all(|t| t.0 == Family::V6), "no ip table without an IPv4 address");
+    assert!(missing(&mut k, &c, &i).is_empty());
+    let addrs: Vec<IpAddr> = vec!["fd00::5".parse().unwrap()];
+    let applied = k.applied;
+    nft::del(&mut k, Family::V4, "CNI-ADMIN", &addrs).unwrap();
+    assert_eq!(k.applied, applied, "nothing of IPv4 to remove");
+    nft::del(&mut k, Family::V6, "CNI-ADMIN", &addrs).unwrap();
+    assert_eq!(missing(&mut k, &c, &i).len(), 2);
+    assert_eq!(all(&mut k, Family::V6).rules_in(PRIV_CHAIN).count(), 1);
+}
+
+/// A refusal that is not a stale generation is the answer at once, in either family: not
+/// retried into code 11 (mutation triage, issue 28).
+#[test]
+fn a_refusal_is_returned_as_it_is_not_retried_in_either_family() {
+    let c = conf(serde_json::json!({}));
+    for (fam, addr) in [(Family::V4, "10.88.0.5"), (Family::V6, "fd00::5")] {
+        let (chains, rules) = desired(&c, &intent(&[addr]), fam);
+        let mut f = Fake { fail: Some(libc::EPERM), ..Fake::default() };
+        let e = nft::add(&mut f, fam, "CNI-ADMIN", &chains, &rules).unwrap_err();
+        assert_ne!(e.code, cni_common::code::TRY_AGAIN, "{fam:?}: {}", e.msg);
+        assert!(f.tables.is_empty(), "{fam:?}");
+    }
+}

@@ -1,0 +1,104 @@
+//! IPv6 twins of the allocation tests in lib.rs (issue 28): round robin, exhaustion and a
+//! freed address found again; a requested address taken, out of bounds or the gateway; a
+//! dual-stack request listed IPv6 first.
+
+use super::*;
+use cni_common::spec::config::RangeConf;
+use std::path::PathBuf;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {
+    let confs: Vec<RangeConf> = specs
+        .iter()
+        .map(|(s, a, b)| RangeConf {
+            subnet: s.parse().unwrap(),
+            range_start: a.map(ip),
+            range_end: b.map(ip),
+            gateway: None,
+        })
+        .collect();
+    RangeSet::canonicalize(&confs).unwrap()
+}
+
+fn config(sets: Vec<RangeSet>, requested: &[&str]) -> Config {
+    Config {
+        name: "net".into(),
+        data_dir: PathBuf::from("/unused"),
+        sets,
+        routes: Vec::new(),
+        resolv_conf: None,
+        requested: requested.iter().map(|s| ip(s)).collect(),
+        lock_timeout: store::DEFAULT_LOCK_TIMEOUT,
+        report_exhaustion_in_status: false,
+    }
+}
+
+fn store(d: &tempfile::TempDir) -> Store {
+    Store::open(&d.path().join("net"), Access::Add, store::DEFAULT_LOCK_TIMEOUT).unwrap().unwrap()
+}
+
+fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
+    let a = AttachmentId::new("net", id, "eth0");
+    allocate_in_set(s, set, 0, &a, req.map(ip), &mut Reclaim::default()).map(|c| c.address.to_string())
+}
+
+#[test]
+fn ipv6_round_robin_takes_the_last_address_and_exhausts() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = store(&d);
+    let set = set(&[("2001:db8::/125", None, None)]); // ::2 … ::7: IPv6 has no broadcast
+    let got: Vec<String> =
+        ["a", "b", "c", "d", "e", "f"].iter().map(|id| alloc(&mut s, &set, id, None).unwrap()).collect();
+    assert_eq!(
+        got,
+        [
+            "2001:db8::2/125",
+            "2001:db8::3/125",
+            "2001:db8::4/125",
+            "2001:db8::5/125",
+            "2001:db8::6/125",
+            "2001:db8::7/125"
+        ]
+    );
+    let e = alloc(&mut s, &set, "g", None).unwrap_err();
+    assert_eq!(
+        (e.code, e.msg.as_str()),
+        (999, "no IP addresses available in range set: 2001:db8::1-2001:db8::7")
+    );
+    let (slot, _) = s.held_exact(&AttachmentId::new("net", "b", "eth0")).unwrap()[0];
+    s.release(slot, ip("2001:db8::3")).unwrap();
+    assert_eq!(alloc(&mut s, &set, "g", None).unwrap(), "2001:db8::3/125");
+}
+
+#[test]
+fn an_ipv6_request_taken_out_of_bounds_or_the_gateway_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = store(&d);
+    let bounded = set(&[("2001:db8::/64", Some("2001:db8::10"), Some("2001:db8::20"))]);
+    assert_eq!(alloc(&mut s, &bounded, "a", Some("2001:db8::15")).unwrap(), "2001:db8::15/64");
+    let e = alloc(&mut s, &bounded, "b", Some("2001:db8::15")).unwrap_err();
+    assert_eq!(
+        e.msg,
+        "requested IP address 2001:db8::15 is not available in range set 2001:db8::10-2001:db8::20"
+    );
+    assert_eq!(alloc(&mut s, &bounded, "c", None).unwrap(), "2001:db8::16/64");
+    for bad in ["2001:db8::21", "2001:db8::f", "2001:db8:1::15"] {
+        let e = plan_requests(&config(vec![bounded.clone()], &[bad])).unwrap_err();
+        assert_eq!((e.code, e.msg.clone()), (7, format!("failed to allocate all requested IPs: {bad}")));
+    }
+    let e =
+        plan_requests(&config(vec![set(&[("2001:db8::/64", None, None)])], &["2001:db8::1"])).unwrap_err();
+    assert_eq!(e.msg, "requested ip 2001:db8::1 is subnet's gateway");
+}
+
+#[test]
+fn a_dual_stack_request_listed_ipv6_first_binds_each_to_its_set() {
+    let sets = vec![set(&[("10.0.0.0/24", None, None)]), set(&[("2001:db8::/64", None, None)])];
+    for req in [["10.0.0.5", "2001:db8::5"], ["2001:db8::5", "10.0.0.5"]] {
+        let plan = plan_requests(&config(sets.clone(), &req)).unwrap();
+        assert_eq!(plan, vec![Some(ip("10.0.0.5")), Some(ip("2001:db8::5"))], "{req:?}");
+    }
+}
