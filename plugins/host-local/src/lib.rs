@@ -443,7 +443,7 @@ mod tests {
     use cni_common::spec::config::RangeConf;
     use std::path::PathBuf;
 
-    fn ip(s: &str) -> IpAddr {
+    pub(super) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
@@ -460,7 +460,7 @@ mod tests {
         assert!(fields[3].is_empty());
     }
 
-    fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {
+    pub(super) fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {
         let confs: Vec<RangeConf> = specs
             .iter()
             .map(|(s, a, b)| RangeConf {
@@ -473,7 +473,7 @@ mod tests {
         RangeSet::canonicalize(&confs).unwrap()
     }
 
-    fn config(sets: Vec<RangeSet>, requested: &[&str]) -> Config {
+    pub(super) fn config(sets: Vec<RangeSet>, requested: &[&str]) -> Config {
         Config {
             name: "net".into(),
             data_dir: PathBuf::from("/unused"),
@@ -486,11 +486,11 @@ mod tests {
         }
     }
 
-    fn store(d: &tempfile::TempDir) -> Store {
+    pub(super) fn store(d: &tempfile::TempDir) -> Store {
         Store::open(&d.path().join("net"), Access::Add, store::DEFAULT_LOCK_TIMEOUT).unwrap().unwrap()
     }
 
-    fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
+    pub(super) fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
         let a = AttachmentId::new("net", id, "eth0");
         allocate_in_set(s, set, 0, &a, req.map(ip), &mut Reclaim::default()).map(|c| c.address.to_string())
     }

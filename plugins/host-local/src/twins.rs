@@ -2,48 +2,8 @@
 //! freed address found again; a requested address taken, out of bounds or the gateway; a
 //! dual-stack request listed IPv6 first.
 
+use super::tests::{alloc, config, ip, set, store};
 use super::*;
-use cni_common::spec::config::RangeConf;
-use std::path::PathBuf;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn set(specs: &[(&str, Option<&str>, Option<&str>)]) -> RangeSet {
-    let confs: Vec<RangeConf> = specs
-        .iter()
-        .map(|(s, a, b)| RangeConf {
-            subnet: s.parse().unwrap(),
-            range_start: a.map(ip),
-            range_end: b.map(ip),
-            gateway: None,
-        })
-        .collect();
-    RangeSet::canonicalize(&confs).unwrap()
-}
-
-fn config(sets: Vec<RangeSet>, requested: &[&str]) -> Config {
-    Config {
-        name: "net".into(),
-        data_dir: PathBuf::from("/unused"),
-        sets,
-        routes: Vec::new(),
-        resolv_conf: None,
-        requested: requested.iter().map(|s| ip(s)).collect(),
-        lock_timeout: store::DEFAULT_LOCK_TIMEOUT,
-        report_exhaustion_in_status: false,
-    }
-}
-
-fn store(d: &tempfile::TempDir) -> Store {
-    Store::open(&d.path().join("net"), Access::Add, store::DEFAULT_LOCK_TIMEOUT).unwrap().unwrap()
-}
-
-fn alloc(s: &mut Store, set: &RangeSet, id: &str, req: Option<&str>) -> Result<String> {
-    let a = AttachmentId::new("net", id, "eth0");
-    allocate_in_set(s, set, 0, &a, req.map(ip), &mut Reclaim::default()).map(|c| c.address.to_string())
-}
 
 #[test]
 fn ipv6_round_robin_takes_the_last_address_and_exhausts() {

@@ -38,7 +38,7 @@ pub struct RouteWant {
 }
 
 impl RouteWant {
-    fn new(dst: IpNet) -> RouteWant {
+    pub(crate) fn new(dst: IpNet) -> RouteWant {
         RouteWant {
             dst,
             gw: None,

@@ -154,21 +154,7 @@ fn a_host_route_that_is_there_already_does_not_fail_add() {
     {
         let mut k = Fake::new();
         let stale = k.plant(Side::Host, "vethstale", "veth");
-        k.routes.push((
-            Side::Host,
-            stale,
-            crate::desired::RouteWant {
-                dst: host.parse().unwrap(),
-                gw: None,
-                src: None,
-                scope: None,
-                table: None,
-                priority: None,
-                mtu: None,
-                advmss: None,
-                append: false,
-            },
-        ));
+        k.routes.push((Side::Host, stale, crate::desired::RouteWant::new(host.parse().unwrap())));
         run_add(&mut k, result(vec![ip(addr, gw)], &[]), false);
         assert!(k.link(Side::Container, "eth0").unwrap().is_some(), "{addr}");
     }
