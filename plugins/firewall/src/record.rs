@@ -141,6 +141,32 @@ pub fn all(root: &Path, network: &str) -> Vec<Record> {
 mod tests {
     use super::*;
 
+    /// A record that cannot be written for any reason but a directory removed meanwhile (here:
+    /// its path is a directory with something in it, so the rename fails) is an error, not
+    /// retried into silence: only a missing directory is made again, once.
+    #[test]
+    fn a_write_that_fails_otherwise_is_reported() {
+        let root = std::env::temp_dir().join(format!("fw-rec-fail-{}", std::process::id()));
+        let a = AttachmentId::new("net1", "c1", "eth0");
+        let r = Record {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            backend: "nftables".into(),
+            zone: "trusted".into(),
+            addrs: vec!["10.0.0.2".parse().unwrap()],
+        };
+        let blocker = file_of(&root, &a);
+        std::fs::create_dir_all(blocker.join("inside")).unwrap();
+        let e = write(&root, &a, &r).unwrap_err();
+        assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
+        assert_eq!(read(&root, &a), None);
+        // the directory of the network removed between calls: made again, the record written
+        std::fs::remove_dir_all(&root).unwrap();
+        write(&root, &a, &r).unwrap();
+        assert_eq!(read(&root, &a), Some(r));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn records_round_trip_and_refuse_anything_else() {
         let r = Record {
