@@ -31,7 +31,8 @@ pub const NFT_COMMENT_MAX: usize = 128;
 /// The longest interface alias: `IFALIASZ - 1`.
 pub const ALIAS_MAX: usize = 255;
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes` (the form every identity hash is written in).
+pub fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         let _ = write!(out, "{b:02x}");

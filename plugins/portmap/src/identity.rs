@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
 
-use cni_common::attachment::AttachmentId;
+use cni_common::attachment::{hex, AttachmentId};
 use sha2::{Digest, Sha256};
 
 /// SHA-256 over the parts, each followed by a NUL.
@@ -18,14 +18,6 @@ fn sha(parts: &[&str]) -> [u8; 32] {
         h.update([0u8]);
     }
     h.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 /// An identifier shortened to fit the 128-byte element comment: kept when short, else `=` and
