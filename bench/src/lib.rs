@@ -76,6 +76,42 @@ pub const V110: &str = "v1.10";
 /// in the rows where the plugin has one.
 pub const V110_NFT: &str = "v1.10 nftables";
 
+/// Every side's binaries as a node holds them: each executable of `dirs` written afresh, with
+/// one `write` of its whole content, into a directory of its own under `into`, and the
+/// environment variable that named the original directory pointed at the copy. Call before
+/// any thread starts.
+///
+/// Why: how a file came to be in the page cache changes how fast it starts. A binary the
+/// linker has just written (cargo's `target/…/release`, `go install`'s output) is cached in
+/// the small pieces the linker wrote; a binary written in one go (cp, tar, dpkg, what an
+/// operator's node runs) is cached in large folios, and each exec faults fewer pages in.
+/// Measured with one release build of portmap: a fresh copy ran its ADD in the chain
+/// 1.11–1.23x faster than the linker's file, which in baseline mode (the baseline's binaries
+/// are copies, `scripts/build-baseline.sh`) read as a regression of the current build.
+pub fn stage_binaries(into: &std::path::Path, dirs: &[(&str, std::path::PathBuf)]) {
+    use std::os::unix::fs::PermissionsExt;
+    for (var, dir) in dirs {
+        let to = into.join(var.to_ascii_lowercase());
+        std::fs::create_dir_all(&to).unwrap_or_else(|e| panic!("create {}: {e}", to.display()));
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for entry in entries {
+            let entry = entry.expect("directory entry");
+            let from = entry.path();
+            // symlinks followed: a directory of links stages what they name
+            let Ok(meta) = std::fs::metadata(&from) else { continue };
+            if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+                continue;
+            }
+            let bytes = std::fs::read(&from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+            let dest = to.join(entry.file_name());
+            std::fs::write(&dest, &bytes).unwrap_or_else(|e| panic!("write {}: {e}", dest.display()));
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        // SAFETY: called from main before any thread is started.
+        unsafe { std::env::set_var(var, &to) };
+    }
+}
+
 /// The directory of today's upstream release: `CNI_PEER_DIR` (scripts/bench.sh sets it from
 /// `scripts/install-peers.sh --print-dir plugins`), else where that script builds it. Fails
 /// loudly when the peer is not built: no row silently loses its v1.10 columns.
@@ -157,6 +193,38 @@ impl Row {
 /// Run every case `iterations` times, rotating through its sides (ours, upstream, extras): the
 /// side that goes first changes every iteration, so slow drifts of a shared machine hit all
 /// alike. With two sides this is ours, upstream, upstream, ours, …
+/// The orders in which `k` sides take their turns, iteration after iteration: a Williams
+/// design (the crossover trial's balanced Latin square). Every side runs first, second, …
+/// equally often, and every side runs **right after** every other side equally often (once per
+/// `k` rows for even `k`; for odd `k` the square and its mirror, `2k` rows). A plain rotation
+/// (`i, i+1, …`) is balanced in position only: with three sides, ours followed the floor in
+/// two rounds of three, so whatever a step leaves the kernel to finish (a namespace's
+/// cleanup, an RCU grace period) could be charged to one side more than another. (Checked
+/// when a 1.1x difference between two copies of one build turned up: the order was not its
+/// cause, see [`stage_binaries`], but the balance costs nothing.)
+pub fn williams(k: usize) -> Vec<Vec<usize>> {
+    if k <= 1 {
+        return vec![(0..k).collect()];
+    }
+    // first row 0, 1, k-1, 2, k-2, …; row r adds r to every entry (mod k)
+    let mut first = vec![0usize];
+    let (mut lo, mut hi) = (1usize, k - 1);
+    while first.len() < k {
+        first.push(lo);
+        lo += 1;
+        if first.len() < k {
+            first.push(hi);
+            hi -= 1;
+        }
+    }
+    let mut rows: Vec<Vec<usize>> = (0..k).map(|r| first.iter().map(|x| (x + r) % k).collect()).collect();
+    if k % 2 == 1 {
+        let mirrored: Vec<Vec<usize>> = rows.iter().map(|r| r.iter().rev().copied().collect()).collect();
+        rows.extend(mirrored);
+    }
+    rows
+}
+
 pub fn run(cases: Vec<Case<'_>>, iterations: usize, warmup: usize) -> Vec<Row> {
     let mut out = Vec::new();
     for case in cases {
@@ -169,17 +237,9 @@ pub fn run(cases: Vec<Case<'_>>, iterations: usize, warmup: usize) -> Vec<Row> {
         }
         let k = steps.len();
         let mut samples: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); nrows]; k];
+        let orders = williams(k);
         for i in 0..warmup + iterations {
-            let order: Vec<usize> = if k == 2 {
-                if i % 2 == 0 {
-                    vec![0, 1]
-                } else {
-                    vec![1, 0]
-                }
-            } else {
-                (0..k).map(|j| (i + j) % k).collect()
-            };
-            for side in order {
+            for &side in &orders[i % orders.len()] {
                 let d = (steps[side])();
                 assert_eq!(
                     d.len(),
@@ -324,3 +384,41 @@ pub fn machine() -> String {
 
 /// Path of an upstream plugin binary (Debian's containernetworking-plugins).
 pub use cni_tests::upstream_bin;
+
+#[cfg(test)]
+mod tests {
+    use super::williams;
+    use std::collections::BTreeMap;
+
+    /// Every order is a permutation; every side holds every position equally often and
+    /// follows every other side equally often (within a row, where the driver's steps run
+    /// back to back).
+    #[test]
+    fn williams_orders_balance_position_and_predecessor() {
+        for k in 1..=6 {
+            let rows = williams(k);
+            assert_eq!(rows.len(), if k > 1 && k % 2 == 1 { 2 * k } else { k }, "k={k}");
+            let mut at: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+            let mut after: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+            for r in &rows {
+                let mut sorted = r.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..k).collect::<Vec<_>>(), "k={k}: {r:?} is not a permutation");
+                for (pos, &s) in r.iter().enumerate() {
+                    *at.entry((s, pos)).or_default() += 1;
+                }
+                for w in r.windows(2) {
+                    *after.entry((w[0], w[1])).or_default() += 1;
+                }
+            }
+            let per_pos = rows.len() / k;
+            assert!(at.values().all(|&n| n == per_pos) && at.len() == k * k, "k={k}: positions {at:?}");
+            if k > 1 {
+                let pairs = k * (k - 1);
+                let each = rows.len() * (k - 1) / pairs;
+                assert_eq!(after.len(), pairs, "k={k}: some side never follows another: {after:?}");
+                assert!(after.values().all(|&n| n == each), "k={k}: predecessors {after:?}");
+            }
+        }
+    }
+}

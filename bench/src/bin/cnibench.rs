@@ -40,6 +40,15 @@ fn main() {
     if let Some(dir) = &baseline {
         bench::set_baseline(std::path::Path::new(dir), &baseline_name);
     }
+    // Every side runs from a fresh copy of its binaries (bench::stage_binaries says why).
+    let _ = cni_tests::bin("bridge"); // refuses a debug build older than its sources
+    let staged = cni_tests::TempDir::new("bench-staged");
+    let upstream = std::env::var_os("CNI_UPSTREAM_DIR").unwrap_or_else(|| "/usr/lib/cni".into());
+    let mut sides = vec![("CNI_TEST_BIN_DIR", cni_tests::bin_dir()), ("CNI_UPSTREAM_DIR", upstream.into())];
+    if baseline.is_none() {
+        sides.push(("CNI_PEER_DIR", bench::peer_dir()));
+    }
+    bench::stage_binaries(staged.path(), &sides);
     // The driver moves itself into a scratch "host" namespace: plugins run there (never in the
     // machine's real one) and are spawned without a pre-exec hook, so the harness adds as
     // little as possible to what is measured.
