@@ -5,15 +5,15 @@
 //!
 //! The request is the attachment's own (its cached configuration, CNI_NETNS and ifname, its
 //! cached result as prevResult). What is missing is judged by CHECK's own comparison
-//! ([`shape::check`]); the rebuild is ADD's ([`shape::add`]): the attachment's leftovers (its
-//! ifb, the qdiscs on its host veth) are replaced, anything of someone else's refuses.
+//! ([`shape::check`](crate::shape::check)); the rebuild is ADD's
+//! ([`shape::add`](crate::shape::add)): the attachment's leftovers (its ifb, the qdiscs on its
+//! host veth) are replaced, anything of someone else's refuses ([`flow::resync`]).
 
 use cni_common::attachment::AttachmentId;
-
-use crate::identity::IfbIdentity;
 use cni_common::{CniError, Request, Result};
 
-use crate::{config, shape, shaped_veth};
+use crate::kernel::Real;
+use crate::{config, flow};
 
 /// What of `req`'s shaping (both token buckets, the ifb, the redirect) is missing, rebuilt
 /// unless `dry_run`: `None` when nothing is (or the configuration sets no limit), else what
@@ -26,14 +26,7 @@ pub fn shaping(req: &Request, dry_run: bool) -> Result<Option<String>> {
     }
     let prev =
         req.prev_result()?.ok_or_else(|| CniError::config("no result to rebuild from (prevResult)"))?;
-    let (mut host, veth, plan) = shaped_veth(req, &prev, &limits)?;
-    let att = AttachmentId::of(req);
-    let ifb = att.ifb_name();
-    let Err(missing) = shape::check(&mut host, &veth, &plan, &ifb, &att) else { return Ok(None) };
-    if !dry_run {
-        shape::add(&mut host, &veth, &plan, &ifb, &att)?;
-        shape::check(&mut host, &veth, &plan, &ifb, &att)
-            .map_err(|e| CniError::internal(format!("still missing after rebuilding it: {}", e.msg)))?;
-    }
-    Ok(Some(missing.msg))
+    let ns = req.require_netns()?;
+    let mut k = Real::with_container(&ns)?;
+    flow::resync(&mut k, &AttachmentId::of(req), &limits, &prev, dry_run)
 }

@@ -14,9 +14,10 @@
 use cni_common::attachment::AttachmentId;
 
 use crate::identity::IfbIdentity;
+use crate::kernel::Kernel;
 use cni_common::error_list::ErrorList;
 use cni_common::netlink::tc::{FilterAction, INGRESS_HANDLE};
-use cni_common::netlink::{Link, Netlink};
+use cni_common::netlink::Link;
 use cni_common::{CniError, Result};
 use std::collections::HashSet;
 
@@ -33,7 +34,7 @@ pub fn is_upstream_ifb(l: &Link) -> bool {
 }
 
 /// Interfaces that some ingress filter of `host` redirects packets into.
-fn redirect_targets(host: &mut Netlink) -> Result<HashSet<u32>> {
+fn redirect_targets(host: &mut dyn Kernel) -> Result<HashSet<u32>> {
     let mut out = HashSet::new();
     for q in host.qdiscs(None)?.iter().filter(|q| q.is_ingress()) {
         for f in host.filters(q.ifindex, INGRESS_HANDLE)? {
@@ -50,7 +51,7 @@ fn redirect_targets(host: &mut Netlink) -> Result<HashSet<u32>> {
 /// GC for bandwidth: delete upstream-made ifbs that nothing redirects into any more (see the
 /// module documentation), except the one a valid attachment of `network` would use. Returns
 /// the names deleted.
-pub fn gc(host: &mut Netlink, network: &str, valid: &[AttachmentId]) -> Result<Vec<String>> {
+pub fn gc(host: &mut dyn Kernel, network: &str, valid: &[AttachmentId]) -> Result<Vec<String>> {
     let keep: HashSet<String> =
         valid.iter().map(|a| AttachmentId::new(network, &a.container_id, &a.ifname).ifb_name()).collect();
     let candidates: Vec<Link> =
