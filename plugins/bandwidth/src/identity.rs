@@ -108,6 +108,8 @@ mod tests {
         assert_eq!(g >> 24, 0xB7);
         assert_eq!(g, ifb_group("mynet"));
         assert_ne!(g, ifb_group("mynet2"));
+        // The marker byte, then the first three bytes of sha512("kubenet") (b7 24 71 62 …).
+        assert_eq!(ifb_group("kubenet"), 0xB724_7162);
 
         let k = a("kubenet", "0123abcd", "eth0");
         assert_eq!(k.ifb_alias(), "cni-bandwidth net=kubenet ctr=0123abcd if=eth0");
@@ -128,6 +130,14 @@ mod tests {
         assert_eq!(back.container_id.as_deref(), Some(long_ctr.as_str()));
         assert_eq!(back.ifname, None);
         assert!(back.is(&a("net", &long_ctr, "anything")), "missing fields match anything");
+        // A field that fills the alias to exactly its limit is kept.
+        let prefix = "cni-bandwidth net=net ctr=".len();
+        let exact = "c".repeat(ALIAS_MAX - prefix);
+        let alias = a("net", &exact, "eth0").ifb_alias();
+        assert_eq!(alias.len(), ALIAS_MAX);
+        assert_eq!(IfbOwner::parse(&alias).unwrap().container_id.as_deref(), Some(exact.as_str()));
+        let over = "c".repeat(ALIAS_MAX - prefix + 1);
+        assert_eq!(IfbOwner::parse(&a("net", &over, "eth0").ifb_alias()).unwrap().container_id, None);
         let back = IfbOwner::parse(&a("net", &"c".repeat(300), "eth0").ifb_alias()).unwrap();
         assert_eq!((back.container_id, back.ifname), (None, None));
         // a multibyte name near the limit: never past it, never a panic

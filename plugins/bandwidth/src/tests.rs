@@ -779,6 +779,19 @@ fn check_finds_the_redirect_missing_or_elsewhere() {
     );
     let msg = drifted(&both(), |k, veth, _| k.qdiscs.retain(|q| !(q.ifindex == veth && q.kind == "ingress")));
     assert_eq!(msg, format!("no ingress qdisc ffff: on {VETH}"));
+    // A qdisc with the handle ffff: that is not the ingress one is not it.
+    let msg = drifted(&egress_only(), |k, veth, _| {
+        k.qdiscs.retain(|q| q.ifindex != veth);
+        k.filters.clear();
+        k.qdiscs.push(tc::Qdisc {
+            ifindex: veth,
+            handle: INGRESS_HANDLE,
+            parent: tc::TC_H_ROOT,
+            kind: "prio".into(),
+            tbf: None,
+        });
+    });
+    assert_eq!(msg, format!("no ingress qdisc ffff: on {VETH}"));
     let other = |k: &mut Fake| k.plant(Side::Host, Link { name: "eth1".into(), ..Link::default() });
     let drifts: [fn(&mut tc::Filter, u32); 6] = [
         |f, o| {

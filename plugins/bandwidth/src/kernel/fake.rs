@@ -3,7 +3,7 @@
 //! not there is `Ok(false)`, as [`Netlink::qdisc_del`] reports it), creating a link whose name
 //! is taken or a qdisc where there is one is `EEXIST`, deleting one end of a veth pair takes the
 //! other, deleting a link takes its qdiscs and filters, and a redirect into a deleted device
-//! then names device 0 (as the kernel reports it). Each link without a root qdisc of its own
+//! then names device 0 (as the kernel reports it); looking up link 0 is `EINVAL`. Each link without a root qdisc of its own
 //! lists the kernel's default one (`noqueue`, handle 0).
 //!
 //! Faults: [`Fake::fail_at`] fails the n-th changing call (so every failure point of ADD is
@@ -322,6 +322,10 @@ impl Kernel for Fake {
 
     fn link_by_index(&mut self, index: u32) -> NlResult<Option<Link>> {
         Self::lost(self.call(Op::LinkByIndex)?, Op::LinkByIndex, ())?;
+        // RTM_GETLINK with neither an index nor a name.
+        if index == 0 {
+            return Err(err(Op::LinkByIndex, errno::EINVAL));
+        }
         Ok(self.links.get(&(Side::Host, index)).cloned())
     }
 
