@@ -201,7 +201,6 @@ fn the_ifb_takes_the_veths_mtu_and_a_queue_of_at_least_1000() {
 #[test]
 fn every_failure_point_of_add_rolls_back() {
     for l in [both(), ingress_only(), egress_only()] {
-        let (_, _) = added(&l);
         let mut clean = Fake::new();
         pod(&mut clean);
         let before = host_state(&clean);
@@ -277,6 +276,34 @@ fn the_undo_goes_on_when_one_of_its_steps_fails() {
     assert_eq!(k.qdiscs_of(veth), vec!["ingress ffff:"], "only the step that failed to undo is left");
     del(&mut k).unwrap();
     assert!(k.qdiscs.is_empty());
+}
+
+#[test]
+fn a_link_vanishing_during_add_fails_it_and_the_undo_copes() {
+    // The pod went (its veth with it) between finding the veth and shaping it.
+    let mut k = Fake::new();
+    pod(&mut k);
+    k.vanish_at(Op::QdiscAddTbf, 1, VETH);
+    let e = add(&mut k, &both()).unwrap_err();
+    assert!(e.msg.starts_with(&format!("shape traffic into the container on {VETH}")), "{}", e.msg);
+    assert_eq!(host_state(&k), (vec![], vec![], vec![]));
+    del(&mut k).unwrap();
+    // Someone deleted the new ifb before its bucket was added: the undo's delete finds nothing,
+    // the veth's bucket still goes.
+    let mut k = Fake::new();
+    pod(&mut k);
+    k.vanish_at(Op::QdiscAddTbf, 2, &ifb());
+    let e = add(&mut k, &both()).unwrap_err();
+    assert!(e.msg.starts_with(&format!("shape traffic out of the container on {}", ifb())), "{}", e.msg);
+    assert_eq!(host_state(&k), (vec![VETH.to_string()], vec![], vec![]));
+    // A create answered EEXIST (another ADD of the same attachment got there first) fails this
+    // one and leaves nothing of it.
+    let mut k = Fake::new();
+    pod(&mut k);
+    k.fault(Op::CreateIfb, 1, Fault::Fail(errno::EEXIST));
+    let e = add(&mut k, &egress_only()).unwrap_err();
+    assert!(e.msg.starts_with("create ifb for traffic out of the container"), "{}", e.msg);
+    assert_eq!(host_state(&k), (vec![VETH.to_string()], vec![], vec![]));
 }
 
 #[test]
@@ -826,7 +853,7 @@ fn check_finds_the_redirect_missing_or_elsewhere() {
 }
 
 #[test]
-fn check_of_nothing_configured_reads_nothing() {
+fn no_limits_want_nothing_and_check_compares_nothing() {
     // flow::check is only called with limits (the plugin returns earlier); the desired state
     // of no limits is nothing to compare.
     let (mut k, _) = added(&ingress_only());
