@@ -29,7 +29,7 @@ use cni_common::netlink::nft::{
 };
 use cni_common::netlink::tc::{self, Psched, Tbf, INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT};
 use cni_common::netlink::{
-    LinkKind, LinkSpec, Netlink, PortFlags, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
+    LinkKind, LinkSpec, Netlink, PortFlag, PortFlags, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::netns::NetNs;
 use cni_common::spec::result::{CniResult, Interface, IpConfig};
@@ -177,8 +177,8 @@ impl BridgeFloor {
         let hv = must("create veth pair", host.link_add(&spec));
         must("accept_ra", sysctl::set(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0"));
         if self.plan.hairpin {
-            let flags = PortFlags { hairpin: true, isolated: false };
-            must("hairpin", host.bridge_port_set(hv.index, flags, false));
+            let flags = PortFlags::from([(PortFlag::HAIRPIN, true), (PortFlag::ISOLATED, false)]);
+            must("hairpin", host.bridge_port_set(hv.index, &flags, false));
         }
         let ci = hv.link.expect("veth reports its peer");
         let v6on = self.plan.v6;

@@ -1,4 +1,5 @@
-//! Linux bridge specifics: bridge-port flags (hairpin, isolated) and per-port VLANs.
+//! Linux bridge specifics: bridge-port flags (hairpin, isolated, or any other one-byte
+//! `IFLA_BRPORT_*` flag) and per-port VLANs.
 //!
 //! Port flags travel as `IFLA_LINKINFO { IFLA_INFO_SLAVE_KIND "bridge", IFLA_INFO_SLAVE_DATA {
 //! IFLA_BRPORT_* } }` in an `RTM_NEWLINK` without `NLM_F_CREATE` (the `ip link set … type
@@ -12,7 +13,9 @@
 //! `CONFIG_BRIDGE_VLAN_FILTERING`; without it the kernel answers EOPNOTSUPP
 //! ([`NlError::is_unsupported`]).
 
-use netlink_packet_core::{NlasIterator, NLM_F_DUMP};
+use std::collections::BTreeMap;
+
+use netlink_packet_core::{DefaultNla, NlasIterator, NLM_F_DUMP};
 use netlink_packet_route::link::{
     AfSpecBridge, BridgeVlanInfo, BridgeVlanInfoFlags, InfoBridgePort, InfoPortData, InfoPortKind,
     LinkAttribute, LinkExtentMask, LinkFlags, LinkHeader, LinkInfo, LinkMessage,
@@ -45,13 +48,53 @@ impl NlError {
     }
 }
 
-/// Bridge-port flags of a link enslaved to a bridge.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PortFlags {
-    /// `IFLA_BRPORT_MODE`: frames may be sent back out of the port they came in on.
-    pub hairpin: bool,
+/// One bridge-port flag: a one-byte `IFLA_BRPORT_*` attribute, on or off. The kernel sets
+/// and reports every such flag in the same way, so a flag this module has no constant for is
+/// `PortFlag(<its attribute number>)`: a plugin can set and check it without a change here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortFlag(pub u16);
+
+impl PortFlag {
+    /// `IFLA_BRPORT_MODE`: frames may be sent back out of the port they came in on (hairpin).
+    pub const HAIRPIN: PortFlag = PortFlag(IFLA_BRPORT_MODE);
     /// `IFLA_BRPORT_ISOLATED`: no forwarding to other isolated ports.
-    pub isolated: bool,
+    pub const ISOLATED: PortFlag = PortFlag(IFLA_BRPORT_ISOLATED);
+}
+
+/// Bridge-port flags of a link enslaved to a bridge: the flags a request sets (each one sent,
+/// on or off, in attribute order), or every one-byte attribute the kernel reported for the port
+/// (other one-byte attributes, such as the STP state, come along and are simply never asked
+/// for). A flag that is absent reads as off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortFlags(BTreeMap<PortFlag, bool>);
+
+impl PortFlags {
+    /// These flags and `flag` set to `on`.
+    pub fn with(mut self, flag: PortFlag, on: bool) -> PortFlags {
+        self.set(flag, on);
+        self
+    }
+    pub fn set(&mut self, flag: PortFlag, on: bool) {
+        self.0.insert(flag, on);
+    }
+    /// Whether `flag` is on (absent: off).
+    pub fn get(&self, flag: PortFlag) -> bool {
+        self.0.get(&flag).copied().unwrap_or(false)
+    }
+    /// Whether any flag is on.
+    pub fn any_on(&self) -> bool {
+        self.0.values().any(|on| *on)
+    }
+    /// Every flag held, in attribute order.
+    pub fn iter(&self) -> impl Iterator<Item = (PortFlag, bool)> + '_ {
+        self.0.iter().map(|(f, on)| (*f, *on))
+    }
+}
+
+impl<const N: usize> From<[(PortFlag, bool); N]> for PortFlags {
+    fn from(flags: [(PortFlag, bool); N]) -> PortFlags {
+        PortFlags(flags.into_iter().collect())
+    }
 }
 
 /// One VLAN of a bridge port.
@@ -121,7 +164,7 @@ pub(crate) fn vlan_message(index: u32, vlans: &[PortVlan]) -> LinkMessage {
 
 /// The `RTM_NEWLINK` (no create) that sets the bridge-port flags of `index` and, when `up`,
 /// brings the link up in the same request.
-pub(crate) fn port_flags_message(index: u32, flags: PortFlags, up: bool) -> LinkMessage {
+pub(crate) fn port_flags_message(index: u32, flags: &PortFlags, up: bool) -> LinkMessage {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
     if up {
@@ -130,10 +173,12 @@ pub(crate) fn port_flags_message(index: u32, flags: PortFlags, up: bool) -> Link
     }
     msg.attributes.push(LinkAttribute::LinkInfo(vec![
         LinkInfo::PortKind(InfoPortKind::Bridge),
-        LinkInfo::PortData(InfoPortData::BridgePort(vec![
-            InfoBridgePort::HairpinMode(flags.hairpin),
-            InfoBridgePort::Isolated(flags.isolated),
-        ])),
+        LinkInfo::PortData(InfoPortData::BridgePort(
+            flags
+                .iter()
+                .map(|(f, on)| InfoBridgePort::Other(DefaultNla::new(f.0, vec![u8::from(on)])))
+                .collect(),
+        )),
     ]));
     msg
 }
@@ -148,11 +193,8 @@ fn port_flags_of(linkinfo: &[u8]) -> Option<PortFlags> {
             IFLA_INFO_SLAVE_DATA => {
                 let mut f = PortFlags::default();
                 for a in NlasIterator::new(nla.value()).map_while(Result::ok) {
-                    let on = a.value().first().is_some_and(|b| *b != 0);
-                    match a.kind() {
-                        IFLA_BRPORT_MODE => f.hairpin = on,
-                        IFLA_BRPORT_ISOLATED => f.isolated = on,
-                        _ => {}
+                    if let [b] = a.value() {
+                        f.set(PortFlag(a.kind()), *b != 0);
                     }
                 }
                 flags = Some(f);
@@ -223,7 +265,7 @@ impl Netlink {
 
     /// Set the bridge-port flags of `index` (which must be enslaved to a bridge), and bring it
     /// up in the same request when `up`.
-    pub fn bridge_port_set(&mut self, index: u32, flags: PortFlags, up: bool) -> Result<(), NlError> {
+    pub fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, up: bool) -> Result<(), NlError> {
         self.sock
             .request(RouteNetlinkMessage::NewLink(port_flags_message(index, flags, up)), 0)
             .map(drop)
@@ -362,7 +404,8 @@ mod tests {
 
     #[test]
     fn port_flags_request_is_bridge_slave_data() {
-        let msg = port_flags_message(5, PortFlags { hairpin: true, isolated: false }, true);
+        let flags = PortFlags::from([(PortFlag::ISOLATED, false), (PortFlag::HAIRPIN, true)]);
+        let msg = port_flags_message(5, &flags, true);
         let back = LinkMessage::parse(&emit(&msg)[..]).unwrap();
         assert_eq!(back.header.index, 5);
         assert!(back.header.flags.contains(LinkFlags::Up));
@@ -372,7 +415,7 @@ mod tests {
             .map_while(Result::ok)
             .find(|n| n.kind() == IFLA_LINKINFO)
             .unwrap();
-        assert_eq!(port_flags_of(info.value()), Some(PortFlags { hairpin: true, isolated: false }));
+        assert_eq!(port_flags_of(info.value()), Some(flags));
         // Slave data holds IFLA_BRPORT_MODE (4) = 1 and IFLA_BRPORT_ISOLATED (33) = 0, one byte each.
         let data = NlasIterator::new(info.value())
             .map_while(Result::ok)
@@ -383,6 +426,22 @@ mod tests {
             .map(|n| (n.kind(), n.value().to_vec()))
             .collect();
         assert_eq!(attrs, vec![(4, vec![1]), (33, vec![0])]);
+    }
+
+    #[test]
+    fn any_one_byte_port_flag_travels_and_reads_back() {
+        // IFLA_BRPORT_NEIGH_SUPPRESS (32), which this module has no constant for
+        let suppress = PortFlag(32);
+        let flags = PortFlags::default().with(suppress, true).with(PortFlag::HAIRPIN, false);
+        assert!(flags.any_on() && flags.get(suppress) && !flags.get(PortFlag::HAIRPIN));
+        assert!(!flags.get(PortFlag::ISOLATED), "absent reads as off");
+        let raw = emit(&port_flags_message(2, &flags, false));
+        let info = NlasIterator::new(&raw[LINK_HEADER_LEN..])
+            .map_while(Result::ok)
+            .find(|n| n.kind() == IFLA_LINKINFO)
+            .unwrap();
+        assert_eq!(port_flags_of(info.value()), Some(flags));
+        assert!(!PortFlags::from([(PortFlag::HAIRPIN, false)]).any_on());
     }
 
     #[test]
@@ -428,17 +487,26 @@ mod tests {
             let (br, port) = bridge_with_port(&mut nl);
             let (l, flags) = nl.link_with_port_flags("vh0").unwrap().unwrap();
             assert_eq!(l.master, Some(br.index));
-            assert_eq!(flags, Some(PortFlags::default()));
+            let on = |f: &Option<PortFlags>, flag| f.as_ref().expect("a bridge port").get(flag);
+            let neigh_suppress = PortFlag(32); // IFLA_BRPORT_NEIGH_SUPPRESS, no constant here
+            assert!(!on(&flags, PortFlag::HAIRPIN) && !on(&flags, PortFlag::ISOLATED), "{flags:?}");
+            assert!(!on(&flags, neigh_suppress), "{flags:?}");
             assert!(!l.up());
-            nl.bridge_port_set(port.index, PortFlags { hairpin: true, isolated: true }, true).unwrap();
+            let all = PortFlags::from([
+                (PortFlag::HAIRPIN, true),
+                (PortFlag::ISOLATED, true),
+                (neigh_suppress, true),
+            ]);
+            nl.bridge_port_set(port.index, &all, true).unwrap();
             let (l, flags) = nl.link_with_port_flags("vh0").unwrap().unwrap();
             assert!(l.up(), "up flag sent with the port flags");
-            assert_eq!(flags, Some(PortFlags { hairpin: true, isolated: true }));
-            nl.bridge_port_set(port.index, PortFlags { hairpin: false, isolated: true }, false).unwrap();
-            assert_eq!(
-                nl.link_with_port_flags("vh0").unwrap().unwrap().1,
-                Some(PortFlags { hairpin: false, isolated: true })
-            );
+            assert!(on(&flags, PortFlag::HAIRPIN) && on(&flags, PortFlag::ISOLATED), "{flags:?}");
+            assert!(on(&flags, neigh_suppress), "{flags:?}");
+            let some = PortFlags::from([(PortFlag::HAIRPIN, false), (PortFlag::ISOLATED, true)]);
+            nl.bridge_port_set(port.index, &some, false).unwrap();
+            let flags = nl.link_with_port_flags("vh0").unwrap().unwrap().1;
+            assert!(!on(&flags, PortFlag::HAIRPIN) && on(&flags, PortFlag::ISOLATED), "{flags:?}");
+            assert!(on(&flags, neigh_suppress), "a flag not sent is left as it was: {flags:?}");
             // Not a bridge port / not there.
             assert_eq!(nl.link_with_port_flags("br0").unwrap().unwrap().1, None);
             assert_eq!(nl.link_with_port_flags("nope0").unwrap(), None);

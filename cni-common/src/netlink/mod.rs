@@ -36,7 +36,7 @@ use crate::netns::NetNs;
 use crate::{CniError, Result};
 
 pub use addr::Address;
-pub use bridge::{PortFlags, PortVlan};
+pub use bridge::{PortFlag, PortFlags, PortVlan};
 pub use devconf::IPV4_DEVCONF_ARP_NOTIFY;
 pub use error::NlError;
 pub use link::{Link, LinkKind, LinkSpec, VethPeer};

@@ -15,7 +15,7 @@ use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Context, Result};
 use cni_common::mac::Mac;
 use cni_common::netlink::{
-    Family, Link, LinkKind, LinkSpec, NlError, PortFlags, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
+    Family, Link, LinkKind, LinkSpec, NlError, RouteSpec, VethPeer, IPV4_DEVCONF_ARP_NOTIFY,
 };
 use cni_common::spec::result::{CniResult, Interface};
 use cni_common::sysctl;
@@ -273,9 +273,9 @@ impl<'r, 'k> Add<'r, 'k> {
         self.set_if_present(&sysctl::iface_key("ipv6", &hv.name, "accept_ra"), "0")?;
         let conf = &self.conf;
         let flags = port_flags(conf);
-        if flags != PortFlags::default() {
+        if flags.any_on() {
             self.k
-                .bridge_port_set(hv.index, flags, false)
+                .bridge_port_set(hv.index, &flags, false)
                 .with_context(|| format!("failed to set bridge port flags on {}", hv.name))?;
         }
         if conf.uses_vlans() {

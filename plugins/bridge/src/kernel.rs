@@ -57,7 +57,7 @@ pub trait Kernel {
     fn link_set_promisc(&mut self, ns: Ns, index: u32, on: bool) -> Nl<()>;
     fn link_set_ipv4_conf(&mut self, ns: Ns, index: u32, conf: &[(u16, u32)], up: bool) -> Nl<()>;
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>>;
-    fn bridge_port_set(&mut self, index: u32, flags: PortFlags, up: bool) -> Nl<()>;
+    fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, up: bool) -> Nl<()>;
     fn bridge_port_vlans(&mut self, index: u32) -> Nl<Vec<PortVlan>>;
     fn bridge_vlan_del(&mut self, index: u32, vids: &[u16]) -> Nl<()>;
     fn bridge_vlan_add(&mut self, index: u32, vlans: &[PortVlan]) -> Nl<()>;
@@ -251,7 +251,7 @@ impl Kernel for Real<'_> {
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>> {
         self.nl(Ns::Host)?.link_with_port_flags(name)
     }
-    fn bridge_port_set(&mut self, index: u32, flags: PortFlags, up: bool) -> Nl<()> {
+    fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, up: bool) -> Nl<()> {
         self.nl(Ns::Host)?.bridge_port_set(index, flags, up)
     }
     fn bridge_port_vlans(&mut self, index: u32) -> Nl<Vec<PortVlan>> {

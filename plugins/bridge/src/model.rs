@@ -7,30 +7,39 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_common::error::{CniError, Result};
-use cni_common::netlink::{PortFlags, PortVlan};
+use cni_common::netlink::{PortFlag, PortFlags, PortVlan};
 use cni_common::spec::result::{CniResult, IpConfig, Route};
 use cni_common::sysctl;
 use ipnet::IpNet;
 
 use crate::config::Conf;
 
-/// The host port's flags as the configuration wants them. ADD writes them when any is set;
-/// CHECK compares each one ([`port_flag_drift`]). A key that sets a port flag adds its field
-/// here and its line in [`PORT_FLAGS`].
-pub(crate) fn port_flags(conf: &Conf) -> PortFlags {
-    PortFlags { hairpin: conf.hairpin, isolated: conf.port_isolation }
-}
+/// A port flag a key sets: how CHECK names it, the key (when the name is not the key), the
+/// kernel's flag (any one-byte `IFLA_BRPORT_*` attribute: `PortFlag(n)` when cni-common has no
+/// constant for it), and the configuration's value.
+type PortFlagKey = (&'static str, &'static str, PortFlag, fn(&Conf) -> bool);
 
-/// Every port flag CHECK judges: how CHECK names it, the key that sets it (when the name is
-/// not the key), and its value in a [`PortFlags`].
-type PortFlag = (&'static str, &'static str, fn(&PortFlags) -> bool);
-pub(crate) const PORT_FLAGS: [PortFlag; 2] =
-    [("hairpin mode", "", |f| f.hairpin), ("isolation", "portIsolation ", |f| f.isolated)];
+/// Every port flag the configuration sets. ADD sends them all when any is on ([`port_flags`]);
+/// CHECK judges each ([`port_flag_drift`]). A key that sets a port flag is its field in
+/// `config.rs` and one line here.
+pub(crate) const PORT_FLAGS: [PortFlagKey; 2] = [
+    ("hairpin mode", "", PortFlag::HAIRPIN, |c| c.hairpin),
+    ("isolation", "portIsolation ", PortFlag::ISOLATED, |c| c.port_isolation),
+];
+
+/// The host port's flags as the configuration wants them.
+pub(crate) fn port_flags(conf: &Conf) -> PortFlags {
+    let mut flags = PortFlags::default();
+    for (_, _, flag, want) in PORT_FLAGS {
+        flags.set(flag, want(conf));
+    }
+    flags
+}
 
 /// The first port flag of port `port` that differs from the wanted one, as CHECK reports it.
 pub(crate) fn port_flag_drift(port: &str, have: &PortFlags, want: &PortFlags) -> Option<String> {
-    PORT_FLAGS.iter().find(|(_, _, get)| get(have) != get(want)).map(|(name, key, get)| {
-        format!("bridge port {port} {name} is {}, configured {key}{}", get(have), get(want))
+    PORT_FLAGS.iter().find(|(_, _, f, _)| have.get(*f) != want.get(*f)).map(|(name, key, f, _)| {
+        format!("bridge port {port} {name} is {}, configured {key}{}", have.get(*f), want.get(*f))
     })
 }
 
@@ -134,15 +143,16 @@ mod tests {
     #[test]
     fn port_flags_follow_their_keys_and_check_names_each_drift() {
         let none = port_flags(&conf(json!({})));
-        assert_eq!(none, PortFlags::default());
+        assert_eq!(none, PortFlags::from([(PortFlag::HAIRPIN, false), (PortFlag::ISOLATED, false)]));
+        assert!(!none.any_on());
         let both = port_flags(&conf(json!({"hairpinMode": true, "portIsolation": true})));
-        assert_eq!(both, PortFlags { hairpin: true, isolated: true });
+        assert_eq!(both, PortFlags::from([(PortFlag::HAIRPIN, true), (PortFlag::ISOLATED, true)]));
         assert_eq!(port_flag_drift("veth1", &both, &both), None);
         assert_eq!(
             port_flag_drift("veth1", &none, &both).as_deref(),
             Some("bridge port veth1 hairpin mode is false, configured true")
         );
-        let only_hairpin = PortFlags { hairpin: true, isolated: false };
+        let only_hairpin = PortFlags::from([(PortFlag::HAIRPIN, true), (PortFlag::ISOLATED, false)]);
         assert_eq!(
             port_flag_drift("veth1", &only_hairpin, &both).as_deref(),
             Some("bridge port veth1 isolation is false, configured portIsolation true")

@@ -4,6 +4,7 @@
 
 use crate::identity::BridgeIdentity;
 use cni_common::netlink::nft::NftFamily;
+use cni_common::netlink::PortFlag;
 use cni_common::skel::Request;
 use cni_common::spec::result::CniResult;
 use cni_common::spec::{Command, Env};
@@ -404,7 +405,7 @@ fn check_finds_each_kind_of_drift_in_each_family() {
         }),
         ("hairpin", "hairpin", |w| {
             let p = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
-            w.links[p].port.hairpin = true;
+            w.links[p].port.set(PortFlag::HAIRPIN, true);
         }),
         ("address", "Failed to match addr", |w| {
             w.addrs.retain(|(n, _)| *n != Ns::Container);
@@ -475,7 +476,7 @@ fn the_spoof_check_and_port_flags_are_checked() {
     {
         let mut w = f.w.borrow_mut();
         let p = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name.starts_with("veth")).unwrap();
-        w.links[p].port.isolated = false;
+        w.links[p].port.set(PortFlag::ISOLATED, false);
     }
     assert!(check(&f, &conf, &r).unwrap_err().msg.contains("isolation"));
     let f = world(FAMILIES[0].1);
@@ -726,7 +727,7 @@ fn port_flags_mtu_promisc_and_the_containers_mac_are_applied() {
                              "runtimeConfig": {"mac": "0a:58:0a:01:00:05"}, "macspoofchk": true}));
     let r = add(&f, &conf).unwrap();
     let hv = host_veth(&f);
-    assert!(hv.port.hairpin && hv.port.isolated);
+    assert!(hv.port.get(PortFlag::HAIRPIN) && hv.port.get(PortFlag::ISOLATED));
     assert_eq!(hv.link.mtu, 1400);
     assert_eq!(
         hv.link.alias.as_deref(),

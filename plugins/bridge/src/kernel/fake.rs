@@ -626,17 +626,20 @@ impl Kernel for Fake {
 
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>> {
         self.with("link_get", |w| {
-            Ok(w.link(Ns::Host, name).map(|l| (l.link.clone(), l.link.master.map(|_| l.port))))
+            Ok(w.link(Ns::Host, name).map(|l| (l.link.clone(), l.link.master.map(|_| l.port.clone()))))
         })
     }
 
-    fn bridge_port_set(&mut self, index: u32, flags: PortFlags, _up: bool) -> Nl<()> {
+    fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, _up: bool) -> Nl<()> {
         self.with("port_set", |w| {
             let p = w.pos(Ns::Host, index)?;
             if w.links[p].link.master.is_none() {
                 return Err(NlError::new("port flags of a link without master", libc::EINVAL));
             }
-            w.links[p].port = flags;
+            // as the kernel: each flag sent is set, the others stay as they were
+            for (f, on) in flags.iter() {
+                w.links[p].port.set(f, on);
+            }
             Ok(())
         })
     }
