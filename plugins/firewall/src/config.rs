@@ -235,4 +235,23 @@ mod tests {
             .msg
             .contains("chain \"firewall\" plugin with \"bridge\""));
     }
+
+    #[test]
+    fn the_bridge_policies_refusals_name_the_policy() {
+        let decode = |v| CniResult::decode(&v, cni_common::Version::V1_0_0).unwrap();
+        let none = decode(json!({"cniVersion": "1.0.0", "ips": []}));
+        let bad = decode(json!({"cniVersion": "1.0.0", "interfaces": [{"name": "a/b"}], "ips": []}));
+        for policy in ["same-bridge", "isolated"] {
+            let c = Conf::from_raw(&json!({ "ingressPolicy": policy })).unwrap();
+            for (what, prev) in [("no interface", &none), ("not an interface name", &bad)] {
+                let e = Intent::new(&c, prev).unwrap_err();
+                assert_eq!(e.code, cni_common::code::INVALID_CONFIG, "{policy}, {what}");
+                assert!(
+                    e.msg.contains(&format!("ingressPolicy \"{policy}\"")),
+                    "{policy}, {what}: {}",
+                    e.msg
+                );
+            }
+        }
+    }
 }
