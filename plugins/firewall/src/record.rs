@@ -66,11 +66,15 @@ impl Record {
     }
 }
 
+/// A hook of the unit tests (see `AFTER_MKDIR`).
+#[cfg(test)]
+type Hook = Option<Box<dyn FnMut(&Path)>>;
+
 #[cfg(test)]
 thread_local! {
     /// Run between making the network's directory and writing the record: the unit tests'
     /// stand-in for a concurrent DEL or GC that removes the directory in that moment.
-    static AFTER_MKDIR: std::cell::RefCell<Option<Box<dyn FnMut(&Path)>>> = const { std::cell::RefCell::new(None) };
+    static AFTER_MKDIR: std::cell::RefCell<Hook> = const { std::cell::RefCell::new(None) };
 }
 
 pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
