@@ -631,6 +631,34 @@ fn del_goes_on_past_a_failure_and_reports_it() {
     }
 }
 
+/// DEL's firewall transaction: one that names something a concurrent DEL or GC removed first
+/// (ENOENT) is rebuilt from what is left and succeeds; any other refusal is reported at once,
+/// not retried, and the rules stay for the runtime's next DEL.
+#[test]
+fn del_rebuilds_a_firewall_transaction_only_when_something_it_named_vanished() {
+    for (fam, addrs) in FAMILIES {
+        let conf = config(json!({"macspoofchk": true}));
+        let f = world(addrs);
+        add(&f, &conf).unwrap();
+        let applies = f.calls("nft_apply");
+        f.fail("nft_apply", 0, Fault::Before(libc::ENOENT));
+        del(&f, &conf, true).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        assert_eq!(f.calls("nft_apply"), applies + 2, "{fam}: rebuilt once, then committed");
+        assert_eq!(masq_rules(&f), 0, "{fam}");
+
+        let f = world(addrs);
+        add(&f, &conf).unwrap();
+        let applies = f.calls("nft_apply");
+        f.fail("nft_apply", 0, Fault::Before(libc::EPERM));
+        let e = del(&f, &conf, true).unwrap_err();
+        assert!(e.msg.contains("remove firewall rules"), "{fam}: {}", e.msg);
+        assert_eq!(f.calls("nft_apply"), applies + 1, "{fam}: not retried");
+        assert!(masq_rules(&f) > 0, "{fam}: nothing deleted");
+        del(&f, &conf, true).unwrap_or_else(|e| panic!("{fam}: the next DEL: {}", e.msg));
+        assert_eq!(masq_rules(&f), 0, "{fam}");
+    }
+}
+
 #[test]
 fn bridge_nf_call_needs_br_netfilter_and_turns_on_each_family_it_serves() {
     for (fam, addrs) in FAMILIES {

@@ -112,14 +112,11 @@ impl Conf {
         };
         let zone = match string_key(raw, "firewalldZone")?.as_deref() {
             None | Some("") => "trusted".to_string(),
-            Some(z)
-                if z.len() <= 64 && z.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-+./".contains(&b)) =>
-            {
-                z.to_string()
-            }
+            // the attachment's record keeps the zone, and reads back only a `valid_zone`
+            Some(z) if valid_zone(z) => z.to_string(),
             Some(z) => {
                 return Err(CniError::config(format!(
-                    "firewalldZone: {z:?} is not a zone name (up to 64 of A-Z a-z 0-9 _ - + . /)"
+                    "firewalldZone: {z:?} is not a zone name (up to 64 of A-Z a-z 0-9 _ - + . /, not starting with '-')"
                 )))
             }
         };
@@ -234,5 +231,52 @@ mod tests {
             .unwrap_err()
             .msg
             .contains("chain \"firewall\" plugin with \"bridge\""));
+    }
+
+    /// A zone is accepted exactly when the attachment's record can keep it: GC and a DEL
+    /// without prevResult find the attachment's firewalld sources through that record.
+    #[test]
+    fn a_firewalld_zone_is_accepted_when_the_record_can_keep_it() {
+        let record = |zone: &str| crate::record::Record {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            backend: "firewalld".into(),
+            zone: zone.into(),
+            addrs: Vec::new(),
+        };
+        let long = "z".repeat(64);
+        for zone in ["internal", "my_zone-1+a.b/c", long.as_str()] {
+            let c = Conf::from_raw(&json!({ "firewalldZone": zone }))
+                .unwrap_or_else(|e| panic!("{zone}: {}", e.msg));
+            assert_eq!(c.zone, zone);
+            let r = record(&c.zone);
+            assert_eq!(crate::record::Record::parse(&r.text()), Some(r), "{zone}");
+        }
+        let longer = "z".repeat(65);
+        for zone in ["-x", longer.as_str(), "a b", "a;b"] {
+            let e = Conf::from_raw(&json!({ "firewalldZone": zone })).unwrap_err();
+            assert_eq!(e.code, cni_common::code::INVALID_CONFIG, "{zone}");
+            assert!(e.msg.contains("firewalldZone"), "{zone}: {}", e.msg);
+            assert_eq!(crate::record::Record::parse(&record(zone).text()), None, "{zone}");
+        }
+    }
+
+    #[test]
+    fn the_bridge_policies_refusals_name_the_policy() {
+        let decode = |v| CniResult::decode(&v, cni_common::Version::V1_0_0).unwrap();
+        let none = decode(json!({"cniVersion": "1.0.0", "ips": []}));
+        let bad = decode(json!({"cniVersion": "1.0.0", "interfaces": [{"name": "a/b"}], "ips": []}));
+        for policy in ["same-bridge", "isolated"] {
+            let c = Conf::from_raw(&json!({ "ingressPolicy": policy })).unwrap();
+            for (what, prev) in [("no interface", &none), ("not an interface name", &bad)] {
+                let e = Intent::new(&c, prev).unwrap_err();
+                assert_eq!(e.code, cni_common::code::INVALID_CONFIG, "{policy}, {what}");
+                assert!(
+                    e.msg.contains(&format!("ingressPolicy \"{policy}\"")),
+                    "{policy}, {what}: {}",
+                    e.msg
+                );
+            }
+        }
     }
 }

@@ -55,11 +55,6 @@ impl Rule {
         }
     }
 
-    /// The address family the rule belongs to (None: both).
-    pub fn family(&self) -> Option<Family> {
-        self.src.or(self.dst).map(|a| Family::of(&a))
-    }
-
     /// The words after `-A <chain>`, in the order iptables-save prints them.
     pub fn words(&self) -> Vec<String> {
         let mut w: Vec<String> = Vec::new();

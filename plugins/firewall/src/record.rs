@@ -66,6 +66,17 @@ impl Record {
     }
 }
 
+/// A hook of the unit tests (see `AFTER_MKDIR`).
+#[cfg(test)]
+type Hook = Option<Box<dyn FnMut(&Path)>>;
+
+#[cfg(test)]
+thread_local! {
+    /// Run between making the network's directory and writing the record: the unit tests'
+    /// stand-in for a concurrent DEL or GC that removes the directory in that moment.
+    static AFTER_MKDIR: std::cell::RefCell<Hook> = const { std::cell::RefCell::new(None) };
+}
+
 pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
     let dir = net_dir(root, &a.network);
     let path = file_of(root, a);
@@ -74,6 +85,12 @@ pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
     // a DEL or GC of the network's last attachment removes the directory: make it again once
     for attempt in 0..2 {
         std::fs::create_dir_all(&dir).map_err(io)?;
+        #[cfg(test)]
+        AFTER_MKDIR.with(|h| {
+            if let Some(f) = h.borrow_mut().as_mut() {
+                f(&dir)
+            }
+        });
         match std::fs::write(&tmp, r.text()).and_then(|()| std::fs::rename(&tmp, &path)) {
             Err(e) if attempt == 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
             other => return other.map_err(io),
@@ -164,6 +181,84 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
         write(&root, &a, &r).unwrap();
         assert_eq!(read(&root, &a), Some(r));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn rec(ctr: &str) -> Record {
+        Record {
+            container_id: ctr.into(),
+            ifname: "eth0".into(),
+            backend: "nftables".into(),
+            zone: "trusted".into(),
+            addrs: vec!["10.0.0.2".parse().unwrap()],
+        }
+    }
+
+    /// A record needs each of its container, interface and backend lines.
+    #[test]
+    fn a_record_without_its_container_interface_or_backend_is_refused() {
+        assert!(Record::parse("ctr c\nif e\nbackend nftables\n").is_some());
+        for text in ["if e\nbackend nftables\n", "ctr c\nbackend nftables\n", "ctr c\nif e\n"] {
+            assert_eq!(Record::parse(text), None, "{text:?}");
+        }
+    }
+
+    /// The network's directory removed by a concurrent DEL or GC between making it and
+    /// writing the record: made again once and the record written; removed again on that
+    /// second attempt, the write fails (never `Ok` with nothing written).
+    #[test]
+    fn a_directory_removed_while_the_record_is_written_is_made_again_once() {
+        let root = std::env::temp_dir().join(format!("fw-rec-race-{}", std::process::id()));
+        let a = AttachmentId::new("net1", "c1", "eth0");
+        let race = |times: usize| {
+            let mut left = times;
+            AFTER_MKDIR.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |dir: &Path| {
+                    if left > 0 {
+                        left -= 1;
+                        std::fs::remove_dir(dir).unwrap();
+                    }
+                }))
+            });
+        };
+        race(1);
+        write(&root, &a, &rec("c1")).unwrap();
+        assert_eq!(read(&root, &a), Some(rec("c1")));
+        std::fs::remove_dir_all(&root).unwrap();
+        race(2);
+        let e = write(&root, &a, &rec("c1")).unwrap_err();
+        assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
+        assert_eq!(read(&root, &a), None);
+        AFTER_MKDIR.with(|h| *h.borrow_mut() = None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Only what can be the attachment's own is read: a file holding another attachment's
+    /// record, a file whose name is not a record's (32 hex digits), and a record that cannot be
+    /// removed (its path is a directory) is an error for DEL.
+    #[test]
+    fn only_an_attachments_own_file_is_read_and_a_failed_removal_is_reported() {
+        let root = std::env::temp_dir().join(format!("fw-rec-own-{}", std::process::id()));
+        let a = AttachmentId::new("net1", "c1", "eth0");
+        std::fs::create_dir_all(root.join("net1")).unwrap();
+        // the file of c1/eth0 holding c2/eth0's record (or c1/eth1's): not c1/eth0's
+        std::fs::write(file_of(&root, &a), rec("c2").text()).unwrap();
+        assert_eq!(read(&root, &a), None);
+        let other_if = Record { ifname: "eth1".into(), ..rec("c1") };
+        std::fs::write(file_of(&root, &a), other_if.text()).unwrap();
+        assert_eq!(read(&root, &a), None);
+        std::fs::remove_file(file_of(&root, &a)).unwrap();
+        // records under names no write makes are not the network's records
+        std::fs::write(root.join("net1").join("abcd"), rec("c3").text()).unwrap();
+        std::fs::write(root.join("net1").join("z".repeat(32)), rec("c4").text()).unwrap();
+        assert!(all(&root, "net1").is_empty());
+        write(&root, &a, &rec("c1")).unwrap();
+        assert_eq!(all(&root, "net1"), vec![rec("c1")]);
+        // a record that cannot be removed: DEL says so
+        std::fs::remove_file(file_of(&root, &a)).unwrap();
+        std::fs::create_dir_all(file_of(&root, &a).join("inside")).unwrap();
+        let e = remove(&root, &a).unwrap_err();
+        assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
         std::fs::remove_dir_all(&root).unwrap();
     }
 

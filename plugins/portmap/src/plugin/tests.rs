@@ -260,3 +260,39 @@ fn gc_runs_upstreams_part_and_ours_and_reports_both() {
         .unwrap();
     assert!(has_ours(&h));
 }
+
+#[test]
+fn del_and_gc_refuse_a_hostile_configuration_before_touching_anything() {
+    // a condition that would end an nft statement: refused (code 7) on DEL and GC as on ADD,
+    // before the mark, our table or upstream's state is touched
+    let hostile = |mut v: Value| {
+        v["conditionsV4"] = json!(["ip daddr 1.1.1.1; flush ruleset"]);
+        v
+    };
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    h.upstream.present = true;
+    let e = del_with(&mut h, &request(Command::Del, &hostile(web()))).unwrap_err();
+    assert_eq!(e.code, code::INVALID_CONFIG, "{}", e.msg);
+    assert!(h.calls.is_empty(), "nothing touched: {:?}", h.calls);
+    assert!(has_ours(&h) && h.upstream.present);
+
+    let mut gc = hostile(web());
+    gc["cni.dev/valid-attachments"] = json!([]);
+    gc["cniVersion"] = json!("1.1.0");
+    let e = gc_with(&mut h, &request(Command::Gc, &gc)).unwrap_err();
+    assert_eq!(e.code, code::INVALID_CONFIG, "{}", e.msg);
+    assert!(h.calls.is_empty(), "nothing touched: {:?}", h.calls);
+    assert!(has_ours(&h) && h.upstream.present);
+}
+
+#[test]
+fn the_plugin_names_itself_portmap_in_its_about_banner() {
+    // CNI_COMMAND unset: the banner on stderr names the plugin, nothing on stdout
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let rc = cni_common::skel::run_with(&Portmap, |_| None, &mut std::io::empty(), &mut stdout, &mut stderr);
+    assert_eq!(rc, 0);
+    assert!(stdout.is_empty());
+    let banner = String::from_utf8(stderr).unwrap();
+    assert!(banner.starts_with("CNI portmap plugin "), "{banner}");
+}
