@@ -100,7 +100,12 @@ pub fn guard(s: &State, conds: &Conditions) -> Result<Step> {
     if !s.complete {
         return Ok(if s.found.hooked() { Step::Apply(Plan::default()) } else { Step::ReadAll });
     }
-    if s.found.table && !s.found.current {
+    // A table without the version element but with no set at all holds nothing to upgrade: it
+    // is what the gate chains' nft script (user conditions) made a moment ago, in this verb or
+    // in one killed before its transaction, and the setup completes it. Only a table of sets
+    // (of the previous layout) waits for an ADD with host ports.
+    let bare = s.found.sets.as_ref().is_some_and(Vec::is_empty);
+    if s.found.table && !s.found.current && !bare {
         let note =
             "portmap: note: the table is of the previous layout; the next ADD with host ports upgrades it \
                     (and adds the localhost guard)";

@@ -1450,6 +1450,29 @@ fn the_guard_comes_back_without_host_ports_after_a_flush() {
     assert!(guard_intact(&k));
 }
 
+/// With user conditions, the guard's setup after a flush includes the gate chain, which only
+/// nft can write: the guard's plan carries that script, and the guard itself then completes the
+/// table the script made (found by the CI mutation sample: before, the bare table the script
+/// left was taken for one of the previous layout and the `localnet` guard was not restored
+/// until an ADD with host ports came).
+#[test]
+fn the_guard_restored_with_conditions_writes_their_gate_chain_through_nft() {
+    let k = Fake::new();
+    let c = json!({"conditionsV4": ["ip", "daddr", "!=", "192.0.2.9"]});
+    let a = pod_with("n", "a", "eth0", &["10.0.0.5/24"], c, &[(8080, 80, "tcp")]);
+    add(&k, &a).unwrap();
+    let gate = layout::gate_chain(Family::V4, &a.conf.conditions.v4);
+    k.edit(|t| *t = None);
+    let before = k.scripts().len();
+    flow::guard(&mut k.clone(), &a.conf.conditions).unwrap();
+    assert!(guard_intact(&k));
+    assert_eq!(k.scripts().len(), before + 1, "the gate chain written by nft");
+    let chains: Vec<String> = k.table().unwrap().chains.iter().map(|(n, _)| n.clone()).collect();
+    assert!(chains.contains(&gate), "{chains:?}");
+    add(&k, &a).unwrap();
+    check(&k, &a).unwrap();
+}
+
 /// The guard restored after a flush while another verb rebuilds the table between the guard's
 /// read and its transaction: the guard's setup holds only at the generation it read, so it is
 /// planned again on the new table (nothing to do) instead of adding the static part's rules a
