@@ -802,6 +802,31 @@ fn auto_mtu_takes_kubenets_choice_from_the_host() {
     add(&f, &config(json!({"autoMtu": true}))).unwrap();
     assert_eq!(host_veth(&f).link.mtu, 9001);
     assert_eq!(f.w.borrow().link(Ns::Host, "cni0").unwrap().link.mtu, 9001);
+    // its twin: without autoMtu (and without mtu) the host's interfaces choose nothing
+    let f = world(FAMILIES[0].1);
+    {
+        let mut w = f.w.borrow_mut();
+        let i = w.links.iter().position(|l| l.ns == Ns::Host && l.link.name == "eth0").unwrap();
+        w.links[i].link.mtu = 9001;
+    }
+    add(&f, &config(json!({}))).unwrap();
+    assert_ne!(host_veth(&f).link.mtu, 9001, "no MTU asked for, none taken from the host");
+    assert_ne!(f.w.borrow().link(Ns::Host, "cni0").unwrap().link.mtu, 9001);
+}
+
+/// Two ADDs on one bridge at the same moment: the other one adds the gateway address between
+/// this ADD's read of the bridge's addresses and its own request, which the kernel answers
+/// EEXIST. The address is there, as wanted: ADD goes on and succeeds.
+#[test]
+fn a_gateway_address_added_by_a_concurrent_add_is_taken_as_there() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        // the container's addresses come first, then the gateways on the bridge
+        f.fail("addr_add", addrs.len(), Fault::After(libc::EEXIST));
+        let r = add(&f, &config(json!({}))).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        check(&f, &config(json!({})), &r).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        assert!(f.w.borrow().faults.is_empty(), "{fam}: the fault was met");
+    }
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub struct World {
     pub ipam_answer: Option<std::result::Result<String, CniError>>,
     /// Whether the IPAM delegate holds a reservation for the attachment.
     pub ipam_reserved: bool,
-    faults: Vec<(&'static str, usize, Fault)>,
+    pub faults: Vec<(&'static str, usize, Fault)>,
     hooks: Vec<(&'static str, Hook)>,
     /// The process "died" at a call: from then on every call fails and nothing changes, as
     /// for an ADD killed halfway (no undo runs).

@@ -681,6 +681,21 @@ fn refused_by_every_verb(k: &Fake, a: &Pod, parts: &[&str]) {
     assert_eq!(k.table(), before, "nothing changed");
 }
 
+/// The guard on a table of the previous layout (sets, no version) changes nothing and says
+/// why: upgrading it is the next ADD with host ports' work, which carries its elements over.
+/// (Its twin, a bare table an nft script has just made, is completed: see
+/// `the_guard_restored_with_conditions_writes_their_gate_chain_through_nft`.)
+#[test]
+fn the_guard_leaves_a_table_of_the_previous_layout_to_the_next_add_and_says_so() {
+    let k = Fake::new();
+    add(&k, &pod("n", "a", "10.0.0.5/24", &[(8080, 80, "tcp")])).unwrap();
+    make_layout_1(&k);
+    let before = k.table();
+    let out = flow::guard(&mut k.clone(), &crate::config::Conditions::default()).unwrap();
+    assert_eq!(k.table(), before, "nothing changed");
+    assert!(out.notes.iter().any(|n| n.contains("the table is of the previous layout")), "{:?}", out.notes);
+}
+
 /// A table without the layout version is of layout 1 only when its sets are layout 1's with
 /// layout 1's types and flags (or layout 2's, a table of this layout that lost its version):
 /// a same-named set of another type, of other flags, or sets of both layouts at once make a
