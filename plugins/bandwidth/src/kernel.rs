@@ -16,19 +16,6 @@ use cni_common::{CniError, Request, Result};
 
 pub type NlResult<T> = std::result::Result<T, NlError>;
 
-/// The Linux errno values the seam and its fake answer with (the crate does not link libc
-/// itself; netlink is Linux-only).
-pub mod errno {
-    pub const ENOENT: i32 = 2;
-    pub const EIO: i32 = 5;
-    pub const EEXIST: i32 = 17;
-    pub const ENODEV: i32 = 19;
-    pub const EINVAL: i32 = 22;
-    pub const EBUSY: i32 = 16;
-    pub const ENOMEM: i32 = 12;
-    pub const ENOBUFS: i32 = 105;
-}
-
 /// The ifb to create: name, MTU and queue length (the host veth's), the owner record (alias)
 /// and the device group. It is created up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +91,7 @@ impl Kernel for Real<'_> {
     fn ctr_link_by_name(&mut self, name: &str) -> NlResult<Option<Link>> {
         match &mut self.ctr {
             Some(nl) => nl.link_by_name(name),
-            None => Err(NlError::new("no container namespace", errno::ENOENT)),
+            None => Err(NlError::new("no container namespace", libc::ENOENT)),
         }
     }
 

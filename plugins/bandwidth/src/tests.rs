@@ -16,7 +16,7 @@ use crate::config::{Limits, Shape};
 use crate::flow;
 use crate::identity::{ifb_group, IfbIdentity};
 use crate::kernel::fake::{Fake, Fault, Op, Side, PSCHED};
-use crate::kernel::{errno, Kernel};
+use crate::kernel::Kernel;
 
 const NET: &str = "kubenet";
 const NETNS: &str = "/run/netns/pod";
@@ -269,8 +269,8 @@ fn the_undo_goes_on_when_one_of_its_steps_fails() {
     // root bucket are still removed.
     let mut k = Fake::new();
     let veth = pod(&mut k);
-    k.fault(Op::FilterAdd, 1, Fault::Fail(errno::ENOMEM));
-    k.fault(Op::QdiscDel, 1, Fault::Fail(errno::EBUSY));
+    k.fault(Op::FilterAdd, 1, Fault::Fail(libc::ENOMEM));
+    k.fault(Op::QdiscDel, 1, Fault::Fail(libc::EBUSY));
     add(&mut k, &both()).unwrap_err();
     assert_eq!(k.host_names(), vec![VETH]);
     assert_eq!(k.qdiscs_of(veth), vec!["ingress ffff:"], "only the step that failed to undo is left");
@@ -300,7 +300,7 @@ fn a_link_vanishing_during_add_fails_it_and_the_undo_copes() {
     // one and leaves nothing of it.
     let mut k = Fake::new();
     pod(&mut k);
-    k.fault(Op::CreateIfb, 1, Fault::Fail(errno::EEXIST));
+    k.fault(Op::CreateIfb, 1, Fault::Fail(libc::EEXIST));
     let e = add(&mut k, &egress_only()).unwrap_err();
     assert!(e.msg.starts_with("create ifb for traffic out of the container"), "{}", e.msg);
     assert_eq!(host_state(&k), (vec![VETH.to_string()], vec![], vec![]));
@@ -318,7 +318,7 @@ fn add_errors_name_the_step() {
     for (op, nth, want) in cases {
         let mut k = Fake::new();
         pod(&mut k);
-        k.faults.push((op, nth, Fault::Fail(errno::ENOMEM)));
+        k.faults.push((op, nth, Fault::Fail(libc::ENOMEM)));
         let e = add(&mut k, &both()).unwrap_err();
         assert!(e.msg.starts_with(&want), "{op:?}: {}", e.msg);
     }
@@ -641,7 +641,7 @@ fn del_collects_every_error_and_tries_every_step() {
     // second look-up; the ingress qdisc, whose redirect then cannot be told ours, is left for
     // the next DEL (the redirect points nowhere by then).
     let (mut k, veth) = added(&both());
-    k.fault(Op::LinkByName, 1, Fault::Fail(errno::ENOBUFS));
+    k.fault(Op::LinkByName, 1, Fault::Fail(libc::ENOBUFS));
     let e = del(&mut k).unwrap_err();
     assert!(e.msg.contains("LinkByName"), "{}", e.msg);
     assert_eq!(k.qdiscs_of(veth), vec!["ingress ffff:"]);
@@ -650,13 +650,13 @@ fn del_collects_every_error_and_tries_every_step() {
     assert!(k.qdiscs_of(veth).is_empty());
     // Clearing the veth fails: the ifb still goes.
     let (mut k, _) = added(&both());
-    k.fault(Op::QdiscDel, 1, Fault::Fail(errno::EBUSY));
+    k.fault(Op::QdiscDel, 1, Fault::Fail(libc::EBUSY));
     let e = del(&mut k).unwrap_err();
     assert!(e.msg.contains("QdiscDel"), "{}", e.msg);
     assert!(k.host(&ifb()).is_none());
     // Deleting the ifb fails: said, with its name.
     let (mut k, _) = added(&both());
-    k.fault(Op::LinkDel, 1, Fault::Fail(errno::EBUSY));
+    k.fault(Op::LinkDel, 1, Fault::Fail(libc::EBUSY));
     let e = del(&mut k).unwrap_err();
     assert!(e.msg.starts_with(&format!("delete ifb {}", ifb())), "{}", e.msg);
     // The ifb vanished (GC got there first) between the look-up and the delete: fine.
@@ -959,23 +959,23 @@ fn gc_and_del_each_succeed_on_what_the_other_removed() {
     let mut k = Fake::new();
     k.plant_ifb(&gone.ifb_name(), Some(&gone.ifb_alias()), gone.ifb_group());
     k.plant_ifb("bwpaaaaaaaaaaaa", None, 0);
-    k.fault(Op::LinkDel, 1, Fault::Fail(errno::EBUSY));
+    k.fault(Op::LinkDel, 1, Fault::Fail(libc::EBUSY));
     let e = flow::gc(&mut k, NET, &[]).unwrap_err();
     assert!(e.msg.starts_with(&format!("GC: delete ifb {}", gone.ifb_name())), "{}", e.msg);
     assert_eq!(k.host_names(), vec![gone.ifb_name()]);
     // Upstream's failing delete is reported too.
     let mut k = Fake::new();
     k.plant_ifb("bwpaaaaaaaaaaaa", None, 0);
-    k.fault(Op::LinkDel, 1, Fault::Fail(errno::EBUSY));
+    k.fault(Op::LinkDel, 1, Fault::Fail(libc::EBUSY));
     let e = flow::gc(&mut k, NET, &[]).unwrap_err();
     assert!(e.msg.starts_with("GC: delete upstream's ifb bwpaaaaaaaaaaaa"), "{}", e.msg);
     // Listing fails: an error.
     let mut k = Fake::new();
-    k.fault(Op::Links, 1, Fault::Fail(errno::ENOBUFS));
+    k.fault(Op::Links, 1, Fault::Fail(libc::ENOBUFS));
     flow::gc(&mut k, NET, &[]).unwrap_err();
     let mut k = Fake::new();
     k.plant_ifb("bwpaaaaaaaaaaaa", None, 0);
-    k.fault(Op::Links, 2, Fault::Fail(errno::ENOBUFS));
+    k.fault(Op::Links, 2, Fault::Fail(libc::ENOBUFS));
     flow::gc(&mut k, NET, &[]).unwrap_err();
 }
 
@@ -1018,13 +1018,13 @@ fn resync_rebuilds_what_is_missing() {
     // A rebuild that fails is an error; one whose comparison afterwards fails says so.
     let mut k = Fake::new();
     pod(&mut k);
-    k.fault(Op::QdiscAddTbf, 1, Fault::Fail(errno::EIO));
+    k.fault(Op::QdiscAddTbf, 1, Fault::Fail(libc::EIO));
     let e = flow::resync(&mut k, &att(), &ingress_only(), &prev(), false).unwrap_err();
     assert!(e.msg.starts_with(&format!("shape traffic into the container on {VETH}")), "{}", e.msg);
     let mut k = Fake::new();
     pod(&mut k);
     // The fourth qdisc listing is the comparison after the rebuild (CHECK's, then ADD's two).
-    k.fault(Op::Qdiscs, 4, Fault::Fail(errno::ENOBUFS));
+    k.fault(Op::Qdiscs, 4, Fault::Fail(libc::ENOBUFS));
     let e = flow::resync(&mut k, &att(), &ingress_only(), &prev(), false).unwrap_err();
     assert!(e.msg.starts_with("still missing after rebuilding it: "), "{}", e.msg);
     check(&mut k, &ingress_only()).unwrap();

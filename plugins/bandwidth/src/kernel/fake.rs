@@ -247,7 +247,7 @@ impl Fake {
         if op.changes() {
             self.changes += 1;
             if self.fail_at == Some(self.changes) {
-                return Err(err(op, errno::EIO));
+                return Err(err(op, libc::EIO));
             }
         }
         match self.faults.iter().find(|(o, at, _)| *o == op && *at == n).map(|f| f.2) {
@@ -259,7 +259,7 @@ impl Fake {
 
     fn lost<T>(lost: bool, op: Op, v: T) -> NlResult<T> {
         if lost {
-            Err(err(op, errno::EIO))
+            Err(err(op, libc::EIO))
         } else {
             Ok(v)
         }
@@ -324,7 +324,7 @@ impl Kernel for Fake {
         Self::lost(self.call(Op::LinkByIndex)?, Op::LinkByIndex, ())?;
         // RTM_GETLINK with neither an index nor a name.
         if index == 0 {
-            return Err(err(Op::LinkByIndex, errno::EINVAL));
+            return Err(err(Op::LinkByIndex, libc::EINVAL));
         }
         Ok(self.links.get(&(Side::Host, index)).cloned())
     }
@@ -337,7 +337,7 @@ impl Kernel for Fake {
     fn create_ifb(&mut self, s: &IfbSpec) -> NlResult<Link> {
         let lost = self.call(Op::CreateIfb)?;
         if self.host(&s.name).is_some() {
-            return Err(err(Op::CreateIfb, errno::EEXIST));
+            return Err(err(Op::CreateIfb, libc::EEXIST));
         }
         let index = self.index();
         let l = Link {
@@ -359,7 +359,7 @@ impl Kernel for Fake {
     fn link_del(&mut self, index: u32) -> NlResult<()> {
         let lost = self.call(Op::LinkDel)?;
         if !self.host_index(index) {
-            return Err(err(Op::LinkDel, errno::ENODEV));
+            return Err(err(Op::LinkDel, libc::ENODEV));
         }
         self.remove((Side::Host, index));
         Self::lost(lost, Op::LinkDel, ())
@@ -397,10 +397,10 @@ impl Kernel for Fake {
     fn qdisc_add_tbf(&mut self, index: u32, handle: u32, parent: u32, tbf: &Tbf) -> NlResult<()> {
         let lost = self.call(Op::QdiscAddTbf)?;
         if !self.host_index(index) {
-            return Err(err(Op::QdiscAddTbf, errno::ENODEV));
+            return Err(err(Op::QdiscAddTbf, libc::ENODEV));
         }
         if self.qdiscs.iter().any(|q| q.ifindex == index && q.parent == parent) {
-            return Err(err(Op::QdiscAddTbf, errno::EEXIST));
+            return Err(err(Op::QdiscAddTbf, libc::EEXIST));
         }
         self.qdiscs.push(Qdisc { ifindex: index, handle, parent, kind: "tbf".into(), tbf: Some(*tbf) });
         Self::lost(lost, Op::QdiscAddTbf, ())
@@ -409,10 +409,10 @@ impl Kernel for Fake {
     fn qdisc_add_ingress(&mut self, index: u32) -> NlResult<()> {
         let lost = self.call(Op::QdiscAddIngress)?;
         if !self.host_index(index) {
-            return Err(err(Op::QdiscAddIngress, errno::ENODEV));
+            return Err(err(Op::QdiscAddIngress, libc::ENODEV));
         }
         if self.qdiscs.iter().any(|q| q.ifindex == index && q.parent == TC_H_INGRESS) {
-            return Err(err(Op::QdiscAddIngress, errno::EEXIST));
+            return Err(err(Op::QdiscAddIngress, libc::EEXIST));
         }
         self.qdiscs.push(ingress(index));
         Self::lost(lost, Op::QdiscAddIngress, ())
@@ -437,13 +437,13 @@ impl Kernel for Fake {
     fn filter_add_redirect(&mut self, index: u32, parent: u32, prio: u16, target: u32) -> NlResult<()> {
         let lost = self.call(Op::FilterAdd)?;
         if !self.host_index(index) {
-            return Err(err(Op::FilterAdd, errno::ENODEV));
+            return Err(err(Op::FilterAdd, libc::ENODEV));
         }
         if !self.qdiscs.iter().any(|q| q.ifindex == index && q.handle == parent) {
-            return Err(err(Op::FilterAdd, errno::EINVAL));
+            return Err(err(Op::FilterAdd, libc::EINVAL));
         }
         if self.filters.iter().any(|f| f.ifindex == index && f.parent == parent && f.prio == prio) {
-            return Err(err(Op::FilterAdd, errno::EEXIST));
+            return Err(err(Op::FilterAdd, libc::EEXIST));
         }
         self.filters.push(Filter {
             ifindex: index,
