@@ -5,8 +5,9 @@
 //! [`Host`]: our table's kernel, upstream's state of the attachment (its iptables chains and
 //! nftables `cni_hostport` rules, `crate::upstream`), the deletion marks, the namespace's
 //! identity, `route_localnet`. [`System`] is the node; the unit tests (`plugin/tests.rs`) give a
-//! fake that holds upstream's state beside the fake table, so the order of the steps (CHECK
-//! judges upstream's form first) and how DEL's and GC's errors combine are tested without root.
+//! fake node whose upstream part is `crate::upstream::fake::Fake` (upstream's iptables tables
+//! and nftables backend) beside the fake table, so the order of the steps (CHECK judges
+//! upstream's form first) and how DEL's and GC's errors combine are tested without root.
 
 use crate::config::PortMapConf;
 use crate::config::{Conf, Intent, Teardown};
@@ -16,6 +17,7 @@ use crate::localnet;
 use crate::marks::Marks;
 use crate::model::Owner;
 use crate::netns;
+use crate::upstream::{self, seam::Upstream};
 use cni_common::attachment::AttachmentId;
 
 use crate::identity::{portmap_net_prefix, PortmapIdentity};
@@ -102,13 +104,9 @@ fn notes(o: &flow::Outcome) {
 pub(crate) trait Host {
     /// Our table's kernel (nf_tables over netlink), or why it is not usable (code 4).
     fn tables(&mut self) -> Result<&mut dyn kernel::Kernel>;
-    /// Remove upstream's state of the request's attachment (nothing there: `Ok`).
-    fn upstream_del(&mut self, req: &Request) -> Result<()>;
-    /// Whether upstream's state of the attachment is there and whole (CHECK then judges it
-    /// in its own form).
-    fn upstream_intact(&mut self, req: &Request) -> Result<bool>;
-    /// Remove upstream's leftovers of the network's attachments not in the valid list.
-    fn upstream_gc(&mut self, req: &Request) -> Result<()>;
+    /// Upstream's host-port state: its iptables `nat` tables and nftables backend
+    /// (`crate::upstream::seam`), which `crate::upstream` reads and changes.
+    fn upstream(&mut self) -> &mut dyn Upstream;
     /// Mark `me` deleted before anything is deleted ([`Marks`]).
     fn mark_deleted(&mut self, me: &Owner) -> Result<()>;
     /// The identity of the request's network namespace now, when it can be recorded.
@@ -123,6 +121,7 @@ pub(crate) trait Host {
 #[derive(Default)]
 pub(crate) struct System {
     nf: Option<kernel::Netlink>,
+    upstream: crate::upstream::seam::System,
 }
 
 impl Host for System {
@@ -132,14 +131,8 @@ impl Host for System {
         }
         Ok(self.nf.as_mut().expect("opened above"))
     }
-    fn upstream_del(&mut self, req: &Request) -> Result<()> {
-        crate::upstream::del(req)
-    }
-    fn upstream_intact(&mut self, req: &Request) -> Result<bool> {
-        Ok(crate::upstream::check(req)?.is_intact())
-    }
-    fn upstream_gc(&mut self, req: &Request) -> Result<()> {
-        crate::upstream::gc(req)
+    fn upstream(&mut self) -> &mut dyn Upstream {
+        &mut self.upstream
     }
     fn mark_deleted(&mut self, me: &Owner) -> Result<()> {
         Marks::system().mark_deleted(me)
@@ -184,7 +177,7 @@ pub(crate) fn del_with(h: &mut dyn Host, req: &Request) -> Result<()> {
     // nftables `cni_hostport` rules): crate::upstream, docs/switching.md.
     let mut errors = ErrorList::new();
     errors.take(ours);
-    errors.take(h.upstream_del(req));
+    errors.take(upstream::del(h.upstream(), req));
     errors.take(marked);
     errors.finish()
 }
@@ -193,7 +186,7 @@ pub(crate) fn del_with(h: &mut dyn Host, req: &Request) -> Result<()> {
 /// own form instead of ours (before our validation: its configuration is upstream's).
 pub(crate) fn check_with(h: &mut dyn Host, req: &Request) -> Result<()> {
     let prev = req.prev_result()?.ok_or_else(|| CniError::config("Required prevResult missing"))?;
-    if h.upstream_intact(req)? {
+    if upstream::check(h.upstream(), req)?.is_intact() {
         return Ok(());
     }
     let conf = load(req)?;
@@ -227,7 +220,7 @@ pub(crate) fn gc_with(h: &mut dyn Host, req: &Request) -> Result<()> {
     let valid: BTreeSet<String> =
         AttachmentId::valid_list(req)?.iter().map(AttachmentId::portmap_tag).collect();
     let mut errors = ErrorList::new();
-    errors.take(h.upstream_gc(req));
+    errors.take(upstream::gc(h.upstream(), req));
     let ours = match h.tables() {
         Ok(k) => flow::gc(k, &portmap_net_prefix(req.network()), &valid).map(|done| h.flush_udp(&done.udp)),
         Err(e) => {

@@ -1,6 +1,9 @@
 //! portmap's host ports as upstream makes them: found, checked and removed by our verbs (and
-//! read and written by `cni-migrate`), on the plugin-agnostic iptables layer of
-//! `cni_common::upstream`.
+//! read and written by `cni-migrate`). What this module decides (which chains and rules an
+//! attachment has, what is missing, which attachments are dead, what a removal leaves unused)
+//! is pure; it reads and changes the node only through [`seam::Upstream`], whose [`seam::System`]
+//! runs the plugin-agnostic iptables layer of `cni_common::upstream` and nf_tables, and whose
+//! `fake::Fake` holds upstream's tables in memory for the unit tests (`upstream/tests.rs`).
 //!
 //! **iptables backend** (plugins/meta/portmap/portmap.go and chain.go; v1.1.1 and later, table
 //! `nat` of `iptables` and `ip6tables`):
@@ -30,18 +33,22 @@
 //! rules in `hostports`). `cni-migrate to-upstream` writes the latter form
 //! ([`nft_backend_missing`] verifies it).
 
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 pub mod names;
+pub mod seam;
 
 use crate::config::PortMapConf;
 use cni_common::error_list::ErrorList;
-use cni_common::netlink::nft::{NfTables, NftDelete, NftRule};
+use cni_common::netlink::nft::{NftDelete, NftRule};
 use cni_common::spec::config::PortMapping;
 use cni_common::spec::json;
 use cni_common::spec::result::CniResult;
 use cni_common::upstream::iptables::{self, Backend, Fam, Rule, Script, Table};
-use cni_common::upstream::{self as common, locate, nft_family, nftables, Collect, Found, Teardown};
+use cni_common::upstream::{nft_family, Found, Teardown};
 use cni_common::{CniError, Request, Result};
 use ipnet::IpNet;
+use seam::{System, Upstream};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -339,21 +346,17 @@ fn old_snat_teardown() -> Teardown {
 /// Remove the shared `CNI-HOSTPORT-*` chains from the nf_tables nat table of `fam` when no
 /// container uses them any more. Best effort: `CNI-HOSTPORT-SETMARK` stays while any rule
 /// still jumps to it (the kernel refuses to delete it).
-fn nft_plumbing(nf: &mut NfTables, fam: Fam) {
-    let family = nft_family(fam);
-    let empty = |nf: &mut NfTables, chain: &str| -> bool {
-        matches!(nf.has_chain(family, "nat", chain), Ok(true))
-            && matches!(nf.rules(family, "nat", Some(chain)), Ok(r) if r.is_empty())
-    };
-    if empty(nf, names::HOSTPORT_DNAT) {
+fn nft_plumbing(u: &mut dyn Upstream, fam: Fam) {
+    let empty = |u: &mut dyn Upstream, chain: &str| matches!(u.nft_chain_len(fam, chain), Ok(Some(0)));
+    if empty(u, names::HOSTPORT_DNAT) {
         for t in [dnat_teardown(), masq_teardown(), setmark_teardown()] {
-            if let Err(e) = t.apply_nft(nf, fam) {
+            if let Err(e) = u.teardown_nft(fam, &t) {
                 eprintln!("note: upstream's portmap chains left in place: {}", e.msg);
             }
         }
     }
-    if empty(nf, names::HOSTPORT_SNAT) {
-        if let Err(e) = old_snat_teardown().apply_nft(nf, fam) {
+    if empty(u, names::HOSTPORT_SNAT) {
+        if let Err(e) = u.teardown_nft(fam, &old_snat_teardown()) {
             eprintln!("note: upstream's {} left in place: {}", names::HOSTPORT_SNAT, e.msg);
         }
     }
@@ -392,18 +395,12 @@ fn dropped_by(s: &Script) -> Vec<String> {
 }
 
 /// Rules of upstream's nftables backend carrying `container_id` as their comment, per family.
-fn nft_backend_rules(nf: &mut NfTables, container_id: &str) -> Result<Vec<(Fam, NftRule)>> {
+fn nft_backend_rules(u: &mut dyn Upstream, container_id: &str) -> Result<Vec<(Fam, NftRule)>> {
     let mut out = Vec::new();
     for fam in Fam::BOTH {
-        let family = nft_family(fam);
-        if !nf.has_table(family, names::NFT_HOSTPORT_TABLE)? {
-            continue;
-        }
-        for chain in names::NFT_HOSTPORT_RULE_CHAINS {
-            for r in nf.rules(family, names::NFT_HOSTPORT_TABLE, Some(chain))? {
-                if r.comment.as_deref() == Some(container_id) {
-                    out.push((fam, r));
-                }
+        for r in u.hostport_rules(fam)?.unwrap_or_default() {
+            if r.comment.as_deref() == Some(container_id) {
+                out.push((fam, r));
             }
         }
     }
@@ -412,8 +409,8 @@ fn nft_backend_rules(nf: &mut NfTables, container_id: &str) -> Result<Vec<(Fam, 
 
 /// Delete upstream's nftables-backend rules of `container_id` (one transaction), and each
 /// `cni_hostport` table left without any such rule.
-fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
-    let found = nft_backend_rules(nf, container_id)?;
+fn remove_nft_backend(u: &mut dyn Upstream, container_id: &str) -> Result<bool> {
+    let found = nft_backend_rules(u, container_id)?;
     if found.is_empty() {
         return Ok(false);
     }
@@ -426,24 +423,20 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
             handle: r.handle,
         })
         .collect();
-    common::delete(nf, &ops)
-        .map_err(|e| CniError::from(e).context("remove upstream's cni_hostport rules"))?;
+    u.hostport_delete(&ops).map_err(|e| e.context("remove upstream's cni_hostport rules"))?;
     for fam in Fam::BOTH {
-        let family = nft_family(fam);
         if !found.iter().any(|(f, _)| *f == fam) {
             continue;
         }
-        let mut left = 0;
-        for chain in names::NFT_HOSTPORT_RULE_CHAINS {
-            left += nf.rules(family, names::NFT_HOSTPORT_TABLE, Some(chain))?.len();
-        }
-        if left == 0 {
+        if u.hostport_rules(fam)?.is_some_and(|left| left.is_empty()) {
+            let family = nft_family(fam);
             let drop = NftDelete::Table { family, table: names::NFT_HOSTPORT_TABLE.into() };
-            if let Err(e) = common::delete(nf, &[drop]) {
+            if let Err(e) = u.hostport_delete(&[drop]) {
                 eprintln!(
-                    "note: empty table {} {} left in place: {e}",
+                    "note: empty table {} {} left in place: {}",
                     family.keyword(),
-                    names::NFT_HOSTPORT_TABLE
+                    names::NFT_HOSTPORT_TABLE,
+                    e.msg
                 );
             }
         }
@@ -451,29 +444,46 @@ fn remove_nft_backend(nf: &mut NfTables, container_id: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// Change the legacy `nat` table of `fam`: save it, let `build` make a restore script from it,
+/// apply the script. A restore that fails (the table changed since it was saved: a rule to
+/// delete is gone) is tried again from a new save, three times in all. Returns what `build`
+/// returned with the script that was applied.
+fn legacy_change<T>(
+    u: &mut dyn Upstream,
+    fam: Fam,
+    mut build: impl FnMut(&Table) -> (Script, T),
+) -> Result<T> {
+    let mut last = None;
+    for _ in 0..3 {
+        let t = u.save(Backend::Legacy, fam)?;
+        let (s, out) = build(&t);
+        match u.restore_legacy(fam, &s) {
+            Ok(()) => return Ok(out),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("three attempts"))
+}
+
 /// Remove everything upstream's portmap made for (network, container id): the iptables chains
 /// in every backend and family that has them, the shared chains when no container uses them
 /// any more, and the nftables backend's rules of the container id. Returns whether anything
 /// was there. On a node without upstream state this costs a few nf_tables GETs and two
-/// `/proc` reads.
-pub fn remove(network: &str, container_id: &str) -> Result<bool> {
+/// `/proc` reads. Every table is tried; the errors are reported together.
+pub fn remove(u: &mut dyn Upstream, network: &str, container_id: &str) -> Result<bool> {
     let wanted = [names::dnat_chain(network, container_id), names::snat_chain(network, container_id)];
-    let mut nf = nftables();
-    let at = locate(nf.as_mut(), &wanted)?;
+    let at = u.locate(&wanted)?;
     let mut errors = ErrorList::new();
     let mut removed = false;
     let t = teardown(network, container_id);
     for (backend, fam) in at {
         let r = match backend {
-            Backend::Nft => match nf.as_mut() {
-                Some(nf) => {
-                    let r = t.apply_nft(nf, fam);
-                    nft_plumbing(nf, fam);
-                    r
-                }
-                None => Ok(false),
-            },
-            Backend::Legacy => common::legacy_change(fam, |table| {
+            Backend::Nft => {
+                let r = u.teardown_nft(fam, &t);
+                nft_plumbing(u, fam);
+                r
+            }
+            Backend::Legacy => legacy_change(u, fam, |table| {
                 let mut s = t.script(table);
                 let found = !s.is_empty();
                 plumbing_script(table, &dropped_by(&s), &mut s);
@@ -485,11 +495,9 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
             Err(e) => errors.push(e),
         }
     }
-    if let Some(nf) = nf.as_mut() {
-        match remove_nft_backend(nf, container_id) {
-            Ok(x) => removed |= x,
-            Err(e) => errors.push(e),
-        }
+    match remove_nft_backend(u, container_id) {
+        Ok(x) => removed |= x,
+        Err(e) => errors.push(e),
     }
     errors.finish().map(|()| removed)
 }
@@ -497,12 +505,12 @@ pub fn remove(network: &str, container_id: &str) -> Result<bool> {
 /// DEL: remove what upstream's portmap made for this attachment (both iptables backends and
 /// its nftables backend), and flush the UDP flows of its mappings. A configuration this
 /// cannot read (DEL must not fail on it) only costs the conntrack flush.
-pub fn del(req: &Request) -> Result<()> {
-    let removed = remove(req.network(), &req.env.container_id)
+pub fn del(u: &mut dyn Upstream, req: &Request) -> Result<()> {
+    let removed = remove(u, req.network(), &req.env.container_id)
         .map_err(|e| e.context("remove upstream's port mappings"))?;
     if removed {
         if let Ok(spec) = Spec::from_request(req) {
-            common::flush_udp("portmap (upstream's rules)", &spec.udp_ports(), &Fam::BOTH);
+            u.flush_udp("portmap (upstream's rules)", &spec.udp_ports(), &Fam::BOTH);
         }
     }
     Ok(())
@@ -511,18 +519,14 @@ pub fn del(req: &Request) -> Result<()> {
 /// CHECK: when upstream made this attachment's port mappings, whether its form is complete
 /// for every family the container has an address in; [`Found::Absent`] when upstream made
 /// none.
-pub fn check(req: &Request) -> Result<Found> {
+pub fn check(u: &mut dyn Upstream, req: &Request) -> Result<Found> {
     let spec = Spec::from_request(req)?;
     if spec.mappings().is_empty() {
         return Ok(Found::Absent);
     }
     let dn = names::dnat_chain(&spec.network, &spec.container_id);
-    let mut nf = nftables();
-    let at = locate(nf.as_mut(), std::slice::from_ref(&dn))?;
-    let nft_form = match nf.as_mut() {
-        Some(nf) => nft_backend_rules(nf, &spec.container_id)?,
-        None => Vec::new(),
-    };
+    let at = u.locate(std::slice::from_ref(&dn))?;
+    let nft_form = nft_backend_rules(u, &spec.container_id)?;
     if at.is_empty() && nft_form.is_empty() {
         return Ok(Found::Absent);
     }
@@ -531,7 +535,7 @@ pub fn check(req: &Request) -> Result<Found> {
             continue;
         }
         if let Some((backend, _)) = at.iter().find(|(_, f)| *f == fam) {
-            let t = iptables::save(*backend, fam)?;
+            let t = u.save(*backend, fam)?;
             if let Some(why) = missing_rule(&t, &spec, fam) {
                 return Err(CniError::internal(format!(
                     "port mappings made by upstream's portmap (iptables, {} backend) are incomplete: {why}",
@@ -553,12 +557,18 @@ pub fn check(req: &Request) -> Result<Found> {
 
 /// Whether upstream's nftables-backend form of `spec` is complete in every family the
 /// container has an address in (what v1.10's CHECK counts): None when it is, else what is
-/// missing. `cni-migrate to-upstream` verifies what it wrote with this.
+/// missing. `cni-migrate to-upstream` verifies what it wrote with this, on the node.
 pub fn nft_backend_missing(spec: &Spec) -> Result<Option<String>> {
-    let Some(mut nf) = nftables() else {
+    let mut node = System::new();
+    if !node.nf_tables_usable() {
         return Ok(Some("nf_tables is not usable".into()));
-    };
-    let found = nft_backend_rules(&mut nf, &spec.container_id)?;
+    }
+    nft_backend_missing_in(&mut node, spec)
+}
+
+/// [`nft_backend_missing`] through the seam.
+pub fn nft_backend_missing_in(u: &mut dyn Upstream, spec: &Spec) -> Result<Option<String>> {
+    let found = nft_backend_rules(u, &spec.container_id)?;
     for fam in Fam::BOTH {
         if spec.addr(fam).is_none() {
             continue;
@@ -634,165 +644,76 @@ fn udp_ports_in(t: &Table, chain: &str) -> Vec<u16> {
         .collect()
 }
 
-/// GC of upstream's iptables port mappings (found by the network name in the entry rules'
-/// comments), with the shared chains once unused. Rules of upstream's nftables backend name no
-/// network and are left to DEL.
-struct Gc;
+/// Whether a `nat` table with chain `c` may hold upstream's port mappings (GC).
+fn is_gc_chain(c: &str) -> bool {
+    c == names::HOSTPORT_DNAT
+        || c == names::HOSTPORT_SNAT
+        || c.starts_with("CNI-DN-")
+        || c.starts_with("CNI-SN-")
+}
 
-impl Collect for Gc {
-    const WHAT: &'static str = "port mappings";
+/// UDP host ports the dead attachments' DNAT chains forwarded.
+fn dead_udp_ports(t: &Table, network: &str, dead: &[String]) -> Vec<u16> {
+    dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect()
+}
 
-    fn is_chain(c: &str) -> bool {
-        c == names::HOSTPORT_DNAT
-            || c == names::HOSTPORT_SNAT
-            || c.starts_with("CNI-DN-")
-            || c.starts_with("CNI-SN-")
+/// GC in one (backend, family): the dead attachments' chains and jumps, then the shared chains
+/// they left unused; their UDP flows forgotten once they are gone.
+fn gc_in(
+    u: &mut dyn Upstream,
+    backend: Backend,
+    fam: Fam,
+    network: &str,
+    keep: &HashSet<&str>,
+) -> Result<()> {
+    let (dead, ports) = match backend {
+        Backend::Nft => {
+            let t = u.save(backend, fam)?;
+            let dead = dead_in(&t, network, keep);
+            for id in &dead {
+                u.teardown_nft(fam, &teardown(network, id))?;
+            }
+            nft_plumbing(u, fam);
+            let ports = dead_udp_ports(&t, network, &dead);
+            (dead, ports)
+        }
+        Backend::Legacy => legacy_change(u, fam, |t| {
+            let dead = dead_in(t, network, keep);
+            let mut s = Script::default();
+            for id in &dead {
+                for line in teardown(network, id).script(t).lines() {
+                    s.push(line);
+                }
+            }
+            let dropped = dropped_by(&s);
+            plumbing_script(t, &dropped, &mut s);
+            let ports = dead_udp_ports(t, network, &dead);
+            (s, (dead, ports))
+        })?,
+    };
+    for id in &dead {
+        eprintln!("GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})", backend.name());
     }
-
-    fn dead_in(t: &Table, network: &str, keep: &HashSet<&str>) -> Vec<String> {
-        dead_in(t, network, keep)
-    }
-
-    fn teardown(network: &str, container_id: &str) -> Teardown {
-        teardown(network, container_id)
-    }
-
-    fn tidy_nft(nf: &mut NfTables, fam: Fam) {
-        nft_plumbing(nf, fam);
-    }
-
-    fn tidy_script(t: &Table, s: &mut Script) {
-        let dropped = dropped_by(s);
-        plumbing_script(t, &dropped, s);
-    }
-
-    fn udp_ports(t: &Table, network: &str, dead: &[String]) -> Vec<u16> {
-        dead.iter().flat_map(|id| udp_ports_in(t, &names::dnat_chain(network, id))).collect()
-    }
+    u.flush_udp("upstream's port mappings", &ports, &[fam]);
+    Ok(())
 }
 
 /// GC: remove upstream's iptables port mappings of this network's attachments that are not
-/// in the valid list, the shared chains once unused, and the UDP flows of the removed mappings.
-pub fn gc(req: &Request) -> Result<()> {
-    common::collect::<Gc>(req)
+/// in the valid list (found by the network name in the entry rules' comments), the shared
+/// chains once unused, and the UDP flows of the removed mappings. A failing table does not stop
+/// the others. Rules of upstream's nftables backend name no network and are left to DEL.
+pub fn gc(u: &mut dyn Upstream, req: &Request) -> Result<()> {
+    let network = req.network();
+    let valid = req.valid_attachments()?;
+    let keep: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
+    let mut errors = ErrorList::new();
+    for (backend, fam) in u.locate_any(&is_gc_chain)? {
+        if let Err(e) = gc_in(u, backend, fam, network, &keep) {
+            errors.push(e.context("GC of upstream's iptables port mappings"));
+        }
+    }
+    errors.finish()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use cni_common::spec::result::{Interface, IpConfig};
-    use cni_common::upstream::iptables::SAVED_FOR_TESTS;
-    use serde_json::json;
-
-    fn prev() -> CniResult {
-        CniResult {
-            interfaces: vec![
-                Interface { name: "cbr9".into(), ..Default::default() },
-                Interface { name: "eth0".into(), sandbox: "/run/netns/x".into(), ..Default::default() },
-            ],
-            ips: vec![IpConfig {
-                interface: Some(1),
-                address: "10.77.0.2/24".parse().unwrap(),
-                gateway: None,
-            }],
-            ..Default::default()
-        }
-    }
-
-    fn spec(extra: Value) -> Spec {
-        let mut c = json!({"runtimeConfig": {"portMappings": [
-            {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"},
-            {"hostPort": 18081, "containerPort": 81, "protocol": "udp"}]}});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        Spec::from_json("swnet", "ctrA", "eth0", &c, Some(&prev())).unwrap()
-    }
-
-    #[test]
-    fn captured_upstream_state_is_complete() {
-        let t = Table::parse(SAVED_FOR_TESTS);
-        let s = spec(json!({}));
-        assert_eq!(s.udp_ports(), vec![18081]);
-        assert_eq!(missing_rule(&t, &s, Fam::V4), None);
-        assert_eq!(missing_rule(&t, &s, Fam::V6), None, "no IPv6 address: nothing to check");
-        // A mapping upstream did not make, or another container, is missing.
-        let more = Spec::from_json(
-            "swnet",
-            "ctrA",
-            "eth0",
-            &json!({"runtimeConfig": {"portMappings": [{"hostPort": 9, "containerPort": 9, "protocol": "tcp"}]}}),
-            Some(&prev()),
-        )
-        .unwrap();
-        assert!(missing_rule(&t, &more, Fam::V4).unwrap().contains("--dport 9"));
-        let nosnat = spec(json!({"snat": false}));
-        assert_eq!(missing_rule(&t, &nosnat, Fam::V4), None, "extra mark rules do not hurt");
-        let keep = HashSet::new();
-        assert_eq!(dead_in(&t, "swnet", &keep), vec!["ctrA"]);
-        assert!(dead_in(&t, "swnet", &HashSet::from(["ctrA"])).is_empty());
-        assert_eq!(udp_ports_in(&t, "CNI-DN-6c848780a988c4f72c3ef"), vec![18081]);
-    }
-
-    #[test]
-    fn rules_in_upstream_order() {
-        let s = spec(json!({}));
-        let d = dnat_rules(&s, Fam::V4).unwrap();
-        assert_eq!(d.chain, "CNI-DN-6c848780a988c4f72c3ef");
-        assert_eq!(d.entries.len(), 2);
-        assert_eq!(d.entries[0].join(" "), "-m comment --comment dnat name: \"swnet\" id: \"ctrA\" -m multiport -p tcp --destination-ports 18080 -j CNI-DN-6c848780a988c4f72c3ef");
-        let rules: Vec<String> = d.rules.iter().map(|r| r.join(" ")).collect();
-        assert_eq!(
-            rules,
-            vec![
-                "-p tcp --dport 18080 -s 10.77.0.2/24 -j CNI-HOSTPORT-SETMARK",
-                "-p tcp --dport 18080 -s 127.0.0.1 -j CNI-HOSTPORT-SETMARK",
-                "-p tcp --dport 18080 -j DNAT --to-destination 10.77.0.2:80",
-                "-p udp --dport 18081 -s 10.77.0.2/24 -j CNI-HOSTPORT-SETMARK",
-                "-p udp --dport 18081 -s 127.0.0.1 -j CNI-HOSTPORT-SETMARK",
-                "-p udp --dport 18081 -j DNAT --to-destination 10.77.0.2:81",
-            ]
-        );
-        assert!(dnat_rules(&s, Fam::V6).is_none());
-        // 16 ports of one protocol: two multiport rules; hostIP of the other family skipped.
-        let many: Vec<Value> =
-            (1..=16).map(|p| json!({"hostPort": 1000 + p, "containerPort": 80, "protocol": "tcp"})).collect();
-        let mut c =
-            json!({"runtimeConfig": {"portMappings": many}, "markMasqBit": 5, "externalSetMarkChain": ""});
-        c["runtimeConfig"]["portMappings"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"hostPort": 7, "containerPort": 7, "protocol": "udp", "hostIP": "fd00::1"}));
-        let s = Spec::from_json("n", "c", "eth0", &c, Some(&prev())).unwrap();
-        let d = dnat_rules(&s, Fam::V4).unwrap();
-        assert_eq!(d.entries.len(), 3, "tcp 15 + 1, udp 1 (ports of every mapping)");
-        assert_eq!(d.rules.len(), 16 * 3);
-        assert_eq!(s.mark(), "0x20/0x20");
-        let p = plumbing_rules(&s);
-        assert_eq!(p.len(), 5);
-        assert!(p
-            .iter()
-            .any(|(c, a, first)| c == "POSTROUTING" && *first && a.last().unwrap() == "CNI-HOSTPORT-MASQ"));
-        assert!(p
-            .iter()
-            .any(|(c, a, _)| c == "CNI-HOSTPORT-SETMARK" && a.contains(&"0x20/0x20".to_string())));
-        let ext = Spec::from_json("n", "c", "eth0", &json!({"externalSetMarkChain": "KUBE-MARK-MASQ"}), None)
-            .unwrap();
-        assert_eq!(plumbing_rules(&ext).len(), 2, "no SETMARK/MASQ with an external chain");
-    }
-
-    #[test]
-    fn lenient_and_strict_parsing() {
-        assert!(Spec::from_json("n", "c", "eth0", &json!({"markMasqBit": 40}), None).is_err());
-        assert!(Spec::from_json(
-            "n",
-            "c",
-            "eth0",
-            &json!({"runtimeConfig": {"portMappings": [{"hostPort": 0}]}}),
-            None
-        )
-        .is_err());
-        let s = Spec::from_json("n", "c", "eth0", &json!({"snat": null}), None).unwrap();
-        assert!(s.conf.snat() && s.mappings().is_empty() && s.v4.is_none());
-    }
-}
+mod tests;

@@ -406,7 +406,7 @@ pub fn run(opts: &Opts, report: &mut Report) -> Result<()> {
             };
             // ... then upstream's goes
             masq::remove(net, id)?;
-            hostport::remove(net, id)?;
+            hostport::remove(&mut hostport::seam::System::new(), net, id)?;
             // ours is complete
             if !f.masq.is_empty() {
                 let have = firewall::find(&mut nf, &att, true, false)?;

@@ -303,7 +303,7 @@ fn portmap_part(req: &Request, dry_run: bool) -> Result<Option<String>> {
     if conf.mappings.is_empty() {
         return guard_part(req, &conf, dry_run);
     }
-    if portmap::upstream::check(req)?.is_intact() {
+    if portmap::upstream::check(&mut portmap::upstream::seam::System::new(), req)?.is_intact() {
         return Ok(None);
     }
     let prev =

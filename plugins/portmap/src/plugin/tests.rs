@@ -6,27 +6,21 @@
 use super::*;
 use crate::kernel::fake::Fake;
 use crate::model::NsId;
+use crate::upstream::fake::{Fake as UpstreamFake, Fault, Op};
+use crate::upstream::names::dnat_chain;
+use crate::upstream::Spec;
 use cni_common::spec::env::Env;
 use cni_common::spec::{Command, Version};
+use cni_common::upstream::iptables::Backend::{Legacy, Nft};
 use serde_json::{json, Value};
-
-/// Upstream's state of the one attachment the tests use, as the fake node holds it.
-#[derive(Default)]
-struct Upstream {
-    /// Its chains or rules are there (DEL removes them).
-    present: bool,
-    /// …and whole (CHECK accepts them).
-    intact: bool,
-    /// Reading or removing it fails with this message (code 11).
-    broken: Option<&'static str>,
-}
 
 #[derive(Default)]
 struct FakeHost {
     table: Fake,
     /// `None`: nf_tables cannot be opened.
     tables_usable: bool,
-    upstream: Upstream,
+    /// Upstream's iptables `nat` tables and nftables backend on the fake node.
+    upstream: UpstreamFake,
     mark_fails: bool,
     /// What ran, in order.
     calls: Vec<&'static str>,
@@ -36,12 +30,6 @@ struct FakeHost {
 impl FakeHost {
     fn new() -> FakeHost {
         FakeHost { tables_usable: true, ..FakeHost::default() }
-    }
-    fn broken(&self) -> Result<()> {
-        match self.upstream.broken {
-            Some(m) => Err(CniError::new(code::TRY_AGAIN, m)),
-            None => Ok(()),
-        }
     }
 }
 
@@ -56,23 +44,9 @@ impl Host for FakeHost {
         }
         Ok(&mut self.table)
     }
-    fn upstream_del(&mut self, _: &Request) -> Result<()> {
-        self.calls.push("upstream_del");
-        self.broken()?;
-        self.upstream.present = false;
-        self.upstream.intact = false;
-        Ok(())
-    }
-    fn upstream_intact(&mut self, _: &Request) -> Result<bool> {
-        self.calls.push("upstream_intact");
-        self.broken()?;
-        Ok(self.upstream.present && self.upstream.intact)
-    }
-    fn upstream_gc(&mut self, _: &Request) -> Result<()> {
-        self.calls.push("upstream_gc");
-        self.broken()?;
-        self.upstream.present = false;
-        Ok(())
+    fn upstream(&mut self) -> &mut dyn Upstream {
+        self.calls.push("upstream");
+        &mut self.upstream
     }
     fn mark_deleted(&mut self, _: &Owner) -> Result<()> {
         self.calls.push("mark");
@@ -137,79 +111,136 @@ fn has_ours(h: &FakeHost) -> bool {
     })
 }
 
+/// Upstream's iptables form of the attachment `v` describes, made by upstream's ADD: IPv4 in
+/// iptables-nft, IPv6 in iptables-legacy (a node that changed backends between the two).
+fn upstreams_iptables(h: &FakeHost, v: &Value) -> Spec {
+    let spec = Spec::from_request(&request(Command::Add, v)).unwrap();
+    h.upstream.made_by_upstream(Nft, Family::V4, &spec);
+    h.upstream.made_by_upstream(Legacy, Family::V6, &spec);
+    spec
+}
+
+fn has_upstreams(h: &FakeHost) -> bool {
+    let dn = dnat_chain("n", "c1");
+    [(Nft, Family::V4), (Legacy, Family::V6)]
+        .iter()
+        .any(|(b, f)| h.upstream.nat(*b, *f).is_some_and(|t| t.has_chain(&dn)))
+        || Family::BOTH.iter().any(|f| h.upstream.hostport(*f).is_some_and(|r| !r.is_empty()))
+}
+
 #[test]
 fn check_judges_upstreams_form_first_and_never_reads_ours_then() {
     let mut h = FakeHost::new();
-    h.upstream = Upstream { present: true, intact: true, broken: None };
+    upstreams_iptables(&h, &web());
     // our table has nothing of the attachment: judged on ours, CHECK would fail
     assert!(check_with(&mut h, &request(Command::Check, &web())).is_ok());
-    assert_eq!(h.calls, ["upstream_intact"], "upstream first, ours not read");
+    assert_eq!(h.calls, ["upstream"], "upstream first, ours not read");
+    // upstream's nftables backend, dual-stack: the same
+    let mut h = FakeHost::new();
+    let spec = Spec::from_request(&request(Command::Add, &web())).unwrap();
+    for f in Family::BOTH {
+        h.upstream.made_by_nft_backend(f, &spec);
+    }
+    assert!(check_with(&mut h, &request(Command::Check, &web())).is_ok());
+    assert_eq!(h.calls, ["upstream"]);
     // upstream's configuration may be one ours refuses: still judged in upstream's form
     let mut h = FakeHost::new();
-    h.upstream = Upstream { present: true, intact: true, broken: None };
     let theirs =
         conf(json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": "127.0.0.1"}]));
+    upstreams_iptables(&h, &theirs);
     assert!(check_with(&mut h, &request(Command::Check, &theirs)).is_ok());
 }
 
 #[test]
-fn check_falls_back_to_ours_when_upstreams_form_is_missing_or_partial() {
-    for upstream in [Upstream::default(), Upstream { present: true, intact: false, broken: None }] {
-        let mut h = FakeHost::new();
-        h.upstream = upstream;
-        let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
-        assert_eq!(h.calls.first(), Some(&"upstream_intact"));
-        assert!(h.calls.contains(&"tables"), "ours judged: {:?}", h.calls);
-        assert_ne!(e.code, 0, "{}", e.msg);
-        add_ours(&mut h, &web());
-        check_with(&mut h, &request(Command::Check, &web())).expect("ours whole");
-    }
+fn check_reports_upstreams_incomplete_form_before_ours() {
+    // upstream's IPv6 half lost: upstream's problem is the one reported, ours never read
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    let spec = Spec::from_request(&request(Command::Add, &web())).unwrap();
+    h.upstream.made_by_upstream(Nft, Family::V4, &spec);
+    let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
+    assert!(e.msg.contains("nothing for the IPv6 address fd00::5/64"), "{}", e.msg);
+    assert_eq!(h.calls, ["upstream"]);
+}
+
+#[test]
+fn check_falls_back_to_ours_when_upstream_made_nothing() {
+    let mut h = FakeHost::new();
+    let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
+    assert_eq!(h.calls.first(), Some(&"upstream"));
+    assert!(h.calls.contains(&"tables"), "ours judged: {:?}", h.calls);
+    assert_ne!(e.code, 0, "{}", e.msg);
+    add_ours(&mut h, &web());
+    check_with(&mut h, &request(Command::Check, &web())).expect("ours whole");
+    // another container's upstream state is not this one's
+    let other = Spec::from_json("n", "c2", "eth0", &web(), None).unwrap();
+    let spec = Spec { v4: "10.0.0.6/24".parse().ok(), ..other };
+    h.upstream.made_by_upstream(Nft, Family::V4, &spec);
+    check_with(&mut h, &request(Command::Check, &web())).expect("ours whole, c2's upstream state ignored");
 }
 
 #[test]
 fn check_reports_upstreams_unreadable_state_instead_of_judging_ours() {
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream.broken = Some("iptables-save: lock held");
+    upstreams_iptables(&h, &web());
+    h.upstream
+        .fail([Fault::Refused(Op::Save, CniError::new(code::TRY_AGAIN, "iptables-nft-save: lock held"))]);
     let e = check_with(&mut h, &request(Command::Check, &web())).unwrap_err();
-    assert_eq!((e.code, e.msg.as_str()), (code::TRY_AGAIN, "iptables-save: lock held"));
-    assert_eq!(h.calls, ["upstream_intact"]);
+    assert_eq!((e.code, e.msg.as_str()), (code::TRY_AGAIN, "iptables-nft-save: lock held"));
+    assert_eq!(h.calls, ["upstream"]);
 }
 
 #[test]
 fn del_removes_ours_and_upstreams_and_composes_their_errors() {
-    // both there: both removed, UDP flows of our ports forgotten, marked first
+    // both there: both removed, UDP flows of our ports forgotten (and upstream's), marked first
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream = Upstream { present: true, intact: true, broken: None };
+    upstreams_iptables(&h, &web());
     del_with(&mut h, &request(Command::Del, &web())).unwrap();
-    assert_eq!(h.calls, ["mark", "tables", "upstream_del"]);
-    assert!(!has_ours(&h) && !h.upstream.present);
+    assert_eq!(h.calls, ["mark", "tables", "upstream"]);
+    assert!(!has_ours(&h) && !has_upstreams(&h));
     assert_eq!(h.flushed, [(Family::V4, 5353), (Family::V6, 5353)]);
+    assert_eq!(h.upstream.flushed(), [(Family::V4, 5353), (Family::V6, 5353)]);
 
     // upstream's removal fails: ours is still removed, the error is upstream's
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream = Upstream { present: true, intact: true, broken: Some("iptables: resource busy") };
+    upstreams_iptables(&h, &web());
+    h.upstream
+        .fail([Fault::Refused(Op::Teardown, CniError::new(code::TRY_AGAIN, "nf_tables: resource busy"))]);
     let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
     assert!(!has_ours(&h), "ours removed although upstream's failed");
     assert_eq!(e.code, code::TRY_AGAIN);
-    assert!(e.msg.contains("iptables: resource busy"), "{}", e.msg);
+    assert!(e.msg.contains("resource busy"), "{}", e.msg);
+    assert!(has_upstreams(&h));
+    del_with(&mut h, &request(Command::Del, &web())).expect("the retry finishes");
+    assert!(!has_upstreams(&h));
 
     // ours fails (a lost answer on every attempt) and upstream's fails: both reported
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream = Upstream { present: true, intact: true, broken: Some("iptables: resource busy") };
+    upstreams_iptables(&h, &web());
+    h.upstream.without_tool(Legacy);
     h.table.fail_reads([libc::EIO; 64]);
     let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
-    assert!(e.msg.contains("iptables: resource busy"), "{}", e.msg);
+    assert!(e.msg.contains("ip6tables-legacy-save is not installed"), "{}", e.msg);
     assert!(
         e.msg.contains("could not delete the port mappings") && e.msg.contains("Input/output error"),
         "{}",
         e.msg
     );
-    assert_eq!(e.code, code::TRY_AGAIN);
-    assert_eq!(h.calls, ["mark", "tables", "upstream_del"], "every step tried");
+    assert_eq!(e.code, code::INTERNAL, "neither says more than the other");
+    assert_eq!(h.calls, ["mark", "tables", "upstream"], "every step tried");
+
+    // ours fails, upstream's succeeds: ours reported, upstream's gone
+    let mut h = FakeHost::new();
+    add_ours(&mut h, &web());
+    upstreams_iptables(&h, &web());
+    h.table.fail_reads([libc::EIO; 64]);
+    let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
+    assert!(e.msg.contains("could not delete the port mappings"), "{}", e.msg);
+    assert!(!has_upstreams(&h));
 }
 
 #[test]
@@ -217,23 +248,24 @@ fn del_goes_on_when_the_mark_or_our_table_cannot_be_had_and_says_so() {
     // the mark cannot be made: everything is still deleted, and DEL reports it (the runtime retries)
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream.present = true;
+    upstreams_iptables(&h, &web());
     h.mark_fails = true;
     let e = del_with(&mut h, &request(Command::Del, &web())).unwrap_err();
     assert!(e.msg.contains("cannot mark"), "{}", e.msg);
-    assert!(!has_ours(&h) && !h.upstream.present);
+    assert!(!has_ours(&h) && !has_upstreams(&h));
 
     // nf_tables cannot be opened: nothing of ours can exist; upstream's part still runs, DEL succeeds
     let mut h = FakeHost::new();
     h.tables_usable = false;
-    h.upstream.present = true;
+    upstreams_iptables(&h, &web());
     del_with(&mut h, &request(Command::Del, &web())).unwrap();
-    assert!(!h.upstream.present);
+    assert!(!has_upstreams(&h));
 
     // nothing anywhere: DEL is idempotent
     let mut h = FakeHost::new();
     del_with(&mut h, &request(Command::Del, &web())).unwrap();
     del_with(&mut h, &request(Command::Del, &web())).unwrap();
+    assert!(h.flushed.is_empty() && h.upstream.flushed().is_empty());
 }
 
 #[test]
@@ -247,18 +279,24 @@ fn gc_runs_upstreams_part_and_ours_and_reports_both() {
     // our attachment not in the valid list: collected; upstream's failure reported, ours still done
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream = Upstream { present: true, intact: true, broken: Some("ip6tables-save: no such table") };
+    upstreams_iptables(&h, &web());
+    h.upstream.fail([Fault::Refused(Op::Save, CniError::internal("ip6tables-legacy-save: no such table"))]);
     let e = gc_with(&mut h, &request(Command::Gc, &gc_conf(json!([])))).unwrap_err();
-    assert!(e.msg.contains("ip6tables-save"), "{}", e.msg);
+    assert!(e.msg.contains("no such table"), "{}", e.msg);
     assert!(!has_ours(&h));
-    assert_eq!(h.calls, ["upstream_gc", "tables"]);
+    assert_eq!(h.calls, ["upstream", "tables"]);
+    // one of upstream's two tables was collected, the failing one is the next GC's
+    assert!(has_upstreams(&h));
+    gc_with(&mut h, &request(Command::Gc, &gc_conf(json!([])))).unwrap();
+    assert!(!has_upstreams(&h));
 
-    // in the valid list: kept
+    // in the valid list: kept, ours and upstream's
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
+    upstreams_iptables(&h, &web());
     gc_with(&mut h, &request(Command::Gc, &gc_conf(json!([{"containerID": "c1", "ifname": "eth0"}]))))
         .unwrap();
-    assert!(has_ours(&h));
+    assert!(has_ours(&h) && has_upstreams(&h));
 }
 
 #[test]
@@ -271,11 +309,12 @@ fn del_and_gc_refuse_a_hostile_configuration_before_touching_anything() {
     };
     let mut h = FakeHost::new();
     add_ours(&mut h, &web());
-    h.upstream.present = true;
+    upstreams_iptables(&h, &web());
     let e = del_with(&mut h, &request(Command::Del, &hostile(web()))).unwrap_err();
     assert_eq!(e.code, code::INVALID_CONFIG, "{}", e.msg);
     assert!(h.calls.is_empty(), "nothing touched: {:?}", h.calls);
-    assert!(has_ours(&h) && h.upstream.present);
+    assert!(has_ours(&h) && has_upstreams(&h));
+    assert!(h.upstream.calls().is_empty());
 
     let mut gc = hostile(web());
     gc["cni.dev/valid-attachments"] = json!([]);
@@ -283,7 +322,8 @@ fn del_and_gc_refuse_a_hostile_configuration_before_touching_anything() {
     let e = gc_with(&mut h, &request(Command::Gc, &gc)).unwrap_err();
     assert_eq!(e.code, code::INVALID_CONFIG, "{}", e.msg);
     assert!(h.calls.is_empty(), "nothing touched: {:?}", h.calls);
-    assert!(has_ours(&h) && h.upstream.present);
+    assert!(has_ours(&h) && has_upstreams(&h));
+    assert!(h.upstream.calls().is_empty());
 }
 
 #[test]
