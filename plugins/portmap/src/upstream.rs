@@ -644,12 +644,11 @@ fn udp_ports_in(t: &Table, chain: &str) -> Vec<u16> {
         .collect()
 }
 
-/// Whether a `nat` table with chain `c` may hold upstream's port mappings (GC).
+/// Whether a `nat` table with chain `c` may hold upstream's port mappings for GC: GC finds
+/// the dead only by the entry rules of these two chains, and tidies only them, so a table
+/// without either (a `CNI-DN-…` chain nothing jumps to) has nothing GC would act on.
 fn is_gc_chain(c: &str) -> bool {
-    c == names::HOSTPORT_DNAT
-        || c == names::HOSTPORT_SNAT
-        || c.starts_with("CNI-DN-")
-        || c.starts_with("CNI-SN-")
+    c == names::HOSTPORT_DNAT || c == names::HOSTPORT_SNAT
 }
 
 /// UDP host ports the dead attachments' DNAT chains forwarded.

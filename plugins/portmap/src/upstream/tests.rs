@@ -555,3 +555,46 @@ fn gc_goes_on_past_a_failing_table_and_reports_it() {
     assert!(gc(&mut g.clone(), &req(Command::Gc, "n", "c9", &[], &[])).is_err());
     assert!(has_chain(&g, Legacy, Fam::V4, &dn("n", "c1")));
 }
+
+#[test]
+fn gc_tidies_the_shared_chains_upstreams_del_left_and_the_pre_0_7_form() {
+    // upstream's own DEL leaves the shared chains behind: GC of any network takes them out
+    for b in [Nft, Legacy] {
+        let f = Fake::new();
+        let r = req(Command::Del, "n", "c1", V4, &[]);
+        upstream_add(&f, b, Fam::V4, &spec_of(&r));
+        let mut s = Script::default();
+        let t = f.nat(b, Fam::V4).unwrap();
+        for line in teardown("n", "c1").script(&t).lines() {
+            s.push(line);
+        }
+        f.seed(b, Fam::V4, &s);
+        assert!(has_chain(&f, b, Fam::V4, names::HOSTPORT_DNAT));
+        gc(&mut f.clone(), &req(Command::Gc, "m", "c9", &[], &[])).unwrap();
+        assert!(bare(&f, b, Fam::V4), "{b:?}: {:?}", f.nat(b, Fam::V4));
+    }
+    // versions before 0.7: CNI-SN-… jumped to from CNI-HOSTPORT-SNAT, found by its comment
+    for b in [Nft, Legacy] {
+        let f = Fake::new();
+        let sn = names::snat_chain("n", "c1");
+        let mut s = Script::default();
+        s.new_chain(names::HOSTPORT_SNAT);
+        s.new_chain(&sn);
+        s.append("POSTROUTING", &iptables::words(&["-j", names::HOSTPORT_SNAT]));
+        let comment = names::snat_comment("n", "c1");
+        s.append(
+            names::HOSTPORT_SNAT,
+            &iptables::words(&["-m", "comment", "--comment", &comment, "-j", &sn]),
+        );
+        s.append(&sn, &iptables::words(&["-s", "10.0.0.5/32", "-j", "MASQUERADE"]));
+        f.seed(b, Fam::V4, &s);
+        gc(&mut f.clone(), &req(Command::Gc, "n", "c9", &[], &["c1"])).unwrap();
+        assert!(has_chain(&f, b, Fam::V4, &sn), "valid: kept");
+        gc(&mut f.clone(), &req(Command::Gc, "n", "c9", &[], &[])).unwrap();
+        assert!(bare(&f, b, Fam::V4), "{b:?}: {:?}", f.nat(b, Fam::V4));
+        // DEL finds it as well
+        f.seed(b, Fam::V4, &s);
+        assert!(remove(&mut f.clone(), "n", "c1").unwrap());
+        assert!(bare(&f, b, Fam::V4), "{b:?}: {:?}", f.nat(b, Fam::V4));
+    }
+}
