@@ -34,7 +34,7 @@ type BridgeOptKey = (&'static str, &'static str, BridgeOpt, fn(&Conf) -> Option<
 
 /// Every option of the bridge device the configuration sets. ADD creates the bridge with them
 /// and brings an existing one to the `Always` ones ([`BridgeDevice`]); CHECK judges those. A key
-/// that sets a bridge option is its field in `config.rs` and one line here.
+/// that sets a bridge option is its field in `config.rs` and one entry here.
 pub(crate) const BRIDGE_OPTS: [BridgeOptKey; 1] = [
     // sent only to turn filtering on: a kernel without it refuses the attribute even as 0
     (
@@ -302,8 +302,9 @@ mod tests {
         assert_eq!(opts, &filtering);
 
         // An option kept at a value: changed on a bridge that has another, judged by CHECK.
-        let snoop = BridgeOpt::MCAST_SNOOPING;
-        let kept = BridgeDevice { keep: BridgeOpts::default().with(snoop, OptValue::U8(0)), ..plain.clone() };
+        let ageing = BridgeOpt(4); // IFLA_BR_AGEING_TIME, which no key sets
+        let kept =
+            BridgeDevice { keep: BridgeOpts::default().with(ageing, OptValue::U32(0)), ..plain.clone() };
         let bridge = |flags: u32, opts: BridgeOpts| Link {
             name: "br7".into(),
             kind: Some("bridge".into()),
@@ -313,15 +314,15 @@ mod tests {
         };
         let (up, promisc) = (0x1, 0x100);
         let on_off = |v: u8| BridgeOpts::default().with(BridgeOpt::VLAN_FILTERING, OptValue::U8(v));
-        let snooping = BridgeOpts::default().with(snoop, OptValue::U8(1));
-        let quiet = BridgeOpts::default().with(snoop, OptValue::U8(0));
-        let ch = kept.changes(&bridge(0, snooping.clone()));
-        assert_eq!(ch, BridgeChanges { promisc: false, opts: quiet.clone(), up: true });
-        assert_eq!(kept.changes(&bridge(up, quiet.clone())), BridgeChanges::default());
-        assert_eq!(kept.changes(&bridge(up, BridgeOpts::default())).opts, quiet, "not reported: sent");
+        let learning = BridgeOpts::default().with(ageing, OptValue::U32(30000));
+        let flooding = BridgeOpts::default().with(ageing, OptValue::U32(0));
+        let ch = kept.changes(&bridge(0, learning.clone()));
+        assert_eq!(ch, BridgeChanges { promisc: false, opts: flooding.clone(), up: true });
+        assert_eq!(kept.changes(&bridge(up, flooding.clone())), BridgeChanges::default());
+        assert_eq!(kept.changes(&bridge(up, BridgeOpts::default())).opts, flooding, "not reported: sent");
         assert_eq!(
-            kept.drift(&bridge(up, snooping.clone())).as_deref(),
-            Some("Bridge interface br7 option 23 is 1, configured 0")
+            kept.drift(&bridge(up, learning.clone())).as_deref(),
+            Some("Bridge interface br7 option 4 is 30000, configured 0")
         );
         let named = BridgeDevice { keep: filtering.clone(), ..plain.clone() };
         assert_eq!(
@@ -329,7 +330,7 @@ mod tests {
             Some("Bridge interface br7 VLAN filtering is 0, configured vlan/vlanTrunk 1"),
             "a row of the table: named by it"
         );
-        assert_eq!(kept.drift(&bridge(up, quiet.clone())), None);
+        assert_eq!(kept.drift(&bridge(up, flooding.clone())), None);
         assert_eq!(kept.drift(&bridge(up, BridgeOpts::default())), None, "not reported: cannot be judged");
         // an option only created with is neither changed nor judged
         let on = BridgeOpts::default().with(BridgeOpt::VLAN_FILTERING, OptValue::U8(0));
