@@ -598,3 +598,69 @@ fn gc_tidies_the_shared_chains_upstreams_del_left_and_the_pre_0_7_form() {
         assert!(bare(&f, b, Fam::V4), "{b:?}: {:?}", f.nat(b, Fam::V4));
     }
 }
+
+#[test]
+fn conditions_of_each_family_go_into_that_familys_entry_rules() {
+    let mut c = json!({"runtimeConfig": {"portMappings": [
+        {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}]},
+        "conditionsV4": ["-s", "192.0.2.0/24"], "conditionsV6": ["!", "-s", "2001:db8::/32"]});
+    let mut p = prev();
+    p.ips.push(IpConfig { interface: Some(1), address: "fd00::2/64".parse().unwrap(), gateway: None });
+    let s = Spec::from_json("swnet", "ctrA", "eth0", &c, Some(&p)).unwrap();
+    let v4 = dnat_rules(&s, Fam::V4).unwrap().entries[0].join(" ");
+    let v6 = dnat_rules(&s, Fam::V6).unwrap().entries[0].join(" ");
+    assert!(v4.contains("--destination-ports 18080 -s 192.0.2.0/24 -j CNI-DN-"), "{v4}");
+    assert!(v6.contains("--destination-ports 18080 ! -s 2001:db8::/32 -j CNI-DN-"), "{v6}");
+    // upstream's form without the conditions is not the form of this configuration
+    let f = Fake::new();
+    f.made_by_upstream(Legacy, Fam::V4, &s);
+    f.made_by_upstream(Legacy, Fam::V6, &s);
+    let t = f.nat(Legacy, Fam::V4).unwrap();
+    assert_eq!(missing_rule(&t, &s, Fam::V4), None);
+    c.as_object_mut().unwrap().remove("conditionsV4");
+    let bare_conds = Spec::from_json("swnet", "ctrA", "eth0", &c, Some(&p)).unwrap();
+    assert!(missing_rule(&t, &bare_conds, Fam::V4).unwrap().contains("CNI-HOSTPORT-DNAT lacks"));
+}
+
+#[test]
+fn host_ips_masq_all_and_ipv6_shape_the_rules_as_upstream_does() {
+    let mut p = prev();
+    p.ips.push(IpConfig { interface: Some(1), address: "fd00::2/64".parse().unwrap(), gateway: None });
+    let rules = |extra: Value, ports: Value, fam: Fam| -> Vec<String> {
+        let mut c = json!({"runtimeConfig": {"portMappings": ports}});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        let s = Spec::from_json("swnet", "ctrA", "eth0", &c, Some(&p)).unwrap();
+        dnat_rules(&s, fam).unwrap().rules.iter().map(|r| r.join(" ")).collect()
+    };
+    let one = |ip: &str| json!([{"hostPort": 80, "containerPort": 8080, "protocol": "tcp", "hostIP": ip}]);
+    // a host IP is matched; the unspecified one is every address (no -d)
+    let r = rules(json!({"snat": false}), one("192.0.2.1"), Fam::V4);
+    assert_eq!(r, ["-p tcp --dport 80 -d 192.0.2.1 -j DNAT --to-destination 10.77.0.2:8080"]);
+    let r = rules(json!({"snat": false}), one("0.0.0.0"), Fam::V4);
+    assert_eq!(r, ["-p tcp --dport 80 -j DNAT --to-destination 10.77.0.2:8080"]);
+    let r = rules(json!({"snat": false}), one("::"), Fam::V6);
+    assert_eq!(r, ["-p tcp --dport 80 -j DNAT --to-destination [fd00::2]:8080"]);
+    // the localhost mark only for IPv4 without masqAll
+    let plain = json!([{"hostPort": 80, "containerPort": 8080, "protocol": "tcp"}]);
+    assert_eq!(rules(json!({}), plain.clone(), Fam::V4).len(), 3);
+    let r = rules(json!({}), plain.clone(), Fam::V6);
+    assert_eq!(
+        r,
+        [
+            "-p tcp --dport 80 -s fd00::2/64 -j CNI-HOSTPORT-SETMARK",
+            "-p tcp --dport 80 -j DNAT --to-destination [fd00::2]:8080"
+        ]
+    );
+    let r = rules(json!({"masqAll": true}), plain.clone(), Fam::V4);
+    assert_eq!(
+        r,
+        [
+            "-p tcp --dport 80 -s 0.0.0.0/0 -j CNI-HOSTPORT-SETMARK",
+            "-p tcp --dport 80 -j DNAT --to-destination 10.77.0.2:8080"
+        ]
+    );
+    let r = rules(json!({"masqAll": true}), plain, Fam::V6);
+    assert_eq!(r[0], "-p tcp --dport 80 -s ::/0 -j CNI-HOSTPORT-SETMARK");
+}
