@@ -664,3 +664,27 @@ fn host_ips_masq_all_and_ipv6_shape_the_rules_as_upstream_does() {
     let r = rules(json!({"masqAll": true}), plain, Fam::V6);
     assert_eq!(r[0], "-p tcp --dport 80 -s ::/0 -j CNI-HOSTPORT-SETMARK");
 }
+
+#[test]
+fn the_nftables_backends_count_takes_a_host_ip_only_in_its_family() {
+    let mut p = prev();
+    p.ips.push(IpConfig { interface: Some(1), address: "fd00::2/64".parse().unwrap(), gateway: None });
+    let c = json!({"snat": false, "runtimeConfig": {"portMappings": [
+        {"hostPort": 80, "containerPort": 80, "protocol": "tcp", "hostIP": "192.0.2.1"},
+        {"hostPort": 81, "containerPort": 81, "protocol": "tcp", "hostIP": "192.0.2.2"},
+        {"hostPort": 82, "containerPort": 82, "protocol": "tcp"}]}});
+    let s = Spec::from_json("swnet", "ctrA", "eth0", &c, Some(&p)).unwrap();
+    let f = Fake::new();
+    for _ in 0..3 {
+        f.hostport_rule(Fam::V4, "hostip_hostports", "ctrA");
+    }
+    f.hostport_rule(Fam::V6, "hostports", "ctrA");
+    assert_eq!(nft_backend_missing_in(&mut f.clone(), &s).unwrap(), None, "3 for IPv4, 1 for IPv6");
+    let g = Fake::new();
+    for _ in 0..2 {
+        g.hostport_rule(Fam::V4, "hostports", "ctrA");
+    }
+    g.hostport_rule(Fam::V6, "hostports", "ctrA");
+    let why = nft_backend_missing_in(&mut g.clone(), &s).unwrap().unwrap();
+    assert!(why.contains("ip cni_hostport hostports"), "{why}");
+}
