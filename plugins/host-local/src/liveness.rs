@@ -140,11 +140,24 @@ struct Refs {
 /// An nsfs mount of a network namespace, as the scan found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Mount {
-    /// In our own mount namespace, at this mount point.
-    Own(String),
-    /// In another mount namespace, seen in the mount table of process `pid`: the mount's id
-    /// and its mount point (relative to that process's root).
-    Foreign { pid: u32, id: u64, point: String },
+    /// In our own mount namespace, at this mount point; `group`: its peer group when shared.
+    Own { point: String, group: Option<u64> },
+    /// In another mount namespace, seen in the mount table of process `pid`: the mount's id,
+    /// its mount point (relative to that process's root) and, when it is a slave, the peer
+    /// group it receives propagation from.
+    Foreign { pid: u32, id: u64, point: String, master: Option<u64> },
+}
+
+/// One nsfs mount of a network namespace in a mountinfo text.
+#[derive(Debug, PartialEq, Eq)]
+struct NsfsMount {
+    id: u64,
+    ino: u64,
+    point: String,
+    /// `shared:N`: the peer group of a shared mount.
+    shared: Option<u64>,
+    /// `master:N`: the peer group a slave mount receives propagation from.
+    master: Option<u64>,
 }
 
 /// The inode in a `net:[<ino>]` link or mountinfo root.
@@ -349,8 +362,8 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// nsfs mounts of network namespaces in a mountinfo text: (mount id, inode, mount point).
-fn nsfs_mounts(text: &str) -> Vec<(u64, u64, String)> {
+/// nsfs mounts of network namespaces in a mountinfo text.
+fn nsfs_mounts(text: &str) -> Vec<NsfsMount> {
     let mut out = Vec::new();
     for line in text.lines() {
         let Some((left, right)) = line.split_once(" - ") else { continue };
@@ -360,7 +373,10 @@ fn nsfs_mounts(text: &str) -> Vec<(u64, u64, String)> {
         let f: Vec<&str> = left.split(' ').collect();
         if let (Some(id), Some(root), Some(point)) = (f.first(), f.get(3), f.get(4)) {
             if let (Ok(id), Some(ino)) = (id.parse(), net_ino(root)) {
-                out.push((id, ino, unescape(point)));
+                // the optional fields, after the mount options
+                let tag = |t: &str| f.iter().skip(6).find_map(|x| x.strip_prefix(t)?.parse().ok());
+                let (shared, master) = (tag("shared:"), tag("master:"));
+                out.push(NsfsMount { id, ino, point: unescape(point), shared, master });
             }
         }
     }
@@ -436,6 +452,24 @@ fn open_foreign_mount(pid: u32, mnt: u64, point: &str) -> cni_common::Result<Opt
     }
 }
 
+/// Whether a mount of another mount namespace that cannot be reached by its path (a slave copy
+/// under a mount made over `/run` there, as a sandbox does) holds `id`, judged by the mount of
+/// ours it was copied from: a slave of the peer group `master`, of which one of our `mounts`
+/// (same inode number) is a member, is a clone of that mount (propagation copies the mount,
+/// and every mount of a peer group and its slaves has the same root: the same namespace). Held
+/// unless that mount of ours is there and certainly another namespace.
+fn propagated_copy_holds(mounts: &[Mount], master: Option<u64>, id: NsIdent) -> bool {
+    let Some(group) = master else { return true };
+    let ours = mounts.iter().find_map(|m| match m {
+        Mount::Own { point, group: Some(g) } if *g == group => Some(point),
+        _ => None,
+    });
+    match ours.map(|p| NetNs::open_recorded(p)) {
+        Some(Ok(Some(ns))) => ident(&ns).map_or(true, |now| !now.differs(&id)),
+        _ => true,
+    }
+}
+
 /// Whether what was opened to confirm a holder is the namespace `id`: a namespace whose
 /// identity (inode and cookie) is `id`'s, or one that cannot be told (counts as held). Gone
 /// meanwhile, or not a network namespace: no.
@@ -462,8 +496,8 @@ impl Refs {
         let own_mnt = std::fs::read_link("/proc/self/ns/mnt").map_err(|e| fail("/proc/self/ns/mnt", e))?;
         let mut mnt_seen = vec![own_mnt.clone()];
         let own = read_mounts("/proc/self/mountinfo").map_err(|e| fail("/proc/self/mountinfo", e))?;
-        for (_, ino, point) in nsfs_mounts(&own) {
-            self.mounts.entry(ino).or_default().push(Mount::Own(point));
+        for m in nsfs_mounts(&own) {
+            self.mounts.entry(m.ino).or_default().push(Mount::Own { point: m.point, group: m.shared });
         }
         for pid in numeric_entries(Path::new("/proc")).map_err(|e| fail("/proc", e))? {
             // Other mount namespaces: their nsfs mounts, looked at through this process.
@@ -473,8 +507,14 @@ impl Refs {
                     let path = format!("/proc/{pid}/mountinfo");
                     match read_mounts(&path) {
                         Ok(text) => {
-                            for (id, ino, point) in nsfs_mounts(&text) {
-                                self.mounts.entry(ino).or_default().push(Mount::Foreign { pid, id, point });
+                            for m in nsfs_mounts(&text) {
+                                let (id, point, master) = (m.id, m.point, m.master);
+                                self.mounts.entry(m.ino).or_default().push(Mount::Foreign {
+                                    pid,
+                                    id,
+                                    point,
+                                    master,
+                                });
                             }
                             mnt_seen.push(mnt);
                         }
@@ -523,9 +563,14 @@ impl Refs {
             .flatten()
             .any(|tid| confirms(NetNs::open_recorded(&format!("/proc/{tid}/ns/net")), id));
         let by_mount = || {
-            self.mounts.get(&id.ino).into_iter().flatten().any(|m| match m {
-                Mount::Own(p) => confirms(NetNs::open_recorded(p), id), // another shape: cannot tell, so held
-                Mount::Foreign { pid, id: mnt, point } => confirms(open_foreign_mount(*pid, *mnt, point), id),
+            let mounts = self.mounts.get(&id.ino).map(Vec::as_slice).unwrap_or_default();
+            mounts.iter().any(|m| match m {
+                Mount::Own { point, .. } => confirms(NetNs::open_recorded(point), id), // another shape: cannot tell, so held
+                Mount::Foreign { pid, id: mnt, point, master } => match open_foreign_mount(*pid, *mnt, point)
+                {
+                    Ok(found) => confirms(Ok(found), id),
+                    Err(_) => propagated_copy_holds(mounts, *master, id),
+                },
             })
         };
         if by_task || by_mount() {
@@ -555,7 +600,21 @@ mod tests {
 613 29 0:4 mnt:[4026532998] /run/x rw - nsfs nsfs rw
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 bogus line without separator";
-        assert_eq!(nsfs_mounts(text), vec![(612, 4_026_532_999, "/run/netns/pod a".to_string())]);
+        let one =
+            |id, ino, point: &str, shared, master| NsfsMount { id, ino, point: point.into(), shared, master };
+        assert_eq!(nsfs_mounts(text), vec![one(612, 4_026_532_999, "/run/netns/pod a", Some(5), None)]);
+        let text = "\
+700 29 0:4 net:[4026533094] /run/netns/a rw shared:412 - nsfs nsfs rw
+701 29 0:4 net:[4026533095] /run/netns/b rw shared:413 master:7 - nsfs nsfs rw
+702 29 0:4 net:[4026533096] /run/netns/c rw master:414 propagate_from:3 - nsfs nsfs rw";
+        assert_eq!(
+            nsfs_mounts(text),
+            vec![
+                one(700, 4_026_533_094, "/run/netns/a", Some(412), None),
+                one(701, 4_026_533_095, "/run/netns/b", Some(413), Some(7)),
+                one(702, 4_026_533_096, "/run/netns/c", None, Some(414)),
+            ]
+        );
         assert_eq!(net_ino("net:[12]"), Some(12));
         assert_eq!(net_ino("mnt:[12]"), None);
         assert_eq!(unescape("a\\134b\\"), "a\\b\\");
@@ -727,7 +786,7 @@ bogus line without separator";
             let mut refs = Refs {
                 mounts: HashMap::from([(
                     later.ino,
-                    vec![Mount::Foreign { pid: p, id: mnt, point: point.clone() }],
+                    vec![Mount::Foreign { pid: p, id: mnt, point: point.clone(), master: None }],
                 )]),
                 fds: Some(Ok(HashMap::new())),
                 ..Refs::default()
@@ -736,6 +795,35 @@ bogus line without separator";
         }
         drop(child.stdin.take());
         child.wait().unwrap();
+    }
+
+    /// A slave copy that cannot be reached by its path (under a tmpfs a sandbox mounted over
+    /// `/run`) is judged by the mount of ours it receives propagation from: the same root, so
+    /// the same namespace. It holds a namespace only when that mount is it, or cannot be told.
+    #[test]
+    fn an_unreachable_slave_copy_is_the_namespace_of_its_master() {
+        let pid = std::process::id();
+        let here = ident(&NetNs::current().unwrap()).unwrap();
+        assert_ne!(here.cookie, 0, "SO_NETNS_COOKIE (Linux >= 5.14)");
+        let later = NsIdent { ino: here.ino, cookie: here.cookie + 1 };
+        let ours = |group| Mount::Own { point: format!("/proc/{pid}/ns/net"), group };
+        let copy = |master| Mount::Foreign { pid: u32::MAX, id: 1, point: "/run/netns/x".into(), master };
+        assert!(propagated_copy_holds(&[ours(Some(5))], Some(5), here), "a copy of its mount");
+        assert!(!propagated_copy_holds(&[ours(Some(5))], Some(5), later), "a copy of another's mount");
+        assert!(propagated_copy_holds(&[ours(Some(5))], None, later), "no master: cannot tell");
+        assert!(propagated_copy_holds(&[ours(Some(5))], Some(6), later), "another group: cannot tell");
+        assert!(propagated_copy_holds(&[ours(None)], Some(5), later), "ours not shared: cannot tell");
+        let gone = Mount::Own { point: format!("/proc/{}/ns/net", u32::MAX), group: Some(5) };
+        assert!(propagated_copy_holds(&[gone], Some(5), later), "ours gone meanwhile: cannot tell");
+        // through Refs::holds: the copy's process is gone, so only its master can tell
+        let refs = |mounts| Refs {
+            mounts: HashMap::from([(here.ino, mounts)]),
+            fds: Some(Ok(HashMap::new())),
+            ..Refs::default()
+        };
+        assert!(!refs(vec![ours(Some(5)), copy(Some(5))]).holds(later));
+        assert!(refs(vec![ours(Some(5)), copy(Some(5))]).holds(here));
+        assert!(refs(vec![ours(Some(5)), copy(Some(9))]).holds(later));
     }
 
     /// A descriptor whose inode number is the recorded namespace's but whose file is something
