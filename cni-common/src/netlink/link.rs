@@ -3,8 +3,10 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
+use std::collections::BTreeMap;
+
 use netlink_packet_core::{
-    parse_string, NlasIterator, ParseableParametrized, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    parse_string, DefaultNla, NlasIterator, ParseableParametrized, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
 };
 use netlink_packet_route::link::{
     InfoBridge, InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkHeader, LinkInfo, LinkMessage,
@@ -19,6 +21,10 @@ const RTM_NEWLINK: u16 = 16;
 const LINK_HEADER_LEN: usize = 16;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const IFLA_BR_STP_STATE: u16 = 5;
+const IFLA_BR_VLAN_FILTERING: u16 = 7;
+const IFLA_BR_MCAST_SNOOPING: u16 = 23;
 /// `IF_OPER_UP` from RFC 2863 / `linux/if.h`.
 const IF_OPER_UP: u8 = 6;
 
@@ -48,6 +54,122 @@ pub struct Link {
     pub txqlen: u32,
     /// `IFLA_GROUP`: the device group (0 unless someone set one).
     pub group: u32,
+    /// The options of a bridge device as the kernel reported them (`None` for other kinds).
+    pub bridge: Option<BridgeOpts>,
+}
+
+/// One option of a bridge device: an `IFLA_BR_*` attribute of its `IFLA_INFO_DATA`. The kernel
+/// sets and reports each the same way (`ip link set … type bridge …`), so an option this
+/// module has no constant for is `BridgeOpt(<its attribute number>)`: a plugin can set and
+/// check it without a change here. Values are the attribute's integer in host byte order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BridgeOpt(pub u16);
+
+impl BridgeOpt {
+    /// `IFLA_BR_STP_STATE` (u32): spanning tree on (1) or off (0).
+    pub const STP_STATE: BridgeOpt = BridgeOpt(IFLA_BR_STP_STATE);
+    /// `IFLA_BR_VLAN_FILTERING` (u8). A kernel without `CONFIG_BRIDGE_VLAN_FILTERING` refuses
+    /// the attribute even with value 0, so it is best sent only to turn filtering on.
+    pub const VLAN_FILTERING: BridgeOpt = BridgeOpt(IFLA_BR_VLAN_FILTERING);
+    /// `IFLA_BR_MCAST_SNOOPING` (u8).
+    pub const MCAST_SNOOPING: BridgeOpt = BridgeOpt(IFLA_BR_MCAST_SNOOPING);
+}
+
+/// The value of a [`BridgeOpt`], with the width the kernel expects for that attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptValue {
+    U8(u8),
+    U16(u16),
+    U32(u32),
+    U64(u64),
+}
+
+impl OptValue {
+    /// The value, whatever its width (what a comparison with the kernel's answer uses).
+    pub fn get(self) -> u64 {
+        match self {
+            OptValue::U8(v) => v.into(),
+            OptValue::U16(v) => v.into(),
+            OptValue::U32(v) => v.into(),
+            OptValue::U64(v) => v,
+        }
+    }
+
+    fn bytes(self) -> Vec<u8> {
+        match self {
+            OptValue::U8(v) => vec![v],
+            OptValue::U16(v) => v.to_ne_bytes().to_vec(),
+            OptValue::U32(v) => v.to_ne_bytes().to_vec(),
+            OptValue::U64(v) => v.to_ne_bytes().to_vec(),
+        }
+    }
+
+    /// An attribute's raw value, when it is an integer of one of the four widths.
+    fn from_bytes(b: &[u8]) -> Option<OptValue> {
+        Some(match b.len() {
+            1 => OptValue::U8(b[0]),
+            2 => OptValue::U16(u16::from_ne_bytes(b.try_into().ok()?)),
+            4 => OptValue::U32(u32::from_ne_bytes(b.try_into().ok()?)),
+            8 => OptValue::U64(u64::from_ne_bytes(b.try_into().ok()?)),
+            _ => return None,
+        })
+    }
+}
+
+/// Options of a bridge device: those a request sets (each sent, in attribute order), or every
+/// integer attribute the kernel reported for the bridge (those never asked for come along).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BridgeOpts(BTreeMap<BridgeOpt, OptValue>);
+
+impl BridgeOpts {
+    /// These options and `opt` set to `value`.
+    pub fn with(mut self, opt: BridgeOpt, value: OptValue) -> BridgeOpts {
+        self.set(opt, value);
+        self
+    }
+    pub fn set(&mut self, opt: BridgeOpt, value: OptValue) {
+        self.0.insert(opt, value);
+    }
+    /// Each option of `other` set here (as the kernel applies a request: those not sent stay).
+    pub fn merge(&mut self, other: &BridgeOpts) {
+        self.0.extend(other.iter());
+    }
+    /// The value of `opt`, whatever its width (`None` when absent).
+    pub fn get(&self, opt: BridgeOpt) -> Option<u64> {
+        self.0.get(&opt).map(|v| v.get())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Every option held, in attribute order.
+    pub fn iter(&self) -> impl Iterator<Item = (BridgeOpt, OptValue)> + '_ {
+        self.0.iter().map(|(o, v)| (*o, *v))
+    }
+
+    /// `IFLA_INFO_DATA` of a bridge carrying these options.
+    pub(crate) fn info_data(&self) -> InfoData {
+        InfoData::Bridge(
+            self.iter().map(|(o, v)| InfoBridge::Other(DefaultNla::new(o.0, v.bytes()))).collect(),
+        )
+    }
+
+    /// The integer attributes of the raw `IFLA_INFO_DATA` of a bridge device.
+    fn decode(data: &[u8]) -> BridgeOpts {
+        let mut opts = BridgeOpts::default();
+        for nla in NlasIterator::new(data).map_while(Result::ok) {
+            if let Some(v) = OptValue::from_bytes(nla.value()) {
+                // (nested attributes carry NLA_F_NESTED; none is an integer option)
+                opts.set(BridgeOpt(nla.kind()), v);
+            }
+        }
+        opts
+    }
+}
+
+impl<const N: usize> From<[(BridgeOpt, OptValue); N]> for BridgeOpts {
+    fn from(opts: [(BridgeOpt, OptValue); N]) -> BridgeOpts {
+        BridgeOpts(opts.into_iter().collect())
+    }
 }
 
 impl Link {
@@ -111,10 +233,9 @@ impl<'a> LinkSpec<'a> {
 
 #[derive(Debug, Clone)]
 pub enum LinkKind<'a> {
-    /// `vlan_filtering` is only sent when true (kernels without bridge VLAN filtering reject the
-    /// attribute even with value 0).
+    /// A bridge with these options (none: the kernel's defaults).
     Bridge {
-        vlan_filtering: bool,
+        opts: BridgeOpts,
     },
     Veth {
         peer: VethPeer<'a>,
@@ -188,10 +309,10 @@ pub(crate) fn new_link_message(spec: &LinkSpec<'_>) -> LinkMessage {
         attrs.push(LinkAttribute::Controller(master));
     }
     let info = match &spec.kind {
-        LinkKind::Bridge { vlan_filtering } => {
+        LinkKind::Bridge { opts } => {
             let mut info = vec![LinkInfo::Kind(InfoKind::Bridge)];
-            if *vlan_filtering {
-                info.push(LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::VlanFiltering(true)])));
+            if !opts.is_empty() {
+                info.push(LinkInfo::Data(opts.info_data()));
             }
             info
         }
@@ -230,6 +351,9 @@ pub(crate) fn parse_link(buf: &[u8]) -> Option<Link> {
         let Ok(nla) = nla else { break };
         if nla.kind() == IFLA_LINKINFO {
             link.kind = info_kind(nla.value());
+            if link.kind.as_deref() == Some("bridge") {
+                link.bridge = Some(info_data(nla.value()).map(BridgeOpts::decode).unwrap_or_default());
+            }
             continue;
         }
         let Ok(attr) = LinkAttribute::parse_with_param(&nla, header.interface_family) else {
@@ -258,6 +382,13 @@ fn info_kind(linkinfo: &[u8]) -> Option<String> {
         .map_while(Result::ok)
         .find(|nla| nla.kind() == IFLA_INFO_KIND)
         .and_then(|nla| parse_string(nla.value()).ok())
+}
+
+/// The raw `IFLA_INFO_DATA` of a raw `IFLA_LINKINFO`.
+fn info_data(linkinfo: &[u8]) -> Option<&[u8]> {
+    let nla = NlasIterator::new(linkinfo).map_while(Result::ok).find(|nla| nla.kind() == IFLA_INFO_DATA)?;
+    let len = usize::from(nla.length());
+    nla.into_inner().get(4..len) // past the attribute's 4-byte header
 }
 
 fn oper_state_raw(s: State) -> u8 {
@@ -573,14 +704,64 @@ mod tests {
     }
 
     #[test]
-    fn bridge_request_sends_vlan_filtering_only_when_asked() {
-        let plain = new_link_message(&LinkSpec::new("cni0", LinkKind::Bridge { vlan_filtering: false }));
+    fn bridge_request_sends_the_options_asked_for_and_none_else() {
+        let plain =
+            new_link_message(&LinkSpec::new("cni0", LinkKind::Bridge { opts: BridgeOpts::default() }));
         assert!(plain.attributes.contains(&LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Bridge)])));
-        let vf = new_link_message(&LinkSpec::new("cni0", LinkKind::Bridge { vlan_filtering: true }));
-        assert!(vf.attributes.contains(&LinkAttribute::LinkInfo(vec![
-            LinkInfo::Kind(InfoKind::Bridge),
-            LinkInfo::Data(InfoData::Bridge(vec![InfoBridge::VlanFiltering(true)])),
-        ])));
+        let opts = BridgeOpts::from([
+            (BridgeOpt::VLAN_FILTERING, OptValue::U8(1)),
+            (BridgeOpt::STP_STATE, OptValue::U32(0)),
+        ]);
+        let vf = new_link_message(&LinkSpec::new("cni0", LinkKind::Bridge { opts }));
+        // the same bytes the library's named attributes make, in attribute order
+        assert_eq!(
+            emit(&vf),
+            emit(&{
+                let mut m = LinkMessage::default();
+                m.attributes.push(LinkAttribute::IfName("cni0".into()));
+                m.attributes.push(LinkAttribute::LinkInfo(vec![
+                    LinkInfo::Kind(InfoKind::Bridge),
+                    LinkInfo::Data(InfoData::Bridge(vec![
+                        InfoBridge::StpState(netlink_packet_route::link::BridgeStpState::Disabled),
+                        InfoBridge::VlanFiltering(true),
+                    ])),
+                ]));
+                m
+            })
+        );
+    }
+
+    #[test]
+    fn a_bridge_reads_back_with_its_integer_options_and_other_kinds_with_none() {
+        let mut msg = LinkMessage::default();
+        msg.header.index = 3;
+        msg.attributes = vec![
+            LinkAttribute::IfName("cni0".into()),
+            LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::Bridge),
+                LinkInfo::Data(InfoData::Bridge(vec![
+                    InfoBridge::StpState(netlink_packet_route::link::BridgeStpState::KernelStp),
+                    InfoBridge::VlanFiltering(false),
+                    InfoBridge::MulticastSnooping(true),
+                    InfoBridge::AgeingTime(30000),
+                    InfoBridge::MulticastLastMemberInterval(100),
+                    // not an integer: skipped
+                    InfoBridge::Other(netlink_packet_core::DefaultNla::new(200, vec![1, 2, 3])),
+                ])),
+            ]),
+        ];
+        let br = parse_link(&emit(&msg)).unwrap().bridge.expect("the options of a bridge device");
+        assert_eq!(br.get(BridgeOpt::STP_STATE), Some(1));
+        assert_eq!(br.get(BridgeOpt::VLAN_FILTERING), Some(0));
+        assert_eq!(br.get(BridgeOpt::MCAST_SNOOPING), Some(1));
+        assert_eq!(br.get(BridgeOpt(4)), Some(30000), "a u32 this module has no constant for");
+        assert_eq!(br.get(BridgeOpt(30)), Some(100), "a u64");
+        assert_eq!(br.get(BridgeOpt(200)), None);
+        assert_eq!(br.iter().count(), 5);
+        msg.attributes[1] = LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Bridge)]);
+        assert_eq!(parse_link(&emit(&msg)).unwrap().bridge, Some(BridgeOpts::default()));
+        msg.attributes[1] = LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Dummy)]);
+        assert_eq!(parse_link(&emit(&msg)).unwrap().bridge, None);
     }
 
     #[test]
@@ -619,6 +800,7 @@ mod tests {
                 alias: Some("container x".into()),
                 txqlen: 1000,
                 group: 0xB700_0001,
+                bridge: None,
             }
         );
         assert!(link.up() && link.promisc() && link.oper_state_up());

@@ -39,7 +39,7 @@ pub use addr::Address;
 pub use bridge::{PortFlag, PortFlags, PortVlan};
 pub use devconf::IPV4_DEVCONF_ARP_NOTIFY;
 pub use error::NlError;
-pub use link::{Link, LinkKind, LinkSpec, VethPeer};
+pub use link::{BridgeOpt, BridgeOpts, Link, LinkKind, LinkSpec, OptValue, VethPeer};
 pub use route::{NextHop, Route, RouteKind, RouteSpec, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN};
 
 use socket::NlSocket;

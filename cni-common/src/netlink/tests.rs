@@ -76,7 +76,7 @@ fn bridge_create_and_list() {
         mtu: Some(1450),
         mac: Some(mac),
         up: true,
-        ..LinkSpec::new("cni0", LinkKind::Bridge { vlan_filtering: false })
+        ..LinkSpec::new("cni0", LinkKind::Bridge { opts: Default::default() })
     };
     let br = nl.link_add(&spec).unwrap();
     assert_eq!(br.name, "cni0");
@@ -101,7 +101,7 @@ fn bridge_create_and_list() {
 fn veth_with_peer_in_other_netns() {
     let mut nl = fresh();
     let container = spare_netns();
-    let br = nl.link_add(&LinkSpec::new("br0", LinkKind::Bridge { vlan_filtering: false })).unwrap();
+    let br = nl.link_add(&LinkSpec::new("br0", LinkKind::Bridge { opts: Default::default() })).unwrap();
     let host_mac = [0x02, 0, 0, 0, 0, 0x01];
     let peer_mac = [0x02, 0, 0, 0, 0, 0x02];
     let spec = LinkSpec {

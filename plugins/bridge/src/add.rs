@@ -26,7 +26,7 @@ use crate::config::Conf;
 use crate::firewall;
 use crate::host::{host_veth_name, kubenet_mtu, random_mac, BR_NF_CALL_IPTABLES};
 use crate::kernel::{IpamJob, Kernel, Ns, Real, SysctlJob};
-use crate::model::{calc_gateways, ipv6_settings, port_flags, port_vlan_plan, route_gateway};
+use crate::model::{calc_gateways, ipv6_settings, port_flags, port_vlan_plan, route_gateway, BridgeDevice};
 
 /// How long the host veth may take to become operationally up (upstream polls for 2.55 s).
 const OPER_UP_TIMEOUT: Duration = Duration::from_millis(2550);
@@ -374,66 +374,59 @@ impl<'r, 'k> Add<'r, 'k> {
         }
     }
 
-    /// The bridge, created when missing (with a random MAC, which the kernel then never
-    /// replaces by a port's MAC), up, with `accept_ra=0`. Returns whether its MAC is pinned by
-    /// this call.
+    /// The bridge, created when missing as the configuration describes it ([`BridgeDevice`]),
+    /// or brought to it, up, with `accept_ra=0`. Returns whether its MAC is pinned by this call
+    /// (created with a random MAC, which the kernel then never replaces by a port's).
     fn ensure_bridge(&mut self) -> Result<(Link, bool)> {
         let conf = &self.conf;
+        let want = BridgeDevice::of(conf, self.mtu);
         let name = conf.bridge.as_str();
         let (br, created) = match self.k.link_by_name(Ns::Host, name)? {
             Some(l) => (l, false),
-            None => {
-                let spec = LinkSpec {
-                    mtu: self.mtu,
-                    mac: Some(random_mac()),
-                    up: true,
-                    ..LinkSpec::new(name, LinkKind::Bridge { vlan_filtering: conf.uses_vlans() })
-                };
-                match self.k.link_add(&spec, false) {
-                    Ok(l) => {
-                        self.undo.created_bridge = Some(l.index);
-                        (l, true)
-                    }
-                    Err(e) if e.is_exists() => {
-                        let l = self
-                            .k
-                            .link_by_name(Ns::Host, name)?
-                            .ok_or_else(|| CniError::internal(format!("could not lookup {name:?}")))?;
-                        (l, false)
-                    }
-                    Err(e) if e.is_unsupported() && conf.uses_vlans() => {
-                        return Err(vlan_unsupported(conf, &e))
-                    }
-                    Err(e) if answer_lost(&e) => {
-                        // made or not? a bridge of this name now is taken back like one made
-                        // (only while it has no port, as any bridge this ADD made)
-                        if let Ok(Some(l)) = self.k.link_by_name(Ns::Host, name) {
-                            self.undo.created_bridge = Some(l.index);
-                        }
-                        return Err(
-                            CniError::from(e).context(format_args!("failed to create bridge {name:?}"))
-                        );
-                    }
-                    Err(e) => {
-                        return Err(
-                            CniError::from(e).context(format_args!("failed to create bridge {name:?}"))
-                        )
-                    }
+            None => match self.k.link_add(&want.spec(random_mac()), false) {
+                Ok(l) => {
+                    self.undo.created_bridge = Some(l.index);
+                    (l, true)
                 }
-            }
+                Err(e) if e.is_exists() => {
+                    let l = self
+                        .k
+                        .link_by_name(Ns::Host, name)?
+                        .ok_or_else(|| CniError::internal(format!("could not lookup {name:?}")))?;
+                    (l, false)
+                }
+                Err(e) if e.is_unsupported() && conf.uses_vlans() => return Err(vlan_unsupported(conf, &e)),
+                Err(e) if answer_lost(&e) => {
+                    // made or not? a bridge of this name now is taken back like one made
+                    // (only while it has no port, as any bridge this ADD made)
+                    if let Ok(Some(l)) = self.k.link_by_name(Ns::Host, name) {
+                        self.undo.created_bridge = Some(l.index);
+                    }
+                    return Err(CniError::from(e).context(format_args!("failed to create bridge {name:?}")));
+                }
+                Err(e) => {
+                    return Err(CniError::from(e).context(format_args!("failed to create bridge {name:?}")))
+                }
+            },
         };
         if br.kind.as_deref() != Some("bridge") {
             return Err(CniError::internal(format!("{name:?} already exists but is not a bridge")));
         }
-        if conf.promisc && !br.promisc() {
+        let changes = want.changes(&br);
+        if changes.promisc {
             self.k
                 .link_set_promisc(Ns::Host, br.index, true)
                 .with_context(|| format!("could not set promiscuous mode on {name:?}"))?;
         }
+        if !changes.opts.is_empty() {
+            self.k
+                .bridge_set(br.index, &changes.opts)
+                .with_context(|| format!("could not set the options of bridge {name:?}"))?;
+        }
         // We own the routes of this interface.
         let key = sysctl::iface_key("ipv6", name, "accept_ra");
         self.set_if_present(&key, "0")?;
-        if !br.up() {
+        if changes.up {
             self.k.link_set_up(Ns::Host, br.index)?;
         }
         Ok((br, created))

@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use crate::config::Conf;
 use crate::firewall;
 use crate::kernel::{Kernel, Ns, Real};
-use crate::model::{container_of, port_flag_drift, port_flags, port_vlan_plan, route_gateway};
+use crate::model::{container_of, port_flag_drift, port_flags, port_vlan_plan, route_gateway, BridgeDevice};
 
 fn fail(msg: impl Into<String>) -> CniError {
     CniError::internal(msg)
@@ -88,7 +88,8 @@ pub(crate) fn check_state(k: &mut dyn Kernel, req: &Request, conf: &Conf, prev: 
     Ok(())
 }
 
-/// The bridge exists, is a bridge, has prevResult's MAC and the configured promiscuity.
+/// The bridge exists, is a bridge, has prevResult's MAC, and is as configured (promiscuity and
+/// the options ADD keeps it at: [`BridgeDevice`]).
 fn check_bridge(k: &mut dyn Kernel, conf: &Conf, br_if: &Interface) -> Result<Link> {
     let br = k
         .link_by_name(Ns::Host, &conf.bridge)?
@@ -104,13 +105,8 @@ fn check_bridge(k: &mut dyn Kernel, conf: &Conf, br_if: &Interface) -> Result<Li
             mac_of(&br)
         )));
     }
-    if br.promisc() != conf.promisc {
-        return Err(fail(format!(
-            "Bridge interface {} configured Promisc Mode {} doesn't match current state: {}",
-            br.name,
-            conf.promisc,
-            br.promisc()
-        )));
+    if let Some(drift) = BridgeDevice::of(conf, None).drift(&br) {
+        return Err(fail(drift));
     }
     Ok(br)
 }

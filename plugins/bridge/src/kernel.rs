@@ -12,8 +12,8 @@ use cni_common::delegate::{ipam, Pending};
 use cni_common::error::{CniError, Result};
 use cni_common::netlink::nft::NfTables;
 use cni_common::netlink::{
-    Address, Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, Route, RouteSpec,
-    VethPeer,
+    Address, BridgeOpts, Family, Link, LinkKind, LinkSpec, Netlink, NlError, PortFlags, PortVlan, Route,
+    RouteSpec, VethPeer,
 };
 use cni_common::netns::NetNs;
 use cni_common::spec::Command;
@@ -57,6 +57,8 @@ pub trait Kernel {
     fn link_set_promisc(&mut self, ns: Ns, index: u32, on: bool) -> Nl<()>;
     fn link_set_ipv4_conf(&mut self, ns: Ns, index: u32, conf: &[(u16, u32)], up: bool) -> Nl<()>;
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>>;
+    /// Set options of the host's bridge `index` (the others stay as they are).
+    fn bridge_set(&mut self, index: u32, opts: &BridgeOpts) -> Nl<()>;
     fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, up: bool) -> Nl<()>;
     fn bridge_port_vlans(&mut self, index: u32) -> Nl<Vec<PortVlan>>;
     fn bridge_vlan_del(&mut self, index: u32, vids: &[u16]) -> Nl<()>;
@@ -250,6 +252,9 @@ impl Kernel for Real<'_> {
     }
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>> {
         self.nl(Ns::Host)?.link_with_port_flags(name)
+    }
+    fn bridge_set(&mut self, index: u32, opts: &BridgeOpts) -> Nl<()> {
+        self.nl(Ns::Host)?.bridge_set(index, opts)
     }
     fn bridge_port_set(&mut self, index: u32, flags: &PortFlags, up: bool) -> Nl<()> {
         self.nl(Ns::Host)?.bridge_port_set(index, flags, up)

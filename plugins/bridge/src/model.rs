@@ -1,18 +1,135 @@
 //! The attachment as it should be, derived without touching the kernel from the configuration
-//! and the addresses (IPAM's result for ADD, prevResult for CHECK and resync): gateways and
-//! default routes, the gateway a route goes through, the port's VLANs, the container's IPv6
-//! settings, which interface of a result is the container's. ADD builds from it, CHECK and
-//! resync judge against it: nothing here is derived twice.
+//! and the addresses (IPAM's result for ADD, prevResult for CHECK and resync): the bridge device
+//! itself, gateways and default routes, the gateway a route goes through, the port's flags and
+//! VLANs, the container's IPv6 settings, which interface of a result is the container's. ADD
+//! builds from it, CHECK and resync judge against it: nothing here is derived twice.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_common::error::{CniError, Result};
-use cni_common::netlink::{PortFlag, PortFlags, PortVlan};
+use cni_common::netlink::{
+    BridgeOpt, BridgeOpts, Link, LinkKind, LinkSpec, OptValue, PortFlag, PortFlags, PortVlan,
+};
 use cni_common::spec::result::{CniResult, IpConfig, Route};
 use cni_common::sysctl;
 use ipnet::IpNet;
 
 use crate::config::Conf;
+
+/// When an option of the bridge device that a key sets takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Only a bridge this ADD creates gets it; a bridge that exists is left as its owner made
+    /// it, and CHECK does not judge it.
+    AtCreation,
+    /// ADD brings every bridge of the network to it, one that exists too; CHECK judges it.
+    Always,
+}
+
+/// An option of the bridge device a key sets: how CHECK names it, the key (when the name is not
+/// the key), the kernel's option (any integer `IFLA_BR_*` attribute: `BridgeOpt(n)` when
+/// cni-common has no constant for it), the configuration's value (`None`: the key leaves the
+/// option alone) and when it takes effect.
+type BridgeOptKey = (&'static str, &'static str, BridgeOpt, fn(&Conf) -> Option<OptValue>, Settle);
+
+/// Every option of the bridge device the configuration sets. ADD creates the bridge with them
+/// and brings an existing one to the `Always` ones ([`BridgeDevice`]); CHECK judges those. A key
+/// that sets a bridge option is its field in `config.rs` and one entry here.
+pub(crate) const BRIDGE_OPTS: [BridgeOptKey; 1] = [
+    // sent only to turn filtering on: a kernel without it refuses the attribute even as 0
+    (
+        "VLAN filtering",
+        "vlan/vlanTrunk ",
+        BridgeOpt::VLAN_FILTERING,
+        |c| c.uses_vlans().then_some(OptValue::U8(1)),
+        Settle::AtCreation,
+    ),
+];
+
+/// The bridge device as the configuration wants it. ADD creates it from this
+/// ([`BridgeDevice::spec`]) or brings the bridge that exists to it ([`BridgeDevice::changes`]);
+/// CHECK judges the bridge against it ([`BridgeDevice::drift`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BridgeDevice {
+    pub name: String,
+    /// A new bridge's MTU (`mtu`, or kubenet's choice with `autoMtu`): a bridge that exists
+    /// keeps its own.
+    pub mtu: Option<u32>,
+    /// `promiscMode`: turned on when asked (never off: another network may have asked);
+    /// CHECK wants exactly this.
+    pub promisc: bool,
+    /// The options a new bridge is created with.
+    pub create: BridgeOpts,
+    /// The options every bridge of the network is brought to, and judged by.
+    pub keep: BridgeOpts,
+}
+
+/// What ADD changes on a bridge that exists to make it the [`BridgeDevice`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BridgeChanges {
+    pub promisc: bool,
+    pub opts: BridgeOpts,
+    pub up: bool,
+}
+
+impl BridgeDevice {
+    pub(crate) fn of(conf: &Conf, mtu: Option<u32>) -> BridgeDevice {
+        let (mut create, mut keep) = (BridgeOpts::default(), BridgeOpts::default());
+        for (_, _, opt, want, settle) in BRIDGE_OPTS {
+            if let Some(v) = want(conf) {
+                create.set(opt, v);
+                if settle == Settle::Always {
+                    keep.set(opt, v);
+                }
+            }
+        }
+        BridgeDevice { name: conf.bridge.clone(), mtu, promisc: conf.promisc, create, keep }
+    }
+
+    /// The request that creates the bridge, up, with `mac` (a random one: the kernel then never
+    /// replaces it by a port's).
+    pub(crate) fn spec(&self, mac: [u8; 6]) -> LinkSpec<'static> {
+        LinkSpec {
+            mtu: self.mtu,
+            mac: Some(mac),
+            up: true,
+            ..LinkSpec::new(self.name.clone(), LinkKind::Bridge { opts: self.create.clone() })
+        }
+    }
+
+    /// What `have` (a bridge that exists) needs to become this one.
+    pub(crate) fn changes(&self, have: &Link) -> BridgeChanges {
+        let now = have.bridge.clone().unwrap_or_default();
+        let mut opts = BridgeOpts::default();
+        for (opt, v) in self.keep.iter().filter(|(o, v)| now.get(*o) != Some(v.get())) {
+            opts.set(opt, v);
+        }
+        BridgeChanges { promisc: self.promisc && !have.promisc(), opts, up: !have.up() }
+    }
+
+    /// The first way `have` differs from this bridge, as CHECK reports it. An option the kernel
+    /// does not report cannot be judged.
+    pub(crate) fn drift(&self, have: &Link) -> Option<String> {
+        if have.promisc() != self.promisc {
+            return Some(format!(
+                "Bridge interface {} configured Promisc Mode {} doesn't match current state: {}",
+                have.name,
+                self.promisc,
+                have.promisc()
+            ));
+        }
+        let now = have.bridge.clone().unwrap_or_default();
+        let (opt, want, cur) = self.keep.iter().find_map(|(opt, want)| {
+            let cur = now.get(opt).filter(|v| *v != want.get())?;
+            Some((opt, want.get(), cur))
+        })?;
+        let (name, key) = match BRIDGE_OPTS.iter().find(|row| row.2 == opt) {
+            Some((name, key, ..)) => (name.to_string(), *key),
+            None => (format!("option {}", opt.0), ""),
+        };
+        Some(format!("Bridge interface {} {name} is {cur}, configured {key}{want}", have.name))
+    }
+}
 
 /// A port flag a key sets: how CHECK names it, the key (when the name is not the key), the
 /// kernel's flag (any one-byte `IFLA_BRPORT_*` attribute: `PortFlag(n)` when cni-common has no
@@ -162,6 +279,77 @@ mod tests {
             Some("bridge port veth1 isolation is true, configured portIsolation false")
         );
     }
+    #[test]
+    fn the_bridge_device_is_created_as_configured_and_an_existing_one_brought_to_what_is_kept() {
+        let mtu = Some(1400);
+        let plain = BridgeDevice::of(&conf(json!({"bridge": "br7"})), mtu);
+        assert_eq!(plain.name, "br7");
+        assert!(plain.create.is_empty() && plain.keep.is_empty() && !plain.promisc);
+        let vlan = BridgeDevice::of(&conf(json!({"vlan": 10, "promiscMode": true})), mtu);
+        let filtering = BridgeOpts::default().with(BridgeOpt::VLAN_FILTERING, OptValue::U8(1));
+        assert_eq!(vlan.create, filtering);
+        assert!(vlan.keep.is_empty(), "VLAN filtering is set at creation only");
+        assert!(vlan.promisc);
+        let trunk = BridgeDevice::of(&conf(json!({"vlanTrunk": [{"id": 5}]})), None);
+        assert_eq!(trunk.create, filtering);
+
+        let spec = vlan.spec([2, 0, 0, 0, 0, 1]);
+        assert_eq!(
+            (spec.name.as_str(), spec.mtu, spec.mac, spec.up),
+            ("cni0", mtu, Some([2, 0, 0, 0, 0, 1]), true)
+        );
+        let LinkKind::Bridge { opts } = &spec.kind else { panic!("{spec:?}") };
+        assert_eq!(opts, &filtering);
+
+        // An option kept at a value: changed on a bridge that has another, judged by CHECK.
+        let ageing = BridgeOpt(4); // IFLA_BR_AGEING_TIME, which no key sets
+        let kept =
+            BridgeDevice { keep: BridgeOpts::default().with(ageing, OptValue::U32(0)), ..plain.clone() };
+        let bridge = |flags: u32, opts: BridgeOpts| Link {
+            name: "br7".into(),
+            kind: Some("bridge".into()),
+            flags,
+            bridge: Some(opts),
+            ..Link::default()
+        };
+        let (up, promisc) = (0x1, 0x100);
+        let on_off = |v: u8| BridgeOpts::default().with(BridgeOpt::VLAN_FILTERING, OptValue::U8(v));
+        let learning = BridgeOpts::default().with(ageing, OptValue::U32(30000));
+        let flooding = BridgeOpts::default().with(ageing, OptValue::U32(0));
+        let ch = kept.changes(&bridge(0, learning.clone()));
+        assert_eq!(ch, BridgeChanges { promisc: false, opts: flooding.clone(), up: true });
+        assert_eq!(kept.changes(&bridge(up, flooding.clone())), BridgeChanges::default());
+        assert_eq!(kept.changes(&bridge(up, BridgeOpts::default())).opts, flooding, "not reported: sent");
+        assert_eq!(
+            kept.drift(&bridge(up, learning.clone())).as_deref(),
+            Some("Bridge interface br7 option 4 is 30000, configured 0")
+        );
+        let named = BridgeDevice { keep: filtering.clone(), ..plain.clone() };
+        assert_eq!(
+            named.drift(&bridge(up, on_off(0))).as_deref(),
+            Some("Bridge interface br7 VLAN filtering is 0, configured vlan/vlanTrunk 1"),
+            "a row of the table: named by it"
+        );
+        assert_eq!(kept.drift(&bridge(up, flooding.clone())), None);
+        assert_eq!(kept.drift(&bridge(up, BridgeOpts::default())), None, "not reported: cannot be judged");
+        // an option only created with is neither changed nor judged
+        let on = BridgeOpts::default().with(BridgeOpt::VLAN_FILTERING, OptValue::U8(0));
+        assert_eq!(vlan.changes(&bridge(up | promisc, on.clone())), BridgeChanges::default());
+        assert_eq!(vlan.drift(&bridge(up | promisc, on)), None);
+
+        // promiscuity: turned on when asked, never off; CHECK wants exactly the configured mode
+        assert!(vlan.changes(&bridge(up, BridgeOpts::default())).promisc);
+        assert!(!plain.changes(&bridge(up | promisc, BridgeOpts::default())).promisc);
+        assert_eq!(
+            vlan.drift(&bridge(up, BridgeOpts::default())).as_deref(),
+            Some("Bridge interface br7 configured Promisc Mode true doesn't match current state: false")
+        );
+        assert_eq!(
+            plain.drift(&bridge(up | promisc, BridgeOpts::default())).as_deref(),
+            Some("Bridge interface br7 configured Promisc Mode false doesn't match current state: true")
+        );
+    }
+
     use crate::config::RawConf;
     use cni_common::netlink::PortVlan;
     use cni_common::spec::json;

@@ -792,6 +792,53 @@ fn port_flags_mtu_promisc_and_the_containers_mac_are_applied() {
 }
 
 #[test]
+fn a_new_bridge_gets_its_creation_options_and_one_that_exists_only_what_add_keeps() {
+    use cni_common::netlink::{BridgeOpt, BridgeOpts, OptValue};
+    let opts_of = |f: &Fake| f.w.borrow().link(Ns::Host, "cni0").unwrap().link.bridge.clone().unwrap();
+    // created: VLAN filtering on with a VLAN, the kernel's default without
+    let f = world(FAMILIES[0].1);
+    let r = add(&f, &config(json!({"vlan": 100, "isGateway": false}))).unwrap();
+    assert_eq!(opts_of(&f).get(BridgeOpt::VLAN_FILTERING), Some(1));
+    assert_eq!(f.calls("bridge_set"), 0, "created with its options: nothing set afterwards");
+    check(&f, &config(json!({"vlan": 100, "isGateway": false})), &r).unwrap();
+    let f = world(FAMILIES[0].1);
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(opts_of(&f).get(BridgeOpt::VLAN_FILTERING), Some(0));
+    // a bridge someone else made, down, filtering off, not promiscuous: ADD with a VLAN and
+    // promiscMode turns promiscuity on and brings it up, and leaves its filtering alone
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let theirs = BridgeOpts::from([
+            (BridgeOpt::VLAN_FILTERING, OptValue::U8(0)),
+            (BridgeOpt::MCAST_SNOOPING, OptValue::U8(0)),
+        ]);
+        f.w.borrow_mut().links.push(crate::kernel::fake::FakeLink {
+            ns: Ns::Host,
+            link: cni_common::netlink::Link {
+                index: 990,
+                name: "cni0".into(),
+                kind: Some("bridge".into()),
+                mtu: 1500,
+                mac: Some([0x02, 0, 0, 0, 0, 0x99]),
+                bridge: Some(theirs.clone()),
+                ..Default::default()
+            },
+            port: Default::default(),
+            vlans: Vec::new(),
+        });
+        let conf = config(json!({"vlan": 100, "isGateway": false, "promiscMode": true}));
+        let r = add(&f, &conf).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        let br = f.w.borrow().link(Ns::Host, "cni0").unwrap().link.clone();
+        assert_eq!(br.index, 990, "{fam}: the bridge that exists is used");
+        assert_eq!(br.bridge, Some(theirs), "{fam}: its options untouched");
+        assert_eq!(f.calls("bridge_set"), 0, "{fam}");
+        assert!(br.promisc() && br.up(), "{fam}: promiscuous and up");
+        check(&f, &conf, &r)
+            .unwrap_or_else(|e| panic!("{fam}: options set only at creation are not judged: {}", e.msg));
+    }
+}
+
+#[test]
 fn auto_mtu_takes_kubenets_choice_from_the_host() {
     let f = world(FAMILIES[0].1);
     {

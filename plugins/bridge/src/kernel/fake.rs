@@ -2,8 +2,9 @@
 //! address or a route that exists is `EEXIST`, one that does not is `ENODEV`/`EADDRNOTAVAIL`
 //! (not found); deleting a veth takes its peer; deleting a bridge frees its ports; an nf_tables
 //! transaction commits all or nothing, a rule or chain it names that is gone is `ENOENT`, a chain
-//! still holding rules or jumped to is `EBUSY`; a kernel without bridge VLAN filtering answers
-//! `EOPNOTSUPP`. Faults: the next call of an operation fails with an errno before it acts, or
+//! still holding rules or jumped to is `EBUSY`; a bridge reports its options, the kernel's
+//! defaults among them, and options sent to another kind of link are `EOPNOTSUPP`; a kernel
+//! without bridge VLAN filtering answers `EOPNOTSUPP`, to the option too. Faults: the next call of an operation fails with an errno before it acts, or
 //! after (the answer is lost: the change is made and the caller sees the error); a hook runs
 //! before an operation (another process, a link vanishing). Every [`Fake`] cloned from another
 //! shares its world, and the world records every call, so requests can be counted.
@@ -16,8 +17,8 @@ use std::time::Duration;
 use cni_common::error::{CniError, Result};
 use cni_common::netlink::nft::{listed, NftChain, NftDelete, NftFamily, NftOp, NftRule, Verdict};
 use cni_common::netlink::{
-    Address, Family, Link, LinkKind, LinkSpec, NlError, PortFlags, PortVlan, Route, RouteKind, RouteSpec,
-    TABLE_MAIN,
+    Address, BridgeOpt, BridgeOpts, Family, Link, LinkKind, LinkSpec, NlError, OptValue, PortFlags, PortVlan,
+    Route, RouteKind, RouteSpec, TABLE_MAIN,
 };
 use ipnet::IpNet;
 
@@ -29,6 +30,15 @@ const IFF_UP: u32 = 0x1;
 const IFF_PROMISC: u32 = 0x100;
 const IFF_LOOPBACK: u32 = 0x8;
 const IF_OPER_UP: u8 = 6;
+
+/// A new bridge's options as the kernel reports them (those cni-common names).
+fn bridge_defaults() -> BridgeOpts {
+    BridgeOpts::from([
+        (BridgeOpt::STP_STATE, OptValue::U32(0)),
+        (BridgeOpt::VLAN_FILTERING, OptValue::U8(0)),
+        (BridgeOpt::MCAST_SNOOPING, OptValue::U8(1)),
+    ])
+}
 
 /// One link of the world.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +147,7 @@ impl World {
             mac,
             flags,
             oper_state: if flags & IFF_UP != 0 { IF_OPER_UP } else { 2 },
+            bridge: (kind == Some("bridge")).then(bridge_defaults),
             ..Link::default()
         };
         self.links.push(FakeLink { ns, link, port: PortFlags::default(), vlans: Vec::new() });
@@ -531,11 +542,14 @@ impl Kernel for Fake {
             let flags = if spec.up { IFF_UP } else { 0 };
             let mtu = spec.mtu.unwrap_or(1500);
             let index = match &spec.kind {
-                LinkKind::Bridge { vlan_filtering } => {
-                    if *vlan_filtering && w.no_vlan_filtering {
+                LinkKind::Bridge { opts } => {
+                    if opts.get(BridgeOpt::VLAN_FILTERING).is_some() && w.no_vlan_filtering {
                         return Err(NlError::new("add bridge with vlan_filtering", libc::EOPNOTSUPP));
                     }
-                    w.insert(Ns::Host, &spec.name, Some("bridge"), flags, spec.mac, mtu)
+                    let index = w.insert(Ns::Host, &spec.name, Some("bridge"), flags, spec.mac, mtu);
+                    let p = w.pos(Ns::Host, index)?;
+                    w.links[p].link.bridge.get_or_insert_default().merge(opts);
+                    index
                 }
                 LinkKind::Veth { peer } => {
                     let peer_ns = if peer_in_container { Ns::Container } else { Ns::Host };
@@ -627,6 +641,22 @@ impl Kernel for Fake {
     fn link_with_port_flags(&mut self, name: &str) -> Nl<Option<(Link, Option<PortFlags>)>> {
         self.with("link_get", |w| {
             Ok(w.link(Ns::Host, name).map(|l| (l.link.clone(), l.link.master.map(|_| l.port.clone()))))
+        })
+    }
+
+    fn bridge_set(&mut self, index: u32, opts: &BridgeOpts) -> Nl<()> {
+        self.with("bridge_set", |w| {
+            let p = w.pos(Ns::Host, index)?;
+            if opts.get(BridgeOpt::VLAN_FILTERING).is_some() && w.no_vlan_filtering {
+                return Err(NlError::new("set bridge vlan_filtering", libc::EOPNOTSUPP));
+            }
+            // as the kernel: options of another kind of link are refused; each option sent is
+            // set, the others stay as they were
+            let Some(have) = w.links[p].link.bridge.as_mut() else {
+                return Err(NlError::new("bridge options of a link that is no bridge", libc::EOPNOTSUPP));
+            };
+            have.merge(opts);
+            Ok(())
         })
     }
 
