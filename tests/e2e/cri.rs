@@ -1545,10 +1545,15 @@ localStorageCapacityIsolation: false
             .stderr(logf)
             .spawn()
             .expect("spawn kubelet");
+        // The child is `timeout`, which runs the kubelet: SIGTERM, which `timeout` passes on
+        // to it (and follows with SIGKILL 5 s later: `-k 5`). A SIGKILL to `timeout` itself
+        // would orphan the kubelet, which then holds the sandbox's mount namespace (and
+        // whatever namespace mounts propagated into it) until its own hour is up.
         struct Kill<'c>(&'c mut std::process::Child);
         impl Drop for Kill<'_> {
             fn drop(&mut self) {
-                let _ = self.0.kill();
+                // SAFETY: kill(2) on the `timeout` this test spawned and has not reaped.
+                unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
                 let _ = self.0.wait();
             }
         }

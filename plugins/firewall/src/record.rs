@@ -66,18 +66,14 @@ impl Record {
     }
 }
 
-/// A hook of the unit tests (see `AFTER_MKDIR`).
-#[cfg(test)]
-type Hook = Option<Box<dyn FnMut(&Path)>>;
-
-#[cfg(test)]
-thread_local! {
-    /// Run between making the network's directory and writing the record: the unit tests'
-    /// stand-in for a concurrent DEL or GC that removes the directory in that moment.
-    static AFTER_MKDIR: std::cell::RefCell<Hook> = const { std::cell::RefCell::new(None) };
+pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
+    write_racing(root, a, r, &mut |_| {})
 }
 
-pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
+/// [`write`], with `between` run after the network's directory is made and before the record
+/// is written: where a concurrent DEL or GC of the network's last attachment may remove the
+/// directory (the unit tests stand in for it there).
+fn write_racing(root: &Path, a: &AttachmentId, r: &Record, between: &mut dyn FnMut(&Path)) -> Result<()> {
     let dir = net_dir(root, &a.network);
     let path = file_of(root, a);
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -85,12 +81,7 @@ pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
     // a DEL or GC of the network's last attachment removes the directory: make it again once
     for attempt in 0..2 {
         std::fs::create_dir_all(&dir).map_err(io)?;
-        #[cfg(test)]
-        AFTER_MKDIR.with(|h| {
-            if let Some(f) = h.borrow_mut().as_mut() {
-                f(&dir)
-            }
-        });
+        between(&dir);
         match std::fs::write(&tmp, r.text()).and_then(|()| std::fs::rename(&tmp, &path)) {
             Err(e) if attempt == 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
             other => return other.map_err(io),
@@ -210,26 +201,22 @@ mod tests {
     fn a_directory_removed_while_the_record_is_written_is_made_again_once() {
         let root = std::env::temp_dir().join(format!("fw-rec-race-{}", std::process::id()));
         let a = AttachmentId::new("net1", "c1", "eth0");
+        // a DEL or GC removing the directory the first `times` times it is made
         let race = |times: usize| {
             let mut left = times;
-            AFTER_MKDIR.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move |dir: &Path| {
-                    if left > 0 {
-                        left -= 1;
-                        std::fs::remove_dir(dir).unwrap();
-                    }
-                }))
-            });
+            move |dir: &Path| {
+                if left > 0 {
+                    left -= 1;
+                    std::fs::remove_dir(dir).unwrap();
+                }
+            }
         };
-        race(1);
-        write(&root, &a, &rec("c1")).unwrap();
+        write_racing(&root, &a, &rec("c1"), &mut race(1)).unwrap();
         assert_eq!(read(&root, &a), Some(rec("c1")));
         std::fs::remove_dir_all(&root).unwrap();
-        race(2);
-        let e = write(&root, &a, &rec("c1")).unwrap_err();
+        let e = write_racing(&root, &a, &rec("c1"), &mut race(2)).unwrap_err();
         assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
         assert_eq!(read(&root, &a), None);
-        AFTER_MKDIR.with(|h| *h.borrow_mut() = None);
         std::fs::remove_dir_all(&root).unwrap();
     }
 

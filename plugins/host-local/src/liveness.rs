@@ -12,10 +12,16 @@
 //!   `fdinfo` names the inode, and whose file, looked at through the link with `O_PATH`, is
 //!   that very namespace: inode numbers are handed out lowest-free-first, so a namespace made
 //!   after the recorded one was freed often has its number, and tests and agents keep their
-//!   namespaces open). A mount or descriptor whose identity cannot be confirmed (a mount in
-//!   another mount namespace; a descriptor that cannot be looked at) counts as holding it, and
-//!   so does a scan that cannot be made (`/proc` unreadable, an unexpected error, more than
-//!   2^20 descriptors). Processes even root may not look at (`EACCES`, `EPERM`) are not seen.
+//!   namespaces open). A mount in another mount namespace is looked at through a process of
+//!   that namespace ([`open_foreign_mount`]: its root, the mount point without symbolic links,
+//!   and only when what is reached is that very mount, by its id): runtimes pin sandboxes in
+//!   mount namespaces of their own, and a mount made under `/run/netns` later propagates into
+//!   every mount namespace that is a slave of the node's, so a namespace that got a dead pod's
+//!   number is often mounted there. A mount or descriptor whose identity cannot be confirmed
+//!   (the process gone, the mount point not leading to that mount, a descriptor that cannot be
+//!   looked at) counts as holding it, and so does a scan that cannot be made (`/proc`
+//!   unreadable, an unexpected error, more than 2^20 descriptors). Processes even root may not
+//!   look at (`EACCES`, `EPERM`) are not seen.
 //!
 //! Everything else is alive: a reservation without a record (made by upstream or by an older
 //! build), a record that no longer belongs to the reservation file, any error.
@@ -126,9 +132,32 @@ struct Refs {
     /// namespace counts as held.
     blind: Option<String>,
     tasks: HashMap<u64, Vec<u32>>,
-    mounts: HashMap<u64, Vec<Option<String>>>,
+    mounts: HashMap<u64, Vec<Mount>>,
     /// Namespaces open descriptors may hold ([`fd_holders`]); `None` until first needed.
     fds: Option<std::result::Result<HashMap<u64, Vec<Holder>>, String>>,
+}
+
+/// An nsfs mount of a network namespace, as the scan found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mount {
+    /// In our own mount namespace, at this mount point; `group`: its peer group when shared.
+    Own { point: String, group: Option<u64> },
+    /// In another mount namespace, seen in the mount table of process `pid`: the mount's id,
+    /// its mount point (relative to that process's root) and, when it is a slave, the peer
+    /// group it receives propagation from.
+    Foreign { pid: u32, id: u64, point: String, master: Option<u64> },
+}
+
+/// One nsfs mount of a network namespace in a mountinfo text.
+#[derive(Debug, PartialEq, Eq)]
+struct NsfsMount {
+    id: u64,
+    ino: u64,
+    point: String,
+    /// `shared:N`: the peer group of a shared mount.
+    shared: Option<u64>,
+    /// `master:N`: the peer group a slave mount receives propagation from.
+    master: Option<u64>,
 }
 
 /// The inode in a `net:[<ino>]` link or mountinfo root.
@@ -333,8 +362,8 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// nsfs mounts of network namespaces in a mountinfo text: (inode, mount point).
-fn nsfs_mounts(text: &str) -> Vec<(u64, String)> {
+/// nsfs mounts of network namespaces in a mountinfo text.
+fn nsfs_mounts(text: &str) -> Vec<NsfsMount> {
     let mut out = Vec::new();
     for line in text.lines() {
         let Some((left, right)) = line.split_once(" - ") else { continue };
@@ -342,9 +371,12 @@ fn nsfs_mounts(text: &str) -> Vec<(u64, String)> {
             continue;
         }
         let f: Vec<&str> = left.split(' ').collect();
-        if let (Some(root), Some(point)) = (f.get(3), f.get(4)) {
-            if let Some(ino) = net_ino(root) {
-                out.push((ino, unescape(point)));
+        if let (Some(id), Some(root), Some(point)) = (f.first(), f.get(3), f.get(4)) {
+            if let (Ok(id), Some(ino)) = (id.parse(), net_ino(root)) {
+                // the optional fields, after the mount options
+                let tag = |t: &str| f.iter().skip(6).find_map(|x| x.strip_prefix(t)?.parse().ok());
+                let (shared, master) = (tag("shared:"), tag("master:"));
+                out.push(NsfsMount { id, ino, point: unescape(point), shared, master });
             }
         }
     }
@@ -354,6 +386,88 @@ fn nsfs_mounts(text: &str) -> Vec<(u64, String)> {
 fn read_mounts(path: &str) -> io::Result<String> {
     let mut f = std::fs::File::open(path)?;
     Ok(String::from_utf8_lossy(&read_capped(&mut f, MOUNTINFO_CAP)?).into_owned())
+}
+
+/// The namespace mounted at `point` in the mount namespace of process `pid`, when what is
+/// there is the mount `mnt` (its id in that process's mount table). The point is resolved
+/// inside the process's root (`/proc/<pid>/root`) with `O_PATH`, following no symbolic link
+/// (magic ones included), and used only when `statx` says it is the very mount the table
+/// listed and it is on nsfs. `Ok(None)`: not a network namespace. `Err`: cannot tell (the
+/// process is gone, the path leads elsewhere or nowhere, the mount was replaced), which
+/// [`confirms`] counts as holding.
+fn open_foreign_mount(pid: u32, mnt: u64, point: &str) -> cni_common::Result<Option<NetNs>> {
+    use std::ffi::CString;
+    use std::fs::File;
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    let cannot = |why: &dyn std::fmt::Display| {
+        cni_common::CniError::io(format!("cannot look at mount {mnt} at {point:?} of process {pid}: {why}"))
+    };
+    let root = nix::fcntl::open(
+        format!("/proc/{pid}/root").as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| cannot(&e.desc()))?;
+    let path = CString::new(point).map_err(|e| cannot(&e))?;
+    // SAFETY: open_how is plain data; all-zero is valid and its fields are set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 reads the path and `how` (its size passed), which outlive the call, and
+    // returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(cannot(&io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    // SAFETY: statx writes at most one `statx` into `stx`, which lives across the call; the
+    // empty path with AT_EMPTY_PATH names `file` itself.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_MNT_ID, &mut stx)
+    };
+    if rc != 0 {
+        return Err(cannot(&io::Error::last_os_error()));
+    }
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 || stx.stx_mnt_id != mnt {
+        return Err(cannot(&"the mount point leads to another mount now"));
+    }
+    let magic = nix::sys::statfs::fstatfs(&file).map_err(|e| cannot(&e.desc()))?;
+    if magic.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+        return Ok(None);
+    }
+    let real = File::open(format!("/proc/thread-self/fd/{}", file.as_raw_fd())).map_err(|e| cannot(&e))?;
+    match NetNs::from_fd(real.as_fd()) {
+        Ok(ns) => Ok(Some(ns)),
+        Err(e) => Err(cannot(&e.msg)),
+    }
+}
+
+/// Whether a mount of another mount namespace that cannot be reached by its path (a slave copy
+/// under a mount made over `/run` there, as a sandbox does) holds `id`, judged by the mount of
+/// ours it was copied from: a slave of the peer group `master`, of which one of our `mounts`
+/// (same inode number) is a member, is a clone of that mount (propagation copies the mount,
+/// and every mount of a peer group and its slaves has the same root: the same namespace). Held
+/// unless that mount of ours is there and certainly another namespace.
+fn propagated_copy_holds(mounts: &[Mount], master: Option<u64>, id: NsIdent) -> bool {
+    let Some(group) = master else { return true };
+    let ours = mounts.iter().find_map(|m| match m {
+        Mount::Own { point, group: Some(g) } if *g == group => Some(point),
+        _ => None,
+    });
+    match ours.map(|p| NetNs::open_recorded(p)) {
+        Some(Ok(Some(ns))) => ident(&ns).map_or(true, |now| !now.differs(&id)),
+        _ => true,
+    }
 }
 
 /// Whether what was opened to confirm a holder is the namespace `id`: a namespace whose
@@ -382,19 +496,25 @@ impl Refs {
         let own_mnt = std::fs::read_link("/proc/self/ns/mnt").map_err(|e| fail("/proc/self/ns/mnt", e))?;
         let mut mnt_seen = vec![own_mnt.clone()];
         let own = read_mounts("/proc/self/mountinfo").map_err(|e| fail("/proc/self/mountinfo", e))?;
-        for (ino, point) in nsfs_mounts(&own) {
-            self.mounts.entry(ino).or_default().push(Some(point));
+        for m in nsfs_mounts(&own) {
+            self.mounts.entry(m.ino).or_default().push(Mount::Own { point: m.point, group: m.shared });
         }
         for pid in numeric_entries(Path::new("/proc")).map_err(|e| fail("/proc", e))? {
-            // Other mount namespaces: their nsfs mounts count, by inode.
+            // Other mount namespaces: their nsfs mounts, looked at through this process.
             let mnt_link = format!("/proc/{pid}/ns/mnt");
             match std::fs::read_link(&mnt_link) {
                 Ok(mnt) if !mnt_seen.contains(&mnt) => {
                     let path = format!("/proc/{pid}/mountinfo");
                     match read_mounts(&path) {
                         Ok(text) => {
-                            for (ino, _) in nsfs_mounts(&text) {
-                                self.mounts.entry(ino).or_default().push(None);
+                            for m in nsfs_mounts(&text) {
+                                let (id, point, master) = (m.id, m.point, m.master);
+                                self.mounts.entry(m.ino).or_default().push(Mount::Foreign {
+                                    pid,
+                                    id,
+                                    point,
+                                    master,
+                                });
                             }
                             mnt_seen.push(mnt);
                         }
@@ -443,9 +563,14 @@ impl Refs {
             .flatten()
             .any(|tid| confirms(NetNs::open_recorded(&format!("/proc/{tid}/ns/net")), id));
         let by_mount = || {
-            self.mounts.get(&id.ino).into_iter().flatten().any(|point| match point {
-                Some(p) => confirms(NetNs::open_recorded(p), id), // another shape: cannot tell, so held
-                None => true,
+            let mounts = self.mounts.get(&id.ino).map(Vec::as_slice).unwrap_or_default();
+            mounts.iter().any(|m| match m {
+                Mount::Own { point, .. } => confirms(NetNs::open_recorded(point), id), // another shape: cannot tell, so held
+                Mount::Foreign { pid, id: mnt, point, master } => match open_foreign_mount(*pid, *mnt, point)
+                {
+                    Ok(found) => confirms(Ok(found), id),
+                    Err(_) => propagated_copy_holds(mounts, *master, id),
+                },
             })
         };
         if by_task || by_mount() {
@@ -475,7 +600,21 @@ mod tests {
 613 29 0:4 mnt:[4026532998] /run/x rw - nsfs nsfs rw
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 bogus line without separator";
-        assert_eq!(nsfs_mounts(text), vec![(4_026_532_999, "/run/netns/pod a".to_string())]);
+        let one =
+            |id, ino, point: &str, shared, master| NsfsMount { id, ino, point: point.into(), shared, master };
+        assert_eq!(nsfs_mounts(text), vec![one(612, 4_026_532_999, "/run/netns/pod a", Some(5), None)]);
+        let text = "\
+700 29 0:4 net:[4026533094] /run/netns/a rw shared:412 - nsfs nsfs rw
+701 29 0:4 net:[4026533095] /run/netns/b rw shared:413 master:7 - nsfs nsfs rw
+702 29 0:4 net:[4026533096] /run/netns/c rw master:414 propagate_from:3 - nsfs nsfs rw";
+        assert_eq!(
+            nsfs_mounts(text),
+            vec![
+                one(700, 4_026_533_094, "/run/netns/a", Some(412), None),
+                one(701, 4_026_533_095, "/run/netns/b", Some(413), Some(7)),
+                one(702, 4_026_533_096, "/run/netns/c", None, Some(414)),
+            ]
+        );
         assert_eq!(net_ino("net:[12]"), Some(12));
         assert_eq!(net_ino("mnt:[12]"), None);
         assert_eq!(unescape("a\\134b\\"), "a\\b\\");
@@ -594,6 +733,97 @@ bogus line without separator";
         let odd = Holder { who: 7, link: PathBuf::from("/proc/7/cwd") };
         let mut refs = Refs { fds: Some(Ok(HashMap::from([(1, vec![odd])]))), ..Refs::default() };
         assert!(refs.holds(made_up));
+    }
+
+    /// A namespace held only by a bind mount in another mount namespace (as a runtime pins a
+    /// sandbox, or as a mount under `/run/netns` propagates into a slave mount namespace): it
+    /// is held, and a namespace that got its inode number (another cookie) is not, so a dead
+    /// pod whose number went to a namespace mounted elsewhere is not kept alive by that mount.
+    /// A mount that cannot be looked at (its process gone, its id not what the path reaches)
+    /// counts as holding. Root: a mount namespace of its own for the child.
+    #[test]
+    fn a_mount_in_another_mount_namespace_holds_only_the_namespace_it_is() {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_str().unwrap().to_string();
+        // `unshare` execs the script, which ends as `cat`: the child's pid stays the process
+        // in the private mount namespace, which holds the new network namespace by a bind
+        // mount on a tmpfs only it sees, and is itself in no other namespace than ours.
+        let script = r#"set -e; mount -t tmpfs flkhl "$1"; touch "$1/ns"; unshare --net="$1/ns" true
+                        echo ready; exec cat"#;
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh", &dir])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the child could not set up its mount namespace (root?)");
+        let pid = child.id();
+        let ns = NetNs::open(format!("/proc/{pid}/root{dir}/ns")).unwrap();
+        let held = ident(&ns).unwrap();
+        drop(ns);
+        assert_ne!(held.cookie, 0, "SO_NETNS_COOKIE (Linux >= 5.14)");
+        let mut refs = Refs::scan();
+        let found = refs.mounts.get(&held.ino).cloned().unwrap_or_default();
+        assert!(
+            found.iter().any(|m| matches!(m, Mount::Foreign { pid: p, point, .. } if *p == pid && *point == format!("{dir}/ns"))),
+            "{found:?}"
+        );
+        assert!(refs.holds(held), "the mount holds its namespace");
+        let later = NsIdent { ino: held.ino, cookie: held.cookie + 1 };
+        assert!(!refs.holds(later), "a namespace that got the number is not held by that mount");
+        // what cannot be looked at: held
+        let Some(Mount::Foreign { id, point, .. }) =
+            found.into_iter().find(|m| matches!(m, Mount::Foreign { .. }))
+        else {
+            unreachable!()
+        };
+        for (p, mnt) in [(u32::MAX, id), (pid, id + 1_000_000)] {
+            let mut refs = Refs {
+                mounts: HashMap::from([(
+                    later.ino,
+                    vec![Mount::Foreign { pid: p, id: mnt, point: point.clone(), master: None }],
+                )]),
+                fds: Some(Ok(HashMap::new())),
+                ..Refs::default()
+            };
+            assert!(refs.holds(later), "process {p}, mount {mnt}: cannot tell, so held");
+        }
+        drop(child.stdin.take());
+        child.wait().unwrap();
+    }
+
+    /// A slave copy that cannot be reached by its path (under a tmpfs a sandbox mounted over
+    /// `/run`) is judged by the mount of ours it receives propagation from: the same root, so
+    /// the same namespace. It holds a namespace only when that mount is it, or cannot be told.
+    #[test]
+    fn an_unreachable_slave_copy_is_the_namespace_of_its_master() {
+        let pid = std::process::id();
+        let here = ident(&NetNs::current().unwrap()).unwrap();
+        assert_ne!(here.cookie, 0, "SO_NETNS_COOKIE (Linux >= 5.14)");
+        let later = NsIdent { ino: here.ino, cookie: here.cookie + 1 };
+        let ours = |group| Mount::Own { point: format!("/proc/{pid}/ns/net"), group };
+        let copy = |master| Mount::Foreign { pid: u32::MAX, id: 1, point: "/run/netns/x".into(), master };
+        assert!(propagated_copy_holds(&[ours(Some(5))], Some(5), here), "a copy of its mount");
+        assert!(!propagated_copy_holds(&[ours(Some(5))], Some(5), later), "a copy of another's mount");
+        assert!(propagated_copy_holds(&[ours(Some(5))], None, later), "no master: cannot tell");
+        assert!(propagated_copy_holds(&[ours(Some(5))], Some(6), later), "another group: cannot tell");
+        assert!(propagated_copy_holds(&[ours(None)], Some(5), later), "ours not shared: cannot tell");
+        let gone = Mount::Own { point: format!("/proc/{}/ns/net", u32::MAX), group: Some(5) };
+        assert!(propagated_copy_holds(&[gone], Some(5), later), "ours gone meanwhile: cannot tell");
+        // through Refs::holds: the copy's process is gone, so only its master can tell
+        let refs = |mounts| Refs {
+            mounts: HashMap::from([(here.ino, mounts)]),
+            fds: Some(Ok(HashMap::new())),
+            ..Refs::default()
+        };
+        assert!(!refs(vec![ours(Some(5)), copy(Some(5))]).holds(later));
+        assert!(refs(vec![ours(Some(5)), copy(Some(5))]).holds(here));
+        assert!(refs(vec![ours(Some(5)), copy(Some(9))]).holds(later));
     }
 
     /// A descriptor whose inode number is the recorded namespace's but whose file is something
