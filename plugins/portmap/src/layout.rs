@@ -585,23 +585,33 @@ impl Declaration {
     /// as a dump lists them (a rule with user conditions: ends with the same jump) and the
     /// same comment.
     fn chain_intact(&self, chain: &str, found: &[NftRule]) -> bool {
+        self.chain_difference(chain, found).is_none()
+    }
+
+    /// How the rules found in `chain` differ from the declared ones (`None`: they do not), in
+    /// words a report can carry: the counts, or the first rule that differs.
+    fn chain_difference(&self, chain: &str, found: &[NftRule]) -> Option<String> {
         let have: Vec<&NftRule> = found.iter().filter(|r| r.chain == chain).collect();
         let want: Vec<&RuleDecl> = self.chain_rules(chain).collect();
-        have.len() == want.len()
-            && have.iter().zip(&want).all(|(h, w)| {
-                h.comment == w.comment
-                    && match &w.exprs {
-                        Some(e) => h.exprs == listed(e),
-                        None => {
-                            h.exprs.last()
-                                == listed(&[RuleExpr::Verdict(Verdict::Jump(format!(
-                                    "hostports{}",
-                                    &chain[4..5]
-                                )))])
-                                .last()
-                        }
+        if have.len() != want.len() {
+            return Some(format!("{} rules found, {} declared", have.len(), want.len()));
+        }
+        let same = |h: &NftRule, w: &RuleDecl| {
+            h.comment == w.comment
+                && match &w.exprs {
+                    Some(e) => h.exprs == listed(e),
+                    None => {
+                        h.exprs.last()
+                            == listed(&[RuleExpr::Verdict(Verdict::Jump(format!(
+                                "hostports{}",
+                                &chain[4..5]
+                            )))])
+                            .last()
                     }
-            })
+                }
+        };
+        let i = have.iter().zip(&want).position(|(h, w)| !same(h, w))?;
+        Some(format!("rule {} of {} differs, handle {}", i + 1, want.len(), have[i].handle))
     }
 
     /// The reference count the kernel keeps for each chain whose rules do not depend on the
@@ -631,8 +641,8 @@ impl Declaration {
             out.push(format!("table {t} is not of layout {VERSION} (set {LAYOUT_SET} lacks the version)"));
         }
         for c in &self.chains {
-            if !self.chain_intact(&c.name, &found.rules) {
-                out.push(format!("chain {} does not hold the rules of this layout", c.name));
+            if let Some(how) = self.chain_difference(&c.name, &found.rules) {
+                out.push(format!("chain {} does not hold the rules of this layout ({how})", c.name));
             }
         }
         if let Some(sets) = &found.sets {

@@ -1459,7 +1459,7 @@ fn the_guard_comes_back_without_host_ports_after_a_flush() {
     });
     assert_eq!(
         flow::guard_missing(&mut k.clone(), &conds).unwrap(),
-        ["chain localnet does not hold the rules of this layout"]
+        ["chain localnet does not hold the rules of this layout (0 rules found, 6 declared)"]
     );
     flow::guard(&mut k.clone(), &conds).unwrap();
     assert!(guard_intact(&k));
