@@ -23,6 +23,10 @@ const PLUGINS: [&str; 3] = ["bridge", "portmap", "bandwidth"];
 /// Peak RSS (KiB) of every ADD process per (side, plugin), filled while the benchmark runs.
 pub type RssTable = Rc<RefCell<BTreeMap<(String, String), Vec<u64>>>>;
 
+/// The driver's own peak RSS (KiB) while the chain's ADDs ran: the least any of them can
+/// report (see [`crate::reset_peak_rss`]).
+pub static DRIVER_PEAK_KIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Capability args of iteration `n`: one hostPort and 100 Mbit/s each way.
 fn caps(port_base: u16, n: u32) -> Value {
     json!({
@@ -51,6 +55,9 @@ pub(crate) fn step<'a>(
         let (result, adds) = chain
             .add(&id, ctr.path_str(), "eth0", &caps, host)
             .unwrap_or_else(|s| panic!("{label} ADD failed: {:?}", s.last().map(|x| &x.out)));
+        if let Some(k) = crate::own_peak_rss_kib() {
+            DRIVER_PEAK_KIB.fetch_max(k, std::sync::atomic::Ordering::Relaxed);
+        }
         {
             let mut r = rss.borrow_mut();
             for s in &adds {

@@ -110,6 +110,24 @@ pub fn stage_binaries(into: &std::path::Path, dirs: &[(&str, std::path::PathBuf)
         // SAFETY: called from main before any thread is started.
         unsafe { std::env::set_var(var, &to) };
     }
+    reset_peak_rss();
+}
+
+/// Reset this process's peak resident set size to what it holds now (`/proc/self/clear_refs`,
+/// 5). A child's peak (`wait4`'s `ru_maxrss`, the chain's RSS table) starts from the peak of the
+/// memory it was spawned from: exec records the old address space's high-water mark, and a
+/// child spawned by vfork shares the driver's. Staging reads each binary whole (an 8 MB Go
+/// binary among them), so without this every side's peak read as the driver's own (8976 KiB
+/// for all three in the run that found it).
+pub fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS (/proc/self/clear_refs)");
+}
+
+/// This process's peak resident set size in KiB (`VmHWM`): the least any child it spawns can
+/// report as its own peak.
+pub fn own_peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 /// The directory of today's upstream release: `CNI_PEER_DIR` (scripts/bench.sh sets it from

@@ -193,7 +193,9 @@ fn main() {
         println!(
             "\nPeak RSS of the ADD processes during the chain runs (wait4 of each child, so it would include\n\
              any program the plugin ran; the largest includes the warm-up, e.g. portmap's first ADD building\n\
-             its table):\n"
+             its table; every value includes the driver's own peak while the chain ran, {} KiB, which\n\
+             is reset after staging the binaries):\n",
+            bench::chain::DRIVER_PEAK_KIB.load(std::sync::atomic::Ordering::Relaxed)
         );
         print!("{}", bench::chain::rss_markdown(&rss));
     }
