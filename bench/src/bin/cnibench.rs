@@ -193,8 +193,8 @@ fn main() {
         println!(
             "\nPeak RSS of the ADD processes during the chain runs (wait4 of each child, so it would include\n\
              any program the plugin ran; the largest includes the warm-up, e.g. portmap's first ADD building\n\
-             its table; every value includes the driver's own peak while the chain ran, {} KiB, which\n\
-             is reset after staging the binaries):\n",
+             its table; a child's value can include the memory it was spawned from, so the driver\n\
+             resets its own peak after staging the binaries: its peak while the chain ran was {} KiB):\n",
             bench::chain::DRIVER_PEAK_KIB.load(std::sync::atomic::Ordering::Relaxed)
         );
         print!("{}", bench::chain::rss_markdown(&rss));
