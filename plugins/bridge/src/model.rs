@@ -99,9 +99,9 @@ impl BridgeDevice {
 
     /// What `have` (a bridge that exists) needs to become this one.
     pub(crate) fn changes(&self, have: &Link) -> BridgeChanges {
-        let now = have.bridge.clone().unwrap_or_default();
+        let now = |o| have.bridge.as_ref().and_then(|b| b.get(o));
         let mut opts = BridgeOpts::default();
-        for (opt, v) in self.keep.iter().filter(|(o, v)| now.get(*o) != Some(v.get())) {
+        for (opt, v) in self.keep.iter().filter(|(o, v)| now(*o) != Some(v.get())) {
             opts.set(opt, v);
         }
         BridgeChanges { promisc: self.promisc && !have.promisc(), opts, up: !have.up() }
@@ -118,9 +118,8 @@ impl BridgeDevice {
                 have.promisc()
             ));
         }
-        let now = have.bridge.clone().unwrap_or_default();
         let (opt, want, cur) = self.keep.iter().find_map(|(opt, want)| {
-            let cur = now.get(opt).filter(|v| *v != want.get())?;
+            let cur = have.bridge.as_ref()?.get(opt).filter(|v| *v != want.get())?;
             Some((opt, want.get(), cur))
         })?;
         let (name, key) = match BRIDGE_OPTS.iter().find(|row| row.2 == opt) {
