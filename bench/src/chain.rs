@@ -172,8 +172,10 @@ pub fn cases<'a>(rss: RssTable, keep: &mut Vec<TempDir>) -> Vec<Case<'a>> {
 /// (default backend) and 1.1.1.
 pub fn rss_markdown(rss: &RssTable) -> String {
     let r = rss.borrow();
-    let mut s = String::from(
-        "| plugin | ours largest (KiB) | v1.10 largest (KiB) | 1.1.1 largest (KiB) | ours median (KiB) | v1.10 median (KiB) | 1.1.1 median (KiB) | ours / v1.10 (median) | ours / 1.1.1 (median) |\n|---|---|---|---|---|---|---|---|---|\n",
+    // in baseline mode the other side (run where 1.1.1 runs otherwise) is our earlier build
+    let other = crate::baseline().map_or("1.1.1".to_string(), |b| format!("baseline `{b}`"));
+    let mut s = format!(
+        "| plugin | ours largest (KiB) | v1.10 largest (KiB) | {other} largest (KiB) | ours median (KiB) | v1.10 median (KiB) | {other} median (KiB) | ours / v1.10 (median) | ours / {other} (median) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let stats = |side: &str, p: &str| {
         let mut v = r.get(&(side.to_string(), p.to_string())).cloned().unwrap_or_default();
