@@ -75,6 +75,7 @@ impl World {
         outside.run("ip", &["link", "set", "up0", "up"]);
         outside.run("ip", &["route", "add", "default", "via", &format!("10.250.{n}.1")]);
         outside.run("ip", &["-6", "route", "add", "default", "via", &format!("fd01:{n}::1")]);
+        host.settle("ext0");
         World { host, outside, n, next: 2 }
     }
 
@@ -101,6 +102,10 @@ impl World {
         ns.run("ip", &["link", "set", "eth0", "up"]);
         ns.run("ip", &["route", "add", "default", "via", &format!("10.{n}.0.1")]);
         ns.run("ip", &["-6", "route", "add", "default", "via", &format!("fd00:{n}::1")]);
+        // the host veth and the bridge (whose carrier follows its ports) as a test's
+        // snapshot of the host will see them from now on
+        self.host.settle(&hostveth);
+        self.host.settle("br0");
         Ctr { ns, idx, id: unique("ctr"), hostveth }
     }
 
@@ -126,6 +131,8 @@ impl World {
         c.ns.run("ip", &["addr", "add", &format!("10.{n}.1.{}/24", c.idx), "dev", "eth1"]);
         c.ns.run("ip", &["addr", "add", &format!("fd00:{n}:1::{}/64", c.idx), "dev", "eth1", "nodad"]);
         c.ns.run("ip", &["link", "set", "eth1", "up"]);
+        self.host.settle(&hostveth);
+        self.host.settle("br1");
         hostveth
     }
 

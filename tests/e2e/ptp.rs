@@ -52,8 +52,8 @@ impl World {
         outside.run("ip", &["addr", "add", &format!("10.250.{n}.2/24"), "dev", "up0"]);
         outside.run("ip", &["addr", "add", &format!("fd01:{n}::2/64"), "dev", "up0", "nodad"]);
         outside.run("ip", &["link", "set", "up0", "up"]);
-        settle(&host, "ext0");
-        settle(&outside, "up0");
+        host.settle("ext0");
+        outside.settle("up0");
         World { host, outside, n, data: TempDir::new("ptpdata"), bins: cni_path_with(&["ptp", "host-local"]) }
     }
 
@@ -90,28 +90,6 @@ impl World {
     fn leaks(&self, net: &str) -> Vec<String> {
         leaks(&self.host, net, self.data.path(), &["lo", "ext0"])
     }
-}
-
-/// Wait (bounded) until the kernel has finished bringing up `dev`, one end of a veth pair whose
-/// both ends are up: its operational state (the `state` and `NO-CARRIER` of `ip link`), its IPv6
-/// link-local address (not tentative) and that address's local route. The kernel does this
-/// after `ip link set up` returns, in its link-watch work, which runs at most once a second for
-/// the whole machine: with other tests changing links beside this one it comes up to a second
-/// later, and a snapshot of the host taken before it ([`ns_state`]) differs from every later one
-/// although no plugin changed anything.
-fn settle(ns: &Netns, dev: &str) {
-    wait_until(&format!("{dev} in {} to come up", ns.name()), Duration::from_secs(10), || {
-        let up = ns.link(dev).is_some_and(|l| l["operstate"] == "UP");
-        let link_local = || {
-            let a = ns.ip_json(&["-6", "addr", "show", "dev", dev, "scope", "link", "-tentative"]);
-            a.as_array().is_some_and(|a| !a.is_empty())
-        };
-        let local_route = || {
-            let r = ns.run("ip", &["-6", "route", "show", "table", "local", "dev", dev]);
-            String::from_utf8_lossy(&r.stdout).lines().any(|l| l.starts_with("local fe80::"))
-        };
-        up && link_local() && local_route()
-    });
 }
 
 fn addr_of(result: &Value, v6: bool) -> String {

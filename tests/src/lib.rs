@@ -328,6 +328,30 @@ impl Netns {
         v.as_array().and_then(|a| a.first().cloned())
     }
 
+    /// Wait (bounded) until the kernel has finished bringing up `dev`, a link set up whose
+    /// carrier comes (one end of a veth pair whose both ends are up, or a bridge with a port
+    /// up): its operational state (the `state` and `NO-CARRIER` of `ip link`), its IPv6
+    /// link-local address (not tentative) and that address's local route. The kernel does
+    /// this after `ip link set up` returns, in its link-watch work, which runs at most once a
+    /// second for the whole machine: with other tests changing links beside this one it comes
+    /// up to a second later, and a snapshot taken before it ([`ns_state`]) differs from every
+    /// later one although no plugin changed anything.
+    pub fn settle(&self, dev: &str) {
+        let what = format!("{dev} in {} to come up", self.name);
+        wait_until(&what, std::time::Duration::from_secs(10), || {
+            let up = self.link(dev).is_some_and(|l| l["operstate"] == "UP");
+            let link_local = || {
+                let a = self.ip_json(&["-6", "addr", "show", "dev", dev, "scope", "link", "-tentative"]);
+                a.as_array().is_some_and(|a| !a.is_empty())
+            };
+            let local_route = || {
+                let r = self.run("ip", &["-6", "route", "show", "table", "local", "dev", dev]);
+                String::from_utf8_lossy(&r.stdout).lines().any(|l| l.starts_with("local fe80::"))
+            };
+            up && link_local() && local_route()
+        });
+    }
+
     /// Whether link `name` has IFF_UP set.
     pub fn link_is_up(&self, name: &str) -> bool {
         let l = self.link(name).unwrap_or_else(|| panic!("no link {name} in {}", self.name));
