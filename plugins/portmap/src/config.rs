@@ -418,7 +418,7 @@ pub struct Intent {
 /// Why a container address cannot be a DNAT target (issue 27 finding 4): one of the host's
 /// loopback addresses, unspecified, multicast, broadcast or link-local (an IPv4-mapped IPv6
 /// address as the IPv4 address it maps). Addresses local to the host are refused by the
-/// plugin, which asks the kernel ([`crate::localnet::local_to_host`]).
+/// plugin, which asks the kernel ([`crate::localnet::best_route`]).
 pub fn unfit_target(ip: IpAddr) -> Option<&'static str> {
     let ip = ip.to_canonical();
     match ip {

@@ -13,7 +13,7 @@
 //! resync` rebuilds it (finding 2). Reading the sysctl can only add protection: it never
 //! decides what a pod may reach.
 
-use cni_common::netlink::{Netlink, RouteKind};
+use cni_common::netlink::{Netlink, Route, RouteKind};
 use cni_common::spec::env::validate_ifname;
 use cni_common::spec::result::CniResult;
 use cni_common::{sysctl, CniError, Result};
@@ -39,19 +39,28 @@ pub fn enabled_on(prev: &CniResult) -> Vec<String> {
     host_side(prev).into_iter().filter(|n| sysctl::get(&key(n)).is_ok_and(|v| v == "1")).collect()
 }
 
-/// Whether the host holds `ip` itself: the kernel's route to it is of type local (an address
-/// of one of its interfaces, or a local route). A DNAT there lands on the host's own services.
-pub fn local_to_host(nl: &mut Netlink, ip: IpAddr) -> Result<bool> {
-    let best = nl.route_get(ip).map_err(CniError::from)?;
-    Ok(best.is_some_and(|r| r.kind == RouteKind::Local))
+/// The kernel's route to `ip` (one `ip route get`: policy routing included).
+pub fn best_route(nl: &mut Netlink, ip: IpAddr) -> Result<Option<Route>> {
+    nl.route_get(ip).map_err(CniError::from)
 }
 
-/// `route_localnet=1` on the interface that routes to the container address `ctr`, when it is
-/// a host-side interface of `prev`; otherwise nothing is set and a note says why. Returns the
-/// interface set (or already on).
-pub fn enable(nl: &mut Netlink, prev: &CniResult, ctr: IpAddr) -> Result<Option<String>> {
-    // the kernel's own choice for the container's address: one lookup, not a dump of routes
-    let best = nl.route_get(ctr).map_err(CniError::from)?.filter(|r| r.kind == RouteKind::Unicast);
+/// Whether `best`, the kernel's route to an address, says the host holds it itself (an
+/// address of one of its interfaces, or a local route). A DNAT there lands on the host's own
+/// services.
+pub fn local_to_host(best: Option<&Route>) -> bool {
+    best.is_some_and(|r| r.kind == RouteKind::Local)
+}
+
+/// `route_localnet=1` on the interface that routes to the container address `ctr` (`best`: the
+/// kernel's route to it, [`best_route`]), when it is a host-side interface of `prev`;
+/// otherwise nothing is set and a note says why. Returns the interface set (or already on).
+pub fn enable(
+    nl: &mut Netlink,
+    prev: &CniResult,
+    ctr: IpAddr,
+    best: Option<&Route>,
+) -> Result<Option<String>> {
+    let best = best.filter(|r| r.kind == RouteKind::Unicast);
     let Some(oif) = best.and_then(|r| r.oif.or_else(|| r.nexthops.first().and_then(|h| h.oif))) else {
         eprintln!("portmap: note: no route to {ctr} in the host; route_localnet not set");
         return Ok(None);

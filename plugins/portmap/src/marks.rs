@@ -166,7 +166,17 @@ impl Marks {
     }
 
     /// ADD's step: the attachment lives again (a restarted pod with the same container id).
+    ///
+    /// Almost every ADD is of an attachment never deleted under its id: nothing is at the
+    /// mark's name, and one lookup (the name itself not followed) says so, without the lock:
+    /// with nothing to remove there is nothing to order against a resync, so a new pod's ADD
+    /// never waits for one. Whatever the lookup finds, or cannot tell, takes the checked path
+    /// (the directory refused when it is a link or not root's alone, the lock, the removal).
     pub fn unmark(&self, owner: &Owner) -> Result<()> {
+        match std::fs::symlink_metadata(self.dir.join(name(owner))) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            _ => {}
+        }
         match self.shared(false, WAIT)? {
             Some(h) => h.unmark(owner),
             None => Ok(()),
@@ -318,6 +328,21 @@ mod tests {
     }
 
     #[test]
+    fn an_add_of_a_pod_never_deleted_does_not_wait_for_a_resync() {
+        let d = scratch("nowait");
+        let m = Marks::at(d.join("portmap"));
+        m.mark_deleted(&owner("gone")).unwrap();
+        let resync = m.exclusive(Duration::ZERO).unwrap();
+        // (the lock held, the checked path would fail with code 11 after WAIT)
+        m.unmark(&owner("new")).expect("nothing to remove: no lock needed");
+        assert!(resync.is_marked(&owner("gone")).unwrap() && !resync.is_marked(&owner("new")).unwrap());
+        drop(resync);
+        m.unmark(&owner("gone")).unwrap();
+        assert!(!m.exclusive(Duration::ZERO).unwrap().is_marked(&owner("gone")).unwrap());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn planted_things_are_never_followed_and_count_as_marks() {
         let d = scratch("planted");
         let m = Marks::at(d.join("portmap"));
@@ -347,6 +372,9 @@ mod tests {
         let linked = Marks::at(d.join("linked"));
         std::os::unix::fs::symlink(m.path(), linked.path()).unwrap();
         assert!(linked.exclusive(Duration::ZERO).is_err(), "a link is not followed");
+        // ADD through a linked directory: a mark found there is never removed through the link
+        assert!(linked.unmark(&owner("y")).unwrap_err().msg.contains("not a link"));
+        assert!(m.path().join(name(&owner("y"))).exists(), "the mark stays");
         std::fs::set_permissions(m.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         let e = m.mark_deleted(&owner("z")).unwrap_err();
         assert!(e.msg.contains("writable by us alone"), "{e:?}");

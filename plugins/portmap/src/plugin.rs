@@ -23,10 +23,10 @@ use cni_common::attachment::AttachmentId;
 use crate::identity::{portmap_net_prefix, PortmapIdentity};
 use cni_common::net::Family;
 use cni_common::netlink::conntrack;
-use cni_common::netlink::Netlink;
+use cni_common::netlink::{Netlink, Route};
 use cni_common::spec::result::CniResult;
 use cni_common::{code, CniError, ErrorList, Plugin, Request, Result};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// The plugin: what `portmap`'s binary runs (and the fuzz target `entry`).
@@ -65,19 +65,24 @@ fn netlink() -> Result<Netlink> {
 
 /// Refuse container addresses the host holds itself (code 7): a DNAT there would lead
 /// `<any address>:<hostPort>` into the host's own services (issue 27 finding 4). The pure
-/// refusals (loopback, unspecified, multicast, link-local) are [`Intent::new`]'s.
-fn refuse_local_targets(intent: &Intent) -> Result<()> {
-    let mut nl = netlink()?;
-    let addrs: BTreeSet<IpAddr> = intent.entries.iter().map(|e| e.ctr.addr()).collect();
-    for ip in addrs {
-        if localnet::local_to_host(&mut nl, ip)? {
+/// refusals (loopback, unspecified, multicast, link-local) are [`Intent::new`]'s. Returns the
+/// kernel's route to each address, which `route_localnet` follows after the transaction.
+fn refuse_local_targets(nl: &mut Netlink, intent: &Intent) -> Result<BTreeMap<IpAddr, Option<Route>>> {
+    let mut routes = BTreeMap::new();
+    for ip in intent.entries.iter().map(|e| e.ctr.addr()) {
+        if routes.contains_key(&ip) {
+            continue;
+        }
+        let best = localnet::best_route(nl, ip)?;
+        if localnet::local_to_host(best.as_ref()) {
             return Err(CniError::config(format!(
                 "prevResult gives the container the address {ip}, which is local to this host: host ports \
                  are never forwarded to the host's own addresses"
             )));
         }
+        routes.insert(ip, best);
     }
-    Ok(())
+    Ok(routes)
 }
 
 /// The localhost guard for an attachment without host ports whose host-side interfaces have
@@ -254,12 +259,16 @@ impl Plugin for Portmap {
         for n in intent_notes {
             eprintln!("{n}");
         }
-        refuse_local_targets(&intent)?;
+        // one rtnetlink socket and one route lookup per container address serve both the
+        // refusal and route_localnet
+        let mut nl = netlink()?;
+        let routes = refuse_local_targets(&mut nl, &intent)?;
         let done = flow::add(&mut nf_tables()?, &conf, &intent, &netns::gone)?;
         notes(&done);
         if conf.snat {
             if let Some(e) = intent.entries.iter().find(|e| e.host.fam == Family::V4) {
-                localnet::enable(&mut netlink()?, &prev, e.ctr.addr())?;
+                let ip = e.ctr.addr();
+                localnet::enable(&mut nl, &prev, ip, routes.get(&ip).and_then(Option::as_ref))?;
             }
         }
         flush_udp(&done.udp);
