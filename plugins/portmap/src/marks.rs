@@ -21,7 +21,9 @@
 //! and that is when resync runs; `/run` survives a flush, and goes at reboot, when every pod
 //! has gone too. The directory is root's (mode 0700, refused when it is another user's or
 //! writable by others, never followed when a link); nothing in it is read as data.
-//! resync sweeps the marks of attachments no cache it scans holds any more.
+//! resync sweeps the marks of attachments no cache it scans holds any more, and DEL, once per
+//! [`SWEEP_EVERY`], those made or renewed more than [`LIFETIME`] ago (their DEL is long done:
+//! a node that never resyncs keeps the last hour's marks, not one per pod deleted since boot).
 
 use cni_common::{code, CniError, Result};
 use std::collections::BTreeSet;
@@ -31,7 +33,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::Owner;
 
@@ -40,6 +42,21 @@ pub const DIR: &str = "/run/cni/portmap";
 
 /// How long a verb waits for the lock (a resync holds it for one attachment's rebuild).
 pub const WAIT: Duration = Duration::from_secs(10);
+
+/// How long a mark outlives the DEL that made it. A runtime's DEL of a chain ends in seconds
+/// (every step has a deadline) and then removes the attachment's cache entry, after which
+/// resync never looks at the attachment again: the mark is needed no longer. A DEL that
+/// failed is tried again by the runtime, and that DEL's portmap step marks anew, renewing the
+/// mark's time. Past this lifetime a mark goes at the next sweep ([`SWEEP_EVERY`]), so the
+/// directory holds the marks of the last hour's DELs, not of every pod deleted since boot.
+pub const LIFETIME: Duration = Duration::from_secs(3600);
+
+/// How often DEL looks for marks past their [`LIFETIME`] (the time of the last look is that
+/// of the file `swept` in the directory): one lookup per DEL, one listing per period.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// The file whose modification time says when marks were last swept for age.
+const SWEPT: &str = "swept";
 
 /// The marks directory.
 #[derive(Debug, Clone)]
@@ -160,9 +177,16 @@ impl Marks {
         Ok(self.hold(true, true, wait)?.expect("created"))
     }
 
-    /// DEL's step: mark `owner`'s attachment deleted (idempotent), under the shared lock.
+    /// DEL's step: mark `owner`'s attachment deleted (idempotent: a mark there is renewed),
+    /// under the shared lock; then, once per [`SWEEP_EVERY`], remove the marks past their
+    /// [`LIFETIME`] (a failure there is a note: the mark is made).
     pub fn mark_deleted(&self, owner: &Owner) -> Result<()> {
-        self.shared(true, WAIT)?.expect("created").mark(owner)
+        let held = self.shared(true, WAIT)?.expect("created");
+        held.mark(owner)?;
+        if let Err(e) = held.expire_due(SystemTime::now()) {
+            eprintln!("{}; old marks stay until the next sweep", e.msg);
+        }
+        Ok(())
     }
 
     /// ADD's step: the attachment lives again (a restarted pod with the same container id).
@@ -212,14 +236,88 @@ fn openat(dir: &File, name: &str, flags: i32, mode: libc::mode_t) -> std::io::Re
 }
 
 impl Held {
-    /// Mark `owner` (an existing mark, whatever it is, stays: never followed, never opened).
+    /// Mark `owner` (an existing mark, whatever it is, stays, its time renewed: never
+    /// followed, never opened).
     pub fn mark(&self, owner: &Owner) -> Result<()> {
         let n = name(owner);
         match openat(&self.dir, &n, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600) {
             Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => self.touch(&n),
             Err(e) => Err(io(&self.path.join(&n), "create", e)),
         }
+    }
+
+    /// Set the modification time of what is at `n` to now (a link's own, not its target's).
+    fn touch(&self, n: &str) -> Result<()> {
+        let c = cstr(n);
+        // SAFETY: a valid directory fd, a NUL-terminated name; null times mean now
+        let r = unsafe {
+            libc::utimensat(self.dir.as_raw_fd(), c.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW)
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        Err(io(&self.path.join(n), "renew the time of", std::io::Error::last_os_error()))
+    }
+
+    /// The modification time of what is at `n` (not followed); None: nothing there.
+    fn modified(&self, n: &str) -> Result<Option<SystemTime>> {
+        let c = cstr(n);
+        // SAFETY: a valid directory fd, a NUL-terminated name, a zeroed stat buffer
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let r =
+            unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        if r != 0 {
+            return match std::io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+                e => Err(io(&self.path.join(n), "look at", e)),
+            };
+        }
+        let since = Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
+        Ok(Some(SystemTime::UNIX_EPOCH + since))
+    }
+
+    /// Once per [`SWEEP_EVERY`] (by the time of `swept`, `SWEEP_EVERY` apart from `now` either
+    /// way: a time far in the future, after the clock was set back, counts as due): remove the marks older than [`LIFETIME`] at `now`. The
+    /// number removed.
+    pub fn expire_due(&self, now: SystemTime) -> Result<usize> {
+        let last = self.modified(SWEPT)?;
+        let apart = |t: SystemTime| now.duration_since(t).unwrap_or_else(|e| e.duration());
+        if last.is_some_and(|t| apart(t) < SWEEP_EVERY) {
+            return Ok(0);
+        }
+        match openat(&self.dir, SWEPT, libc::O_CREAT | libc::O_WRONLY, 0o600) {
+            Ok(_) => self.touch(SWEPT)?,
+            Err(e) => return Err(io(&self.path.join(SWEPT), "open", e)),
+        }
+        self.expire(now.checked_sub(LIFETIME).unwrap_or(SystemTime::UNIX_EPOCH))
+    }
+
+    /// Remove the marks last made or renewed before `before`; other names, and what cannot be
+    /// looked at or removed (unknown is alive), are left alone. The number removed.
+    pub fn expire(&self, before: SystemTime) -> Result<usize> {
+        let mut removed = 0;
+        for n in self.mark_names()? {
+            if self.modified(&n).ok().flatten().is_some_and(|t| t < before) && self.unlink(&n).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The names in the directory that are marks' ([`name`]: 32 hex digits).
+    fn mark_names(&self) -> Result<Vec<String>> {
+        let list = std::fs::read_dir(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
+            .map_err(|e| io(&self.path, "list", e))?;
+        let mut out = Vec::new();
+        for e in list {
+            let n = e.map_err(|e| io(&self.path, "list", e))?.file_name();
+            let is_mark = n.len() == 32 && n.as_bytes().iter().all(|b| b.is_ascii_hexdigit());
+            if let Some(n) = n.to_str().filter(|_| is_mark) {
+                out.push(n.to_string());
+            }
+        }
+        Ok(out)
     }
 
     /// Remove `owner`'s mark (a link there is removed, never followed; none: nothing to do).
@@ -242,33 +340,15 @@ impl Held {
 
     /// Whether `owner` has a mark: anything at its name counts (Err: cannot tell).
     pub fn is_marked(&self, owner: &Owner) -> Result<bool> {
-        let n = name(owner);
-        let c = cstr(&n);
-        // SAFETY: a valid directory fd, a NUL-terminated name, a zeroed stat buffer
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let r =
-            unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-        if r == 0 {
-            return Ok(true);
-        }
-        match std::io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            e => Err(io(&self.path.join(&n), "look for", e)),
-        }
+        Ok(self.modified(&name(owner))?.is_some())
     }
 
     /// Remove the marks whose names are not in `keep` (names of [`name`]); other names are left
     /// alone. The number removed.
     pub fn sweep(&self, keep: &BTreeSet<String>) -> Result<usize> {
-        let list = std::fs::read_dir(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
-            .map_err(|e| io(&self.path, "list", e))?;
         let mut removed = 0;
-        for e in list {
-            let e = e.map_err(|e| io(&self.path, "list", e))?;
-            let n = e.file_name();
-            let is_mark = n.len() == 32 && n.as_bytes().iter().all(|b| b.is_ascii_hexdigit());
-            let Some(n) = n.to_str().filter(|n| is_mark && !keep.contains(*n)) else { continue };
-            self.unlink(n)?;
+        for n in self.mark_names()?.into_iter().filter(|n| !keep.contains(n)) {
+            self.unlink(&n)?;
             removed += 1;
         }
         Ok(removed)
@@ -324,6 +404,51 @@ mod tests {
         let del2 = m.shared(true, Duration::ZERO).unwrap().expect("DELs and ADDs share it");
         assert_eq!(m.exclusive(Duration::ZERO).unwrap_err().code, code::TRY_AGAIN, "no rebuild meanwhile");
         drop((del1, del2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Set the modification time of `path` (a regular file) to `t`.
+    fn age(path: &Path, t: SystemTime) {
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn marks_go_one_lifetime_after_their_last_del_swept_once_per_period() {
+        let d = scratch("expire");
+        let m = Marks::at(d.join("portmap"));
+        let path = |o: &str| m.path().join(name(&owner(o)));
+        let now = SystemTime::now();
+        let long_ago = now - LIFETIME - Duration::from_secs(60);
+        m.mark_deleted(&owner("old")).unwrap();
+        m.mark_deleted(&owner("retried")).unwrap();
+        m.mark_deleted(&owner("recent")).unwrap();
+        std::fs::write(m.path().join("README"), "").unwrap();
+        for o in ["old", "retried"] {
+            age(&path(o), long_ago);
+        }
+        age(&m.path().join("README"), long_ago);
+        // the runtime tries a failed DEL again: its mark is renewed, not left at its first time
+        m.mark_deleted(&owner("retried")).unwrap();
+        assert!(std::fs::metadata(path("retried")).unwrap().modified().unwrap() > long_ago);
+        // the first DEL swept already (no `swept` yet): nothing is due until SWEEP_EVERY passes
+        let h = m.shared(false, WAIT).unwrap().unwrap();
+        assert_eq!(h.expire_due(now).unwrap(), 0, "swept a moment ago");
+        assert!(path("old").exists());
+        age(&m.path().join(SWEPT), now - SWEEP_EVERY);
+        assert_eq!(h.expire_due(now).unwrap(), 1, "only the mark past its lifetime");
+        assert!(!path("old").exists() && path("retried").exists() && path("recent").exists());
+        assert!(m.path().join("README").exists() && m.path().join("lock").exists(), "no mark: left alone");
+        // a `swept` time in the future (the clock set back) counts as due
+        age(&m.path().join(SWEPT), now + Duration::from_secs(86_400));
+        age(&path("recent"), long_ago);
+        assert_eq!(h.expire_due(now).unwrap(), 1);
+        assert!(!path("recent").exists());
+        // a DEL sweeps by itself once the period has passed
+        age(&m.path().join(SWEPT), now - SWEEP_EVERY - Duration::from_secs(1));
+        age(&path("retried"), long_ago);
+        drop(h);
+        m.mark_deleted(&owner("next")).unwrap();
+        assert!(!path("retried").exists() && path("next").exists());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
