@@ -94,7 +94,10 @@ impl NlSocket {
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
         let peek = protocol == NETLINK_ROUTE;
-        let mut out = NlSocket { sock, seq: 0, rx: vec![0; RX_BUFFER], peek, deadline: RECV_DEADLINE };
+        // capacity, not zeroes: a zeroed buffer is 16 page faults per socket before the first
+        // answer, and only what the kernel writes need ever be touched
+        let rx = Vec::with_capacity(RX_BUFFER);
+        let mut out = NlSocket { sock, seq: 0, rx, peek, deadline: RECV_DEADLINE };
         out.set_recv_deadline(RECV_DEADLINE)?;
         Ok(out)
     }
@@ -365,13 +368,14 @@ impl NlSocket {
         }
     }
 
-    /// Receive one datagram into `self.rx`, growing it first when the datagram is larger.
+    /// Receive one datagram into `self.rx` (its length becomes the datagram's), growing it
+    /// first when the datagram is larger. The kernel writes into the buffer's spare capacity.
     fn recv(&mut self) -> Result<usize, NlError> {
         loop {
             // MSG_TRUNC: the datagram's real size, also when it did not fit.
             let flags = if self.peek { libc::MSG_PEEK | libc::MSG_TRUNC } else { libc::MSG_TRUNC };
-            let mut window: &mut [u8] = &mut self.rx[..];
-            let size = match self.sock.recv(&mut window, flags) {
+            self.rx.clear();
+            let size = match self.sock.recv(&mut self.rx, flags) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -386,17 +390,17 @@ impl NlSocket {
                     let mut e = NlError::new("receive from netlink", libc::EMSGSIZE);
                     e.detail = Some(format!(
                         "a datagram of {size} bytes did not fit the {} of the buffer",
-                        self.rx.len()
+                        self.rx.capacity()
                     ));
                     return Err(e);
                 }
                 return Ok(size);
             }
-            if size > self.rx.len() {
-                self.rx.resize(size.next_power_of_two(), 0);
+            self.rx.clear();
+            if size > self.rx.capacity() {
+                self.rx.reserve_exact(size.next_power_of_two());
             }
-            let mut window: &mut [u8] = &mut self.rx[..];
-            match self.sock.recv(&mut window, 0) {
+            match self.sock.recv(&mut self.rx, 0) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(NlError::from_io("receive from netlink", &e)),
@@ -709,6 +713,39 @@ mod tests {
         let acked = encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK);
         let e = client.request_batch(vec![acked]).expect_err("nobody answers");
         assert_eq!(e.errno, libc::ETIMEDOUT, "{e}");
+    }
+
+    /// The receive buffer is capacity the kernel writes into: a datagram arrives whole, one
+    /// larger than the buffer grows it when the socket peeks first (rtnetlink's), and fails
+    /// with EMSGSIZE when it does not (nfnetlink's never exceed the buffer).
+    #[test]
+    fn datagrams_land_whole_in_the_buffers_capacity_and_a_larger_one_grows_it_or_is_refused() {
+        const NETLINK_USERSOCK: isize = 2;
+        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
+        let peer_port = peer.bind_auto().unwrap().port_number();
+        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        let mut me = SocketAddr::new(0, 0);
+        client.sock.get_address(&mut me).unwrap();
+        let to = SocketAddr::new(me.port_number(), 0);
+        let datagram = |n: usize| (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+        assert_eq!(client.rx.len(), 0, "nothing written before the first answer");
+        for n in [20, 4096 + 7, RX_BUFFER] {
+            peer.send_to(&datagram(n), &to, 0).unwrap();
+            assert_eq!(client.recv().unwrap(), n);
+            assert_eq!(client.rx[..n], datagram(n)[..], "{n} bytes");
+        }
+        client.peek = true;
+        let big = RX_BUFFER + RX_BUFFER / 2;
+        peer.send_to(&datagram(big), &to, 0).unwrap();
+        assert_eq!(client.recv().unwrap(), big);
+        assert_eq!(client.rx[..big], datagram(big)[..]);
+        assert!(client.rx.capacity() >= big);
+        let mut refusing = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        refusing.sock.get_address(&mut me).unwrap();
+        peer.send_to(&datagram(big), &SocketAddr::new(me.port_number(), 0), 0).unwrap();
+        let e = refusing.recv().expect_err("does not fit");
+        assert_eq!(e.errno, libc::EMSGSIZE, "{e}");
+        assert!(e.to_string().contains(&format!("a datagram of {big} bytes did not fit")), "{e}");
     }
 
     #[test]
