@@ -286,10 +286,14 @@ impl Held {
         if last.is_some_and(|t| apart(t) < SWEEP_EVERY) {
             return Ok(0);
         }
-        match openat(&self.dir, SWEPT, libc::O_CREAT | libc::O_WRONLY, 0o600) {
-            Ok(_) => self.touch(SWEPT)?,
-            Err(e) => return Err(io(&self.path.join(SWEPT), "open", e)),
+        // made when missing, never opened when there (whatever was planted at the name, a FIFO
+        // too): its time is set without opening it
+        match openat(&self.dir, SWEPT, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(io(&self.path.join(SWEPT), "create", e)),
         }
+        self.touch(SWEPT)?;
         self.expire(now.checked_sub(LIFETIME).unwrap_or(SystemTime::UNIX_EPOCH))
     }
 
@@ -443,6 +447,25 @@ mod tests {
         age(&path("recent"), long_ago);
         assert_eq!(h.expire_due(now).unwrap(), 1);
         assert!(!path("recent").exists());
+        // whatever is at `swept` is never opened (a FIFO would block an open for writing)
+        std::fs::remove_file(m.path().join(SWEPT)).unwrap();
+        nix::unistd::mkfifo(&m.path().join(SWEPT), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let old = nix::sys::time::TimeSpec::from_duration(
+            (now - SWEEP_EVERY - Duration::from_secs(1)).duration_since(SystemTime::UNIX_EPOCH).unwrap(),
+        );
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &m.path().join(SWEPT),
+            &old,
+            &old,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+        assert_eq!(h.expire_due(now).unwrap(), 0, "due, its time renewed without opening it");
+        let renewed = std::fs::symlink_metadata(m.path().join(SWEPT)).unwrap().modified().unwrap();
+        assert!(renewed > now - SWEEP_EVERY);
+        std::fs::remove_file(m.path().join(SWEPT)).unwrap();
+        std::fs::write(m.path().join(SWEPT), "").unwrap();
         // a DEL sweeps by itself once the period has passed
         age(&m.path().join(SWEPT), now - SWEEP_EVERY - Duration::from_secs(1));
         age(&path("retried"), long_ago);
