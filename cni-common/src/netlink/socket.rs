@@ -725,7 +725,6 @@ mod tests {
     /// answers only after the signals.
     #[test]
     fn requests_survive_signals_while_waiting_for_the_answer() {
-        const NETLINK_USERSOCK: isize = 2;
         // SIGUSR1 without SA_RESTART.
         // SAFETY: a handler that does nothing; sigaction with a zeroed, then filled, struct.
         unsafe {
@@ -734,9 +733,7 @@ mod tests {
             libc::sigemptyset(&mut sa.sa_mask);
             assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
         }
-        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
-        let peer_port = peer.bind_auto().unwrap().port_number();
-        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        let (peer, mut client) = usersock_pair();
         // SAFETY: pthread_self of the calling thread, which outlives the peer thread (joined).
         let me = unsafe { libc::pthread_self() } as usize;
         let kernel = std::thread::spawn(move || {
@@ -762,14 +759,21 @@ mod tests {
         assert_eq!(answer.expect("the request survives the signals"), Vec::new());
     }
 
+    const NETLINK_USERSOCK: isize = 2;
+
+    /// A user-space netlink peer (`NETLINK_USERSOCK`, no kernel behind it) and one of our
+    /// sockets connected to it: what the peer sends, and whether it answers, is the test's.
+    fn usersock_pair() -> (Socket, NlSocket) {
+        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
+        let peer_port = peer.bind_auto().unwrap().port_number();
+        (peer, NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap())
+    }
+
     /// A peer that never answers: the request fails at the socket's deadline with `ETIMEDOUT`
     /// (code 11, "try again later"), saying how long it waited, instead of blocking for ever.
     #[test]
     fn a_request_nobody_answers_fails_at_the_deadline_with_code_11() {
-        const NETLINK_USERSOCK: isize = 2;
-        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
-        let peer_port = peer.bind_auto().unwrap().port_number();
-        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        let (peer, mut client) = usersock_pair();
         client.set_recv_deadline(std::time::Duration::from_millis(300)).unwrap();
         let packet = encode(RouteNetlinkMessage::GetLink(Default::default()), NLM_F_REQUEST | NLM_F_ACK);
         let e = client.request_packet(packet, false).expect_err("nobody answers");
@@ -793,10 +797,7 @@ mod tests {
     /// with EMSGSIZE when it does not (nfnetlink's never exceed the buffer).
     #[test]
     fn datagrams_land_whole_in_the_buffers_capacity_and_a_larger_one_grows_it_or_is_refused() {
-        const NETLINK_USERSOCK: isize = 2;
-        let mut peer = Socket::new(NETLINK_USERSOCK).unwrap();
-        let peer_port = peer.bind_auto().unwrap().port_number();
-        let mut client = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        let (peer, mut client) = usersock_pair();
         let mut me = SocketAddr::new(0, 0);
         client.sock.get_address(&mut me).unwrap();
         let to = SocketAddr::new(me.port_number(), 0);
@@ -813,9 +814,9 @@ mod tests {
         assert_eq!(client.recv().unwrap(), big);
         assert_eq!(client.rx[..big], datagram(big)[..]);
         assert!(client.rx.capacity() >= big);
-        let mut refusing = NlSocket::open_to(NETLINK_USERSOCK, peer_port).unwrap();
+        let (other, mut refusing) = usersock_pair();
         refusing.sock.get_address(&mut me).unwrap();
-        peer.send_to(&datagram(big), &SocketAddr::new(me.port_number(), 0), 0).unwrap();
+        other.send_to(&datagram(big), &SocketAddr::new(me.port_number(), 0), 0).unwrap();
         let e = refusing.recv().expect_err("does not fit");
         assert_eq!(e.errno, libc::EMSGSIZE, "{e}");
         assert!(e.to_string().contains(&format!("a datagram of {big} bytes did not fit")), "{e}");
