@@ -9,8 +9,9 @@ use cni_common::spec::result::CniResult;
 use cni_common::Request;
 
 use crate::config::Conf;
-use crate::kernel::{Files, Kernel, Real, Store};
+use crate::kernel::{Kernel, Real};
 use crate::saved::{self, Restore, Saved};
+use crate::store::{Entry, Files, Names, Store};
 
 pub fn add(req: &Request) -> Result<CniResult> {
     let conf = Conf::from_request(req)?;
@@ -18,8 +19,8 @@ pub fn add(req: &Request) -> Result<CniResult> {
     let ns = req.require_netns()?;
     let mut k = Real::new(&ns)?;
     let mut store = Files::new(&conf.data_dir);
-    let name = saved::file_name(&req.env.container_id, &req.env.ifname);
-    run(&mut k, &mut store, &conf, &req.env.ifname, &name, req.network(), prev)
+    let names = Names::new(&req.env.container_id, &req.env.ifname);
+    run(&mut k, &mut store, &conf, &req.env.ifname, &names.ours, req.network(), prev)
 }
 
 /// What this ADD changed so far.
@@ -75,8 +76,13 @@ pub fn run(
     for s in &conf.sysctls {
         old.push(k.sysctl_get(&s.path)?);
     }
+    // An earlier ADD's file of this link; anything else at the name (not ours, another
+    // link's) is replaced by the rename of the new one.
     let earlier = match &link {
-        Some(_) => store.load(file)?,
+        Some(l) => match store.load(file)? {
+            Entry::Saved(s) if s.other_link(l).is_none() => Some(s),
+            _ => None,
+        },
         None => None,
     };
     let mut undo = Undo::default();

@@ -1,49 +1,82 @@
-//! DEL: put back the link settings ADD saved (upstream's file, or ours), then remove the file.
-//! Best effort and idempotent: no file, an empty or vanished CNI_NETNS, or a link that is gone
-//! (nothing left to restore: the file is removed — upstream leaves it behind) all succeed.
-//! Sysctls are not restored, as upstream (their namespace goes with the container).
+//! DEL: put back the link settings ADD saved (ours, or upstream's file), then remove the file.
+//! Idempotent, and best effort toward the link (issue 37.4): DEL runs while the sandbox is torn
+//! down, and a chain's DEL stops at its first failure, so a DEL that failed for ever would keep
+//! bridge's and host-local's DEL from ever running (the address and the host veth leaked, the
+//! sandbox never torn down), for a link whose settings no longer matter. So:
+//! - no file, an empty or vanished CNI_NETNS, or a link that is gone: nothing to restore, the
+//!   file is removed (upstream leaves it behind);
+//! - something at the name that is not a saved file (a FIFO, a symbolic link, a file that does
+//!   not decode) is not ours: removed, never opened or followed;
+//! - another link under the ifname than the one ADD tuned (the identity ours records), or a
+//!   value no link takes: not restored;
+//! - a setting the kernel refuses: the others are still put back.
+//!
+//! Each of these is said once on stderr and the file is removed: the DEL succeeds, and a retry
+//! finds nothing to fail on. Upstream's DEL returns the error and keeps the file, so it fails
+//! again on every retry. Only a directory or kernel that cannot be read or written at all still
+//! fails a DEL. Sysctls are not restored, as upstream (their namespace goes with the container).
 
-use cni_common::error::{CniError, Result};
-use cni_common::error_list::ErrorList;
+use cni_common::error::Result;
 use cni_common::Request;
 
-use crate::kernel::{Files, Kernel, Real, Store};
-use crate::saved;
+use crate::kernel::{Kernel, Real};
+use crate::saved::{self, Decision, Saved};
+use crate::store::{Entry, Files, Names, Store};
 
 pub fn del(req: &Request) -> Result<()> {
     let dir = crate::config::teardown_data_dir(req)?;
     let mut store = Files::new(&dir);
-    let file = saved::file_name(&req.env.container_id, &req.env.ifname);
+    let names = Names::new(&req.env.container_id, &req.env.ifname);
     let ns = if req.netns().is_some() { req.container_netns()? } else { None };
     match ns {
-        Some(ns) => run(Some(&mut Real::new(&ns)?), &mut store, &req.env.ifname, &file),
-        None => run(None, &mut store, &req.env.ifname, &file),
+        Some(ns) => run(Some(&mut Real::new(&ns)?), &mut store, &req.env.ifname, &names),
+        None => run(None, &mut store, &req.env.ifname, &names),
     }
 }
 
-/// DEL against a kernel (None: the namespace is gone) and a store.
-pub fn run(k: Option<&mut dyn Kernel>, store: &mut dyn Store, ifname: &str, file: &str) -> Result<()> {
-    let Some(saved) = store.load(file)? else {
-        // nothing saved; a file that does not decode is not ours to interpret: removed
-        store.remove(file)?;
-        return Ok(());
-    };
-    let link = match k {
-        Some(k) => k.link(ifname)?.map(|l| (k, l)),
-        None => None,
-    };
-    let Some((k, link)) = link else {
-        store.remove(file)?;
-        return Ok(());
-    };
-    let mut errors = ErrorList::new();
-    for r in saved::restore_plan(&saved)? {
-        if let Err(e) = k.set(link.index, r) {
-            errors.push(CniError::from(e).context(format_args!("failed to restore {r:?} on {ifname}")));
+/// The attachment's saved file: ours, else upstream's name. Whatever else is at those names
+/// is removed on the way.
+fn find(store: &mut dyn Store, names: &Names) -> Result<Option<(String, Saved)>> {
+    for name in names.lookup() {
+        match store.load(name)? {
+            Entry::Missing => {}
+            Entry::NotOurs(what) => {
+                eprintln!(
+                    "tuning: {name} is {what}, not settings a tuning saved: removed, not restored from"
+                );
+                store.remove(name)?;
+            }
+            Entry::Saved(s) => return Ok(Some((name.to_string(), s))),
         }
     }
-    if errors.is_empty() {
-        store.remove(file)?;
+    Ok(None)
+}
+
+/// DEL against a kernel (None: the namespace is gone) and a store.
+pub fn run(k: Option<&mut dyn Kernel>, store: &mut dyn Store, ifname: &str, names: &Names) -> Result<()> {
+    let found = find(store, names)?;
+    if let Some((name, saved)) = &found {
+        let link = match k {
+            Some(k) => k.link(ifname)?.map(|l| (k, l)),
+            None => None,
+        };
+        if let Some((k, link)) = link {
+            match saved::decide(saved, &link) {
+                Decision::Leave(why) => eprintln!("tuning: {ifname}: {name} not restored: {why}"),
+                Decision::Restore(plan) => {
+                    let failed: Vec<String> = plan
+                        .into_iter()
+                        .filter_map(|r| k.set(link.index, r).err().map(|e| format!("{r:?}: {e}")))
+                        .collect();
+                    if !failed.is_empty() {
+                        eprintln!("tuning: {ifname}: could not restore {} (from {name})", failed.join("; "));
+                    }
+                }
+            }
+        }
+        store.remove(name)?;
     }
-    errors.finish()
+    // ours, when the file was upstream's or none: a temporary file a killed ADD left
+    store.remove(&names.ours)?;
+    Ok(())
 }

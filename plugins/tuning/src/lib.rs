@@ -1,17 +1,20 @@
 //! `tuning`: sysctls and link settings (MAC, promiscuity, MTU, all-multicast, queue length) of
-//! a chained container interface; DEL puts back what ADD changed, from the file upstream's
-//! plugin keeps (`<dataDir>/<containerID>_<ifname>.json`), so either build restores the other's.
+//! a chained container interface; DEL puts back what ADD changed, from a file in upstream's
+//! format (`<dataDir>/<containerID>_<ifname>.json`, or an unambiguous name of ours when ids or
+//! ifnames hold `_`: [`store::Names`]), so either build restores the other's.
 //!
 //! ```text
 //!  request ──► config (pure) ──► read (link, sysctls, saved file) ──► saved::backup / plans
-//!                                   through Kernel + Store seams        (pure)
+//!                                   through Kernel + Store seams        (pure; saved::decide)
 //!                                                          ──► apply, undone on failure
 //! ```
 //!
 //! - [`config`]: the keys, CNI_ARGS, runtimeConfig and args.cni, the sysctl path rule, the
 //!   allowlist.
 //! - [`saved`]: the saved settings (upstream's format) and the plans that apply or restore them.
-//! - [`kernel`]: the seams ([`kernel::Kernel`], [`kernel::Store`]) and their fakes.
+//! - [`kernel`]: the container's link and sysctls ([`kernel::Kernel`]) and its fake.
+//! - [`store`]: the saved-settings directory ([`store::Store`]): file names, the only code that
+//!   touches the files, and its fake.
 //! - [`add`], [`del`], [`check`], [`gc`], [`status`]: the verbs.
 #![warn(clippy::too_many_lines)]
 
@@ -23,6 +26,7 @@ pub mod gc;
 pub mod kernel;
 pub mod saved;
 pub mod status;
+pub mod store;
 
 #[cfg(test)]
 mod tests;

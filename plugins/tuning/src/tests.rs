@@ -2,8 +2,11 @@
 //! container as it was, DEL after an ADD killed anywhere restores the link, CHECK, GC.
 
 use crate::config::{Conf, LinkSettings, Sysctl};
-use crate::kernel::fake::{Fake, MemStore};
+use crate::kernel::fake::Fake;
 use crate::kernel::Kernel;
+use crate::saved::Saved;
+use crate::store::fake::MemStore;
+use crate::store::Names;
 use crate::{add, check, del, gc};
 use cni_common::attachment::AttachmentId;
 use cni_common::mac::Mac;
@@ -13,11 +16,16 @@ use std::path::PathBuf;
 
 const FILE: &str = "c0ffee_eth0.json";
 
+fn names() -> Names {
+    Names::new("c0ffee", "eth0")
+}
+
 fn ns() -> Fake {
     let mut k = Fake::default();
     k.links.push(Link {
         index: 2,
         name: "eth0".into(),
+        kind: Some("veth".into()),
         mtu: 1500,
         mac: Some([2, 0, 0, 0, 0, 9]),
         txqlen: 1000,
@@ -90,13 +98,13 @@ fn add_tunes_saves_and_del_restores() {
     // A second ADD keeps what was there before the first.
     run_add(&mut k, &mut s).unwrap();
     assert_eq!(s.files[FILE].mtu, 1500);
-    del::run(Some(&mut k), &mut s, "eth0", FILE).unwrap();
+    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
     assert_eq!(k.links, before.links, "the link is as it was");
     assert!(s.files.is_empty());
     // idempotent; and with the namespace gone the file goes
-    del::run(Some(&mut k), &mut s, "eth0", FILE).unwrap();
+    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
     run_add(&mut k, &mut s).unwrap();
-    del::run(None, &mut s, "eth0", FILE).unwrap();
+    del::run(None, &mut s, "eth0", &names()).unwrap();
     assert!(s.files.is_empty());
 }
 
@@ -131,7 +139,7 @@ fn del_after_an_add_killed_anywhere_restores_the_link() {
         }));
         assert!(killed.is_err());
         k.crash_at = None;
-        del::run(Some(&mut k), &mut s, "eth0", FILE).unwrap();
+        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
         assert_eq!(k.links, ns().links, "killed at {n}");
         assert!(s.files.is_empty());
     }
@@ -178,7 +186,7 @@ fn check_compares_every_setting() {
 #[test]
 fn gc_removes_only_this_networks_files_of_dead_attachments() {
     let mut s = MemStore::default();
-    let saved = |net: &str| crate::saved::Saved { mtu: 1500, network: net.into(), ..Default::default() };
+    let saved = |net: &str| Saved { mtu: 1500, network: net.into(), ..Default::default() };
     s.files.insert("live_eth0.json".into(), saved("net1"));
     s.files.insert("dead_eth0.json".into(), saved("net1"));
     s.files.insert("other_eth0.json".into(), saved("net2"));
@@ -233,4 +241,125 @@ fn the_undo_of_a_failed_add_restores_each_change_once() {
         assert_eq!(k.changes, n + (n - 1), "failure at change {n}");
         assert_eq!((k.links.clone(), k.sysctls.clone()), (ns().links, ns().sysctls), "failure at {n}");
     }
+}
+
+/// Issue 37.4: whatever is at the saved name that no tuning wrote (a FIFO, a link, a file that
+/// does not decode) is removed and DEL succeeds; the link is not touched.
+#[test]
+fn del_removes_what_is_not_ours_at_the_name_and_succeeds() {
+    for what in ["a FIFO", "a symbolic link", "a file that is no saved settings"] {
+        let (mut k, mut s) = (ns(), MemStore::default());
+        s.foreign.insert(FILE.into(), what.into());
+        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert!(s.foreign.is_empty() && s.files.is_empty(), "{what}");
+        assert_eq!((k.links.clone(), k.changes), (ns().links, 0), "{what}");
+    }
+}
+
+/// Issue 37.4: the pod replaced its interface after ADD (a macvlan under the name): DEL
+/// succeeds, leaves the new link as it is and removes the file.
+#[test]
+fn del_leaves_a_link_that_replaced_the_tuned_one_alone() {
+    let (mut k, mut s) = (ns(), MemStore::default());
+    run_add(&mut k, &mut s).unwrap();
+    k.links[0] = Link { index: 9, kind: Some("macvlan".into()), mtu: 1400, ..ns().links[0].clone() };
+    let replaced = k.links.clone();
+    let changes = k.changes;
+    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    assert_eq!((k.links.clone(), k.changes), (replaced, changes), "not one setting applied");
+    assert!(s.files.is_empty());
+}
+
+/// Issue 37.4: a setting the kernel refuses does not stop the others, and DEL succeeds once:
+/// the file is gone, the retry has nothing to do.
+#[test]
+fn a_refused_setting_does_not_fail_del_and_the_rest_is_restored() {
+    for n in 1..=5 {
+        let (mut k, mut s) = (ns(), MemStore::default());
+        run_add(&mut k, &mut s).unwrap();
+        k.fail_at = Some(k.changes + n);
+        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert!(s.files.is_empty(), "refused change {n}");
+        assert_eq!(k.changes, 7 + 5, "every setting was tried (refused change {n})");
+        let mut differs = 0;
+        let (now, was) = (&k.links[0], &ns().links[0]);
+        differs += usize::from(now.mtu != was.mtu) + usize::from(now.mac != was.mac);
+        differs += usize::from(now.flags != was.flags) + usize::from(now.txqlen != was.txqlen);
+        assert_eq!(differs, 1, "only the refused setting stays tuned (refused change {n}): {now:?}");
+        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert_eq!(k.changes, 12, "the retry changes nothing");
+    }
+    // a value no link takes, in a file: left, the file removed
+    let (mut k, mut s) = (ns(), MemStore::default());
+    s.files.insert(FILE.into(), Saved { mtu: -1, ..Default::default() });
+    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    assert_eq!((k.changes, s.files.len()), (0, 0));
+}
+
+/// Issue 37.4: ids and ifnames with `_` that upstream's name confuses (`a_b` + `c`, `a` + `b_c`)
+/// each get their own file, and each DEL restores its own link.
+#[test]
+fn attachments_whose_upstream_names_collide_keep_their_own_settings() {
+    let link = |name: &str, mtu| Link {
+        index: 2,
+        name: name.into(),
+        mtu,
+        kind: Some("veth".into()),
+        ..Link::default()
+    };
+    let (mut k1, mut k2) = (Fake::default(), Fake::default());
+    k1.links.push(link("c", 1500));
+    k2.links.push(link("b_c", 1400));
+    let (n1, n2) = (Names::new("a_b", "c"), Names::new("a", "b_c"));
+    assert_eq!(n1.upstream, n2.upstream);
+    let mut s = MemStore::default();
+    let c = Conf { sysctls: vec![], link: LinkSettings { mtu: Some(1300), ..Default::default() }, ..conf() };
+    add::run(&mut k1, &mut s, &c, "c", &n1.ours, "net1", prev()).unwrap();
+    add::run(&mut k2, &mut s, &c, "b_c", &n2.ours, "net1", prev()).unwrap();
+    assert_eq!(s.files.len(), 2);
+    del::run(Some(&mut k2), &mut s, "b_c", &n2).unwrap();
+    del::run(Some(&mut k1), &mut s, "c", &n1).unwrap();
+    assert_eq!((k1.links[0].mtu, k2.links[0].mtu), (1500, 1400));
+    assert!(s.files.is_empty());
+}
+
+/// DEL after a switch from upstream: ours is looked for first, then upstream's exact name,
+/// whose file (no identity) restores as upstream's DEL would.
+#[test]
+fn del_restores_from_a_file_at_upstreams_name() {
+    let (mut k, mut s) = (ns(), MemStore::default());
+    k.links[0].name = "e_0".into();
+    k.links[0].mtu = 1300;
+    s.files.insert("x_y_e_0.json".into(), Saved { mtu: 1500, ..Default::default() });
+    let n = Names::new("x_y", "e_0");
+    del::run(Some(&mut k), &mut s, "e_0", &n).unwrap();
+    assert_eq!(s.loads, vec!["+x_y+e_0.json", "x_y_e_0.json"]);
+    assert_eq!(k.links[0].mtu, 1500);
+    assert!(s.files.is_empty());
+    // ours wins when both are there; upstream's (maybe another attachment's) is left
+    let (mut k, mut s) = (ns(), MemStore::default());
+    k.links[0].name = "e_0".into();
+    s.files.insert(
+        "+x_y+e_0.json".into(),
+        Saved { mtu: 1400, ifindex: Some(2), kind: Some("veth".into()), ..Default::default() },
+    );
+    s.files.insert("x_y_e_0.json".into(), Saved { mtu: 1500, ..Default::default() });
+    del::run(Some(&mut k), &mut s, "e_0", &n).unwrap();
+    assert_eq!(k.links[0].mtu, 1400);
+    assert_eq!(s.files.keys().collect::<Vec<_>>(), vec!["x_y_e_0.json"]);
+}
+
+/// GC keeps both names of a valid attachment (an earlier build of ours wrote upstream's).
+#[test]
+fn gc_keeps_a_valid_attachments_files_under_either_name() {
+    let mut s = MemStore::default();
+    let saved = Saved { mtu: 1500, network: "net1".into(), ..Default::default() };
+    for f in ["+a_b+c.json", "a_b_c.json", "+dead+c_d.json", "dead_c_d.json"] {
+        s.files.insert(f.into(), saved.clone());
+    }
+    s.foreign.insert("fifo_eth0.json".into(), "a FIFO".into());
+    let mut removed = gc::run(&mut s, "net1", &[AttachmentId::new("net1", "a_b", "c")]).unwrap();
+    removed.sort();
+    assert_eq!(removed, vec!["+dead+c_d.json", "dead_c_d.json"]);
+    assert!(s.foreign.contains_key("fifo_eth0.json"), "not this network's: left");
 }
