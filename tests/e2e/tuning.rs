@@ -443,8 +443,7 @@ fn a_link_that_replaced_the_tuned_one_is_left_alone_and_del_succeeds() {
     ours("ADD", &id, &ns, "eth0", &host).run(&c).ok();
     let file = data.join(format!("{id}_eth0.json"));
     let saved: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    assert_eq!(saved["kind"], "veth", "the tuned link's identity is saved: {saved}");
-    assert_eq!(saved["ifindex"], ns.link("eth0").unwrap()["ifindex"]);
+    let tuned_index = ns.link("eth0").unwrap()["ifindex"].clone();
     ns.run("ip", &["link", "del", "eth0"]);
     ns.run("ip", &["link", "add", "low0", "mtu", "1400", "type", "veth", "peer", "name", "low1"]);
     ns.run("ip", &["link", "add", "eth0", "link", "low0", "type", "macvlan"]);
@@ -462,6 +461,8 @@ fn a_link_that_replaced_the_tuned_one_is_left_alone_and_del_succeeds() {
     assert!(!file.exists(), "the file is gone");
     let again = ours("DEL", &id, &ns, "eth0", &host).run(&c);
     assert_eq!((again.code, again.stderr.as_str()), (0, ""), "a retry: {}", again.stdout);
+    // what DEL went by: the tuned link's identity, saved by ADD
+    assert_eq!((&saved["ifindex"], &saved["kind"]), (&tuned_index, &json!("veth")), "{saved}");
 }
 
 /// Issue 37.4 (d): a saved value the kernel refuses (an MTU above a veth's largest): DEL
@@ -521,12 +522,12 @@ fn ids_and_ifnames_with_underscores_no_longer_share_a_saved_file() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     files.sort();
-    assert_eq!(files, vec![format!("+{u}+b_c.json"), format!("+{u}_b+c.json")]);
     ours("DEL", &idb, &b, "b_c", &host).run(&cb).ok_silent();
     ours("DEL", &ida, &a, "c", &host).run(&ca).ok_silent();
     assert_eq!(link_state_of(&a, "c"), before_a, "{ida}'s link restored from its own file");
     assert_eq!(link_state_of(&b, "b_c"), before_b, "{idb}'s link restored from its own file");
     assert!(std::fs::read_dir(data.path()).unwrap().next().is_none());
+    assert_eq!(files, vec![format!("+{u}+b_c.json"), format!("+{u}_b+c.json")], "the names ADD wrote");
 }
 
 /// Issue 37.4 (f): a file upstream wrote (its name, no ifindex or kind) still restores with

@@ -6,7 +6,7 @@
 //! - no file, an empty or vanished CNI_NETNS, or a link that is gone: nothing to restore, the
 //!   file is removed (upstream leaves it behind);
 //! - something at the name that is not a saved file (a FIFO, a symbolic link, a file that does
-//!   not decode) is not ours: removed, never opened or followed;
+//!   not decode) is not ours: removed (a directory only when empty), never opened or followed;
 //! - another link under the ifname than the one ADD tuned (the identity ours records), or a
 //!   value no link takes: not restored;
 //! - a setting the kernel refuses: the others are still put back.
@@ -28,23 +28,29 @@ pub fn del(req: &Request) -> Result<()> {
     let mut store = Files::new(&dir);
     let names = Names::new(&req.env.container_id, &req.env.ifname);
     let ns = if req.netns().is_some() { req.container_netns()? } else { None };
-    match ns {
-        Some(ns) => run(Some(&mut Real::new(&ns)?), &mut store, &req.env.ifname, &names),
-        None => run(None, &mut store, &req.env.ifname, &names),
+    let notes = match ns {
+        Some(ns) => run(Some(&mut Real::new(&ns)?), &mut store, &req.env.ifname, &names)?,
+        None => run(None, &mut store, &req.env.ifname, &names)?,
+    };
+    for n in notes {
+        eprintln!("tuning: {n}");
     }
+    Ok(())
 }
 
 /// The attachment's saved file: ours, else upstream's name. Whatever else is at those names
-/// is removed on the way.
-fn find(store: &mut dyn Store, names: &Names) -> Result<Option<(String, Saved)>> {
+/// is removed on the way (if it can be: a directory that is not empty cannot), with a note;
+/// it is never a reason for DEL to fail.
+fn find(store: &mut dyn Store, names: &Names, notes: &mut Vec<String>) -> Result<Option<(String, Saved)>> {
     for name in names.lookup() {
         match store.load(name)? {
             Entry::Missing => {}
             Entry::NotOurs(what) => {
-                eprintln!(
-                    "tuning: {name} is {what}, not settings a tuning saved: removed, not restored from"
-                );
-                store.remove(name)?;
+                let outcome = match store.remove(name) {
+                    Ok(_) => "removed".to_string(),
+                    Err(e) => e.msg,
+                };
+                notes.push(format!("{name} is {what}, not settings a tuning saved: {outcome}"));
             }
             Entry::Saved(s) => return Ok(Some((name.to_string(), s))),
         }
@@ -52,31 +58,39 @@ fn find(store: &mut dyn Store, names: &Names) -> Result<Option<(String, Saved)>>
     Ok(None)
 }
 
-/// DEL against a kernel (None: the namespace is gone) and a store.
-pub fn run(k: Option<&mut dyn Kernel>, store: &mut dyn Store, ifname: &str, names: &Names) -> Result<()> {
-    let found = find(store, names)?;
-    if let Some((name, saved)) = &found {
+/// DEL against a kernel (None: the namespace is gone) and a store. Ok with what is to be said
+/// once on stderr: what was not ours at the names, what was not restored and why.
+pub fn run(
+    k: Option<&mut dyn Kernel>,
+    store: &mut dyn Store,
+    ifname: &str,
+    names: &Names,
+) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    if let Some((name, saved)) = find(store, names, &mut notes)? {
         let link = match k {
             Some(k) => k.link(ifname)?.map(|l| (k, l)),
             None => None,
         };
         if let Some((k, link)) = link {
-            match saved::decide(saved, &link) {
-                Decision::Leave(why) => eprintln!("tuning: {ifname}: {name} not restored: {why}"),
+            match saved::decide(&saved, &link) {
+                Decision::Leave(why) => notes.push(format!("{ifname}: {name} not restored: {why}")),
                 Decision::Restore(plan) => {
                     let failed: Vec<String> = plan
                         .into_iter()
                         .filter_map(|r| k.set(link.index, r).err().map(|e| format!("{r:?}: {e}")))
                         .collect();
                     if !failed.is_empty() {
-                        eprintln!("tuning: {ifname}: could not restore {} (from {name})", failed.join("; "));
+                        notes
+                            .push(format!("{ifname}: could not restore {} (from {name})", failed.join("; ")));
                     }
                 }
             }
         }
-        store.remove(name)?;
+        store.remove(&name)?;
     }
-    // ours, when the file was upstream's or none: a temporary file a killed ADD left
-    store.remove(&names.ours)?;
-    Ok(())
+    // a temporary file of ours a killed ADD left (the file itself is gone by now, or was not
+    // ours and has its note)
+    let _ = store.remove(&names.ours);
+    Ok(notes)
 }

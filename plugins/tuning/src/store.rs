@@ -387,3 +387,29 @@ mod files {
         assert_eq!(left, vec!["target", "x_eth0.json"]);
     }
 }
+
+/// DEL over the real directory: what is at the attachment's names and is not ours never fails
+/// it, even what cannot be removed (a directory with something in it), and a link's target is
+/// left as it was.
+#[cfg(test)]
+#[test]
+fn del_on_disk_goes_past_what_is_not_ours() {
+    let d = std::env::temp_dir().join(format!("tuning-store-del-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join("+a_b+c.json/inside")).unwrap();
+    let target = d.join("target");
+    std::fs::write(&target, b"{\"mtu\": 1500}").unwrap();
+    std::os::unix::fs::symlink(&target, d.join("a_b_c.json")).unwrap();
+    let names = Names::new("a_b", "c");
+    let notes = crate::del::run(None, &mut Files::new(&d), "c", &names).unwrap();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes[0].starts_with("+a_b+c.json is a directory, not settings a tuning saved: failed"),
+        "{notes:?}"
+    );
+    assert_eq!(notes[1], "a_b_c.json is a symbolic link, not settings a tuning saved: removed");
+    assert!(d.join("+a_b+c.json/inside").is_dir(), "a full directory is left, with a note");
+    assert!(std::fs::symlink_metadata(d.join("a_b_c.json")).is_err(), "the link is removed");
+    assert_eq!(std::fs::read(&target).unwrap(), b"{\"mtu\": 1500}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -98,7 +98,11 @@ fn add_tunes_saves_and_del_restores() {
     // A second ADD keeps what was there before the first.
     run_add(&mut k, &mut s).unwrap();
     assert_eq!(s.files[FILE].mtu, 1500);
-    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    assert_eq!(
+        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap(),
+        Vec::<String>::new(),
+        "nothing to say"
+    );
     assert_eq!(k.links, before.links, "the link is as it was");
     assert!(s.files.is_empty());
     // idempotent; and with the namespace gone the file goes
@@ -250,7 +254,8 @@ fn del_removes_what_is_not_ours_at_the_name_and_succeeds() {
     for what in ["a FIFO", "a symbolic link", "a file that is no saved settings"] {
         let (mut k, mut s) = (ns(), MemStore::default());
         s.foreign.insert(FILE.into(), what.into());
-        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        let notes = del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert_eq!(notes, vec![format!("{FILE} is {what}, not settings a tuning saved: removed")]);
         assert!(s.foreign.is_empty() && s.files.is_empty(), "{what}");
         assert_eq!((k.links.clone(), k.changes), (ns().links, 0), "{what}");
     }
@@ -265,7 +270,12 @@ fn del_leaves_a_link_that_replaced_the_tuned_one_alone() {
     k.links[0] = Link { index: 9, kind: Some("macvlan".into()), mtu: 1400, ..ns().links[0].clone() };
     let replaced = k.links.clone();
     let changes = k.changes;
-    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    let notes = del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with(&format!("eth0: {FILE} not restored: the link now called eth0 (ifindex 9")),
+        "{notes:?}"
+    );
     assert_eq!((k.links.clone(), k.changes), (replaced, changes), "not one setting applied");
     assert!(s.files.is_empty());
 }
@@ -278,7 +288,12 @@ fn a_refused_setting_does_not_fail_del_and_the_rest_is_restored() {
         let (mut k, mut s) = (ns(), MemStore::default());
         run_add(&mut k, &mut s).unwrap();
         k.fail_at = Some(k.changes + n);
-        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        let notes = del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("eth0: could not restore ") && notes[0].contains("injected"),
+            "{notes:?}"
+        );
         assert!(s.files.is_empty(), "refused change {n}");
         assert_eq!(k.changes, 7 + 5, "every setting was tried (refused change {n})");
         let mut differs = 0;
@@ -286,13 +301,18 @@ fn a_refused_setting_does_not_fail_del_and_the_rest_is_restored() {
         differs += usize::from(now.mtu != was.mtu) + usize::from(now.mac != was.mac);
         differs += usize::from(now.flags != was.flags) + usize::from(now.txqlen != was.txqlen);
         assert_eq!(differs, 1, "only the refused setting stays tuned (refused change {n}): {now:?}");
-        del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+        assert_eq!(
+            del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap(),
+            Vec::<String>::new(),
+            "said once"
+        );
         assert_eq!(k.changes, 12, "the retry changes nothing");
     }
     // a value no link takes, in a file: left, the file removed
     let (mut k, mut s) = (ns(), MemStore::default());
     s.files.insert(FILE.into(), Saved { mtu: -1, ..Default::default() });
-    del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    let notes = del::run(Some(&mut k), &mut s, "eth0", &names()).unwrap();
+    assert_eq!(notes, vec![format!("eth0: {FILE} not restored: saved mtu -1 is not valid")]);
     assert_eq!((k.changes, s.files.len()), (0, 0));
 }
 
