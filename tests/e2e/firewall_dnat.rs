@@ -213,12 +213,20 @@ fn host_port_behind_dockers_drop(variant: &'static str) {
     assert!(pings(&pod, "192.0.2.2"), "{variant}: the pod reaches 192.0.2.2");
     assert!(pings(&pod, "2001:db8:1::2"), "{variant}: the pod reaches 2001:db8:1::2");
     // nothing broader: the pod's own address and port, not DNATed, still meet Docker's drop
+    // (and only the drop: with an accept of the admin's in front of it, they answer)
     assert_eq!(fetch(&w.outside, &v4, POD_PORT), "", "{variant}: {v4}:{POD_PORT} directly must stay dropped");
     assert_eq!(
         fetch(&w.outside, &v6, POD_PORT),
         "",
         "{variant}: [{v6}]:{POD_PORT} directly must stay dropped"
     );
+    for (tool, addr, client) in [("iptables", &v4, "192.0.2.2"), ("ip6tables", &v6, "2001:db8:1::2")] {
+        let tool = format!("{tool}-{variant}");
+        let accept = ["FORWARD", "-d", addr.as_str(), "-j", "ACCEPT"];
+        w.host.run(&tool, &[&["-I"][..], &accept].concat());
+        assert_eq!(fetch(&w.outside, addr, POD_PORT), format!("dnpod {client}"), "{variant}: the control");
+        w.host.run(&tool, &[&["-D"][..], &accept].concat());
+    }
 
     // the rule, where Docker's drop is, listed by the tool Docker used; Docker's own untouched
     for (fam_v6, addr) in [(false, &v4), (true, &v6)] {
@@ -240,18 +248,28 @@ fn host_port_behind_dockers_drop(variant: &'static str) {
     for s in chain.check("dnat-ctr", pod.path_str(), "eth0", &caps(), &result, Some(&w.host)) {
         assert_eq!(s.out.code, 0, "{variant}: CHECK {}: {}", s.plugin, s.out.stdout);
     }
-    // CHECK names the DNAT accept when it is gone
+    // CHECK names the DNAT accept when it is gone; the tool deleting ours by its words is
+    // the tool's own reading of it as that rule (for nftables: our encoding is iptables-nft's)
     let tool = format!("iptables-{variant}");
-    let args: Vec<String> = dnat_rule(&v4).split(' ').map(String::from).collect();
-    let mut del_args: Vec<&str> = args.iter().map(String::as_str).collect();
-    del_args[0] = "-D";
-    w.host.run(&tool, &del_args);
+    let words: Vec<String> = dnat_rule(&v4).split(' ').map(String::from).collect();
+    let with = |op: &str| {
+        let mut a: Vec<&str> = words.iter().map(String::as_str).collect();
+        a[0] = op;
+        w.host.run(&tool, &a);
+    };
+    with("-D");
     let fw =
         chain.exec(2, "CHECK", "dnat-ctr", pod.path_str(), "eth0", &caps(), Some(&result), Some(&w.host));
     assert_ne!(fw.out.code, 0, "{variant}: CHECK without the DNAT accept must fail");
     assert!(fw.out.stdout.contains("--ctstate DNAT"), "{variant}: CHECK names it: {}", fw.out.stdout);
     chain.exec(2, "ADD", "dnat-ctr", pod.path_str(), "eth0", &caps(), Some(&result), Some(&w.host)).out.ok();
     assert!(w.listed(false).contains(&dnat_rule(&v4)), "{variant}: a repeated ADD puts it back");
+    // and the rule as the tool writes it is ours to CHECK and DEL
+    with("-D");
+    with("-A");
+    for s in chain.check("dnat-ctr", pod.path_str(), "eth0", &caps(), &result, Some(&w.host)) {
+        assert_eq!(s.out.code, 0, "{variant}: CHECK with {tool}'s own rule {}: {}", s.plugin, s.out.stdout);
+    }
 
     chain.del("dnat-ctr", pod.path_str(), "eth0", &caps(), Some(&result), Some(&w.host));
     for (fam_v6, addr) in [(false, &v4), (true, &v6)] {
