@@ -41,6 +41,8 @@ fn save(host: &Netns, tool: &str) -> String {
 
 const IN_RULE: &str = "-A CNI-FORWARD -d 10.88.0.5/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT";
 const OUT_RULE: &str = "-A CNI-FORWARD -s 10.88.0.5/32 -j ACCEPT";
+/// Ours beyond upstream (issue 37): connections this host DNATed to the pod.
+const DNAT_RULE: &str = "-A CNI-FORWARD -d 10.88.0.5/32 -m conntrack --ctstate DNAT -j ACCEPT";
 const JUMP: &str = "-A FORWARD -m comment --comment \"CNI firewall plugin rules\" -j CNI-FORWARD";
 
 /// Docker on iptables-nft: our default backend writes upstream's rules over netlink into the
@@ -55,7 +57,7 @@ fn docker_drop_with_iptables_nft() {
     let out = call("firewall", "ADD", &host, &pod, &c);
     out.ok();
     let v4 = save(&host, "iptables-nft");
-    for want in ["-P FORWARD DROP", JUMP, IN_RULE, OUT_RULE, "-N CNI-ADMIN"] {
+    for want in ["-P FORWARD DROP", JUMP, IN_RULE, OUT_RULE, DNAT_RULE, "-N CNI-ADMIN"] {
         assert!(v4.contains(want), "{want} missing from iptables-nft -S:\n{v4}");
     }
     assert!(save(&host, "ip6tables-nft").contains("-A CNI-FORWARD -s fd00:88::5/128 -j ACCEPT"));
@@ -65,7 +67,7 @@ fn docker_drop_with_iptables_nft() {
     call("firewall", "CHECK", &host, &pod, &c).ok_silent();
     call("firewall", "DEL", &host, &pod, &c).ok_silent();
     let after = save(&host, "iptables-nft");
-    assert!(!after.contains(IN_RULE) && !after.contains(OUT_RULE), "{after}");
+    assert!(!after.contains(IN_RULE) && !after.contains(OUT_RULE) && !after.contains(DNAT_RULE), "{after}");
     assert!(after.contains("-P FORWARD DROP"), "the host's policy stays: {after}");
     let check = call("firewall", "CHECK", &host, &pod, &c);
     assert_ne!(check.code, 0, "CHECK after DEL must fail: {}", check.stdout);
@@ -104,7 +106,11 @@ fn upstreams_state_is_checked_and_deleted_by_ours() {
         .env("CNI_PATH", "/nonexistent")
         .run_json(&gc_conf(json!([{"containerID": "ctr-fw", "ifname": "eth0"}])))
         .ok_silent();
-    assert!(save(&host, "iptables-nft").contains(OUT_RULE), "a valid attachment keeps its rules");
+    let kept = save(&host, "iptables-nft");
+    assert!(
+        kept.contains(OUT_RULE) && kept.contains(DNAT_RULE),
+        "a valid attachment keeps its rules: {kept}"
+    );
     Exec::new("firewall")
         .in_ns(&host)
         .env("CNI_COMMAND", "GC")
@@ -112,7 +118,7 @@ fn upstreams_state_is_checked_and_deleted_by_ours() {
         .run_json(&gc_conf(json!([])))
         .ok_silent();
     let gone = save(&host, "iptables-nft");
-    assert!(!gone.contains(OUT_RULE) && !gone.contains(IN_RULE), "{gone}");
+    assert!(!gone.contains(OUT_RULE) && !gone.contains(IN_RULE) && !gone.contains(DNAT_RULE), "{gone}");
 }
 
 /// Docker on iptables-legacy: the drop is in x_tables, out of nf_tables' reach; the default

@@ -208,3 +208,94 @@ fn pods_get_through_firewalld() {
     let (_, none) = fw.cmd(&host, &["--zone=trusted", "--list-sources"]);
     assert!(!none.contains(&addr), "{none}");
 }
+
+/// Issue 37 with firewalld: Podman's default conflist (`bridge, portmap, firewall, tuning`)
+/// with a host port, on a host where firewalld (its nftables backend, Debian's default) owns
+/// the forward hook and the uplink is in the `external` zone. firewalld accepts forwarded
+/// connections conntrack marks as DNATed itself (`ct status dnat accept` in `filter_FORWARD`,
+/// before any zone; `--ctstate RELATED,ESTABLISHED,DNAT` in its iptables backend), so the
+/// plugin adds nothing for them: the pod's addresses join `trusted` as before and the host
+/// port answers the outside in both families. This test sets no process environment: every
+/// exec gets the private bus address itself (the other test of this binary sets it for its
+/// own execs), so nothing can reach the machine's own bus.
+#[test]
+fn a_host_port_passes_firewalld_without_a_rule_of_ours() {
+    let host = Netns::new("dnatfh");
+    let outside = Netns::new("dnatfo");
+    host.run("ip", &["link", "set", "lo", "up"]);
+    host.run("ip", &["link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", outside.name()]);
+    host.run("ip", &["addr", "add", "192.0.2.1/24", "dev", "up0"]);
+    host.run("ip", &["addr", "add", "2001:db8:1::1/64", "dev", "up0", "nodad"]);
+    host.run("ip", &["link", "set", "up0", "up"]);
+    outside.run("ip", &["link", "set", "lo", "up"]);
+    outside.run("ip", &["addr", "add", "192.0.2.2/24", "dev", "eth0"]);
+    outside.run("ip", &["addr", "add", "2001:db8:1::2/64", "dev", "eth0", "nodad"]);
+    outside.run("ip", &["link", "set", "eth0", "up"]);
+    host.run("sysctl", &["-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"]);
+    let fw = Firewalld::start(&host);
+    assert!(fw.cmd(&host, &["--zone=external", "--change-interface=up0"]).0);
+
+    let text =
+        std::fs::read_to_string(cni_tests::workspace_root().join("conf-examples/87-podman-bridge.conflist"))
+            .expect("conf-examples/87-podman-bridge.conflist");
+    let list: Value = serde_json::from_str(&text).expect("Podman's conflist is JSON");
+    let mut plugins = list["plugins"].as_array().expect("plugins").clone();
+    let types: Vec<&str> = plugins.iter().map(|p| p["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["bridge", "portmap", "firewall", "tuning"], "Podman's default list");
+    let data = TempDir::new("dnatfd");
+    plugins[0]["bridge"] = json!("dnfbr0");
+    plugins[0]["ipam"]["ranges"] = json!([[{"subnet": "10.89.3.0/24"}], [{"subnet": "2001:db8:89:3::/64"}]]);
+    plugins[0]["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]);
+    plugins[0]["ipam"]["dataDir"] = json!(data.str());
+    let path = cni_tests::cni_path_with(&["bridge", "host-local", "portmap", "firewall", "tuning"]);
+    let chain = cni_tests::chain::Chain {
+        name: format!("dnatfw-{}", std::process::id()),
+        version: list["cniVersion"].as_str().unwrap().into(),
+        plugins,
+        cni_path: path.path().to_path_buf(),
+    };
+    let caps = json!({"portMappings": [{"hostPort": 18081, "containerPort": 8081, "protocol": "tcp"}]});
+    let pod = Netns::new("dnatfp");
+    // one plugin exec of the list, with the private bus
+    let exec = |i: usize, verb: &str, prev: Option<&Value>| {
+        let plugin = chain.cni_path.join(chain.plugin_type(i));
+        Exec::new(plugin.to_str().unwrap())
+            .in_ns(&host)
+            .attachment(verb, "dnat-fw", pod.path_str(), "eth0", chain.cni_path.to_str().unwrap())
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &fw.bus)
+            .run(&chain.request(i, &caps, prev))
+    };
+    let mut result: Option<Value> = None;
+    for i in 0..chain.plugins.len() {
+        result = Some(exec(i, "ADD", result.as_ref()).ok());
+    }
+    let result = result.unwrap();
+    let addrs: Vec<String> =
+        cni_tests::result_ips(&result).iter().map(|a| a.split('/').next().unwrap().to_string()).collect();
+    assert_eq!(addrs.len(), 2, "{result}");
+    let (_, sources) = fw.cmd(&host, &["--zone=trusted", "--list-sources"]);
+    for a in &addrs {
+        assert!(sources.contains(a.as_str()), "{a} a trusted source: {sources}");
+    }
+    let _srv = cni_tests::traffic::Server::tcp(&pod, 8081, "dnfpod");
+    assert_eq!(cni_tests::traffic::fetch(&outside, "192.0.2.1", 18081), "dnfpod 192.0.2.2");
+    assert_eq!(cni_tests::traffic::fetch(&outside, "2001:db8:1::1", 18081), "dnfpod 2001:db8:1::2");
+    assert!(pings(&pod, "192.0.2.2"), "the pod reaches the outside");
+    // firewalld's backend writes no iptables rule of ours: the DNAT accept is firewalld's own
+    let v4 = String::from_utf8_lossy(&host.run("iptables-nft", &["-S"]).stdout).into_owned();
+    assert!(!v4.contains("CNI-FORWARD"), "{v4}");
+    let ruleset = String::from_utf8_lossy(&host.run("nft", &["list", "table", "inet", "firewalld"]).stdout)
+        .into_owned();
+    assert!(ruleset.contains("ct status dnat accept"), "firewalld's own DNAT accept: {ruleset}");
+    for i in 0..chain.plugins.len() {
+        let out = exec(i, "CHECK", Some(&result));
+        assert_eq!(out.code, 0, "CHECK {}: {}", chain.plugin_type(i), out.stdout);
+    }
+    for i in (0..chain.plugins.len()).rev() {
+        exec(i, "DEL", Some(&result)).ok_silent();
+    }
+    let (_, after) = fw.cmd(&host, &["--zone=trusted", "--list-sources"]);
+    for a in &addrs {
+        assert!(!after.contains(a.as_str()), "DEL removes {a}: {after}");
+    }
+}

@@ -93,8 +93,17 @@ COMMIT
         let conf = crate::config::Conf::from_raw(&serde_json::json!({})).unwrap();
         let intent = crate::config::Intent { addrs: vec![a], bridge: None };
         let (chains, rules) = crate::model::desired(&conf, &intent, Family::V4);
-        assert!(missing_in(&t, &chains, &rules).is_empty());
-        assert!(plan_add(&t, &chains, &rules).is_empty());
+        // upstream's layout is whole; of ours only the DNAT accept is missing, and ADD adds it
+        let upstreams = crate::check::asked(rules.clone(), false);
+        assert!(missing_in(&t, &chains, &upstreams).is_empty());
+        let dnat = "-A CNI-FORWARD -d 10.88.0.5/32 -m conntrack --ctstate DNAT -j ACCEPT";
+        assert_eq!(missing_in(&t, &chains, &rules), [dnat]);
+        let added: Vec<String> = plan_add(&t, &chains, &rules).lines().map(String::from).collect();
+        assert_eq!(added, [dnat]);
+        let with_ours = parse_table(&SAVED.replace("COMMIT", &format!("{dnat}\nCOMMIT")), "filter");
+        assert!(missing_in(&with_ours, &chains, &rules).is_empty());
+        assert!(plan_add(&with_ours, &chains, &rules).is_empty());
+        assert_eq!(plan_del(&with_ours, Family::V4, &[a]).lines().count(), 3, "DEL takes all three");
         let del = plan_del(&t, Family::V4, &[a]);
         assert_eq!(del.lines().count(), 2, "{:?}", del.text());
         assert!(plan_del(&t, Family::V4, &["10.88.0.6".parse().unwrap()]).is_empty());
@@ -105,7 +114,8 @@ COMMIT
             lines,
             [
                 "-A CNI-FORWARD -d 10.88.0.6/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-                "-A CNI-FORWARD -s 10.88.0.6/32 -j ACCEPT"
+                "-A CNI-FORWARD -s 10.88.0.6/32 -j ACCEPT",
+                "-A CNI-FORWARD -d 10.88.0.6/32 -m conntrack --ctstate DNAT -j ACCEPT"
             ]
         );
         let empty = parse_table("*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n", "filter");

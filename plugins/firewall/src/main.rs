@@ -65,7 +65,9 @@ impl Plugin for Firewall {
         let prev =
             req.prev_result()?.ok_or_else(|| CniError::config("missing prevResult from earlier plugin"))?;
         let intent = Intent::new(&conf, &prev)?;
-        check::check(&conf, &intent, backend::choose(&conf)?)
+        // our record says our ADD made it (with the DNAT accept); none: upstream's, or nothing
+        let made_by_us = record::read(root(), &AttachmentId::of(req)).is_some();
+        check::check_made(&conf, &intent, backend::choose(&conf)?, made_by_us)
     }
 
     fn gc(&self, req: &Request) -> Result<()> {

@@ -19,6 +19,35 @@ pub const FILTER_COMMENT: &str = "CNI firewall plugin rules";
 pub const ADMIN_COMMENT: &str = "CNI firewall plugin admin overrides";
 pub const POLICY_DEFAULT_COMMENT: &str = "CNI firewall plugin rules (ingressPolicy: same-bridge|isolated)";
 
+/// The conntrack states a rule matches (`-m conntrack --ctstate …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtState {
+    /// `RELATED,ESTABLISHED`: upstream's replies-in rule.
+    RelatedEstablished,
+    /// `DNAT`: the connection's destination was rewritten by this host's nat (conntrack's
+    /// `IPS_DST_NAT`, nftables' `ct status dnat`): a host port (portmap, kube-proxy) led here.
+    Dnat,
+}
+
+impl CtState {
+    fn word(self) -> &'static str {
+        match self {
+            CtState::RelatedEstablished => "RELATED,ESTABLISHED",
+            CtState::Dnat => "DNAT",
+        }
+    }
+
+    /// `state_mask` of `struct xt_conntrack_mtinfo3` (linux/netfilter/xt_conntrack.h):
+    /// `XT_CONNTRACK_STATE_BIT(ctinfo)` is `1 << (ctinfo + 1)` (ESTABLISHED 0 -> 2, RELATED 1
+    /// -> 4), `XT_CONNTRACK_STATE_DNAT` is `1 << (IP_CT_NUMBER + 2)` = `1 << 7`.
+    fn mask(self) -> u16 {
+        match self {
+            CtState::RelatedEstablished => 2 | 4,
+            CtState::Dnat => 1 << 7,
+        }
+    }
+}
+
 /// One iptables rule of the `filter` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -30,8 +59,8 @@ pub struct Rule {
     pub oif: Option<(bool, String)>,
     pub src: Option<IpAddr>,
     pub dst: Option<IpAddr>,
-    /// `-m conntrack --ctstate RELATED,ESTABLISHED`
-    pub ctstate: bool,
+    /// `-m conntrack --ctstate <states>`
+    pub ctstate: Option<CtState>,
     pub comment: Option<String>,
     pub target: String,
 }
@@ -49,7 +78,7 @@ impl Rule {
             oif: None,
             src: None,
             dst: None,
-            ctstate: false,
+            ctstate: None,
             comment: None,
             target: target.into(),
         }
@@ -73,14 +102,20 @@ impl Rule {
         if let Some(d) = self.dst {
             w.extend(["-d".into(), host(d)]);
         }
-        if self.ctstate {
-            w.extend(["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"].map(String::from));
+        if let Some(st) = self.ctstate {
+            w.extend(["-m", "conntrack", "--ctstate", st.word()].map(String::from));
         }
         if let Some(c) = &self.comment {
             w.extend(["-m".into(), "comment".into(), "--comment".into(), c.clone()]);
         }
         w.extend(["-j".into(), self.target.clone()]);
         w
+    }
+
+    /// Whether upstream's firewall writes no such rule (the DNAT accept): an attachment
+    /// upstream made lacks it, and CHECK does not ask it of one (see [`crate::check`]).
+    pub fn beyond_upstream(&self) -> bool {
+        self.ctstate == Some(CtState::Dnat)
     }
 
     /// The rule as one line of `iptables -S` (for messages).
@@ -110,8 +145,8 @@ impl Rule {
         if let Some(d) = self.dst {
             e.extend(RuleExpr::addr(false, IpNet::from(d), CmpOp::Eq));
         }
-        if self.ctstate {
-            e.push(RuleExpr::XtMatch { name: "conntrack".into(), rev: 3, info: conntrack_info() });
+        if let Some(st) = self.ctstate {
+            e.push(RuleExpr::XtMatch { name: "conntrack".into(), rev: 3, info: conntrack_info(st) });
         }
         if let Some(c) = &self.comment {
             e.push(RuleExpr::XtMatch { name: "comment".into(), rev: 0, info: comment_info(c) });
@@ -142,13 +177,13 @@ fn without_counters(exprs: &[NftExpr]) -> Vec<NftExpr> {
     exprs.iter().filter(|e| !matches!(e, NftExpr::Other(n) if n == "counter")).cloned().collect()
 }
 
-/// `struct xt_conntrack_mtinfo3` for `--ctstate RELATED,ESTABLISHED` (168 bytes with
-/// x_tables' 8-byte alignment): `match_flags` = XT_CONNTRACK_STATE at 146, `state_mask` =
-/// ESTABLISHED|RELATED bits (2|4) at 150, host byte order, the rest zero.
-pub fn conntrack_info() -> Vec<u8> {
+/// `struct xt_conntrack_mtinfo3` for `--ctstate <st>` (168 bytes with x_tables' 8-byte
+/// alignment): `match_flags` = XT_CONNTRACK_STATE at 146, `state_mask` ([`CtState::mask`]) at
+/// 150, host byte order, the rest zero.
+pub fn conntrack_info(st: CtState) -> Vec<u8> {
     let mut info = vec![0u8; 168];
     info[146..148].copy_from_slice(&1u16.to_ne_bytes());
-    info[150..152].copy_from_slice(&6u16.to_ne_bytes());
+    info[150..152].copy_from_slice(&st.mask().to_ne_bytes());
     info
 }
 
@@ -177,14 +212,25 @@ pub fn chains(admin: &str) -> Vec<String> {
     vec![PRIV_CHAIN.into(), admin.into()]
 }
 
-/// An address's two rules: replies in, everything out.
+/// An address's rules: upstream's two (replies in, everything out), then ours beyond
+/// upstream: connections this host DNATed to the address in (a host port behind someone
+/// else's FORWARD drop, as netavark accepts them).
+///
+/// The DNAT rule matches only a connection whose conntrack entry says this host's nat
+/// rewrote its destination to `a` (portmap's host port, a kube-proxy service): a packet sent
+/// to `a` directly is not DNATed and still meets the host's policy. Connections from other
+/// pods of the plugin were accepted already by their own `-s` rule; `ingressPolicy`'s drops
+/// stay first, as their jump precedes `CNI-FORWARD`'s in `FORWARD`.
 pub fn addr_rules(a: IpAddr) -> Vec<Rule> {
     let mut r_in = Rule::new(PRIV_CHAIN, "ACCEPT");
     r_in.dst = Some(a);
-    r_in.ctstate = true;
+    r_in.ctstate = Some(CtState::RelatedEstablished);
     let mut r_out = Rule::new(PRIV_CHAIN, "ACCEPT");
     r_out.src = Some(a);
-    vec![r_in, r_out]
+    let mut r_dnat = Rule::new(PRIV_CHAIN, "ACCEPT");
+    r_dnat.dst = Some(a);
+    r_dnat.ctstate = Some(CtState::Dnat);
+    vec![r_in, r_out, r_dnat]
 }
 
 /// The chains and rules of `ingressPolicy` same-bridge (`isolated` too when set), in the order
@@ -282,6 +328,8 @@ mod tests {
             "-A CNI-FORWARD -d 10.1.0.2/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
         );
         assert_eq!(r[1].line(), "-A CNI-FORWARD -s 10.1.0.2/32 -j ACCEPT");
+        assert_eq!(r[2].line(), "-A CNI-FORWARD -d 10.1.0.2/32 -m conntrack --ctstate DNAT -j ACCEPT");
+        assert_eq!(r.len(), 3, "upstream's two and the DNAT accept, nothing else per address");
         let s = setup("NOMAD-ADMIN");
         assert_eq!(
             s[0].line(),
@@ -293,6 +341,7 @@ mod tests {
         );
         let v6 = addr_rules("fd00::2".parse().unwrap());
         assert_eq!(v6[1].line(), "-A CNI-FORWARD -s fd00::2/128 -j ACCEPT");
+        assert_eq!(v6[2].line(), "-A CNI-FORWARD -d fd00::2/128 -m conntrack --ctstate DNAT -j ACCEPT");
         let iso = isolation("cni0", false);
         assert_eq!(
             iso[1].line(),
@@ -344,7 +393,16 @@ mod tests {
         assert!(r.is(&found));
         assert!(!addr_rules("10.1.0.3".parse().unwrap())[0].is(&found));
         assert!(!addr_rules("10.1.0.2".parse().unwrap())[1].is(&found));
+        assert!(!addr_rules("10.1.0.2".parse().unwrap())[2].is(&found), "DNAT is not RELATED,ESTABLISHED");
         assert!(!r.is(&NftRule { chain: "OTHER".into(), ..found }));
+        // the DNAT accept: the same shape, state_mask XT_CONNTRACK_STATE_DNAT (1 << 7) alone
+        let d = addr_rules("10.1.0.2".parse().unwrap())[2].exprs();
+        let RuleExpr::XtMatch { name, rev, info } = &d[2] else { panic!("{d:?}") };
+        assert_eq!((name.as_str(), *rev, info.len()), ("conntrack", 3, 168));
+        assert_eq!(info[146..148], 1u16.to_ne_bytes(), "match_flags XT_CONNTRACK_STATE");
+        assert_eq!(info[150..152], 0x80u16.to_ne_bytes(), "state_mask DNAT");
+        assert_eq!(info.iter().filter(|b| **b != 0).count(), 2);
+        assert_eq!((&d[..2], &d[3]), (&e[..2], &e[3]), "the address and verdict of the replies rule");
         let c = comment_info(FILTER_COMMENT);
         assert_eq!(
             (c.len(), &c[..FILTER_COMMENT.len()], c[FILTER_COMMENT.len()]),

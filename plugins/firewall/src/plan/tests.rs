@@ -93,7 +93,7 @@ fn add_keeps_someones_drop_policy_and_jumps_first() {
     assert_eq!(fwd.policy, Some(POLICY_DROP), "the host's policy is not ours to change");
     let first = t.rules_in(FORWARD).next().unwrap();
     assert_eq!(first.verdicts().next(), Some(&Verdict::Jump(PRIV_CHAIN.into())));
-    assert_eq!(t.rules_in(PRIV_CHAIN).count(), 3);
+    assert_eq!(t.rules_in(PRIV_CHAIN).count(), 4, "the admin jump and the address's three");
     assert!(missing(&mut k, &c, &i).is_empty());
     // a second ADD (or upstream's after ours) adds nothing
     let before = k.generation;
@@ -135,7 +135,7 @@ fn del_removes_only_its_addresses_and_every_copy() {
     nft::del(&mut k, Family::V4, "CNI-ADMIN", &five).unwrap();
     assert!(!missing(&mut k, &c, &intent(&["10.88.0.5"])).is_empty());
     assert!(missing(&mut k, &c, &intent(&["10.88.0.6"])).is_empty());
-    assert_eq!(all(&mut k, Family::V4).rules_in(PRIV_CHAIN).count(), 3);
+    assert_eq!(all(&mut k, Family::V4).rules_in(PRIV_CHAIN).count(), 4);
     // again: nothing to do, no transaction
     let applied = k.applied;
     nft::del(&mut k, Family::V4, "CNI-ADMIN", &five).unwrap();
@@ -152,7 +152,7 @@ fn a_transaction_in_between_is_seen_and_planned_again() {
     add(&mut k, &c, &i);
     let t = all(&mut k, Family::V4);
     assert_eq!(t.rules_in(FORWARD).count(), 1, "one jump, not two");
-    assert_eq!(t.rules_in(PRIV_CHAIN).count(), 5);
+    assert_eq!(t.rules_in(PRIV_CHAIN).count(), 7);
     assert!(missing(&mut k, &c, &i).is_empty());
 }
 
@@ -218,7 +218,7 @@ fn dual_stack_del_removes_both_families_rules_whichever_comes_first() {
         add(&mut k, &c, &intent(&order));
         add(&mut k, &c, &other);
         for fam in [Family::V4, Family::V6] {
-            assert_eq!(all(&mut k, fam).rules_in(PRIV_CHAIN).count(), 5, "{order:?} {fam:?}");
+            assert_eq!(all(&mut k, fam).rules_in(PRIV_CHAIN).count(), 7, "{order:?} {fam:?}");
         }
         let addrs: Vec<IpAddr> = order.iter().map(|a| a.parse().unwrap()).collect();
         for fam in [Family::V4, Family::V6] {
@@ -227,11 +227,11 @@ fn dual_stack_del_removes_both_families_rules_whichever_comes_first() {
         for fam in [Family::V4, Family::V6] {
             assert_eq!(
                 all(&mut k, fam).rules_in(PRIV_CHAIN).count(),
-                3,
-                "{order:?} {fam:?}: its two rules gone"
+                4,
+                "{order:?} {fam:?}: its three rules gone"
             );
         }
-        assert_eq!(missing(&mut k, &c, &intent(&order)).len(), 4, "{order:?}: both families' rules gone");
+        assert_eq!(missing(&mut k, &c, &intent(&order)).len(), 6, "{order:?}: both families' rules gone");
         assert!(missing(&mut k, &c, &other).is_empty(), "{order:?}: the other attachment's kept");
     }
 }
@@ -251,7 +251,7 @@ fn ipv6_only_attachment_lives_in_the_ip6_table_only() {
     nft::del(&mut k, Family::V4, "CNI-ADMIN", &addrs).unwrap();
     assert_eq!(k.applied, applied, "nothing of IPv4 to remove");
     nft::del(&mut k, Family::V6, "CNI-ADMIN", &addrs).unwrap();
-    assert_eq!(missing(&mut k, &c, &i).len(), 2);
+    assert_eq!(missing(&mut k, &c, &i).len(), 3);
     assert_eq!(all(&mut k, Family::V6).rules_in(PRIV_CHAIN).count(), 1);
 }
 
