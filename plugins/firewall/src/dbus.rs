@@ -200,8 +200,9 @@ impl Frame {
 /// Frame a message by its own byte-order flag (pure). An error means the stream cannot be
 /// followed past this header: nothing after it can be trusted to start a message.
 pub fn frame(head: &[u8; 16]) -> Result<Frame, String> {
-    let order = Order::of(head[0])
-        .ok_or_else(|| format!("D-Bus: a message whose byte-order flag is {:#04x}, neither 'l' nor 'B'", head[0]))?;
+    let order = Order::of(head[0]).ok_or_else(|| {
+        format!("D-Bus: a message whose byte-order flag is {:#04x}, neither 'l' nor 'B'", head[0])
+    })?;
     if head[3] != 1 {
         return Err(format!("D-Bus: a message of protocol version {}", head[3]));
     }
@@ -423,7 +424,13 @@ impl Bus {
     }
 
     /// Read one message: the reply to `serial`, or None for anything else (read and dropped).
-    fn next(&mut self, serial: u32, until: Instant, dropped: &mut usize, member: &str) -> Result<Option<Reply>, Failure> {
+    fn next(
+        &mut self,
+        serial: u32,
+        until: Instant,
+        dropped: &mut usize,
+        member: &str,
+    ) -> Result<Option<Reply>, Failure> {
         let mut head = [0u8; 16];
         self.fill(&mut head, until)?;
         let f = frame(&head).map_err(Failure::Broken)?;
@@ -494,7 +501,14 @@ mod tests {
 
     /// A message as another peer lays it out, in either byte order: `kind`, a REPLY_SERIAL field
     /// when given, one string argument, and `extra` bytes of a second (array of bytes) argument.
-    fn message(order: Order, kind: u8, serial: u32, reply_serial: Option<u32>, arg: &str, extra: usize) -> Vec<u8> {
+    fn message(
+        order: Order,
+        kind: u8,
+        serial: u32,
+        reply_serial: Option<u32>,
+        arg: &str,
+        extra: usize,
+    ) -> Vec<u8> {
         let u = |v: u32| match order {
             Order::Little => v.to_le_bytes(),
             Order::Big => v.to_be_bytes(),
@@ -617,10 +631,15 @@ mod tests {
         for kind in [1, 4] {
             let m = message(Order::Little, kind, 3, Some(1), "forged", 0);
             let f = frame(&head(&m)).unwrap();
-            assert_eq!(judge(&parse_fields(&f, &m[16..16 + f.fields]).unwrap(), 1), Seen::Other, "type {kind}");
+            assert_eq!(
+                judge(&parse_fields(&f, &m[16..16 + f.fields]).unwrap(), 1),
+                Seen::Other,
+                "type {kind}"
+            );
         }
-        let feed = [message(Order::Little, 4, 3, Some(1), "forged", 0), message(Order::Big, 3, 4, Some(1), "no", 0)]
-            .concat();
+        let feed =
+            [message(Order::Little, 4, 3, Some(1), "forged", 0), message(Order::Big, 3, 4, Some(1), "no", 0)]
+                .concat();
         assert_eq!(
             call_against(feed, DROP_BUDGET, Duration::from_secs(30)),
             Ok(Reply::Error("org.example.Error.Nope".into(), "no".into()))
@@ -653,18 +672,25 @@ mod tests {
     fn the_drop_budget_bounds_what_a_call_reads() {
         let one = message(Order::Little, 4, 2, None, "flood", 0).len();
         let flood = |n: usize| {
-            let mut feed: Vec<u8> = (0..n).flat_map(|_| message(Order::Little, 4, 2, None, "flood", 0)).collect();
+            let mut feed: Vec<u8> =
+                (0..n).flat_map(|_| message(Order::Little, 4, 2, None, "flood", 0)).collect();
             feed.extend(message(Order::Little, 2, 9, Some(1), "ok", 0));
             feed
         };
         let r = call_against(flood(10), 10 * one, Duration::from_secs(30));
         assert_eq!(r, Ok(Reply::Return(Some("ok".into()))));
         match call_against(flood(11), 10 * one, Duration::from_secs(30)) {
-            Err(Failure::Broken(m)) => assert!(m.contains("bytes of other messages before the reply to Ask"), "{m}"),
+            Err(Failure::Broken(m)) => {
+                assert!(m.contains("bytes of other messages before the reply to Ask"), "{m}")
+            }
             other => panic!("past the budget: {other:?}"),
         }
         // a single message past the budget is refused before it is read
-        let r = call_against(message(Order::Little, 4, 2, None, "x", MAX_KEPT * 2), MAX_KEPT, Duration::from_secs(30));
+        let r = call_against(
+            message(Order::Little, 4, 2, None, "x", MAX_KEPT * 2),
+            MAX_KEPT,
+            Duration::from_secs(30),
+        );
         assert!(matches!(r, Err(Failure::Broken(_))), "{r:?}");
     }
 
@@ -698,6 +724,9 @@ mod tests {
         // no bus at all is told apart from a bus that fails
         let dir = std::env::temp_dir().join(format!("dbus-unit-{}", std::process::id()));
         let nothing = dir.join("no-such-socket");
-        assert!(matches!(Bus::connect(nothing.to_str().unwrap(), Duration::from_secs(5)), Err(Failure::NoBus(_))));
+        assert!(matches!(
+            Bus::connect(nothing.to_str().unwrap(), Duration::from_secs(5)),
+            Err(Failure::NoBus(_))
+        ));
     }
 }

@@ -44,7 +44,13 @@ pub fn source(a: IpAddr) -> String {
 /// the attachment's rules into nf_tables instead of firewalld's zone (issue 37, finding 1).
 pub fn running() -> Result<bool> {
     let asked = Bus::connect(&system_bus_path(), DEADLINE).and_then(|mut bus| {
-        bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner", &[NAME])
+        bus.call(
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "GetNameOwner",
+            &[NAME],
+        )
     });
     owned(asked)
 }
@@ -125,9 +131,9 @@ mod tests {
     /// the protocol, or another error name, is code 11 and never a no.
     #[test]
     fn only_the_bus_saying_no_owner_is_a_no() {
-        assert_eq!(owned(Ok(Reply::Return(Some(":1.7".into())))).unwrap(), true);
-        assert_eq!(owned(Ok(Reply::Error(NO_OWNER.into(), "no".into()))).unwrap(), false);
-        assert_eq!(owned(Err(Failure::NoBus("D-Bus connect: not found".into()))).unwrap(), false);
+        assert!(owned(Ok(Reply::Return(Some(":1.7".into())))).unwrap());
+        assert!(!owned(Ok(Reply::Error(NO_OWNER.into(), "no".into()))).unwrap());
+        assert!(!owned(Err(Failure::NoBus("D-Bus connect: not found".into()))).unwrap());
         for e in [
             Err(Failure::Broken("D-Bus: a message whose byte-order flag is 0x58".into())),
             Err(Failure::Broken("D-Bus connect: Connection refused".into())),
