@@ -474,6 +474,25 @@ impl Hostile {
         }
     }
 
+    /// A METHOD_RETURN to `dest` naming serial `of` that `dest` never asked nobody for: the
+    /// error the bus answers it with (a reply is delivered only to the caller it answers).
+    fn forge_reply(&mut self, dest: &str, of: u32) -> String {
+        self.serial += 1;
+        let serial = self.serial;
+        let of = of.to_string();
+        let fields = [(6, b's', dest), (5, b'u', of.as_str())];
+        self.to.write_all(&dbus_message(Order::Little, 2, serial, &fields, Some("forged"))).unwrap();
+        loop {
+            let m =
+                self.from.recv_timeout(Duration::from_secs(60)).expect("the bus answers nobody within 60 s");
+            let s = seen(&m);
+            assert_ne!(s.kind, 2, "nobody got a return for a reply: {s:?}");
+            if s.kind == 3 && s.reply_serial == Some(serial) {
+                return s.error.unwrap_or_default();
+            }
+        }
+    }
+
     /// Send `flood` to `dest`, then wait until the bus has dealt with all of it: the bus handles
     /// one connection's messages in order, so when the answer to a later call of ours comes
     /// back, every signal is in `dest`'s queue, and none was refused (a refusal would have come
@@ -617,7 +636,10 @@ fn a_local_user_flooding_the_plugins_bus_connection_changes_nothing() {
     host.run("ip", &["link", "set", "lo", "up"]);
     let pod = cni_tests::PodNetns::new("dbusp");
     let fw = Firewalld::start_with(&host, &system_policy());
-    let hostile = Hostile::connect(&fw.sock);
+    let mut hostile = Hostile::connect(&fw.sock);
+    // what the client trusts of the bus: a reply nobody forges is refused, never delivered
+    let owner = hostile.call("GetNameOwner", Some("org.fedoraproject.FirewallD1")).body_str.unwrap();
+    assert_eq!(hostile.forge_reply(&owner, 2), "org.freedesktop.DBus.Error.AccessDenied");
     let dir = TempDir::new("dbusg");
     let gate = Gate::start(&dir, fw.sock.clone(), hostile);
     let net = format!("dbus-{}", std::process::id());
