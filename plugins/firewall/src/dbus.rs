@@ -128,6 +128,10 @@ pub struct Bus {
     deadline: Duration,
     /// Bytes of other messages one call may drop ([`DROP_BUDGET`]).
     budget: usize,
+    /// What was read from the socket and not yet consumed: `inbuf[at..end]`.
+    inbuf: Vec<u8>,
+    at: usize,
+    end: usize,
 }
 
 fn pad(buf: &mut Vec<u8>, to: usize) {
@@ -356,7 +360,7 @@ impl Bus {
 
     /// A connection over `sock`, past authentication (tests hand it one end of a pair).
     fn over(sock: UnixStream, deadline: Duration) -> Bus {
-        Bus { sock, serial: 0, deadline, budget: DROP_BUDGET }
+        Bus { sock, serial: 0, deadline, budget: DROP_BUDGET, inbuf: vec![0; 64 << 10], at: 0, end: 0 }
     }
 
     /// The time left before `until`, or the failure of having none.
@@ -382,20 +386,42 @@ impl Bus {
         Ok(())
     }
 
-    /// Fill `buf` before `until` (each read's timeout is the time left, so a trickle cannot
-    /// stretch the deadline).
-    fn fill(&mut self, buf: &mut [u8], until: Instant) -> Result<(), Failure> {
-        let mut at = 0;
-        while at < buf.len() {
+    /// Fill `out` before `until`, from what was read ahead first; each read of the socket asks
+    /// for up to 64 KiB (a flood of small signals costs one system call per many), with the
+    /// time left as its timeout, so a trickle cannot stretch the deadline.
+    fn fill(&mut self, out: &mut [u8], until: Instant) -> Result<(), Failure> {
+        let mut done = 0;
+        while done < out.len() {
+            let n = self.ahead(until)?.min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.inbuf[self.at..self.at + n]);
+            self.at += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Consume `n` bytes unread, before `until`.
+    fn skip(&mut self, mut n: usize, until: Instant) -> Result<(), Failure> {
+        while n > 0 {
+            let k = self.ahead(until)?.min(n);
+            self.at += k;
+            n -= k;
+        }
+        Ok(())
+    }
+
+    /// How many bytes are read ahead, reading the socket when none are.
+    fn ahead(&mut self, until: Instant) -> Result<usize, Failure> {
+        while self.at == self.end {
             self.sock.set_read_timeout(Some(Bus::left(until, "read")?)).map_err(|e| io(e, "timeout"))?;
-            match self.sock.read(&mut buf[at..]) {
+            match self.sock.read(&mut self.inbuf) {
                 Ok(0) => return Err(broken("D-Bus read: the bus closed the connection")),
-                Ok(n) => at += n,
+                Ok(n) => (self.at, self.end) = (0, n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io(e, "read")),
             }
         }
-        Ok(())
+        Ok(self.end - self.at)
     }
 
     fn read_line(&mut self, until: Instant) -> Result<String, Failure> {
@@ -438,13 +464,7 @@ impl Bus {
         if rest > MAX_KEPT {
             // too large to be a reply here: drained in pieces, never held whole
             self.spend(dropped, 16 + rest, member)?;
-            let mut scratch = vec![0u8; 64 << 10];
-            let mut left = rest;
-            while left > 0 {
-                let n = left.min(scratch.len());
-                self.fill(&mut scratch[..n], until)?;
-                left -= n;
-            }
+            self.skip(rest, until)?;
             return Ok(None);
         }
         let mut buf = vec![0u8; rest];
