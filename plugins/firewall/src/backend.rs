@@ -6,6 +6,9 @@
 //! `iptables-legacy`. Otherwise nftables over netlink. Before both, as upstream: firewalld when
 //! it owns its name on the system bus. Upstream's rule is "firewalld if it runs, else
 //! iptables": on an iptables-nft host its iptables and our nftables write the same rules.
+//! "Not running" is only what the bus says (its `NameHasNoOwner`) or a host without a system
+//! bus socket; a bus that cannot be asked fails the verb with code 11 instead of choosing
+//! another backend ([`firewalld::running`]).
 
 use crate::config::{Backend, Conf};
 use crate::model::Rule;
@@ -80,7 +83,7 @@ pub fn choose(conf: &Conf) -> Result<Chosen> {
             )),
         },
         Some(Backend::Firewalld) => Ok(Chosen::Firewalld),
-        None => Ok(default_rule(firewalld::running(), legacy_filter_loaded())),
+        None => Ok(default_rule(firewalld::running()?, legacy_filter_loaded())),
     }
 }
 

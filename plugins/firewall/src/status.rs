@@ -33,7 +33,8 @@ pub fn status<K: Kernel>(b: Chosen, k: Option<&mut K>) -> Result<()> {
         }),
         (Chosen::Nftables, None) => Err(CniError::new(code::NOT_AVAILABLE, "nf_tables is not usable")),
         (Chosen::Firewalld, _) => {
-            if crate::firewalld::running() {
+            // a bus that cannot be asked is code 11 (`running`), not "firewalld is gone"
+            if crate::firewalld::running()? {
                 Ok(())
             } else {
                 Err(CniError::new(code::NOT_AVAILABLE, "firewalld does not own its name on the system bus"))
