@@ -1349,3 +1349,142 @@ fn ipv6_forwarding_keeps_the_uplinks_default_route_from_router_advertisements() 
         w.exec("DEL", id, ns, "eth0").run(&conf.to_string()).ok_silent();
     }
 }
+
+/// The kernel's `addr_assign_type` of `dev` in `ns` (3: its MAC was set; otherwise it follows
+/// the bridge's ports), read from a sysfs mounted for that namespace.
+fn addr_assign_type(ns: &Netns, dev: &str) -> String {
+    let script = format!("mount -t sysfs sysfs /sys && cat /sys/class/net/{dev}/addr_assign_type");
+    let out = ns.run("unshare", &["--mount", "--propagation", "private", "sh", "-ec", &script]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What the plugin sees when a runtime runs it with the host's own sysfs: the bridge's
+/// `addr_assign_type` can be read (the harness enters the host namespace with setns only, so
+/// /sys is otherwise the machine's, which the plugin detects and does not trust).
+const HOST_SYSFS: &str = "mount -t sysfs sysfs /sys";
+
+/// The three address families of a bridge's IPAM: subnets and the gateway address put on the
+/// bridge beforehand (v1.10's case: the gateway is already there).
+const MAC_FAMILIES: [(&str, &[&str], &[&str]); 3] = [
+    ("IPv4", &["10.10.0.0/24"], &["10.10.0.1/24"]),
+    ("IPv6", &["2001:db8:10::/64"], &["2001:db8:10::1/64"]),
+    ("dual stack", &["2001:db8:10::/64", "10.10.0.0/24"], &["2001:db8:10::1/64", "10.10.0.1/24"]),
+];
+
+/// A bridge someone else made, whose MAC follows its one port (a veth: these machines have no
+/// dummy devices), with the gateway addresses on it.
+fn floating_bridge(w: &World, gateways: &[&str]) -> String {
+    w.host.run("ip", &["link", "add", "cni0", "type", "bridge"]);
+    w.host.run("ip", &["link", "add", "port0", "type", "veth", "peer", "name", "port0p"]);
+    w.host.run("ip", &["link", "set", "port0", "master", "cni0"]);
+    w.host.run("ip", &["link", "set", "cni0", "up"]);
+    for g in gateways {
+        w.host.run("ip", &["addr", "add", g, "dev", "cni0", "nodad"]);
+    }
+    let port_mac = w.host.link("port0").unwrap()["address"].as_str().unwrap().to_string();
+    assert_eq!(w.host.link("cni0").unwrap()["address"], port_mac.as_str(), "the bridge follows its port");
+    assert_ne!(addr_assign_type(&w.host, "cni0"), "3");
+    port_mac
+}
+
+#[test]
+fn a_floating_bridge_gets_a_mac_of_its_own_also_when_the_gateway_is_there() {
+    for (fam, subnets, gateways) in MAC_FAMILIES {
+        let w = World::new();
+        let port_mac = floating_bridge(&w, gateways);
+        let ctr = Netns::new("brc");
+        let conf = w.conf("1.0.0", json!({"isGateway": true, "ipam": w.ipam(subnets, json!([]))}));
+        let r = w.exec("ADD", "c1", &ctr, "eth0").in_private_mounts(HOST_SYSFS).run(&conf.to_string()).ok();
+        assert_eq!(addr_assign_type(&w.host, "cni0"), "3", "{fam}: pinned");
+        assert_eq!(w.host.link("cni0").unwrap()["address"], port_mac.as_str(), "{fam}: to the MAC it had");
+        assert_eq!(r["interfaces"][0]["mac"], port_mac.as_str(), "{fam}");
+        // its port leaves: the MAC stays
+        w.host.run("ip", &["link", "del", "port0"]);
+        assert_eq!(
+            w.host.link("cni0").unwrap()["address"],
+            port_mac.as_str(),
+            "{fam}: kept without the port"
+        );
+        let check = w.exec("CHECK", "c1", &ctr, "eth0").in_private_mounts(HOST_SYSFS);
+        check.run(&with_prev(&conf, &r)).ok_silent();
+        w.exec("DEL", "c1", &ctr, "eth0").run(&conf.to_string()).ok_silent();
+    }
+}
+
+#[test]
+fn a_bridge_with_the_zero_mac_gets_a_random_one_whether_or_not_sysfs_is_readable() {
+    for (fam, subnets, gateways) in MAC_FAMILIES {
+        for sysfs in [true, false] {
+            let w = World::new();
+            // a failed ADD put the gateway address on and took its veth back, the bridge's last
+            // port: the kernel zeroed the MAC the bridge followed
+            floating_bridge(&w, gateways);
+            w.host.run("ip", &["link", "del", "port0"]);
+            assert_eq!(w.host.link("cni0").unwrap()["address"], "00:00:00:00:00:00");
+            let ctr = Netns::new("brc");
+            let conf = w.conf("1.0.0", json!({"isGateway": true, "ipam": w.ipam(subnets, json!([]))}));
+            let exec = w.exec("ADD", "c1", &ctr, "eth0");
+            let exec = if sysfs { exec.in_private_mounts(HOST_SYSFS) } else { exec };
+            let r = exec.run(&conf.to_string()).ok();
+            let mac = w.host.link("cni0").unwrap()["address"].as_str().unwrap().to_string();
+            let first = u8::from_str_radix(&mac[..2], 16).unwrap();
+            assert_eq!(first & 3, 2, "{fam}, sysfs {sysfs}: unicast, locally administered: {mac}");
+            assert_eq!(addr_assign_type(&w.host, "cni0"), "3", "{fam}, sysfs {sysfs}");
+            assert_eq!(r["interfaces"][0]["mac"], mac.as_str(), "{fam}, sysfs {sysfs}");
+            // the pod's port leaves: the MAC stays (a bridge following its ports would be zeroed)
+            w.exec("DEL", "c1", &ctr, "eth0").run(&conf.to_string()).ok_silent();
+            assert_eq!(w.host.link("cni0").unwrap()["address"], mac.as_str(), "{fam}, sysfs {sysfs}");
+        }
+    }
+}
+
+#[test]
+fn check_reports_a_bridge_whose_mac_follows_its_ports() {
+    for (fam, subnets, gateways) in MAC_FAMILIES {
+        let w = World::new();
+        floating_bridge(&w, gateways);
+        let ctr = Netns::new("brc");
+        // an ADD that does not pin (no isGateway), then CHECK of a configuration that would
+        let added = w.conf("1.0.0", json!({"ipam": w.ipam(subnets, json!([]))}));
+        let r = w.exec("ADD", "c1", &ctr, "eth0").in_private_mounts(HOST_SYSFS).run(&added.to_string()).ok();
+        assert_ne!(
+            addr_assign_type(&w.host, "cni0"),
+            "3",
+            "{fam}: without isGateway the kernel keeps the MAC"
+        );
+        let gw = w.conf("1.0.0", json!({"isGateway": true, "ipam": w.ipam(subnets, json!([]))}));
+        let check = w.exec("CHECK", "c1", &ctr, "eth0").in_private_mounts(HOST_SYSFS);
+        let msg = check.run(&with_prev(&gw, &r)).err(999);
+        assert!(msg.contains("bridge cni0 has no MAC of its own"), "{fam}: {msg}");
+        w.exec("DEL", "c1", &ctr, "eth0").run(&added.to_string()).ok_silent();
+    }
+}
+
+#[test]
+fn adding_a_pod_to_a_pinned_bridge_does_not_flush_its_neighbours() {
+    // Setting a MAC, even the one a device has, flushes its ARP and neighbour entries
+    // (NETDEV_CHANGEADDR); v1.10 sets it on every ADD with isGateway, ours only when the bridge
+    // follows its ports.
+    for (fam, subnets, _) in MAC_FAMILIES {
+        let w = World::new();
+        let conf = w.conf("1.0.0", json!({"isGateway": true, "ipam": w.ipam(subnets, json!([]))}));
+        let c1 = Netns::new("brc");
+        w.exec("ADD", "c1", &c1, "eth0").in_private_mounts(HOST_SYSFS).run(&conf.to_string()).ok();
+        let neighbour = if subnets[0].contains(':') { "2001:db8:10::77" } else { "10.10.0.77" };
+        w.host.run(
+            "ip",
+            &["neigh", "add", neighbour, "lladdr", "02:00:00:00:00:77", "dev", "cni0", "nud", "stale"],
+        );
+        let c2 = Netns::new("brc");
+        w.exec("ADD", "c2", &c2, "eth0").in_private_mounts(HOST_SYSFS).run(&conf.to_string()).ok();
+        let neigh =
+            String::from_utf8_lossy(&w.host.run("ip", &["neigh", "show", "dev", "cni0"]).stdout).into_owned();
+        assert!(
+            neigh.contains(neighbour),
+            "{fam}: the second ADD left the bridge's neighbours alone: {neigh:?}"
+        );
+        for (id, c) in [("c1", &c1), ("c2", &c2)] {
+            w.exec("DEL", id, c, "eth0").run(&conf.to_string()).ok_silent();
+        }
+    }
+}

@@ -89,6 +89,28 @@ impl Undo {
     }
 }
 
+/// For `isGateway`: a bridge that is there gets a MAC of its own, as v1.10 does
+/// (containernetworking/plugins#1265): one that follows its ports changes MAC as pods come
+/// and go (cni#285), and one that lost its last port has the zero MAC, which is replaced by
+/// a random one (no peer can hold the old one). Unlike v1.10, a bridge whose MAC is already
+/// its own is left alone: setting a MAC, even the one it has, makes the kernel flush the
+/// bridge's ARP and neighbour tables (`NETDEV_CHANGEADDR`), on every pod's ADD. When the
+/// state cannot be read ([`Kernel::mac_pinned`] `None`) the MAC is set, as v1.10 does.
+/// Returns whether the bridge's MAC is now its own.
+fn pin_mac(k: &mut dyn Kernel, br: &mut Link) -> Result<bool> {
+    if k.mac_pinned(br) == Some(true) {
+        return Ok(true);
+    }
+    let mac = match br.mac {
+        Some(m) if m != [0; 6] => m,
+        _ => random_mac(),
+    };
+    k.link_set_mac(Ns::Host, br.index, mac)
+        .with_context(|| format!("could not set the MAC of bridge {:?}", br.name))?;
+    br.mac = Some(mac);
+    Ok(true)
+}
+
 fn vlan_unsupported(conf: &Conf, e: &NlError) -> CniError {
     let (key, value) = if conf.vlan != 0 {
         ("vlan", conf.vlan.to_string())
@@ -225,7 +247,7 @@ impl<'r, 'k> Add<'r, 'k> {
         let gateways = if self.conf.l3 { self.addresses(&mut result)? } else { Vec::new() };
         self.configure_container(ctr_index, &result, v6conf)?;
         // (none without isGateway or IPAM)
-        self.gateways(&mut br, br_pinned, &gateways, &mut result)?;
+        self.gateways(&mut br, &gateways, &mut result)?;
         if self.conf.bridge_nf_call_iptables {
             self.k.sysctl_set(BR_NF_CALL_IPTABLES, "1")?;
             if result.ips.iter().any(|i| i.address.addr().is_ipv6()) {
@@ -308,28 +330,15 @@ impl<'r, 'k> Add<'r, 'k> {
     }
 
     /// `isGateway`: the gateway addresses on the bridge (or the VLAN gateway), forwarding on.
-    fn gateways(
-        &mut self,
-        br: &mut Link,
-        pinned: bool,
-        gateways: &[IpNet],
-        result: &mut CniResult,
-    ) -> Result<()> {
+    fn gateways(&mut self, br: &mut Link, gateways: &[IpNet], result: &mut CniResult) -> Result<()> {
         let mut vlan_if = None;
         for gw in gateways {
             if self.conf.vlan != 0 {
                 let l = self.ensure_vlan_gateway(br)?;
                 ensure_addr(self.k, &l, *gw, self.conf.force_address)?;
                 vlan_if.get_or_insert(l);
-            } else if ensure_addr(self.k, br, *gw, self.conf.force_address)? && !pinned {
-                // Pin the bridge MAC (set it to its current value): otherwise it follows the
-                // lowest port MAC and changes as containers come and go (cni#285).
-                if let Some(cur) = self.k.link_by_index(Ns::Host, br.index)? {
-                    if let Some(mac) = cur.mac {
-                        self.k.link_set_mac(Ns::Host, br.index, mac).context("could not set bridge's mac")?;
-                    }
-                    *br = cur;
-                }
+            } else {
+                ensure_addr(self.k, br, *gw, self.conf.force_address)?;
             }
         }
         if let Some(l) = vlan_if {
@@ -412,6 +421,8 @@ impl<'r, 'k> Add<'r, 'k> {
         if br.kind.as_deref() != Some("bridge") {
             return Err(CniError::internal(format!("{name:?} already exists but is not a bridge")));
         }
+        let mut br = br;
+        let pinned = created || (conf.is_gateway && pin_mac(self.k, &mut br)?);
         let changes = want.changes(&br);
         if changes.promisc {
             self.k
@@ -429,7 +440,7 @@ impl<'r, 'k> Add<'r, 'k> {
         if changes.up {
             self.k.link_set_up(Ns::Host, br.index)?;
         }
-        Ok((br, created))
+        Ok((br, pinned))
     }
 
     /// The veth pair in one request: the host end (random name, MTU, up, enslaved to the

@@ -108,6 +108,13 @@ fn check_bridge(k: &mut dyn Kernel, conf: &Conf, br_if: &Interface) -> Result<Li
     if let Some(drift) = BridgeDevice::of(conf, None).drift(&br) {
         return Err(fail(drift));
     }
+    // ADD with isGateway gives the bridge a MAC of its own (add::Add::pin_mac)
+    if conf.is_gateway && k.mac_pinned(&br) == Some(false) {
+        return Err(fail(format!(
+            "bridge {} has no MAC of its own: it follows its ports (the next ADD sets one)",
+            br.name
+        )));
+    }
     Ok(br)
 }
 

@@ -106,6 +106,9 @@ pub trait Kernel {
     /// with policy drop: Docker's, firewalld's), as one message naming the chain and the fix;
     /// `None` when nothing visibly does.
     fn forward_drop_note(&mut self, subnet: ipnet::IpNet) -> Option<String>;
+    /// Whether the host bridge `br` keeps the MAC it has (`addr_assign_type` 3: it was set)
+    /// rather than following its ports; `None` when that cannot be read for this namespace.
+    fn mac_pinned(&mut self, br: &Link) -> Option<bool>;
 }
 
 /// The kernel, for one request: a netlink socket in the host and one in the container, each
@@ -343,6 +346,34 @@ impl Kernel for Real<'_> {
     fn upstream_masq_intact(&mut self) -> Result<bool> {
         Ok(cni_common::upstream::masq::check(self.req)?.is_intact())
     }
+    fn mac_pinned(&mut self, br: &Link) -> Option<bool> {
+        sysfs_mac_pinned(br)
+    }
+}
+
+/// `addr_assign_type` of `br` from sysfs, which rtnetlink does not report. sysfs shows the
+/// devices of the namespace it was mounted for, which need not be the one this process is in
+/// (a runtime's plugin exec'd with only `setns`): the device directory counts only when it
+/// names the same ifindex and MAC as the link netlink gave, else the answer is `None`.
+fn sysfs_mac_pinned(br: &Link) -> Option<bool> {
+    use cni_common::fsread::{open_dir, read_regular_at};
+    // the bridge name is a validated interface name (no `/`, not `.` or `..`); `.` opens the
+    // device directory the class entry links to
+    let dir = open_dir(&std::path::Path::new("/sys/class/net").join(&br.name).join(".")).ok()?;
+    let read = |name: &str| {
+        let b = read_regular_at(dir.as_fd(), name, 64).ok()?;
+        Some(String::from_utf8(b).ok()?.trim().to_string())
+    };
+    let same_device = read("ifindex")? == br.index.to_string()
+        && br.mac.is_some_and(|m| {
+            read("address").as_deref() == Some(cni_common::mac::Mac(m).to_string().as_str())
+        });
+    if !same_device {
+        return None;
+    }
+    // NET_ADDR_SET: the MAC was given; 0 (permanent), 1 (random), 2 (stolen) and 4 follow
+    // the bridge's ports
+    Some(read("addr_assign_type")? == "3")
 }
 
 #[cfg(test)]

@@ -953,7 +953,11 @@ fn an_existing_bridge_address_of_another_subnet_needs_force_address() {
             assert!(!on.contains(&old.to_string()), "{fam}: replaced: {on:?}");
         }
         assert_eq!(w.link(Ns::Host, "cni0").unwrap().link.mac, Some([2, 1, 1, 1, 1, 1]), "{fam}: MAC kept");
-        assert_eq!(f.calls("link_set_mac"), addrs.len(), "{fam}: and pinned as each address went on");
+        assert_eq!(
+            f.calls("link_set_mac"),
+            1,
+            "{fam}: pinned once, by the first ADD (the second finds it pinned)"
+        );
         assert_eq!(r.interfaces[0].mac, "02:01:01:01:01:01");
         assert_eq!(w.sysctls["net/ipv6/conf/cni0/accept_ra"], "0", "{fam}: we own its routes");
     }
@@ -1457,7 +1461,7 @@ fn an_existing_bridges_mac_is_read_again_before_the_result() {
         let i = w.links.iter().position(|l| l.link.name == "cni0").unwrap();
         w.links[i].link.mac = Some([2, 4, 4, 4, 4, 0]);
     });
-    let r = add(&f, &config(json!({"isGateway": false}))).unwrap();
+    let r = add(&f, &config(json!({"isGateway": false, "isDefaultGateway": false}))).unwrap();
     assert_eq!(r.interfaces[0].mac, "02:04:04:04:04:00");
 }
 
@@ -1504,4 +1508,128 @@ fn check_finds_the_bridge_in_prev_result_wherever_it_is_listed() {
         ip.interface = Some(0);
     }
     check(&f, &conf, &r).unwrap();
+}
+
+/// A bridge of this name that is there already, made by someone else without a MAC of its own
+/// (the kernel's `addr_assign_type` not 3), with the MAC `mac`.
+fn floating_bridge(f: &Fake, mac: [u8; 6]) -> u32 {
+    let mut w = f.w.borrow_mut();
+    let index = 400;
+    w.links.push(crate::kernel::fake::FakeLink {
+        ns: Ns::Host,
+        link: cni_common::netlink::Link {
+            index,
+            name: "cni0".into(),
+            kind: Some("bridge".into()),
+            flags: 1,
+            mtu: 1500,
+            mac: Some(mac),
+            ..Default::default()
+        },
+        port: Default::default(),
+        vlans: Vec::new(),
+    });
+    index
+}
+
+fn bridge_mac(f: &Fake) -> [u8; 6] {
+    f.w.borrow().link(Ns::Host, "cni0").unwrap().link.mac.unwrap()
+}
+
+#[test]
+fn with_is_gateway_a_floating_bridge_gets_its_mac_pinned_once() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let br = floating_bridge(&f, [2, 7, 7, 7, 7, 7]);
+        let conf = config(json!({}));
+        let r = add(&f, &conf).unwrap();
+        assert!(f.w.borrow().mac_set.contains(&br), "{fam}: pinned");
+        assert_eq!(
+            bridge_mac(&f),
+            [2, 7, 7, 7, 7, 7],
+            "{fam}: to the MAC it had, before the pod's port joined"
+        );
+        assert_eq!(r.interfaces[0].mac, "02:07:07:07:07:07", "{fam}");
+        assert_eq!(f.calls("link_set_mac"), 1, "{fam}");
+        check(&f, &conf, &r).unwrap();
+        // the next pod finds it pinned: no MAC set again (that would flush its neighbours)
+        {
+            let mut w = f.w.borrow_mut();
+            let ctr = w.link(Ns::Container, "eth0").unwrap().link.index;
+            w.unregister(Ns::Container, ctr); // (the fake has one container: the next pod reuses it)
+            w.calls.clear();
+        }
+        add(&f, &conf).unwrap();
+        assert_eq!(bridge_mac(&f), [2, 7, 7, 7, 7, 7], "{fam}");
+        assert_eq!(f.calls("link_set_mac"), 0, "{fam}: {:?}", f.w.borrow().calls);
+    }
+}
+
+#[test]
+fn a_bridge_that_lost_its_last_port_gets_a_random_mac_not_the_zero_one() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        floating_bridge(&f, [0; 6]);
+        let r = add(&f, &config(json!({}))).unwrap();
+        let mac = bridge_mac(&f);
+        assert_ne!(mac, [0; 6], "{fam}");
+        assert_eq!(mac[0] & 0x03, 0x02, "{fam}: unicast, locally administered: {mac:02x?}");
+        assert_eq!(r.interfaces[0].mac, cni_common::mac::Mac(mac).to_string(), "{fam}");
+        // and it stays when the pod's port leaves again
+        let hv = host_veth(&f).link.index;
+        f.w.borrow_mut().unregister(Ns::Host, hv);
+        assert_eq!(bridge_mac(&f), mac, "{fam}");
+    }
+}
+
+#[test]
+fn a_failed_add_leaves_a_floating_bridge_pinned_not_zeroed() {
+    // v1.10's case (plugins#1265): the first ADD on a bridge fails after its port joined; the
+    // port goes, and a bridge that followed it would be left with the zero MAC
+    let f = world(FAMILIES[0].1);
+    floating_bridge(&f, [2, 7, 7, 7, 7, 7]);
+    f.fail("wait_oper_up", 0, Fault::Before(libc::ETIMEDOUT));
+    add(&f, &config(json!({}))).unwrap_err();
+    assert!(!f.w.borrow().links.iter().any(|l| l.link.master.is_some()), "undone: no port left");
+    assert_eq!(bridge_mac(&f), [2, 7, 7, 7, 7, 7]);
+}
+
+#[test]
+fn without_is_gateway_a_floating_bridge_is_left_to_the_kernel_as_v1_10_does() {
+    let f = world(FAMILIES[0].1);
+    let br = floating_bridge(&f, [2, 7, 7, 7, 7, 7]);
+    let conf = config(json!({"isGateway": false, "isDefaultGateway": false, "ipMasq": false}));
+    let r = add(&f, &conf).unwrap();
+    assert_eq!(f.calls("link_set_mac"), 0);
+    assert!(!f.w.borrow().mac_set.contains(&br));
+    // it took the lowest port MAC, as the kernel does, and the result says so
+    assert_eq!(r.interfaces[0].mac, cni_common::mac::Mac(bridge_mac(&f)).to_string());
+    check(&f, &conf, &r).unwrap();
+}
+
+#[test]
+fn check_reports_a_floating_mac_only_when_add_would_have_pinned_it() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({}));
+        let r = add(&f, &conf).unwrap();
+        let br = f.w.borrow().link(Ns::Host, "cni0").unwrap().link.index;
+        // someone re-creates the situation: the bridge follows its ports again
+        f.w.borrow_mut().mac_set.remove(&br);
+        let e = check(&f, &conf, &r).unwrap_err();
+        assert!(e.msg.contains("has no MAC of its own"), "{fam}: {}", e.msg);
+        // what cannot be read is not reported
+        f.w.borrow_mut().mac_assign_unreadable = true;
+        check(&f, &conf, &r).unwrap();
+    }
+}
+
+#[test]
+fn where_the_mac_state_cannot_be_read_add_pins_as_v1_10_does() {
+    let f = world(FAMILIES[0].1);
+    floating_bridge(&f, [2, 7, 7, 7, 7, 7]);
+    f.w.borrow_mut().mac_assign_unreadable = true;
+    add(&f, &config(json!({}))).unwrap();
+    assert_eq!(f.calls("link_set_mac"), 1);
+    assert_eq!(bridge_mac(&f), [2, 7, 7, 7, 7, 7]);
 }

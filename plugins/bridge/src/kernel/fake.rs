@@ -10,7 +10,7 @@
 //! shares its world, and the world records every call, so requests can be counted.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -105,6 +105,12 @@ pub struct World {
     pub forward_drop: Option<String>,
     /// The subnets the forward chains were asked about.
     pub forward_drop_asked: Vec<ipnet::IpNet>,
+    /// The links whose MAC was set (created with one, or set since: the kernel's
+    /// `addr_assign_type` 3, `NET_ADDR_SET`). A bridge not in it floats: the kernel gives it
+    /// the lowest MAC of its ports, and zeroes it when the last port leaves.
+    pub mac_set: BTreeSet<u32>,
+    /// Whether a link's `addr_assign_type` cannot be read (sysfs of another namespace).
+    pub mac_assign_unreadable: bool,
 }
 
 impl World {
@@ -137,6 +143,9 @@ impl World {
     ) -> u32 {
         let index = self.next_index;
         self.next_index += 1;
+        if mac.is_some() {
+            self.mac_set.insert(index);
+        }
         // a device the kernel made gets a MAC the fake can tell from any we chose
         let mac = mac.or(Some([0x00, 0x16, 0x3e, 0, (index >> 8) as u8, index as u8]));
         let link = Link {
@@ -170,6 +179,7 @@ impl World {
             next_handle: self.next_handle,
             ipam_reserved: self.ipam_reserved,
             upstream_masq: self.upstream_masq,
+            mac_set: self.mac_set.clone(),
             ..World::default()
         }
     }
@@ -190,6 +200,7 @@ impl World {
     pub fn unregister(&mut self, ns: Ns, index: u32) {
         let Ok(p) = self.pos(ns, index) else { return };
         let l = self.links.remove(p);
+        self.mac_set.remove(&index);
         let name = l.link.name.clone();
         self.addrs.retain(|(n, a)| !(*n == ns && a.index == index));
         self.routes.retain(|(n, r)| !(*n == ns && r.oif == Some(index)));
@@ -201,12 +212,35 @@ impl World {
                 other.link.master = None;
             }
         }
+        if let Some(m) = l.link.master {
+            self.float_bridge_mac(ns, m);
+        }
         if l.link.kind.as_deref() == Some("veth") {
             if let Some(peer) = l.link.link {
                 let peer_ns = self.links.iter().find(|x| x.link.index == peer && x.link.link == Some(index));
                 if let Some(pn) = peer_ns.map(|x| x.ns) {
                     self.unregister(pn, peer);
                 }
+            }
+        }
+    }
+
+    /// The kernel's `br_stp_recalculate_bridge_id`: a bridge whose MAC was never set takes the
+    /// lowest MAC of its ports, or the zero MAC when it has none.
+    pub fn float_bridge_mac(&mut self, ns: Ns, bridge: u32) {
+        if self.mac_set.contains(&bridge) {
+            return;
+        }
+        let lowest = self
+            .links
+            .iter()
+            .filter(|l| l.ns == ns && l.link.master == Some(bridge))
+            .filter_map(|l| l.link.mac)
+            .min()
+            .unwrap_or([0; 6]);
+        if let Ok(p) = self.pos(ns, bridge) {
+            if self.links[p].link.kind.as_deref() == Some("bridge") {
+                self.links[p].link.mac = Some(lowest);
             }
         }
     }
@@ -577,9 +611,11 @@ impl Kernel for Fake {
             let p = w.pos(Ns::Host, index)?;
             w.links[p].link.master = spec.master;
             w.links[p].link.alias = spec.alias.clone();
-            if spec.master.is_some() {
+            if let Some(m) = spec.master {
                 w.links[p].vlans = vec![PortVlan { vid: 1, pvid: true, untagged: true }];
+                w.float_bridge_mac(Ns::Host, m);
             }
+            let p = w.pos(Ns::Host, index)?;
             Ok(w.links[p].link.clone())
         })
     }
@@ -604,7 +640,12 @@ impl Kernel for Fake {
     fn link_set_mac(&mut self, ns: Ns, index: u32, mac: [u8; 6]) -> Nl<()> {
         self.with("link_set_mac", |w| {
             let p = w.pos(ns, index)?;
+            // the kernel's is_valid_ether_addr: not zero, not multicast
+            if mac == [0; 6] || mac[0] & 1 != 0 {
+                return Err(NlError::new("set mac", libc::EADDRNOTAVAIL));
+            }
             w.links[p].link.mac = Some(mac);
+            w.mac_set.insert(index);
             Ok(())
         })
     }
@@ -915,6 +956,15 @@ impl Kernel for Fake {
         let mut w = self.w.borrow_mut();
         w.forward_drop_asked.push(subnet);
         w.forward_drop.clone()
+    }
+
+    fn mac_pinned(&mut self, br: &Link) -> Option<bool> {
+        let mut w = self.w.borrow_mut();
+        // an injected fault is a sysfs that cannot be read
+        if w.enter("mac_pinned").is_some() || w.mac_assign_unreadable || w.pos(Ns::Host, br.index).is_err() {
+            return None;
+        }
+        Some(w.mac_set.contains(&br.index))
     }
 }
 
