@@ -343,6 +343,9 @@ fn resync_skips_what_is_not_its_own_and_says_what_it_cannot_repair() {
     assert!(failed.len() == 1 && failed[0].contains("bridge device"), "{text}");
     let hostile = lines_with(&text, &format!("{NET}/hostile/eth0: not repaired"));
     assert!(hostile.len() == 1 && hostile[0].contains("/etc/passwd"), "{text}");
+    // and named, with its plugins, in the list of what could not be judged at the end
+    let listed = lines_with(&text, &format!("not judged: {NET}/hostile/eth0: bridge, portmap, bandwidth: "));
+    assert!(listed.len() == 1 && listed[0].contains("/etc/passwd"), "{text}");
     for id in ["alive", "gone", "blocked"] {
         let l = lines_with(&text, &format!("{NET}/{id}/eth0: \"tuning\": skipped: not one of this suite's"));
         assert_eq!(l.len(), 1, "{id}:\n{text}");

@@ -679,8 +679,12 @@ fn attachment(
     if planned.parts.is_empty() {
         return Done::Nothing;
     }
+    // a whole attachment that cannot be judged is named with its plugins in the list at the
+    // end too (and counted failed, as before)
+    let parts = planned.parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ");
     if c.result_json.is_none() {
         error_line(&format!("{who}: not repaired: the cache holds no result to rebuild from"));
+        not_judged.push(format!("{who}: {parts}: the cache holds no result to judge against"));
         return Done::Failed;
     }
     match pod(c) {
@@ -691,6 +695,7 @@ fn attachment(
         }
         Pod::Unknown(why) => {
             error_line(&format!("{who}: not repaired: {why}"));
+            not_judged.push(format!("{who}: {parts}: {why}"));
             return Done::Failed;
         }
     }
