@@ -17,6 +17,12 @@ pub fn add(root: &Path, me: &AttachmentId, conf: &Conf, intent: &Intent, b: Chos
         addrs: intent.addrs.clone(),
     };
     record::write(root, me, &rec)?;
+    apply(conf, intent, b)
+}
+
+/// The attachment's chains and rules in backend `b` (ADD after its record is written; resync's
+/// rebuild, whose record is there): whatever of them is there already is left as it is.
+pub fn apply(conf: &Conf, intent: &Intent, b: Chosen) -> Result<()> {
     for fam in [Family::V4, Family::V6] {
         let (chains, rules) = desired(conf, intent, fam);
         let names = backend::Names { admin: &conf.admin_chain, zone: &conf.zone };

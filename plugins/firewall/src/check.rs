@@ -23,6 +23,26 @@ pub fn check(conf: &Conf, intent: &Intent, b: Chosen) -> Result<()> {
 
 /// CHECK of an attachment our ADD made (`made_by_us`: our record exists) or upstream's.
 pub fn check_made(conf: &Conf, intent: &Intent, b: Chosen, made_by_us: bool) -> Result<()> {
+    let missing = missing_of(conf, intent, b, made_by_us)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(CniError::internal(format!(
+        "firewall ({}): {} of the attachment's rules missing: {}",
+        b.name(),
+        missing.len(),
+        missing.join("; ")
+    )))
+}
+
+/// What of the attachment's chains and rules (ours, all of them) backend `b` lacks (resync's
+/// judgment): empty when everything is there. Err: the backend cannot be read.
+pub fn missing(conf: &Conf, intent: &Intent, b: Chosen) -> Result<Vec<String>> {
+    missing_of(conf, intent, b, true)
+}
+
+/// [`missing`] of the rules CHECK asks of an attachment ([`asked`]).
+fn missing_of(conf: &Conf, intent: &Intent, b: Chosen, made_by_us: bool) -> Result<Vec<String>> {
     let mut missing = Vec::new();
     for fam in [Family::V4, Family::V6] {
         let (chains, rules) = desired(conf, intent, fam);
@@ -35,15 +55,7 @@ pub fn check_made(conf: &Conf, intent: &Intent, b: Chosen, made_by_us: bool) -> 
             missing.extend(backend::missing(iso, fam, names, &intent.addrs, &chains, &rules)?);
         }
     }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(CniError::internal(format!(
-        "firewall ({}): {} of the attachment's rules missing: {}",
-        b.name(),
-        missing.len(),
-        missing.join("; ")
-    )))
+    Ok(missing)
 }
 
 #[cfg(test)]

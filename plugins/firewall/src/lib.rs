@@ -16,6 +16,8 @@
 //!   [`nft`]: the nftables flows; [`iptables`]: the iptables backend; [`backend`]: the choice.
 //! - [`record`]: which addresses each attachment holds (DEL without prevResult, GC).
 //! - [`add`], [`del`], [`check`], [`gc`], [`status`]: the verbs.
+//! - [`resync`]: judge and rebuild an attachment's rules after a firewall reload (`cni-migrate
+//!   resync`'s surface of this plugin).
 
 pub mod add;
 pub mod backend;
@@ -31,4 +33,5 @@ pub mod model;
 pub mod nft;
 pub mod plan;
 pub mod record;
+pub mod resync;
 pub mod status;

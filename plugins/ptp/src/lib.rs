@@ -19,6 +19,8 @@
 //! - [`ipam`]: the IPAM delegate as a seam.
 //! - [`masq`]: the masquerade table (upstream's nftables layout).
 //! - [`add`], [`del`], [`check`], [`gc`], [`status`]: the verbs.
+//! - [`resync`]: judge and rebuild an attachment's masquerading after a firewall reload
+//!   (`cni-migrate resync`'s surface of this plugin).
 #![warn(clippy::too_many_lines)]
 
 pub mod add;
@@ -30,6 +32,7 @@ pub mod gc;
 pub mod ipam;
 pub mod kernel;
 pub mod plan;
+pub mod resync;
 pub mod status;
 
 #[cfg(test)]

@@ -22,7 +22,8 @@
 //! (`resync.rs`; `scripts/migrate.sh resync` and the systemd unit `scripts/systemd/cni-resync.service`
 //! run it; docs/node-operations.md). Exit status 0 when everything was intact (nothing was
 //! changed), 10 when something was rebuilt (with `--dry-run`: would be), 1 when some
-//! attachment could not be judged or rebuilt (the others were), 2 when it refused before
+//! attachment, or some plugin's part of one, could not be judged or rebuilt (the others
+//! were; each is named, again at the end as `not judged: …`), 2 when it refused before
 //! looking (bad usage, no root, another resync holding the lock): nothing changed.
 
 mod from_upstream;
@@ -139,19 +140,24 @@ fn main() {
 fn resync_main(opts: &Opts) -> ! {
     match resync::run(&opts.cache_dirs, &opts.bin_dir, opts.dry_run) {
         Ok(t) => {
+            // what could not be judged, named again at the end: never an "all is well"
+            for n in &t.not_judged {
+                println!("not judged: {n}");
+            }
             println!(
                 "resync: {} attachment(s): {} {}, {} intact, {} with nothing of ours to rebuild, {} skipped \
-                 (pod gone), {} failed{}",
-                t.repaired + t.intact + t.nothing + t.skipped + t.failed,
+                 (pod gone), {} failed, {} not judged{}",
+                t.repaired + t.intact + t.nothing + t.skipped + t.failed + t.unjudged,
                 t.repaired,
                 if opts.dry_run { "to repair" } else { "repaired" },
                 t.intact,
                 t.nothing,
                 t.skipped,
                 t.failed,
+                t.unjudged,
                 if opts.dry_run { " (dry run: nothing changed)" } else { "" }
             );
-            std::process::exit(if t.failed > 0 {
+            std::process::exit(if t.failed > 0 || t.unjudged > 0 {
                 1
             } else if t.repaired > 0 {
                 10

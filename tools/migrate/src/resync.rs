@@ -11,7 +11,15 @@
 //! - `loopback` and `host-local` keep nothing a firewall reload touches;
 //! - bridge (`ipMasq`, `macspoofchk`), portmap (host ports, the table with its `localnet`
 //!   guard) and bandwidth (buckets, ifb, redirect) are each judged the way their CHECK judges
-//!   them and rebuilt only where something is missing, by their own libraries' ADD code.
+//!   them and rebuilt only where something is missing, by their own libraries' ADD code;
+//! - firewall (its chains and rules, `ingressPolicy`'s isolation included, in the backend its
+//!   record names) and ptp (`ipMasq`, every address of the pod) through the resync surface each
+//!   declares in its own crate ([`firewall::resync`], [`ptp::resync`]: `judge`, `rebuild`,
+//!   `Rebuilt::undo`), which is all this file names of them ([`surface_part`]). A part that
+//!   cannot be judged (a firewall record missing, or of other addresses; a backend that cannot
+//!   be read now) is a `NOT JUDGED` line, counted, and named again at the end: never "intact"
+//!   (issue 37 finding 3: firewall was skipped as "not one of this suite's plugins", and a
+//!   reload that took `ingressPolicy: isolated` was reported as 0 failed).
 //!
 //! An attachment is worked on only while its pod is there ([`pod`]): the network namespace the
 //! cache names still exists (opened as a recorded path: `/run/netns/<name>`,
@@ -55,7 +63,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The parts of an attachment's host state that resync rebuilds, by the plugin that owns them.
+/// The parts of an attachment's host state that resync rebuilds, by the plugin that owns them:
+/// every plugin of this suite that keeps state a firewall reload can take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
     /// `ipMasq` and `macspoofchk` rules.
@@ -64,6 +73,11 @@ pub enum Part {
     Portmap,
     /// Token buckets, ifb, redirect.
     Bandwidth,
+    /// The attachment's chains and rules (`ingressPolicy` included) in the backend its record
+    /// names, through [`firewall::resync`].
+    Firewall,
+    /// `ipMasq`'s rules, every address of the pod, through [`ptp::resync`].
+    Ptp,
 }
 
 impl Part {
@@ -72,6 +86,8 @@ impl Part {
             "bridge" => Some(Part::Bridge),
             "portmap" => Some(Part::Portmap),
             "bandwidth" => Some(Part::Bandwidth),
+            "firewall" => Some(Part::Firewall),
+            "ptp" => Some(Part::Ptp),
             _ => None,
         }
     }
@@ -81,8 +97,71 @@ impl Part {
             Part::Bridge => "bridge",
             Part::Portmap => "portmap",
             Part::Bandwidth => "bandwidth",
+            Part::Firewall => "firewall",
+            Part::Ptp => "ptp",
         }
     }
+
+    /// Whether the plugin declares the resync surface (`judge`, `rebuild`, `Rebuilt::undo`)
+    /// that [`surface_part`] drives; the others are judged and rebuilt here, with their
+    /// libraries' CHECK and ADD code.
+    fn has_surface(self) -> bool {
+        matches!(self, Part::Firewall | Part::Ptp)
+    }
+}
+
+/// What a plugin's resync surface rebuilt, to take back when the attachment's DEL began
+/// meanwhile.
+enum Rebuilt {
+    Firewall(firewall::resync::Rebuilt),
+    Ptp(ptp::resync::Rebuilt),
+}
+
+impl Rebuilt {
+    fn undo(&self) -> Result<()> {
+        match self {
+            Rebuilt::Firewall(r) => r.undo(),
+            Rebuilt::Ptp(r) => r.undo(),
+        }
+    }
+}
+
+/// One part through its plugin's resync surface: its judgment (Err: it could not be judged,
+/// [`Judged::Unjudged`]), then, unless `dry_run`, its rebuild where something is missing.
+fn surface_part(part: Part, req: &Request, dry_run: bool) -> Judged {
+    let judged = match part {
+        Part::Firewall => firewall::resync::judge(req),
+        Part::Ptp => ptp::resync::judge(req),
+        _ => unreachable!("{} has no resync surface", part.name()),
+    };
+    let missing = match judged {
+        Ok(None) => return Judged::Intact,
+        Ok(Some(missing)) => missing,
+        Err(e) => return Judged::Unjudged(e.msg),
+    };
+    if dry_run {
+        return Judged::Rebuilt(missing, None);
+    }
+    let rebuilt = match part {
+        Part::Firewall => firewall::resync::rebuild(req).map(Rebuilt::Firewall),
+        Part::Ptp => ptp::resync::rebuild(req).map(Rebuilt::Ptp),
+        _ => unreachable!("{} has no resync surface", part.name()),
+    };
+    match rebuilt {
+        Ok(r) => Judged::Rebuilt(missing, Some(r)),
+        Err(e) => Judged::Failed(format!("{missing}: {}", e.msg)),
+    }
+}
+
+/// The outcome of [`surface_part`].
+enum Judged {
+    Intact,
+    /// What was missing, and what was rebuilt (None: a dry run).
+    Rebuilt(String, Option<Rebuilt>),
+    /// Missing, and the rebuild failed: why.
+    Failed(String),
+    /// Could not be judged: why.
+    Unjudged(String),
 }
 
 /// Plugins of this suite that keep nothing a firewall reload can take.
@@ -228,6 +307,10 @@ pub struct Tally {
     pub skipped: usize,
     /// Attachments that could not be judged or rebuilt.
     pub failed: usize,
+    /// Attachments of which some plugin's part could not be judged (and none failed).
+    pub unjudged: usize,
+    /// Each part that could not be judged: `<attachment>: <plugin>: <why>`.
+    pub not_judged: Vec<String>,
 }
 
 /// The request the plugin of `ty` got for this attachment, as libcni builds it (configuration
@@ -538,6 +621,7 @@ fn judge(part: Part, req: &Request, dry_run: bool) -> Result<Option<String>> {
         Part::Bridge => bridge_part(req, dry_run),
         Part::Portmap => portmap_part(req, dry_run),
         Part::Bandwidth => bandwidth::resync::shaping(req, dry_run),
+        Part::Firewall | Part::Ptp => unreachable!("judged through its surface: surface_part"),
     }
 }
 
@@ -552,6 +636,8 @@ fn undo(part: Part, req: &Request) -> Result<()> {
             portmap::flow::del(&mut k, &owner, None).map(drop)
         }
         Part::Bandwidth => bandwidth::Bandwidth.del(req),
+        // what their surface rebuilt is taken back by its `Rebuilt::undo`
+        Part::Firewall | Part::Ptp => Ok(()),
     }
 }
 
@@ -562,6 +648,8 @@ enum Done {
     Repaired,
     Skipped,
     Failed,
+    /// Some part could not be judged (none failed).
+    Unjudged,
 }
 
 /// A line for an error: with `<3>` in front under systemd (stderr to the journal), which makes
@@ -578,6 +666,7 @@ fn attachment(
     bin_dir: &Path,
     dry_run: bool,
     installed: &mut dyn FnMut(&str) -> std::result::Result<(), String>,
+    not_judged: &mut Vec<String>,
 ) -> Done {
     // names read from disk: shown with control characters escaped (validated later, by the
     // request of each part)
@@ -590,8 +679,12 @@ fn attachment(
     if planned.parts.is_empty() {
         return Done::Nothing;
     }
+    // a whole attachment that cannot be judged is named with its plugins in the list at the
+    // end too (and counted failed, as before)
+    let parts = planned.parts.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ");
     if c.result_json.is_none() {
         error_line(&format!("{who}: not repaired: the cache holds no result to rebuild from"));
+        not_judged.push(format!("{who}: {parts}: the cache holds no result to judge against"));
         return Done::Failed;
     }
     match pod(c) {
@@ -602,14 +695,45 @@ fn attachment(
         }
         Pod::Unknown(why) => {
             error_line(&format!("{who}: not repaired: {why}"));
+            not_judged.push(format!("{who}: {parts}: {why}"));
             return Done::Failed;
         }
     }
     let netns = c.sandbox().unwrap_or_default();
-    let (mut repaired, mut failed) = (Vec::new(), false);
+    let (mut repaired, mut failed, mut unjudged) = (Vec::new(), false, false);
+    // what of this attachment could not be judged is not listed when it turns out deleted
+    let listed = not_judged.len();
     let mut deleted_meanwhile: Option<String> = None;
     for part in planned.parts {
         let name = part.name();
+        if part.has_surface() {
+            let req = match request(c, name, &netns, bin_dir, gate) {
+                Ok(req) => req,
+                Err(e) => {
+                    error_line(&format!("{who}: {name}: NOT JUDGED: {}", e.msg));
+                    not_judged.push(format!("{who}: {name}: {}", e.msg));
+                    unjudged = true;
+                    continue;
+                }
+            };
+            match surface_part(part, &req, dry_run) {
+                Judged::Intact => println!("{who}: {name}: intact"),
+                Judged::Rebuilt(what, rebuilt) => {
+                    println!("{who}: {name}: {} ({what})", if dry_run { "would repair" } else { "repaired" });
+                    repaired.push((part, req, rebuilt));
+                }
+                Judged::Failed(why) => {
+                    error_line(&format!("{who}: {name}: FAILED: {why}"));
+                    failed = true;
+                }
+                Judged::Unjudged(why) => {
+                    error_line(&format!("{who}: {name}: NOT JUDGED: {why}"));
+                    not_judged.push(format!("{who}: {name}: {why}"));
+                    unjudged = true;
+                }
+            }
+            continue;
+        }
         if part == Part::Bridge {
             if let Err(why) = mac_as_cached(c) {
                 error_line(&format!("{who}: {name}: FAILED: {why}"));
@@ -639,7 +763,7 @@ fn attachment(
             Ok((req, Some(what))) => {
                 let what = what.strip_prefix(&format!("{name}: ")).unwrap_or(&what);
                 println!("{who}: {name}: {} ({what})", if dry_run { "would repair" } else { "repaired" });
-                repaired.push((part, req));
+                repaired.push((part, req, None));
             }
             Err(e) => {
                 let msg = e.msg.strip_prefix(&format!("{name}: ")).unwrap_or(&e.msg);
@@ -659,7 +783,7 @@ fn attachment(
             Pod::Alive => {}
             Pod::Gone(why) | Pod::Unknown(why) => return Some(format!("{why} (its DEL may be running)")),
         }
-        if repaired.iter().any(|(p, _)| *p == Part::Bridge) {
+        if repaired.iter().any(|(p, ..)| *p == Part::Bridge) {
             if let Err(why) = mac_as_cached(c) {
                 return Some(why);
             }
@@ -669,24 +793,31 @@ fn attachment(
     if let Some(why) = &deleted_meanwhile {
         if dry_run || repaired.is_empty() {
             println!("{who}: skipped: {why}");
+            not_judged.truncate(listed);
             return if failed { Done::Failed } else { Done::Skipped };
         }
     }
     let deleted_meanwhile = || deleted_meanwhile.clone().or_else(deleted);
     if let Some(why) = (!dry_run && !repaired.is_empty()).then(deleted_meanwhile).flatten() {
         println!("{who}: {why}: what was rebuilt is removed again");
-        for (part, req) in &repaired {
-            if let Err(e) = undo(*part, req) {
+        for (part, req, rebuilt) in &repaired {
+            let undone = match rebuilt {
+                Some(r) => r.undo(),
+                None => undo(*part, req),
+            };
+            if let Err(e) = undone {
                 error_line(&format!("{who}: {}: cannot remove what was rebuilt: {}", part.name(), e.msg));
                 failed = true;
             }
         }
+        not_judged.truncate(listed);
         return if failed { Done::Failed } else { Done::Skipped };
     }
-    match (failed, repaired.is_empty()) {
-        (true, _) => Done::Failed,
-        (false, false) => Done::Repaired,
-        (false, true) => Done::Intact,
+    match (failed, unjudged, repaired.is_empty()) {
+        (true, ..) => Done::Failed,
+        (false, true, _) => Done::Unjudged,
+        (false, false, false) => Done::Repaired,
+        (false, false, true) => Done::Intact,
     }
 }
 
@@ -751,12 +882,13 @@ pub fn run(cache_dirs: &[PathBuf], bin_dir: &Path, dry_run: bool) -> Result<Tall
     let gate = newest_gate(&inv.cached);
     let marks = Marks::system();
     for c in &inv.cached {
-        match attachment(c, &marks, &gate, bin_dir, dry_run, &mut installed) {
+        match attachment(c, &marks, &gate, bin_dir, dry_run, &mut installed, &mut t.not_judged) {
             Done::Nothing => t.nothing += 1,
             Done::Intact => t.intact += 1,
             Done::Repaired => t.repaired += 1,
             Done::Skipped => t.skipped += 1,
             Done::Failed => t.failed += 1,
+            Done::Unjudged => t.unjudged += 1,
         }
     }
     if !dry_run {
@@ -985,10 +1117,25 @@ mod tests {
     fn nothing_to_rebuild_for_chains_without_host_state_of_ours() {
         let c = cached(json!([{"type": "loopback"}]));
         assert_eq!(plan(&c, &mut |_| panic!("not looked up")), Planned::default());
-        let c = cached(json!([{"type": "macvlan"}, {"type": "firewall"}, {}]));
+        let c = cached(json!([{"type": "macvlan"}, {"type": "tuning"}, {}]));
         let p = plan(&c, &mut |_| Ok(()));
         assert!(p.parts.is_empty());
         assert_eq!(p.skipped.len(), 3, "{:?}", p.skipped);
+    }
+
+    /// Issue 37 finding 3: every plugin of ours that keeps state a reload takes is judged,
+    /// firewall and ptp included (through their surfaces), never skipped as not ours.
+    #[test]
+    fn firewall_and_ptp_are_judged_through_their_surfaces() {
+        let c = cached(json!([{"type": "bridge"}, {"type": "firewall"}, {"type": "portmap"}]));
+        let p = plan(&c, &mut |_| Ok(()));
+        assert_eq!(p.parts, vec![Part::Bridge, Part::Firewall, Part::Portmap]);
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+        let c = cached(json!([{"type": "ptp", "ipMasq": true}, {"type": "firewall"}]));
+        let p = plan(&c, &mut |_| Ok(()));
+        assert_eq!(p.parts, vec![Part::Ptp, Part::Firewall]);
+        assert!(p.parts.iter().all(|p| p.has_surface()));
+        assert!(!Part::Bridge.has_surface() && !Part::Portmap.has_surface());
     }
 
     #[test]
