@@ -699,7 +699,8 @@ fn finding_37_5_a_fifo_at_the_status_certificate_counts_as_none() {
     let certs = TempDir::new("fwcert");
     std::fs::set_permissions(certs.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let status = || {
-        let setup = format!("mkdir -p /run/cni-rs/status; mount --bind {} /run/cni-rs/status", certs.str());
+        let setup =
+            format!("mkdir -p -m 700 /run/cni-rs/status; mount --bind {} /run/cni-rs/status", certs.str());
         let conf = json!({"cniVersion": "1.1.0", "name": unique("fls-st"), "type": "portmap"});
         Exec::new("portmap")
             .in_private_mounts(&setup)
