@@ -532,9 +532,9 @@ fn finding_2_the_guard_comes_back_after_a_flush_without_host_port_pods() {
 // Each plugin runs in a private mount namespace in which a scratch directory of the test is
 // bound over its real one (/var/lib/cni/firewall, /run/cni-rs/status): what is planted there
 // reaches no other test's plugin, and the files stay for the test to look at after the plugin
-// is gone. These scenarios have no counterpart in {BASELINE} (it has no firewall records and no
-// certificates); each was run against the commit before the fix and failed there (see
-// docs/security.md).
+// is gone. They are not run against BASELINE (cf0d296 has no firewall records and no
+// certificates); each was run against 2d443c7, the commit before the fix, and failed there
+// (docs/security.md says how).
 
 /// The firewall's record directory and the attachment every scenario uses.
 struct FwWorld {
