@@ -13,8 +13,10 @@
 //!   writable by others when it is sticky (`/tmp`): then nobody but its owner can rename or
 //!   remove the next component, which must be ours. The last component is never a symbolic link
 //!   (`O_NOFOLLOW`); one above it is followed only when it is ours, in a directory that passed
-//!   (`/var/run` -> `/run`), and where it leads is checked like any other. Anything else is an
-//!   error of kind `PermissionDenied` naming the directory, its owner and mode.
+//!   (`/var/run` -> `/run`: root put it there), and the directory it leads to is checked like
+//!   any other (the directories its target passes through are the kernel's to resolve: root
+//!   chose them). Anything else is an error of kind `PermissionDenied` naming the directory,
+//!   its owner and mode.
 //! - **Missing components are made** when asked (`mkdirat`, 0755 above the last, the caller's
 //!   mode for the last), and checked like found ones.
 //! - **Files are read** with [`fsread::read_regular_at`]: regular files only, never followed,
