@@ -10,7 +10,9 @@
 //!   the `nft` command-line tool for the one input that is nft syntax. Netlink message types
 //!   never leave the [`netlink`] module.
 //! - files: [`fsread`] (bounded, non-blocking reads of regular files only) and [`filelock`]
-//!   (`flock` with a deadline); [`nsident`] tells one network namespace from a later one.
+//!   (`flock` with a deadline); [`statedir`] (a directory of the plugins' own state, checked once
+//!   and used through its descriptor: the one way their files are read and written);
+//!   [`nsident`] tells one network namespace from a later one.
 //! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
@@ -33,6 +35,7 @@ pub mod nft_cli;
 pub mod nsident;
 pub mod skel;
 pub mod spec;
+pub mod statedir;
 pub mod sysctl;
 pub mod upstream;
 

@@ -526,3 +526,197 @@ fn finding_2_the_guard_comes_back_after_a_flush_without_host_port_pods() {
     assert!(guarded, "ADD of a pod without host ports restores the guard");
     assert!(!check_ok, "CHECK reports the guard missing after the next flush");
 }
+
+// ---- issue 37, findings 2 and 5: the files of firewall's records and of STATUS's certificates
+//
+// Each plugin runs in a private mount namespace in which a scratch directory of the test is
+// bound over its real one (/var/lib/cni/firewall, /run/cni-rs/status): what is planted there
+// reaches no other test's plugin, and the files stay for the test to look at after the plugin
+// is gone. They are not run against BASELINE (cf0d296 has no firewall records and no
+// certificates); each was run against 2d443c7, the commit before the fix, and failed there
+// (docs/security.md says how).
+
+/// The firewall's record directory and the attachment every scenario uses.
+struct FwWorld {
+    host: Netns,
+    pod: cni_tests::PodNetns,
+    /// Bound over /var/lib/cni/firewall in the plugin's mount namespace.
+    records: TempDir,
+    net: String,
+}
+
+const FW_CTR: &str = "ctr-files";
+const FW_ADDR: &str = "10.88.0.7";
+
+impl FwWorld {
+    fn new() -> FwWorld {
+        let records = TempDir::new("fwrec");
+        // as the plugin would make it: root's, writable by root alone
+        std::fs::set_permissions(records.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        FwWorld {
+            host: Netns::new("fls-fw"),
+            pod: cni_tests::PodNetns::new("fls-pod"),
+            records,
+            net: unique("fls-net"),
+        }
+    }
+
+    /// The network's directory of records, as the test sees it.
+    fn net_dir(&self) -> std::path::PathBuf {
+        self.records.join(&self.net)
+    }
+
+    /// The name of the attachment's record (firewall's record.rs: a hash of container and
+    /// interface).
+    fn record_name(&self) -> String {
+        cni_common::attachment::sha512_hex(&format!("{FW_CTR}\neth0"), 32)
+    }
+
+    fn conf(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0", "name": self.net, "type": "firewall", "backend": "nftables",
+            "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "cni0"}],
+                "ips": [{"address": format!("{FW_ADDR}/16")}]}
+        })
+    }
+
+    /// `verb` with `script` (sh, `$$` is the plugin's pid: it is exec'd by the same process)
+    /// run in the plugin's mount namespace after the bind, bounded by 60 s.
+    fn call(&self, verb: &str, script: &str) -> PluginOutput {
+        let setup = format!(
+            "mkdir -p /var/lib/cni/firewall; mount --bind {} /var/lib/cni/firewall; {script}",
+            self.records.str()
+        );
+        Exec::new("firewall")
+            .in_private_mounts(&setup)
+            .in_ns(&self.host)
+            .attachment(verb, FW_CTR, self.pod.path(), "eth0", "/nonexistent")
+            .run_within(&self.conf().to_string(), Duration::from_secs(60))
+    }
+
+    /// ADD, then `plant` in place of the record ADD wrote (the record's path given); the path.
+    fn added_with_record_replaced(&self, plant: impl FnOnce(&Path)) -> std::path::PathBuf {
+        self.call("ADD", "true").ok();
+        let record = self.net_dir().join(self.record_name());
+        std::fs::remove_file(&record).unwrap();
+        plant(&record);
+        record
+    }
+
+    /// Whether the host holds a firewall rule for the attachment's address.
+    fn has_rules(&self) -> bool {
+        let out = self.host.run("nft", &["list", "ruleset"]);
+        String::from_utf8_lossy(&out.stdout).contains(FW_ADDR)
+    }
+}
+
+/// Finding 2: a symbolic link planted at the temporary name a record is written under
+/// (`<record>.tmp<pid>` before the fix: predictable) is never written through; ADD writes its
+/// record and the link's target keeps its content.
+#[test]
+fn finding_37_2_a_link_at_the_temporary_record_name_is_never_written_through() {
+    let w = FwWorld::new();
+    let victim = w.records.join("victim");
+    std::fs::write(&victim, "keep\n").unwrap();
+    std::fs::create_dir(w.net_dir()).unwrap();
+    let plant =
+        format!("ln -s {} /var/lib/cni/firewall/{}/{}.tmp$$", victim.display(), w.net, w.record_name());
+    w.call("ADD", &plant).ok();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n", "the link's target was written through");
+    let record = std::fs::symlink_metadata(w.net_dir().join(w.record_name())).expect("the record");
+    assert!(record.file_type().is_file(), "the record is a regular file: {record:?}");
+    assert!(w.has_rules());
+    w.call("DEL", "true").ok_silent();
+    assert!(!w.has_rules(), "DEL removed the rules its record names");
+}
+
+/// Finding 2: a FIFO in place of a record is not waited on: DEL returns, succeeds, and removes
+/// the rules of its prevResult.
+#[test]
+fn finding_37_2_a_fifo_at_a_record_lets_del_return() {
+    let w = FwWorld::new();
+    let record = w.added_with_record_replaced(|p| {
+        nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+    });
+    w.call("DEL", "true").ok_silent();
+    assert!(!w.has_rules());
+    assert!(std::fs::symlink_metadata(&record).is_err(), "DEL removed what was at the record's name");
+}
+
+/// Finding 2: a link to /dev/zero in place of a record is not followed (nor read until memory
+/// runs out: the plugin runs under a 1 GiB address-space limit, so that the code before the fix
+/// stops there instead of taking the machine's memory; it read 1 GiB of zeroes, then gave up).
+#[test]
+fn finding_37_2_a_link_to_dev_zero_at_a_record_is_not_read() {
+    let w = FwWorld::new();
+    let record = w.added_with_record_replaced(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
+    let out = w.call("DEL", "ulimit -v 1048576");
+    out.ok_silent();
+    assert!(out.max_rss_kib < 64 * 1024, "DEL read into memory: peak RSS {} KiB", out.max_rss_kib);
+    assert!(!w.has_rules());
+    assert!(std::fs::symlink_metadata(&record).is_err(), "DEL removed the link, not its target");
+    assert!(Path::new("/dev/zero").exists());
+}
+
+/// Finding 2: a record directory others could write (group-writable, or not root's), at the
+/// network's level or the plugin's, is refused by ADD with a CNI error (code 5) naming it, before
+/// any rule is written; DEL still succeeds (it trusts no record there and removes the rules of
+/// its prevResult).
+#[test]
+fn finding_37_2_an_unsafe_record_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = FwWorld::new();
+    let set_mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    std::fs::create_dir(w.net_dir()).unwrap();
+    let cases: [(&str, &dyn Fn()); 3] = [
+        ("group-writable network directory", &|| set_mode(&w.net_dir(), 0o775)),
+        ("network directory of another user", &|| {
+            set_mode(&w.net_dir(), 0o755);
+            std::os::unix::fs::chown(w.net_dir(), Some(65534), Some(65534)).unwrap();
+        }),
+        ("world-writable plugin directory", &|| {
+            std::os::unix::fs::chown(w.net_dir(), Some(0), Some(0)).unwrap();
+            set_mode(w.records.path(), 0o777);
+        }),
+    ];
+    for (what, make) in cases {
+        make();
+        let msg = w.call("ADD", "true").err(5);
+        assert!(msg.contains("/var/lib/cni/firewall"), "{what}: the message names the directory: {msg}");
+        assert!(!w.has_rules(), "{what}: ADD wrote rules before refusing");
+        assert!(!w.net_dir().join(w.record_name()).exists(), "{what}: a record was written");
+        w.call("DEL", "true").ok_silent();
+    }
+}
+
+/// Finding 5: a FIFO in place of portmap's STATUS certificate counts as no certificate: STATUS
+/// returns, succeeds (it dry-runs), and certifies again (a regular file in the FIFO's place).
+#[test]
+fn finding_37_5_a_fifo_at_the_status_certificate_counts_as_none() {
+    let host = Netns::new("fls-st");
+    let certs = TempDir::new("fwcert");
+    std::fs::set_permissions(certs.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let status = || {
+        let setup =
+            format!("mkdir -p -m 700 /run/cni-rs/status; mount --bind {} /run/cni-rs/status", certs.str());
+        let conf = json!({"cniVersion": "1.1.0", "name": unique("fls-st"), "type": "portmap"});
+        Exec::new("portmap")
+            .in_private_mounts(&setup)
+            .in_ns(&host)
+            .env("CNI_COMMAND", "STATUS")
+            .env("CNI_PATH", "/nonexistent")
+            .run_within(&conf.to_string(), Duration::from_secs(60))
+    };
+    status().ok_silent();
+    let names: Vec<_> = std::fs::read_dir(certs.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let [cert] = names.as_slice() else {
+        panic!("one certificate expected (netns cookies needed): {names:?}")
+    };
+    std::fs::remove_file(cert).unwrap();
+    nix::unistd::mkfifo(cert, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    status().ok_silent();
+    let after = std::fs::symlink_metadata(cert).unwrap();
+    assert!(after.file_type().is_file(), "certified again in the FIFO's place: {after:?}");
+}

@@ -2,13 +2,29 @@
 //! know which addresses' rules belong to which attachment (upstream's rules carry no owner).
 //! Written before the rules (a crash after it leaves a record GC and DEL act on), removed after
 //! the rules went. Read back as data only: every line parsed strictly, anything else ignored.
+//!
+//! The files follow cni-common's [`StateDir`] rules (issue 37, finding 2): [`DIR`] and the
+//! network's directory under it are opened once along the path and must be root's and writable
+//! by root alone (ADD refuses another, with code 5; DEL and GC then trust no record there and
+//! leave its files alone); a record is read only when it is a regular file, without waiting and
+//! at most [`MAX`] bytes (a FIFO, a link or a device in its place is no record); a record is
+//! written under an unpredictable temporary name created `O_EXCL | O_NOFOLLOW` and renamed at
+//! the directory's descriptor.
 
 use cni_common::attachment::sha512_hex;
+use cni_common::statedir::{self, StateDir};
 use cni_common::{AttachmentId, CniError, Result};
+use std::io;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const DIR: &str = "/var/lib/cni/firewall";
+
+/// The largest record read back: a few lines and one per address (a result holds a handful).
+pub const MAX: u64 = 64 * 1024;
+
+/// Mode of the directories made (the records name containers: nobody else's business).
+const DIR_MODE: u32 = 0o700;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -21,12 +37,35 @@ pub struct Record {
     pub addrs: Vec<IpAddr>,
 }
 
-fn net_dir(root: &Path, network: &str) -> PathBuf {
-    root.join(network)
+/// The file name of `a`'s record in its network's directory.
+fn name_of(a: &AttachmentId) -> String {
+    sha512_hex(&format!("{}\n{}", a.container_id, a.ifname), 32)
 }
 
-fn file_of(root: &Path, a: &AttachmentId) -> PathBuf {
-    net_dir(root, &a.network).join(sha512_hex(&format!("{}\n{}", a.container_id, a.ifname), 32))
+/// A record's name: 32 hexadecimal digits.
+fn is_record_name(n: &str) -> bool {
+    n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `root` and the network's directory in it, checked; made when `create` (ADD).
+fn open(root: &Path, network: &str, create: bool) -> io::Result<(StateDir, StateDir)> {
+    let mode = create.then_some(DIR_MODE);
+    let top = StateDir::open(root, mode)?;
+    let net = top.subdir(network, mode)?;
+    Ok((top, net))
+}
+
+/// The network's directory for DEL and GC: `None` when it is not there, or not trusted (said on
+/// stderr: the calls go on with what they know without it).
+fn open_existing(root: &Path, network: &str) -> Option<(StateDir, StateDir)> {
+    match open(root, network, false) {
+        Ok(dirs) => Some(dirs),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            eprintln!("firewall: not using the records of network {network:?}: {e}");
+            None
+        }
+    }
 }
 
 impl Record {
@@ -74,75 +113,91 @@ pub fn write(root: &Path, a: &AttachmentId, r: &Record) -> Result<()> {
 /// is written: where a concurrent DEL or GC of the network's last attachment may remove the
 /// directory (the unit tests stand in for it there).
 fn write_racing(root: &Path, a: &AttachmentId, r: &Record, between: &mut dyn FnMut(&Path)) -> Result<()> {
-    let dir = net_dir(root, &a.network);
-    let path = file_of(root, a);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let io = |e: std::io::Error| CniError::new(cni_common::code::IO, format!("{}: {e}", path.display()));
+    let name = name_of(a);
+    let io = |e: io::Error| {
+        let err = CniError::io(format!("firewall record of {}/{}: {e}", a.container_id, a.ifname));
+        if statedir::is_unsafe(&e) {
+            return err.with_details(format!(
+                "whoever can write there can make root write through a link or hide an attachment's \
+                 rules from DEL and GC; chown root {0} && chmod go-w {0}",
+                root.display()
+            ));
+        }
+        err
+    };
     // a DEL or GC of the network's last attachment removes the directory: make it again once
     for attempt in 0..2 {
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        between(&dir);
-        match std::fs::write(&tmp, r.text()).and_then(|()| std::fs::rename(&tmp, &path)) {
-            Err(e) if attempt == 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
+        let (_top, dir) = open(root, &a.network, true).map_err(io)?;
+        between(dir.path());
+        // not flushed to disk: the rules it names do not survive a crash of the machine either
+        match dir.write_atomic(&name, r.text().as_bytes(), 0o600, false) {
+            Err(e) if attempt == 0 && e.kind() == io::ErrorKind::NotFound => continue,
             other => return other.map_err(io),
         }
     }
     Ok(())
 }
 
-pub fn read(root: &Path, a: &AttachmentId) -> Option<Record> {
-    let text = std::fs::read_to_string(file_of(root, a)).ok()?;
-    Record::parse(&text).filter(|r| r.container_id == a.container_id && r.ifname == a.ifname)
+/// The record `name` in `dir` when it is one: a regular file of at most [`MAX`] bytes that
+/// parses (anything else in its place is said on stderr and is no record).
+fn read_in(dir: &StateDir, name: &str) -> Option<Record> {
+    match dir.read(name, MAX) {
+        Ok(bytes) => Record::parse(std::str::from_utf8(&bytes).ok()?),
+        Err(e) => {
+            if statedir::not_ours(&e) {
+                eprintln!("firewall: {}/{name} is no record: {e}", dir.path().display());
+            }
+            None
+        }
+    }
 }
 
-/// Half-written records (`<hash>.tmp<pid>`, left by a process killed while writing) whose
+pub fn read(root: &Path, a: &AttachmentId) -> Option<Record> {
+    let (_top, dir) = open_existing(root, &a.network)?;
+    read_in(&dir, &name_of(a)).filter(|r| r.container_id == a.container_id && r.ifname == a.ifname)
+}
+
+/// Half-written records (`<hash>.tmp…`, left by a process killed while writing) whose
 /// attachment `keep` does not name.
-fn sweep_tmp(root: &Path, network: &str, keep: &dyn Fn(&str) -> bool) {
-    let Ok(dir) = std::fs::read_dir(net_dir(root, network)) else { return };
-    for e in dir.flatten() {
-        let name = e.file_name();
+fn sweep_tmp(dir: &StateDir, keep: &dyn Fn(&str) -> bool) {
+    for name in dir.names().unwrap_or_default() {
         let Some(name) = name.to_str() else { continue };
-        let Some((hash, pid)) = name.split_once(".tmp") else { continue };
-        if hash.len() == 32 && pid.bytes().all(|b| b.is_ascii_digit()) && !keep(hash) {
-            let _ = std::fs::remove_file(e.path());
+        match statedir::is_tmp_of(name) {
+            Some(hash) if is_record_name(hash) && !keep(hash) => {
+                let _ = dir.remove(name);
+            }
+            _ => {}
         }
     }
 }
 
 /// GC: half-written records of attachments not in `valid`.
 pub fn sweep(root: &Path, network: &str, valid: &[AttachmentId]) {
-    let hashes: Vec<String> = valid
-        .iter()
-        .filter_map(|a| file_of(root, a).file_name().and_then(|n| n.to_str()).map(String::from))
-        .collect();
-    sweep_tmp(root, network, &|h| hashes.iter().any(|v| v == h));
+    let Some((_top, dir)) = open_existing(root, network) else { return };
+    let hashes: Vec<String> = valid.iter().map(name_of).collect();
+    sweep_tmp(&dir, &|h| hashes.iter().any(|v| v == h));
 }
 
 pub fn remove(root: &Path, a: &AttachmentId) -> Result<()> {
-    let mine = file_of(root, a);
-    let own = mine.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-    sweep_tmp(root, &a.network, &|h| h != own);
-    let done = match std::fs::remove_file(mine) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(CniError::new(cni_common::code::IO, format!("removing the firewall record: {e}")))
-        }
-        _ => Ok(()),
-    };
-    let _ = std::fs::remove_dir(net_dir(root, &a.network)); // only when it is empty
+    let Some((top, dir)) = open_existing(root, &a.network) else { return Ok(()) };
+    let own = name_of(a);
+    sweep_tmp(&dir, &|h| h != own);
+    // whatever is at the name goes (a FIFO or link planted there too): unlinked, not opened
+    let done =
+        dir.remove(&own).map(drop).map_err(|e| CniError::io(format!("removing the firewall record: {e}")));
+    drop(dir);
+    let _ = top.remove_dir(&a.network); // only when it is empty
     done
 }
 
-/// Every record of `network` (unreadable or malformed files are skipped).
+/// Every record of `network` (files that are no records, unreadable or malformed, are skipped).
 pub fn all(root: &Path, network: &str) -> Vec<Record> {
-    let Ok(dir) = std::fs::read_dir(net_dir(root, network)) else { return Vec::new() };
-    dir.flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| {
-            e.file_name().to_str().is_some_and(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_hexdigit()))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|t| Record::parse(&t))
-        .collect()
+    let Some((_top, dir)) = open_existing(root, network) else { return Vec::new() };
+    let mut names: Vec<String> =
+        dir.names().unwrap_or_default().into_iter().filter_map(|n| n.into_string().ok()).collect();
+    names.retain(|n| is_record_name(n));
+    names.sort();
+    names.iter().filter_map(|n| read_in(&dir, n)).collect()
 }
 
 #[cfg(test)]
@@ -163,7 +218,7 @@ mod tests {
             zone: "trusted".into(),
             addrs: vec!["10.0.0.2".parse().unwrap()],
         };
-        let blocker = file_of(&root, &a);
+        let blocker = root.join("net1").join(name_of(&a));
         std::fs::create_dir_all(blocker.join("inside")).unwrap();
         let e = write(&root, &a, &r).unwrap_err();
         assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
@@ -229,12 +284,12 @@ mod tests {
         let a = AttachmentId::new("net1", "c1", "eth0");
         std::fs::create_dir_all(root.join("net1")).unwrap();
         // the file of c1/eth0 holding c2/eth0's record (or c1/eth1's): not c1/eth0's
-        std::fs::write(file_of(&root, &a), rec("c2").text()).unwrap();
+        std::fs::write(root.join("net1").join(name_of(&a)), rec("c2").text()).unwrap();
         assert_eq!(read(&root, &a), None);
         let other_if = Record { ifname: "eth1".into(), ..rec("c1") };
-        std::fs::write(file_of(&root, &a), other_if.text()).unwrap();
+        std::fs::write(root.join("net1").join(name_of(&a)), other_if.text()).unwrap();
         assert_eq!(read(&root, &a), None);
-        std::fs::remove_file(file_of(&root, &a)).unwrap();
+        std::fs::remove_file(root.join("net1").join(name_of(&a))).unwrap();
         // records under names no write makes are not the network's records
         std::fs::write(root.join("net1").join("abcd"), rec("c3").text()).unwrap();
         std::fs::write(root.join("net1").join("z".repeat(32)), rec("c4").text()).unwrap();
@@ -242,8 +297,8 @@ mod tests {
         write(&root, &a, &rec("c1")).unwrap();
         assert_eq!(all(&root, "net1"), vec![rec("c1")]);
         // a record that cannot be removed: DEL says so
-        std::fs::remove_file(file_of(&root, &a)).unwrap();
-        std::fs::create_dir_all(file_of(&root, &a).join("inside")).unwrap();
+        std::fs::remove_file(root.join("net1").join(name_of(&a))).unwrap();
+        std::fs::create_dir_all(root.join("net1").join(name_of(&a)).join("inside")).unwrap();
         let e = remove(&root, &a).unwrap_err();
         assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
         std::fs::remove_dir_all(&root).unwrap();
@@ -271,7 +326,9 @@ mod tests {
         assert_eq!(all(&root, "net1"), vec![r.clone()]);
         assert_eq!(read(&root, &AttachmentId::new("net1", "c2", "eth0")), None);
         // a half-written record of a killed ADD goes with DEL, another attachment's with GC
-        let tmp = |id: &str| file_of(&root, &AttachmentId::new("net1", id, "eth0")).with_extension("tmp42");
+        let tmp = |id: &str| {
+            root.join("net1").join(format!("{}.tmp42", name_of(&AttachmentId::new("net1", id, "eth0"))))
+        };
         std::fs::write(tmp("c1"), "ctr c1\n").unwrap();
         std::fs::write(tmp("c3"), "ctr c3\n").unwrap();
         std::fs::write(tmp("c4"), "ctr c4\n").unwrap();
@@ -286,6 +343,42 @@ mod tests {
         assert!(!root.join("net1").exists(), "the network's empty directory goes with its last record");
         write(&root, &a, &r).unwrap(); // and comes back with the next ADD
         remove(&root, &a).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Issue 37, finding 2: a FIFO or a link to /dev/zero in a record's place is no record (read
+    /// without waiting or following, and removed by DEL), and a directory others can write is
+    /// refused by ADD and not read by DEL.
+    #[test]
+    fn what_is_no_regular_file_is_no_record_and_an_unsafe_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("fw-rec-safe-{}", std::process::id()));
+        let a = AttachmentId::new("net1", "c1", "eth0");
+        let path = root.join("net1").join(name_of(&a));
+        for plant in ["fifo", "zero"] {
+            write(&root, &a, &rec("c1")).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            match plant {
+                "fifo" => {
+                    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                    // SAFETY: a valid NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+                }
+                _ => std::os::unix::fs::symlink("/dev/zero", &path).unwrap(),
+            }
+            assert_eq!(read(&root, &a), None, "{plant}");
+            assert!(all(&root, "net1").is_empty(), "{plant}");
+            remove(&root, &a).unwrap();
+            assert!(std::fs::symlink_metadata(&path).is_err(), "{plant}: removed, not followed");
+        }
+        write(&root, &a, &rec("c1")).unwrap();
+        std::fs::set_permissions(root.join("net1"), std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = write(&root, &a, &rec("c1")).unwrap_err();
+        assert_eq!(e.code, cni_common::code::IO, "{}", e.msg);
+        assert!(e.msg.contains("is not safe: group or others may write it"), "{}", e.msg);
+        assert_eq!(read(&root, &a), None, "a record in a directory others can write is not trusted");
+        remove(&root, &a).unwrap();
+        assert!(path.exists(), "nor removed");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

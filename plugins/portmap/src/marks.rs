@@ -19,19 +19,21 @@
 //!
 //! Files, not elements of portmap's nf_tables table: the table is what a `flush ruleset` takes,
 //! and that is when resync runs; `/run` survives a flush, and goes at reboot, when every pod
-//! has gone too. The directory is root's (mode 0700, refused when it is another user's or
-//! writable by others, never followed when a link); nothing in it is read as data.
+//! has gone too. The directory is a [`StateDir`] (cni-common's one way to a directory of
+//! state): root's, mode 0700, opened once along its path, refused when it or a directory above
+//! it is another user's or writable by others, never followed when a link; nothing in it is
+//! read as data.
 //! resync sweeps the marks of attachments no cache it scans holds any more, and DEL, once per
 //! [`SWEEP_EVERY`], those made or renewed more than [`LIFETIME`] ago (their DEL is long done:
 //! a node that never resyncs keeps the last hour's marks, not one per pod deleted since boot).
 
+use cni_common::statedir::{self, StateDir};
 use cni_common::{code, CniError, Result};
+use nix::fcntl::OFlag;
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -67,7 +69,7 @@ pub struct Marks {
 /// The lock held (shared or exclusive), and the directory it guards.
 #[derive(Debug)]
 pub struct Held {
-    dir: File,
+    dir: StateDir,
     _lock: File,
     path: PathBuf,
 }
@@ -93,56 +95,24 @@ impl Marks {
 
     /// The directory, opened without following a link and checked to be root's alone (`None`:
     /// not there and `create` is false).
-    fn open_dir(&self, create: bool) -> Result<Option<File>> {
-        if create {
-            if let Some(parent) = self.dir.parent() {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(parent)
-                    .map_err(|e| io(parent, "create", e))?;
+    fn open_dir(&self, create: bool) -> Result<Option<StateDir>> {
+        match StateDir::open(&self.dir, create.then_some(0o700)) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => Ok(None),
+            Err(e) if statedir::is_unsafe(&e) => {
+                Err(io(&self.dir, "refuse", format!("{e}: it must be ours and writable by us alone")))
             }
-            match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io(&self.dir, "create", e)),
-            }
+            Err(e) => Err(io(&self.dir, "open (a directory, not a link)", e)),
         }
-        let dir = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.dir)
-        {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
-            Err(e) => return Err(io(&self.dir, "open (a directory, not a link)", e)),
-        };
-        let m = dir.metadata().map_err(|e| io(&self.dir, "stat", e))?;
-        // SAFETY: geteuid cannot fail
-        let me = unsafe { libc::geteuid() };
-        if m.uid() != me || m.mode() & 0o022 != 0 {
-            return Err(io(
-                &self.dir,
-                "refuse",
-                format!(
-                    "owned by uid {} with mode {:o}: it must be ours and writable by us alone",
-                    m.uid(),
-                    m.mode()
-                ),
-            ));
-        }
-        Ok(Some(dir))
     }
 
     fn hold(&self, create: bool, exclusive: bool, wait: Duration) -> Result<Option<Held>> {
         let Some(dir) = self.open_dir(create)? else { return Ok(None) };
         let path = self.dir.join("lock");
-        let fd = openat(&dir, "lock", libc::O_CREAT | libc::O_RDWR | libc::O_NONBLOCK, 0o600)
-            .map_err(|e| io(&path, "open", e))?;
-        let lock = File::from(fd);
-        if !lock.metadata().map_err(|e| io(&path, "stat", e))?.is_file() {
-            return Err(io(&path, "refuse", "not a regular file (remove it)"));
-        }
+        // a regular file only (a FIFO there is refused, never waited on)
+        let lock = dir.open_file("lock", OFlag::O_CREAT | OFlag::O_RDWR, 0o600).map_err(|e| {
+            io(&path, "open", format!("{e}{}", if statedir::not_ours(&e) { " (remove it)" } else { "" }))
+        })?;
         let start = Instant::now();
         loop {
             let tried = if exclusive { lock.try_lock() } else { lock.try_lock_shared() };
@@ -217,32 +187,14 @@ fn cstr(name: &str) -> CString {
     CString::new(name).expect("hex digits or a fixed name")
 }
 
-fn openat(dir: &File, name: &str, flags: i32, mode: libc::mode_t) -> std::io::Result<std::os::fd::OwnedFd> {
-    let n = cstr(name);
-    // SAFETY: a valid directory fd and a NUL-terminated name
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            n.as_ptr(),
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor we just opened and own
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
 impl Held {
     /// Mark `owner` (an existing mark, whatever it is, stays, its time renewed: never
     /// followed, never opened).
     pub fn mark(&self, owner: &Owner) -> Result<()> {
         let n = name(owner);
-        match openat(&self.dir, &n, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600) {
+        match self.dir.open_file(&n, OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY, 0o600) {
             Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => self.touch(&n),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => self.touch(&n),
             Err(e) => Err(io(&self.path.join(&n), "create", e)),
         }
     }
@@ -252,7 +204,12 @@ impl Held {
         let c = cstr(n);
         // SAFETY: a valid directory fd, a NUL-terminated name; null times mean now
         let r = unsafe {
-            libc::utimensat(self.dir.as_raw_fd(), c.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW)
+            libc::utimensat(
+                self.dir.fd().as_raw_fd(),
+                c.as_ptr(),
+                std::ptr::null(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
         };
         if r == 0 {
             return Ok(());
@@ -265,8 +222,9 @@ impl Held {
         let c = cstr(n);
         // SAFETY: a valid directory fd, a NUL-terminated name, a zeroed stat buffer
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let r =
-            unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        let r = unsafe {
+            libc::fstatat(self.dir.fd().as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+        };
         if r != 0 {
             return match std::io::Error::last_os_error() {
                 e if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
@@ -288,9 +246,9 @@ impl Held {
         }
         // made when missing, never opened when there (whatever was planted at the name, a FIFO
         // too): its time is set without opening it
-        match openat(&self.dir, SWEPT, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600) {
+        match self.dir.open_file(SWEPT, OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY, 0o600) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io(&self.path.join(SWEPT), "create", e)),
         }
         self.touch(SWEPT)?;
@@ -311,12 +269,10 @@ impl Held {
 
     /// The names in the directory that are marks' ([`name`]: 32 hex digits).
     fn mark_names(&self) -> Result<Vec<String>> {
-        let list = std::fs::read_dir(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
-            .map_err(|e| io(&self.path, "list", e))?;
+        let list = self.dir.names().map_err(|e| io(&self.path, "list", e))?;
         let mut out = Vec::new();
-        for e in list {
-            let n = e.map_err(|e| io(&self.path, "list", e))?.file_name();
-            let is_mark = n.len() == 32 && n.as_bytes().iter().all(|b| b.is_ascii_hexdigit());
+        for n in list {
+            let is_mark = n.len() == 32 && n.as_encoded_bytes().iter().all(|b| b.is_ascii_hexdigit());
             if let Some(n) = n.to_str().filter(|_| is_mark) {
                 out.push(n.to_string());
             }
@@ -330,16 +286,7 @@ impl Held {
     }
 
     fn unlink(&self, n: &str) -> Result<()> {
-        let c = cstr(n);
-        // SAFETY: a valid directory fd and a NUL-terminated name
-        let r = unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
-        if r == 0 {
-            return Ok(());
-        }
-        match std::io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            e => Err(io(&self.path.join(n), "remove", e)),
-        }
+        self.dir.remove(n).map(drop).map_err(|e| io(&self.path.join(n), "remove", e))
     }
 
     /// Whether `owner` has a mark: anything at its name counts (Err: cannot tell).
@@ -363,6 +310,7 @@ impl Held {
 mod tests {
     use super::*;
     use cni_common::attachment::AttachmentId;
+    use std::os::unix::fs::MetadataExt;
 
     fn owner(id: &str) -> Owner {
         Owner::of(&AttachmentId { network: "net".into(), container_id: id.into(), ifname: "eth0".into() })

@@ -13,10 +13,10 @@ use cni_common::fsread;
 use cni_common::spec::json;
 use cni_common::spec::result::CniResult;
 use cni_common::spec::version::Version;
+use cni_common::statedir::StateDir;
 use cni_common::{CniError, Result};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -122,59 +122,19 @@ impl CacheEntry {
 }
 
 /// Write `entry` to `path` (creating the directory 0700), replacing the file atomically with
-/// mode 0600.
+/// mode 0600, through cni-common's [`StateDir`]: the directory opened once along its path and
+/// refused when it or one above it is another user's or writable by others; the file written
+/// under an unpredictable temporary name created exclusively (`O_EXCL | O_NOFOLLOW`: whatever
+/// is at a temporary name already, a planted link or another writer's file, is never written
+/// through or truncated), flushed, and renamed at the directory's descriptor.
 pub fn write(path: &Path, entry: &CacheEntry) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let fail = |e: std::io::Error| CniError::io(format!("write {}: {e}", path.display()));
     let dir = path.parent().ok_or_else(|| CniError::internal("cache path has no directory"))?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| CniError::io(format!("create {}: {e}", dir.display())))?;
+    let name =
+        path.file_name().and_then(|n| n.to_str()).ok_or_else(|| CniError::internal("cache file name"))?;
     let bytes = serde_json::to_vec(&entry.to_json()).expect("a Value always serializes");
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    // Created exclusively (O_EXCL, O_NOFOLLOW): whatever is at a temporary name already (a
-    // planted link or file, another writer's) is never written through or truncated; another
-    // name is tried.
-    let mut created = None;
-    for attempt in 0..16u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let tmp = dir.join(format!(".{name}.tmp{}-{nanos:x}-{attempt}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-        {
-            Ok(f) => {
-                created = Some((f, tmp));
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(CniError::io(format!("write {}: create {}: {e}", path.display(), tmp.display())))
-            }
-        }
-    }
-    let Some((mut f, tmp)) = created else {
-        return Err(CniError::io(format!(
-            "write {}: 16 temporary names in {} are taken",
-            path.display(),
-            dir.display()
-        )));
-    };
-    let written = (|| {
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp); // ours: created above
-        CniError::io(format!("write {}: {e}", path.display()))
-    })
+    let dir = StateDir::open(&std::path::absolute(dir).map_err(fail)?, Some(0o700)).map_err(fail)?;
+    dir.write_atomic(name, &bytes, 0o600, true).map_err(fail)
 }
 
 /// Remove a cache file; a missing one is fine.

@@ -23,8 +23,11 @@
 //! next time, so it turns ready as soon as the cause is gone. Without netns cookies (Linux
 //! < 5.14) a namespace is not unambiguous over time and nothing is certified.
 //!
-//! The directory is trusted only when it is a real directory owned by us and writable by no
-//! one else; otherwise every STATUS dry-runs, as before. Writing a certificate is best effort:
+//! The directory is a [`StateDir`]: opened once along its path and trusted only when it and
+//! every directory above it is ours and writable by no one else; otherwise every STATUS
+//! dry-runs, as before. A certificate is read only when it is a regular file, without waiting
+//! and at most [`MAX`] bytes: a FIFO, link or device in its place is no certificate (issue 37,
+//! finding 5: a FIFO there once blocked STATUS for ever). Writing a certificate is best effort:
 //! a failure to write costs the next STATUS a dry run, never a wrong answer.
 
 use super::encode::op_messages;
@@ -32,9 +35,9 @@ use super::ops::NftOp;
 use super::NfTables;
 use crate::netlink::NlError;
 use crate::nsident;
+use crate::statedir::StateDir;
 use sha2::{Digest, Sha256};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Where certificates live (a tmpfs: nothing survives a reboot).
@@ -70,7 +73,8 @@ fn hex(b: &[u8]) -> String {
 /// The certificate plugin `plugin` would hold for dry run `fingerprint` in the calling thread's
 /// network namespace, this boot.
 pub struct Certificate {
-    path: PathBuf,
+    dir: PathBuf,
+    name: String,
     text: String,
 }
 
@@ -93,83 +97,49 @@ impl Certificate {
             hex(&boot),
             hex(fingerprint)
         );
-        let path = dir.join(format!("{plugin}-{}", hex(&fingerprint[..16])));
-        Some(Certificate { path, text })
+        let name = format!("{plugin}-{}", hex(&fingerprint[..16]));
+        Some(Certificate { dir: dir.to_path_buf(), name, text })
     }
 
     /// Whether the certificate is on file, exactly as this call would write it, in a
-    /// directory we can trust.
+    /// directory we can trust. Anything but a regular file at its name is no certificate.
     pub fn holds(&self) -> bool {
-        if !trusted_dir(self.path.parent()) {
-            return false;
-        }
-        let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&self.path)
-        else {
-            return false;
-        };
-        let mut got = Vec::new();
-        use std::io::Read;
-        f.take(MAX).read_to_end(&mut got).is_ok() && got == self.text.as_bytes()
+        let Ok(dir) = StateDir::open(&self.dir, None) else { return false };
+        dir.read(&self.name, MAX).is_ok_and(|got| got == self.text.as_bytes())
     }
 
     /// Write it down (best effort: a failure only costs the next STATUS a dry run).
     pub fn record(&self) {
-        let Some(dir) = self.path.parent() else { return };
-        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
-        if !trusted_dir(Some(dir)) {
-            return;
-        }
-        let tmp = dir.join(format!(".{}.{}", std::process::id(), nsident::cookie_here()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(self.text.as_bytes()));
-        if written.is_err() || std::fs::rename(&tmp, &self.path).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        self.prune(dir);
+        let Ok(dir) = StateDir::open(&self.dir, Some(0o700)) else { return };
+        // a tmpfs: nothing to flush
+        let _ = dir.write_atomic(&self.name, self.text.as_bytes(), 0o600, false);
+        self.prune(&dir);
     }
 
     /// Keep the directory bounded: past [`PER_PLUGIN`] certificates of this plugin, remove all
     /// but this one (the removed ones cost their next STATUS a dry run, nothing else).
-    fn prune(&self, dir: &Path) {
-        let Some(name) = self.path.file_name() else { return };
-        let Some(prefix) = name.to_str().and_then(|n| n.rsplit_once('-')).map(|(p, _)| format!("{p}-"))
-        else {
-            return;
-        };
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        let others: Vec<PathBuf> = entries
-            .flatten()
-            .filter(|e| {
-                e.file_name() != name && e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
-            })
-            .map(|e| e.path())
+    fn prune(&self, dir: &StateDir) {
+        let Some((prefix, _)) = self.name.rsplit_once('-') else { return };
+        let prefix = format!("{prefix}-");
+        let Ok(names) = dir.names() else { return };
+        let others: Vec<String> = names
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| *n != self.name && n.starts_with(&prefix))
             .collect();
         if others.len() >= PER_PLUGIN {
-            for p in others {
-                let _ = std::fs::remove_file(p);
+            for n in others {
+                let _ = dir.remove(&n);
             }
         }
     }
 
     /// Remove it (a dry run failed: it no longer holds).
     pub fn revoke(&self) {
-        if trusted_dir(self.path.parent()) {
-            let _ = std::fs::remove_file(&self.path);
+        if let Ok(dir) = StateDir::open(&self.dir, None) {
+            let _ = dir.remove(&self.name);
         }
     }
-}
-
-/// A directory (not a symbolic link) owned by our effective user, writable by no one else.
-fn trusted_dir(dir: Option<&Path>) -> bool {
-    let Some(m) = dir.and_then(|d| std::fs::symlink_metadata(d).ok()) else { return false };
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0
 }
 
 /// STATUS's proof for `plugin`: `live` (a read that shows nf_tables answers here) always; then,
@@ -337,6 +307,33 @@ mod tests {
         assert_eq!(names.iter().filter(|n| n.starts_with("p-")).count(), 1, "{names:?}");
         assert!(Certificate::here(&dir, "p", &[PER_PLUGIN as u8; 32]).unwrap().holds(), "the last one stays");
         assert!(Certificate::here(&dir, "q", &[0; 32]).unwrap().holds(), "another plugin's stay");
+        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    /// Issue 37, finding 5: a FIFO (or a link, or a device) at the certificate's name is no
+    /// certificate and is never waited on; recording replaces it.
+    #[test]
+    fn a_fifo_at_the_certificate_is_none() {
+        let dir = scratch("fifo");
+        let Some(c) = Certificate::here(&dir, "p", &[9; 32]) else {
+            assert_eq!(nsident::cookie_here(), 0);
+            return;
+        };
+        c.record();
+        let file = dir.join(&c.name);
+        std::fs::remove_file(&file).unwrap();
+        nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(!c.holds(), "a FIFO is no certificate (and holds() returned: it did not wait)");
+        c.record();
+        assert!(
+            c.holds() && std::fs::symlink_metadata(&file).unwrap().is_file(),
+            "replaced by a certificate"
+        );
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        assert!(!c.holds(), "a link is not followed");
+        c.revoke();
+        assert!(std::fs::symlink_metadata(&file).is_err(), "revoked: the link removed, not followed");
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 }
