@@ -19,14 +19,13 @@
 //! `O_EXCL | O_NOFOLLOW` under a temporary name and renamed into place at the directory's
 //! descriptor, so a crash never leaves half of one and nothing planted is written through.
 
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use cni_common::error::{CniError, Result};
 use cni_common::fsread;
+use cni_common::statedir::{self, StateDir};
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag};
-use nix::unistd::UnlinkatFlags;
+use nix::fcntl::AtFlags;
 
 use crate::saved::Saved;
 
@@ -95,31 +94,30 @@ impl Files {
         Files { dir: dir.to_path_buf() }
     }
 
-    fn open(&self, create: bool) -> Result<Option<std::fs::File>> {
-        match fsread::open_dir(&self.dir) {
+    /// The directory, checked as every plugin's state directory is ([`StateDir`]: each
+    /// component root's and writable by no one else, the last never a link); made (0700) when
+    /// `create`. `None`: it is not there.
+    fn open(&self, create: bool) -> Result<Option<StateDir>> {
+        match StateDir::open(&self.dir, create.then_some(0o700)) {
             Ok(d) => Ok(Some(d)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir).map_err(|e| {
-                    CniError::io(format!("failed to create backup directory {}: {e}", self.dir.display()))
-                })?;
-                self.open(false)
-            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(CniError::io(format!("dataDir {}: {e}", self.dir.display()))),
+            Err(e) => Err(CniError::io(format!("tuning's dataDir {}: {e}", self.dir.display()))),
         }
     }
 
-    fn unlink(&self, dir: &std::fs::File, name: &str) -> Result<bool> {
-        let gone = match nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
+    fn unlink(&self, dir: &StateDir, name: &str) -> Result<bool> {
+        let gone = match dir.remove(name) {
             // a directory at the name: removed when empty (a full one is reported)
-            Err(Errno::EISDIR) => nix::unistd::unlinkat(dir.as_fd(), name, UnlinkatFlags::RemoveDir),
+            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => match dir.remove_dir(name) {
+                Ok(false) => Err(std::io::Error::other(format!("{name} is a directory that is not empty"))),
+                r => r,
+            },
             r => r,
         };
         match gone {
-            Ok(()) => Ok(true),
-            // ENAMETOOLONG: an id too long for a file name, which no ADD could have saved
-            Err(Errno::ENOENT | Errno::ENAMETOOLONG) => Ok(false),
+            Ok(g) => Ok(g),
+            // an id too long for a file name, which no ADD could have saved
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidFilename => Ok(false),
             Err(e) => Err(CniError::io(format!("failed to remove {}/{name}: {e}", self.dir.display()))),
         }
     }
@@ -130,7 +128,7 @@ impl Store for Files {
         let Some(dir) = self.open(false)? else { return Ok(Entry::Missing) };
         let here = || format!("{}/{name}", self.dir.display());
         // Looked at before it is opened: a FIFO is never opened, a link never followed.
-        match nix::sys::stat::fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        match nix::sys::stat::fstatat(dir.fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFREG => {
                 return Ok(Entry::NotOurs(fsread::kind(st.st_mode).to_string()))
             }
@@ -140,64 +138,43 @@ impl Store for Files {
         }
         // Still O_NOFOLLOW | O_NONBLOCK, and refused unless regular: something put in its place
         // meanwhile is not waited on either.
-        match fsread::read_regular_at(dir.as_fd(), name, FILE_MAX) {
+        match dir.read(name, FILE_MAX) {
             Ok(bytes) => Ok(match serde_json::from_slice(&bytes) {
                 Ok(s) => Entry::Saved(s),
                 Err(e) => Entry::NotOurs(format!("a file that is no saved settings ({e})")),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Entry::Missing),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::InvalidInput | std::io::ErrorKind::FileTooLarge
-                ) =>
-            {
-                Ok(Entry::NotOurs(e.to_string()))
-            }
+            Err(e) if statedir::not_ours(&e) => Ok(Entry::NotOurs(e.to_string())),
             Err(e) => Err(CniError::io(format!("{}: {e}", here()))),
         }
     }
 
     fn save(&mut self, name: &str, s: &Saved) -> Result<()> {
-        use std::io::Write;
         let dir = self
             .open(true)?
             .ok_or_else(|| CniError::io(format!("dataDir {} vanished", self.dir.display())))?;
-        let tmp = format!(".{name}.{}", std::process::id());
-        let io =
-            |e: std::io::Error| CniError::io(format!("failed to save {}/{name}: {e}", self.dir.display()));
-        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
-        let create = || fsread::open_regular_at(dir.as_fd(), &tmp, flags, 0o600);
-        let mut f = match create() {
-            // a temporary file of a killed process that had our pid, or something planted
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                self.unlink(&dir, &tmp)?;
-                create()
-            }
-            r => r,
-        }
-        .map_err(io)?;
         let data = serde_json::to_vec_pretty(s).map_err(|e| CniError::internal(format!("encode: {e}")))?;
-        f.write_all(&data).and_then(|_| f.sync_all()).map_err(io)?;
-        nix::fcntl::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name).map_err(|e| io(e.into()))
+        dir.write_atomic(name, &data, 0o600, true)
+            .map_err(|e| CniError::io(format!("failed to save {}/{name}: {e}", self.dir.display())))
     }
 
     fn remove(&mut self, name: &str) -> Result<bool> {
         let Some(dir) = self.open(false)? else { return Ok(false) };
-        // a temporary file of this attachment's that a killed ADD left before its rename
-        let temp = format!(".{name}.");
-        let names =
-            fsread::names(&dir).map_err(|e| CniError::io(format!("list {}: {e}", self.dir.display())))?;
-        for n in names.iter().filter_map(|n| n.to_str()).filter(|n| n.starts_with(&temp)) {
-            let _ = nix::unistd::unlinkat(dir.as_fd(), n, UnlinkatFlags::NoRemoveDir);
+        // a temporary file of this attachment's that a killed ADD left before its rename (the
+        // shared writer's names, and `.<name>.<pid>` of the build before it)
+        let old_temp = format!(".{name}.");
+        let names = dir.names().map_err(|e| CniError::io(format!("list {}: {e}", self.dir.display())))?;
+        for n in names.iter().filter_map(|n| n.to_str()) {
+            if n.starts_with(&old_temp) || statedir::is_tmp_of(n) == Some(name) {
+                let _ = dir.remove(n);
+            }
         }
         self.unlink(&dir, name)
     }
 
     fn list(&mut self) -> Result<Vec<(String, Option<Saved>)>> {
         let Some(dir) = self.open(false)? else { return Ok(Vec::new()) };
-        let names =
-            fsread::names(&dir).map_err(|e| CniError::io(format!("list {}: {e}", self.dir.display())))?;
+        let names = dir.names().map_err(|e| CniError::io(format!("list {}: {e}", self.dir.display())))?;
         let mut out = Vec::new();
         for n in names {
             let Some(n) = n.to_str().filter(|n| n.ends_with(".json") && !n.starts_with('.')) else {
@@ -384,7 +361,13 @@ mod files {
         let mut left: Vec<String> =
             std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
-        assert_eq!(left, vec!["target", "x_eth0.json"]);
+        // the stale temporary file of the build before (a predictable name) is no longer in
+        // the way of a save (whose names cannot be guessed): DEL's remove takes it away
+        let stale = format!(".x_eth0.json.{}", std::process::id());
+        assert_eq!(left, vec![stale.clone(), "target".into(), "x_eth0.json".into()]);
+        assert!(s.remove("x_eth0.json").unwrap());
+        assert!(std::fs::symlink_metadata(d.0.join(&stale)).is_err(), "removed, not followed");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     }
 }
 
