@@ -11,6 +11,8 @@
 //!   never leave the [`netlink`] module.
 //! - files: [`fsread`] (bounded, non-blocking reads of regular files only) and [`filelock`]
 //!   (`flock` with a deadline); [`nsident`] tells one network namespace from a later one.
+//! - [`trace`]: W3C trace context (`TRACEPARENT`) named in every stderr line ([`log!`]) and
+//!   error object.
 //! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
@@ -34,6 +36,7 @@ pub mod nsident;
 pub mod skel;
 pub mod spec;
 pub mod sysctl;
+pub mod trace;
 pub mod upstream;
 
 pub use attachment::AttachmentId;

@@ -187,7 +187,10 @@ impl Config {
             )),
             None if ipam.range_start.or(ipam.range_end).or(ipam.gateway).is_some() => {
                 // Upstream ignores these without `subnet`; so do we, but say so.
-                eprintln!("host-local: ipam.rangeStart/rangeEnd/gateway are ignored without ipam.subnet");
+                cni_common::log!(
+                    "host-local",
+                    "ipam.rangeStart/rangeEnd/gateway are ignored without ipam.subnet"
+                );
             }
             None => {}
         }
