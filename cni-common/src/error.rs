@@ -89,6 +89,15 @@ impl CniError {
         self
     }
 
+    /// The error as printed under `trace` (see [`crate::trace`]): `details` name its trace id,
+    /// the rest unchanged; without a trace, the error itself.
+    pub fn traced(mut self, trace: Option<&crate::trace::TraceParent>) -> Self {
+        if let Some(t) = trace {
+            self.details = t.decorate_details(&self.details);
+        }
+        self
+    }
+
     /// The JSON document printed on stdout. `cniVersion` is included as the spec lists it
     /// (the Go library omits it).
     pub fn to_json(&self, cni_version: &str) -> serde_json::Value {

@@ -13,6 +13,8 @@
 //!   (`flock` with a deadline); [`statedir`] (a directory of the plugins' own state, checked once
 //!   and used through its descriptor: the one way their files are read and written);
 //!   [`nsident`] tells one network namespace from a later one.
+//! - [`trace`]: W3C trace context (`TRACEPARENT`) named in every stderr line ([`log!`]) and
+//!   error object.
 //! - [`upstream`]: state made by upstream's Go plugins (iptables chains, nftables rules, ifbs),
 //!   found, checked and removed so that binaries can be swapped on a node with containers.
 
@@ -37,6 +39,7 @@ pub mod skel;
 pub mod spec;
 pub mod statedir;
 pub mod sysctl;
+pub mod trace;
 pub mod upstream;
 
 pub use attachment::AttachmentId;

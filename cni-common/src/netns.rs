@@ -335,7 +335,8 @@ impl Drop for ReturnTo {
     fn drop(&mut self) {
         if let Err(e) = setns(&self.0.file, CloneFlags::CLONE_NEWNET) {
             // See NetNs::run for why continuing is not an option.
-            eprintln!(
+            crate::log!(
+                "",
                 "fatal: cannot return to network namespace {}: {}; aborting so that nothing \
                  runs in the wrong namespace",
                 self.0.path.display(),

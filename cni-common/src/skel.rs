@@ -20,6 +20,7 @@ use crate::spec::env::{
 use crate::spec::json;
 use crate::spec::result::{pretty, CniResult};
 use crate::spec::version::{parse_semver, version_reply, Version};
+use crate::trace::TraceParent;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::cell::RefCell;
@@ -275,8 +276,10 @@ pub fn install_panic_hook() {
             }
         };
         let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-        let json = panic_report(report_version(), &format!("internal error: {msg}{loc}"));
-        let line = format!("panic: {msg}{loc}\n");
+        let trace = crate::trace::current();
+        let details = trace.map(|t| t.decorate_details(""));
+        let json = panic_report(report_version(), &format!("internal error: {msg}{loc}"), details.as_deref());
+        let line = format!("{}\n", crate::trace::format_line("panic", trace, format_args!("{msg}{loc}")));
         // A plugin running in-process (InThread) reports like a child process would and never
         // returns here; anywhere else the process reports and ends.
         InThread::panicked(json.as_bytes(), line.as_bytes());
@@ -291,17 +294,19 @@ pub fn install_panic_hook() {
 /// `CniError::to_json`, but serialized from a struct: a `serde_json::Map` seeds its hasher from the
 /// OS's random source, and that failing may be the very panic being reported (the hook must not
 /// panic in turn, or nothing is printed at all).
-fn panic_report(version: &str, msg: &str) -> String {
+fn panic_report(version: &str, msg: &str, details: Option<&str>) -> String {
     #[derive(serde::Serialize)]
     struct Report<'a> {
         #[serde(rename = "cniVersion")]
         cni_version: &'a str,
         code: u32,
         msg: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        details: Option<&'a str>,
     }
     let mut buf = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-    let report = Report { cni_version: version, code: code::INTERNAL, msg };
+    let report = Report { cni_version: version, code: code::INTERNAL, msg, details };
     // Writing a struct of strings into a Vec cannot fail.
     let _ = serde::Serialize::serialize(&report, &mut serde_json::Serializer::with_formatter(&mut buf, fmt));
     buf.push(b'\n');
@@ -477,6 +482,8 @@ pub fn run_with(
     match outcome {
         Ok(()) => 0,
         Err(e) => {
+            // The caller's trace, read through `get` like the rest of the environment.
+            let e = e.traced(TraceParent::from_env(&get).as_ref());
             let _ = writeln!(stdout, "{}", pretty(&e.to_json(&version_for_errors)));
             let _ = stdout.flush();
             1
@@ -610,7 +617,10 @@ mod tests {
         for (v, msg) in [("1.1.0", "internal error: boom at x.rs:1"), ("0.2.0", "quote \" and \\ and \u{1}")]
         {
             let want = format!("{}\n", pretty(&CniError::internal(msg).to_json(v)));
-            assert_eq!(panic_report(v, msg), want);
+            assert_eq!(panic_report(v, msg, None), want);
+            let traced = CniError::internal(msg).with_details("trace 4bf92f3577b34da6a3ce929d0e0e4736");
+            let want = format!("{}\n", pretty(&traced.to_json(v)));
+            assert_eq!(panic_report(v, msg, Some("trace 4bf92f3577b34da6a3ce929d0e0e4736")), want);
         }
     }
 }

@@ -479,3 +479,46 @@ fn gc_without_a_list_is_refused_saying_what_is_missing_why_and_how() {
     assert!(details.contains("\"containerID\"") && details.contains("[]"), "{details}");
     assert!(details.contains("GCArgs") && details.contains("CNI_GC_KEEP"), "{details}");
 }
+
+#[test]
+fn a_traceparent_names_its_trace_in_every_error_object_and_nothing_else_changes() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    // An error of the skeleton (no details before): details are the trace alone.
+    let mut env = base_env("ADD", "/nonexistent");
+    env.insert("TRACEPARENT".into(), TP.into());
+    env.insert("TRACESTATE".into(), "vendor=\u{1b}[31mred".into());
+    let m = Mock::default();
+    let traced = run(&m, &env, "{not json");
+    assert_eq!(traced.err().0, 6);
+    assert_eq!(traced.json()["details"], format!("trace {ID}"));
+    assert!(!traced.stdout.contains("vendor") && !traced.stdout.contains('\u{1b}'), "{}", traced.stdout);
+    // The same error without a trace, and with malformed ones: byte-identical, no details.
+    let plain = run(&m, &base_env("ADD", "/nonexistent"), "{not json");
+    assert!(plain.json().get("details").is_none(), "{}", plain.stdout);
+    for bad in [
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n\u{1b}[2Jforged",
+    ] {
+        env.insert("TRACEPARENT".into(), bad.into());
+        let o = run(&m, &env, "{not json");
+        assert_eq!(o.stdout, plain.stdout, "TRACEPARENT {bad:?}");
+    }
+    // A plugin's error with details keeps them, the trace appended.
+    let (_h, ns, stop) = other_netns();
+    let m = Mock { fail_with: Some(CniError::new(11, "busy").with_details("retry")), ..Default::default() };
+    let mut env = base_env("ADD", &ns);
+    env.insert("TRACEPARENT".into(), TP.into());
+    let o = run(&m, &env, r#"{"cniVersion":"1.1.0","name":"n"}"#);
+    assert_eq!(o.err(), (11, "busy".to_string()));
+    assert_eq!(o.json()["details"], format!("retry (trace {ID})"));
+    // Details that already name the trace (an IPAM delegate's error, surfaced) gain nothing.
+    let m = Mock {
+        fail_with: Some(CniError::new(2, "full").with_details(format!("x (trace {ID})"))),
+        ..Default::default()
+    };
+    let o = run(&m, &env, r#"{"cniVersion":"1.1.0","name":"n"}"#);
+    assert_eq!(o.json()["details"], format!("x (trace {ID})"));
+    stop.send(()).unwrap();
+}

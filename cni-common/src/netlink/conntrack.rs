@@ -100,7 +100,7 @@ pub fn flush_udp_ports(who: &str, ports: &[(Family, u16)]) {
     }
     if let Err(e) = delete_by_dst_ports(IPPROTO_UDP, ports) {
         let list: Vec<String> = ports.iter().map(|(_, p)| p.to_string()).collect();
-        eprintln!("{who}: note: could not delete UDP conntrack entries for ports {}: {e}", list.join(", "));
+        crate::log!(who, "note: could not delete UDP conntrack entries for ports {}: {e}", list.join(", "));
     }
 }
 

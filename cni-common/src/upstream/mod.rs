@@ -309,7 +309,8 @@ pub fn collect<C: Collect>(req: &Request) -> Result<()> {
                 })?,
             };
             for id in &dead {
-                eprintln!(
+                crate::log!(
+                    "",
                     "GC: removed upstream's {} of {network}/{id} ({} {fam:?})",
                     C::WHAT,
                     backend.name()

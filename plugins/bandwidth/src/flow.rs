@@ -64,7 +64,7 @@ fn clear_host_veth(k: &mut dyn Kernel, ifname: &str, ifb: Option<u32>) -> Result
         Ok(veth) => shape::clear_veth(k, &veth, ifb),
         // The container end or its peer is gone: so are the host veth's qdiscs.
         Err(e) => {
-            eprintln!("bandwidth: DEL: no host veth to clear: {}", e.msg);
+            cni_common::log!("bandwidth", "DEL: no host veth to clear: {}", e.msg);
             Ok(())
         }
     }
@@ -91,8 +91,9 @@ pub fn gc(k: &mut dyn Kernel, net: &str, valid: &[AttachmentId]) -> Result<()> {
     for link in plan::gc_victims(&k.links()?, net, valid) {
         // Gone already (its attachment's DEL got there first): nothing to do.
         match k.link_del(link.index) {
-            Ok(()) => eprintln!(
-                "bandwidth: GC: deleted ifb {} ({})",
+            Ok(()) => cni_common::log!(
+                "bandwidth",
+                "GC: deleted ifb {} ({})",
                 link.name,
                 link.alias.as_deref().unwrap_or("")
             ),

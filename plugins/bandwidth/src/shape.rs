@@ -96,8 +96,8 @@ pub fn clear_veth(k: &mut dyn Kernel, veth: &Link, ifb: Option<u32>) -> Result<(
         if ingress_filters_are_ours(k, &filters, ifb)? {
             k.qdisc_del(veth.index, TC_H_INGRESS, INGRESS_HANDLE)?;
         } else {
-            eprintln!(
-                "bandwidth: leaving the ingress qdisc of {}: it has filters that do not redirect to this attachment's ifb",
+            cni_common::log!(
+                "bandwidth", "leaving the ingress qdisc of {}: it has filters that do not redirect to this attachment's ifb",
                 veth.name
             );
         }
@@ -117,7 +117,7 @@ impl Undo {
     fn run(self, k: &mut dyn Kernel) {
         let report = |r: std::result::Result<bool, NlError>| {
             if let Err(e) = r {
-                eprintln!("bandwidth: rollback: {e}");
+                cni_common::log!("bandwidth", "rollback: {e}");
             }
         };
         if let Some(i) = self.veth_ingress {
@@ -208,7 +208,7 @@ pub fn del_ifb(k: &mut dyn Kernel, name: &str, att: &AttachmentId) -> Result<()>
             _ => Ok(()),
         },
         Existing::Foreign(why) => {
-            eprintln!("bandwidth: not deleting {name}: {why}");
+            cni_common::log!("bandwidth", "not deleting {name}: {why}");
             Ok(())
         }
     }

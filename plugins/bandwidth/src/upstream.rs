@@ -65,7 +65,8 @@ pub fn gc(host: &mut dyn Kernel, network: &str, valid: &[AttachmentId]) -> Resul
     for l in candidates.into_iter().filter(|l| !used.contains(&l.index)) {
         match host.link_del(l.index) {
             Ok(()) => {
-                eprintln!(
+                cni_common::log!(
+                    "",
                     "GC: deleted {}, an ifb made by upstream's bandwidth that shapes nothing any more",
                     l.name
                 );

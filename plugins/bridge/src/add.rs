@@ -55,7 +55,7 @@ impl Undo {
         }
         if self.firewall {
             if let Err(e) = k.remove_firewall(true) {
-                eprintln!("bridge: undo firewall rules: {e}");
+                cni_common::log!("bridge", "undo firewall rules: {e}");
             }
         }
         let links =
@@ -63,13 +63,13 @@ impl Undo {
         for (ns, idx) in links.into_iter().filter_map(|(ns, i)| Some((ns, i?))) {
             if let Err(e) = k.link_del(ns, idx) {
                 if !e.is_not_found() {
-                    eprintln!("bridge: undo veth {idx}: {e}");
+                    cni_common::log!("bridge", "undo veth {idx}: {e}");
                 }
             }
         }
         if self.ipam {
             if let Err(e) = k.ipam_del() {
-                eprintln!("bridge: release addresses after failed ADD: {e}");
+                cni_common::log!("bridge", "release addresses after failed ADD: {e}");
             }
         }
         if let Some(br) = self.created_bridge {
@@ -78,12 +78,12 @@ impl Undo {
                 Ok(links) if !links.iter().any(|l| l.master == Some(br)) => {
                     if let Err(e) = k.link_del(Ns::Host, br) {
                         if !e.is_not_found() {
-                            eprintln!("bridge: undo bridge {br}: {e}");
+                            cni_common::log!("bridge", "undo bridge {br}: {e}");
                         }
                     }
                 }
                 Ok(_) => {}
-                Err(e) => eprintln!("bridge: undo bridge {br}: {e}"),
+                Err(e) => cni_common::log!("bridge", "undo bridge {br}: {e}"),
             }
         }
     }
@@ -283,7 +283,7 @@ impl<'r, 'k> Add<'r, 'k> {
         subnets.dedup();
         for net in subnets {
             if let Some(m) = self.k.forward_drop_note(net) {
-                eprintln!("bridge: note: {m}");
+                cni_common::log!("bridge", "note: {m}");
             }
         }
     }

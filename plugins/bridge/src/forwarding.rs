@@ -30,8 +30,8 @@ pub(crate) fn enable_v6(k: &mut dyn Kernel) -> Result<()> {
     let have = host_accept_ra(k);
     let raised = raise_accept_ra(k, &have);
     if !raised.is_empty() {
-        eprintln!(
-            "bridge: accept_ra raised from 1 to 2 on {} before turning on IPv6 forwarding, so that {} keep{} accepting router advertisements and {} default route{} (see bridge's README, \"IPv6 forwarding and uplinks\")",
+        cni_common::log!(
+            "bridge", "accept_ra raised from 1 to 2 on {} before turning on IPv6 forwarding, so that {} keep{} accepting router advertisements and {} default route{} (see bridge's README, \"IPv6 forwarding and uplinks\")",
             raised.join(", "),
             if raised.len() == 1 { "it" } else { "they" },
             if raised.len() == 1 { "s" } else { "" },
@@ -84,7 +84,7 @@ fn raise_accept_ra(k: &mut dyn Kernel, have: &[(String, String)]) -> Vec<String>
     for name in to_raise(have) {
         match k.sysctl_set(&sysctl::iface_key("ipv6", name, "accept_ra"), "2") {
             Ok(_) => raised.push(name.to_string()),
-            Err(e) => eprintln!("bridge: could not raise accept_ra of {name} to 2: {e}"),
+            Err(e) => cni_common::log!("bridge", "could not raise accept_ra of {name} to 2: {e}"),
         }
     }
     raised

@@ -99,7 +99,7 @@ pub fn del(zone: &str, addrs: &[IpAddr]) -> Result<()> {
         let src = source(*a);
         if let Ok(Reply::Error(n, m)) = bus.call(NAME, PATH, ZONE, "removeSource", &[zone, &src]) {
             if !m.contains("UNKNOWN_SOURCE") {
-                eprintln!("firewall: firewalld removeSource {src} from {zone}: {n}: {m}");
+                cni_common::log!("firewall", "firewalld removeSource {src} from {zone}: {n}: {m}");
             }
         }
     }

@@ -52,7 +52,7 @@ impl Plugin for Firewall {
         let now = match backend::choose(&conf) {
             Ok(b) => Some(b),
             Err(e) => {
-                eprintln!("firewall: {}; removing only what the record names", e.msg);
+                cni_common::log!("firewall", "{}; removing only what the record names", e.msg);
                 None
             }
         };

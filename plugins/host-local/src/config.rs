@@ -127,6 +127,9 @@ fn lock_timeout(secs: Option<u64>) -> Result<Duration> {
     }
 }
 
+/// The note when `rangeStart`, `rangeEnd` or `gateway` come without `subnet`.
+const IGNORED_WITHOUT_SUBNET: &str = "ipam.rangeStart/rangeEnd/gateway are ignored without ipam.subnet";
+
 impl Config {
     /// Decode and validate the whole configuration.
     pub fn load(req: &Request) -> Result<Config> {
@@ -187,7 +190,7 @@ impl Config {
             )),
             None if ipam.range_start.or(ipam.range_end).or(ipam.gateway).is_some() => {
                 // Upstream ignores these without `subnet`; so do we, but say so.
-                eprintln!("host-local: ipam.rangeStart/rangeEnd/gateway are ignored without ipam.subnet");
+                cni_common::log!("host-local", "{IGNORED_WITHOUT_SUBNET}");
             }
             None => {}
         }

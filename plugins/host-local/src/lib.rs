@@ -126,7 +126,7 @@ impl Reclaim {
 /// One line on stderr per released reservation.
 fn report(network: &str, when: &str, released: &[(IpAddr, Owner, String)]) {
     for (ip, owner, why) in released {
-        eprintln!("host-local: network {network}: {when}: released {ip} of {owner}: {why}");
+        cni_common::log!("host-local", "network {network}: {when}: released {ip} of {owner}: {why}");
     }
 }
 
@@ -146,7 +146,11 @@ fn reclaim_after_reboot(store: &mut Store, network: &str) {
             store.set_records_boot();
         }
         Err(e) => {
-            eprintln!("host-local: network {network}: releasing reservations of an earlier boot: {}", e.msg)
+            cni_common::log!(
+                "host-local",
+                "network {network}: releasing reservations of an earlier boot: {}",
+                e.msg
+            )
         }
     }
 }
@@ -191,9 +195,12 @@ pub fn allocate_in_set(
         // id): a reservation of its earlier, provably gone namespace is released.
         if let Some(why) = dead_earlier_incarnation(store, ip) {
             store.release(slot, ip)?;
-            eprintln!(
-                "host-local: network {}: released {ip} of an earlier incarnation of container {} interface {}: {why}",
-                a.network, a.container_id, a.ifname
+            cni_common::log!(
+                "host-local",
+                "network {}: released {ip} of an earlier incarnation of container {} interface {}: {why}",
+                a.network,
+                a.container_id,
+                a.ifname
             );
             continue;
         }
@@ -254,13 +261,13 @@ fn rollback(mut store: Store, a: &AttachmentId, ips: &[IpConfig], cursors: Vec<O
     let mut clean = true;
     for done in ips {
         if let Err(re) = store.release_ip(a, done.address.addr()) {
-            eprintln!("host-local: rollback of {}: {re}", done.address.addr());
+            cni_common::log!("host-local", "rollback of {}: {re}", done.address.addr());
             clean = false;
         }
     }
     for (i, saved) in cursors.into_iter().enumerate() {
         if let Err(re) = store.restore_cursor(i, saved) {
-            eprintln!("host-local: rollback of last_reserved_ip.{i}: {re}");
+            cni_common::log!("host-local", "rollback of last_reserved_ip.{i}: {re}");
             clean = false;
         }
     }
@@ -289,9 +296,11 @@ pub fn del(req: &Request) -> Result<()> {
     let mut errors = ErrorList::new();
     for (slot, ip) in held {
         if let Some(why) = late_del(&store, ip, &req.env.netns) {
-            eprintln!(
-                "host-local: DEL of container {} interface {}: {ip} left alone: {why}",
-                a.container_id, a.ifname
+            cni_common::log!(
+                "host-local",
+                "DEL of container {} interface {}: {ip} left alone: {why}",
+                a.container_id,
+                a.ifname
             );
             continue;
         }
@@ -381,7 +390,7 @@ pub fn gc(req: &Request) -> Result<()> {
     store.finish();
     if !removed.is_empty() {
         let list: Vec<String> = removed.iter().map(|ip| ip.to_string()).collect();
-        eprintln!("host-local: GC of network {} released {}", conf.name, list.join(" "));
+        cni_common::log!("host-local", "GC of network {} released {}", conf.name, list.join(" "));
     }
     errors.finish()
 }

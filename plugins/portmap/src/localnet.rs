@@ -62,13 +62,14 @@ pub fn enable(
 ) -> Result<Option<String>> {
     let best = best.filter(|r| r.kind == RouteKind::Unicast);
     let Some(oif) = best.and_then(|r| r.oif.or_else(|| r.nexthops.first().and_then(|h| h.oif))) else {
-        eprintln!("portmap: note: no route to {ctr} in the host; route_localnet not set");
+        cni_common::log!("portmap", "note: no route to {ctr} in the host; route_localnet not set");
         return Ok(None);
     };
     let Some(link) = nl.link_by_index(oif).map_err(CniError::from)? else { return Ok(None) };
     if !host_side(prev).contains(&link.name) {
-        eprintln!(
-            "portmap: note: {ctr} is reached through {}, which is not an interface this chain created \
+        cni_common::log!(
+            "portmap",
+            "note: {ctr} is reached through {}, which is not an interface this chain created \
              (prevResult's host-side interfaces: {:?}); route_localnet is not set on it, so \
              127.0.0.1:<hostPort> is not forwarded to this container",
             link.name.escape_debug(),

@@ -154,7 +154,7 @@ impl Marks {
         let held = self.shared(true, WAIT)?.expect("created");
         held.mark(owner)?;
         if let Err(e) = held.expire_due(SystemTime::now()) {
-            eprintln!("{}; old marks stay until the next sweep", e.msg);
+            cni_common::log!("", "{}; old marks stay until the next sweep", e.msg);
         }
         Ok(())
     }

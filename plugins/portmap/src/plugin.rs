@@ -35,7 +35,7 @@ pub struct Portmap;
 fn load(req: &Request) -> Result<Conf> {
     let conf = Conf::from_raw(&req.plugin_config()?)?;
     for n in &conf.notes {
-        eprintln!("{n}");
+        cni_common::log!("", "{n}");
     }
     Ok(conf)
 }
@@ -45,7 +45,7 @@ fn load_teardown(req: &Request, verb: &str) -> Result<Teardown> {
     let raw: PortMapConf = req.plugin_config()?;
     let t = Teardown::from_raw(&raw, verb)?;
     for n in &t.notes {
-        eprintln!("{n}");
+        cni_common::log!("", "{n}");
     }
     Ok(t)
 }
@@ -101,7 +101,7 @@ fn flush_udp(ports: &BTreeSet<(Family, u16)>) {
 
 fn notes(o: &flow::Outcome) {
     for n in &o.notes {
-        eprintln!("{n}");
+        cni_common::log!("", "{n}");
     }
 }
 
@@ -174,7 +174,7 @@ pub(crate) fn del_with(h: &mut dyn Host, req: &Request) -> Result<()> {
             flow::del(k, &me, intent.as_ref()).map(|done| h.flush_udp(&done.udp))
         }
         Err(e) => {
-            eprintln!("portmap: {}; nothing to delete", e.msg);
+            cni_common::log!("portmap", "{}; nothing to delete", e.msg);
             Ok(())
         }
     };
@@ -214,7 +214,7 @@ pub(crate) fn check_with(h: &mut dyn Host, req: &Request) -> Result<()> {
     let mut notes = Vec::new();
     let checked = flow::check(h.tables()?, &conf, &intent, now, &mut notes);
     for n in notes {
-        eprintln!("{n}");
+        cni_common::log!("", "{n}");
     }
     checked
 }
@@ -229,7 +229,7 @@ pub(crate) fn gc_with(h: &mut dyn Host, req: &Request) -> Result<()> {
     let ours = match h.tables() {
         Ok(k) => flow::gc(k, &portmap_net_prefix(req.network()), &valid).map(|done| h.flush_udp(&done.udp)),
         Err(e) => {
-            eprintln!("portmap: {}; nothing to collect", e.msg);
+            cni_common::log!("portmap", "{}; nothing to collect", e.msg);
             Ok(())
         }
     };
@@ -257,7 +257,7 @@ impl Plugin for Portmap {
         let record = netns::record(req)?;
         let (intent, intent_notes) = Intent::new(&conf, &prev, &req.env.ifname, owner(req), record)?;
         for n in intent_notes {
-            eprintln!("{n}");
+            cni_common::log!("", "{n}");
         }
         // one rtnetlink socket and one route lookup per container address serve both the
         // refusal and route_localnet

@@ -351,13 +351,13 @@ fn nft_plumbing(u: &mut dyn Upstream, fam: Fam) {
     if empty(u, names::HOSTPORT_DNAT) {
         for t in [dnat_teardown(), masq_teardown(), setmark_teardown()] {
             if let Err(e) = u.teardown_nft(fam, &t) {
-                eprintln!("note: upstream's portmap chains left in place: {}", e.msg);
+                cni_common::log!("", "note: upstream's portmap chains left in place: {}", e.msg);
             }
         }
     }
     if empty(u, names::HOSTPORT_SNAT) {
         if let Err(e) = u.teardown_nft(fam, &old_snat_teardown()) {
-            eprintln!("note: upstream's {} left in place: {}", names::HOSTPORT_SNAT, e.msg);
+            cni_common::log!("", "note: upstream's {} left in place: {}", names::HOSTPORT_SNAT, e.msg);
         }
     }
 }
@@ -432,7 +432,8 @@ fn remove_nft_backend(u: &mut dyn Upstream, container_id: &str) -> Result<bool> 
             let family = nft_family(fam);
             let drop = NftDelete::Table { family, table: names::NFT_HOSTPORT_TABLE.into() };
             if let Err(e) = u.hostport_delete(&[drop]) {
-                eprintln!(
+                cni_common::log!(
+                    "",
                     "note: empty table {} {} left in place: {}",
                     family.keyword(),
                     names::NFT_HOSTPORT_TABLE,
@@ -691,7 +692,11 @@ fn gc_in(
         })?,
     };
     for id in &dead {
-        eprintln!("GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})", backend.name());
+        cni_common::log!(
+            "",
+            "GC: removed upstream's port mappings of {network}/{id} ({} {fam:?})",
+            backend.name()
+        );
     }
     u.flush_udp("upstream's port mappings", &ports, &[fam]);
     Ok(())

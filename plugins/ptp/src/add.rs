@@ -35,19 +35,19 @@ impl Undo {
     fn run(self, k: &mut dyn Kernel, ipam: &mut dyn Ipam, a: &AttachmentId) {
         if self.masq {
             if let Err(e) = k.masq_remove(a) {
-                eprintln!("ptp: undo masquerade rules: {}", e.msg);
+                cni_common::log!("ptp", "undo masquerade rules: {}", e.msg);
             }
         }
         if let Some(idx) = self.host_veth {
             if let Err(e) = k.link_del(Side::Host, idx) {
                 if !e.is_not_found() {
-                    eprintln!("ptp: undo veth {idx}: {e}");
+                    cni_common::log!("ptp", "undo veth {idx}: {e}");
                 }
             }
         }
         if self.ipam {
             if let Err(e) = ipam.del() {
-                eprintln!("ptp: release addresses after failed ADD: {}", e.msg);
+                cni_common::log!("ptp", "release addresses after failed ADD: {}", e.msg);
             }
         }
     }

@@ -56,10 +56,14 @@ pub fn run(
                 }
                 _ => {}
             },
-            DelStep::LeaveForeign(why) => eprintln!("ptp: {why}"),
+            DelStep::LeaveForeign(why) => cni_common::log!("ptp", "{why}"),
             DelStep::RemoveMasq => match k.masq_remove(a) {
                 Err(e) if ip_masq => errors.push(e.context("remove masquerade rules")),
-                Err(e) => eprintln!("ptp: nf_tables not readable, no masquerade rules to remove: {}", e.msg),
+                Err(e) => cni_common::log!(
+                    "ptp",
+                    "nf_tables not readable, no masquerade rules to remove: {}",
+                    e.msg
+                ),
                 Ok(_) => {}
             },
             DelStep::ReleaseIpam => {

@@ -36,7 +36,7 @@ pub fn run(k: &mut dyn Kernel, network: &str, valid: &[AttachmentId], ip_masq: b
         Ok(removed) => Ok(removed),
         Err(e) if ip_masq => Err(e.context("garbage-collect masquerade rules")),
         Err(e) => {
-            eprintln!("ptp: nf_tables not readable, no masquerade rules to collect: {}", e.msg);
+            cni_common::log!("ptp", "nf_tables not readable, no masquerade rules to collect: {}", e.msg);
             Ok(false)
         }
     }

@@ -36,18 +36,18 @@ impl Undo {
         if let Some((index, back)) = self.link {
             for r in back.into_iter().rev() {
                 if let Err(e) = k.set(index, r) {
-                    eprintln!("tuning: undo {r:?}: {e}");
+                    cni_common::log!("tuning", "undo {r:?}: {e}");
                 }
             }
         }
         for (path, old) in self.sysctls.into_iter().rev() {
             if let Err(e) = k.sysctl_set(&path, &old) {
-                eprintln!("tuning: undo sysctl {path}: {}", e.msg);
+                cni_common::log!("tuning", "undo sysctl {path}: {}", e.msg);
             }
         }
         if self.saved {
             if let Err(e) = store.remove(file) {
-                eprintln!("tuning: remove {file}: {}", e.msg);
+                cni_common::log!("tuning", "remove {file}: {}", e.msg);
             }
         }
     }

@@ -18,7 +18,9 @@
 //	                                        becomes stale)
 //	crio-driver [flags] status N INTERVAL   the cni_status_grace_period monitor: N STATUS calls
 //
-// Every libcni call and its outcome is printed on stdout as one JSON object per line.
+// Every libcni call and its outcome is printed on stdout as one JSON object per line. With
+// -traceparent (and -tracestate) every libcni call runs under that span context, which libcni
+// passes to the plugins as TRACEPARENT/TRACESTATE (tests/e2e/trace.rs).
 package main
 
 import (
@@ -38,6 +40,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 type pod struct {
@@ -73,6 +77,9 @@ var (
 	netName  = flag.String("net", "", "default network (CRI-O's cni_default_network); empty = first config file")
 	callSecs = flag.Int("call-timeout", 60, "seconds any one libcni call may take")
 	waitSecs = flag.Int("status-wait", 30, "seconds start-up waits for STATUS to succeed")
+	// the span context every libcni call runs under (W3C traceparent / tracestate); none if empty
+	traceParent = flag.String("traceparent", "", "span context of every libcni call (W3C traceparent)")
+	traceState  = flag.String("tracestate", "", "its W3C tracestate")
 )
 
 func emit(e event) {
@@ -199,8 +206,19 @@ func runtimeConf(p pod) *libcni.RuntimeConf {
 	return rt
 }
 
+// ctx is the context of one libcni call. With -traceparent it carries that span context (as
+// CRI-O's contexts carry its OpenTelemetry spans), which libcni 1.3.1 hands to every plugin it
+// execs as TRACEPARENT/TRACESTATE (pkg/invoke/raw_exec.go, injectTraceContext).
 func ctx(secs int) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), time.Duration(secs)*time.Second)
+	c := context.Background()
+	if *traceParent != "" {
+		carrier := propagation.MapCarrier{"traceparent": *traceParent, "tracestate": *traceState}
+		c = propagation.TraceContext{}.Extract(c, carrier)
+		if !trace.SpanContextFromContext(c).IsValid() {
+			die("-traceparent %q is not a valid W3C traceparent", *traceParent)
+		}
+	}
+	return context.WithTimeout(c, time.Duration(secs)*time.Second)
 }
 
 // fromCache is ocicni's loadNetworkFromCache: CHECK and DEL use the config and runtime conf

@@ -50,7 +50,7 @@ pub(crate) fn remove(req: &Request, required: bool) -> Result<Option<NfTables>> 
     let mut nf = match NfTables::new() {
         Ok(nf) => nf,
         Err(e) if !required => {
-            eprintln!("bridge: nftables not readable, skipping firewall cleanup: {e}");
+            cni_common::log!("bridge", "nftables not readable, skipping firewall cleanup: {e}");
             return Ok(None);
         }
         Err(e) => return Err(e.into()),

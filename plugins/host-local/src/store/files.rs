@@ -235,7 +235,10 @@ impl Store {
         unlink_if_there(self.at(), &name)
             .map_err(|e| io_err(format!("remove empty {}", self.path_of(&name).display()), e))?;
         self.dirty = true;
-        eprintln!("host-local: reclaimed {ip}: its reservation file was empty (an interrupted write)");
+        cni_common::log!(
+            "host-local",
+            "reclaimed {ip}: its reservation file was empty (an interrupted write)"
+        );
         Ok(true)
     }
 

@@ -74,7 +74,7 @@ impl Store {
                 Ok(content) => out.push((ip, Owner::parse(&content))),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 // Not ours to judge: it stays, and blocks the address (linkat says EEXIST).
-                Err(e) => eprintln!("host-local: skipping {}: {e}", self.path_of(name).display()),
+                Err(e) => cni_common::log!("host-local", "skipping {}: {e}", self.path_of(name).display()),
             }
         }
         Ok(out)
@@ -108,8 +108,9 @@ impl Store {
                 self.dirty = true;
             }
             Err(e) => {
-                eprintln!(
-                    "host-local: cannot write the index of {} ({e}): working from the files; a later call rebuilds it",
+                cni_common::log!(
+                    "host-local",
+                    "cannot write the index of {} ({e}): working from the files; a later call rebuilds it",
                     self.dir.display()
                 );
                 self.mem = Some(entries);
@@ -124,8 +125,9 @@ impl Store {
             match idx.lookup(kind, key) {
                 Ok(hits) => return Ok(hits.into_iter().map(|(s, ip)| (Some(s), ip)).collect()),
                 Err(e) => {
-                    eprintln!(
-                        "host-local: the index of {} is unreadable ({e}): scanning",
+                    cni_common::log!(
+                        "host-local",
+                        "the index of {} is unreadable ({e}): scanning",
                         self.dir.display()
                     );
                     self.index = None;
@@ -201,7 +203,7 @@ impl Store {
             return;
         }
         if let Err(e) = self.publish_index() {
-            eprintln!("host-local: the index of {} is left to be rebuilt: {e}", self.dir.display());
+            cni_common::log!("host-local", "the index of {} is left to be rebuilt: {e}", self.dir.display());
             if let Some(idx) = self.index.take() {
                 idx.discard(self.at());
             }
@@ -238,7 +240,7 @@ impl Store {
         if self.dirty {
             let m = TimeSpec::new(self.opened.sec, self.opened.nsec);
             if let Err(e) = futimens(self.at(), &TimeSpec::UTIME_OMIT, &m) {
-                eprintln!("host-local: restore the mtime of {}: {e}", self.dir.display());
+                cni_common::log!("host-local", "restore the mtime of {}: {e}", self.dir.display());
             }
         }
     }

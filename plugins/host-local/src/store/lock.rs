@@ -132,7 +132,7 @@ impl Store {
         let Some(dirf) = open_dir(dir, access == Access::Add)? else { return Ok(None) };
         match unsafe_owner(&dirf).map_err(|e| io_err(format!("stat {}", dir.display()), e))? {
             Some(why) if access == Access::Add => return Err(unsafe_store(dir, &why)),
-            Some(why) => eprintln!("host-local: warning: {}", unsafe_store(dir, &why).msg),
+            Some(why) => cni_common::log!("host-local", "warning: {}", unsafe_store(dir, &why).msg),
             None => {}
         }
         let lock = Self::open_lock(&dirf, dir, access)?;

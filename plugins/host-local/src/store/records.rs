@@ -48,8 +48,9 @@ impl Store {
         let Some(boot) = self.boot else {
             // A record says "made in this boot"; with the boot unknown it would be judged
             // later against a boot it does not name. No record: live until released.
-            eprintln!(
-                "host-local: the boot id (/proc/sys/kernel/random/boot_id) cannot be read: this call's \
+            cni_common::log!(
+                "host-local",
+                "the boot id (/proc/sys/kernel/random/boot_id) cannot be read: this call's \
                  reservations are not recorded (they count as live until released)"
             );
             return;
@@ -63,8 +64,9 @@ impl Store {
             Ok(())
         })();
         if let Err(e) = result {
-            eprintln!(
-                "host-local: cannot record the network namespace of this call's reservations in {}: {e} \
+            cni_common::log!(
+                "host-local",
+                "cannot record the network namespace of this call's reservations in {}: {e} \
                  (they count as live until released)",
                 self.path_of(RECORDS_DIR).display()
             );
@@ -130,8 +132,9 @@ impl Store {
         let Some(boot) = self.boot else { return };
         if let Ok(Some(d)) = self.records_dir(false) {
             if let Err(e) = replace_file(d.as_fd(), BOOT_MARKER, record::boot_marker(&boot).as_bytes()) {
-                eprintln!(
-                    "host-local: cannot write {}: {e}",
+                cni_common::log!(
+                    "host-local",
+                    "cannot write {}: {e}",
                     self.path_of(RECORDS_DIR).join(BOOT_MARKER).display()
                 );
             }
