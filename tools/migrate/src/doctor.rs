@@ -152,7 +152,17 @@ impl Build {
 
 /// The position of `needle` in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    let (&first, rest) = needle.split_first()?;
+    let mut at = 0;
+    // jump between occurrences of the first byte (a binary is tens of MiB)
+    while let Some(n) = hay.get(at..)?.iter().position(|&b| b == first) {
+        let i = at + n;
+        if hay.get(i + 1..i + needle.len()) == Some(rest) {
+            return Some(i);
+        }
+        at = i + 1;
+    }
+    None
 }
 
 /// An unsigned LEB128 varint at the start of `b`: (value, length).
@@ -287,7 +297,8 @@ fn binaries(o: &Opts, r: &mut Report) {
         list.sort();
         for n in list {
             let Some(name) = n.to_str() else { continue };
-            if name.starts_with('.') {
+            // hidden files (install.sh's temporaries) and directories are no plugins
+            if name.starts_with('.') || dir.join(name).is_dir() {
                 continue;
             }
             let build = read_named_regular(&dir.join(name), BINARY_CAP)
@@ -296,10 +307,17 @@ fn binaries(o: &Opts, r: &mut Report) {
             r.binaries.push(Binary { dir: dir.clone(), name: name.to_string(), build });
         }
     }
+    // the binary a runtime runs under each name: the first bin directory's
+    let mut seen: Vec<&str> = Vec::new();
     let findings: Vec<(String, Build)> = r
         .binaries
         .iter()
         .filter(|b| OUR_PLUGINS.contains(&b.name.as_str()))
+        .filter(|b| {
+            let first = !seen.contains(&b.name.as_str());
+            seen.push(&b.name);
+            first
+        })
         .filter_map(|b| b.build.as_ref().ok().map(|x| (b.dir.join(&b.name).display().to_string(), x.clone())))
         .collect();
     for (path, build) in findings {
@@ -990,6 +1008,9 @@ mod tests {
         cut.truncate(up.len() - 20);
         assert!(matches!(classify(&cut), Build::Foreign { .. }));
         assert!(matches!(classify(b"\xff Go buildinf:"), Build::Foreign { .. }));
+        assert_eq!(find(b"aab", b"ab"), Some(1));
+        assert_eq!(find(b"aa", b"aab"), None);
+        assert_eq!(find(b"", b"a"), None);
     }
 
     #[test]
