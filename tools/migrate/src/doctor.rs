@@ -232,7 +232,7 @@ pub fn classify(file: &[u8]) -> Build {
     }
     let what = if file.starts_with(b"#!") {
         let line = file.split(|&b| b == b'\n').next().unwrap_or_default();
-        format!("a script, {}", String::from_utf8_lossy(&line[..line.len().min(60)]).escape_debug())
+        format!("a script, {}", esc(&String::from_utf8_lossy(&line[..line.len().min(60)])))
     } else if file.starts_with(b"\x7fELF") {
         "an executable of neither suite".into()
     } else {
@@ -280,9 +280,10 @@ impl Report {
     }
 }
 
-/// Shown escaped: names and text read from disk or from a child.
+/// Shown escaped: names and text read from disk or from a child (control characters, which
+/// could rewrite the operator's terminal, as escapes; quotes and apostrophes as they are).
 fn esc(s: &str) -> String {
-    s.escape_debug().to_string()
+    s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
 fn binaries(o: &Opts, r: &mut Report) {
@@ -906,7 +907,8 @@ impl Report {
         }
         s.push_str("conflists:\n");
         for c in &self.conflists {
-            s.push_str(&format!("  {} (network {:?}, cniVersion {})\n", c.file.display(), c.name, c.version));
+            let file = esc(&c.file.display().to_string());
+            s.push_str(&format!("  {file} (network {:?}, cniVersion {:?})\n", c.name, c.version));
             for p in &c.plugins {
                 let answer = match (&p.path, &p.version, &p.status) {
                     (None, ..) => "MISSING".to_string(),
@@ -921,7 +923,7 @@ impl Report {
         }
         s.push_str("tables:\n");
         for t in &self.tables {
-            s.push_str(&format!("  {t}\n"));
+            s.push_str(&format!("  {}\n", esc(t)));
         }
         if self.tables.is_empty() {
             s.push_str("  (none of ours or upstream's)\n");
@@ -1011,6 +1013,12 @@ mod tests {
         assert_eq!(find(b"aab", b"ab"), Some(1));
         assert_eq!(find(b"aa", b"aab"), None);
         assert_eq!(find(b"", b"a"), None);
+    }
+
+    #[test]
+    fn text_read_back_is_shown_without_control_characters() {
+        assert_eq!(esc("libcni's \"cache\""), "libcni's \"cache\"");
+        assert_eq!(esc("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
     }
 
     #[test]
