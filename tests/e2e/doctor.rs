@@ -382,3 +382,25 @@ fn accept_ra_under_ipv6_forwarding() {
     let (code, text, _) = node.doctor();
     assert_eq!(code, 0, "accept_ra=2 takes them under forwarding\n{text}");
 }
+
+#[test]
+fn a_plugin_failing_status_and_bad_usage() {
+    let node = Node::new(json!({}));
+    // host-local's store is a regular file: no ADD could work, so STATUS fails
+    let file = node.conf.join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let list = json!({"cniVersion": "1.1.0", "name": "broken", "plugins": [{"type": "bridge", "bridge": "drbr1",
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]], "dataDir": file}}]});
+    std::fs::write(node.conf.join("20-broken.conflist"), list.to_string()).unwrap();
+    let (code, text, doc) = node.doctor();
+    assert_eq!(code, 1, "{text}");
+    let f = findings(&doc, "plugin-status-fails");
+    assert_eq!(f.len(), 1, "{doc}");
+    assert!(f[0]["seen"].as_str().unwrap().contains("code 50"), "{doc}");
+    assert!(text.contains("STATUS fails"), "{text}");
+
+    // its own failure is neither 0 nor 1, and says why
+    let out = node.host.command(bin("cni-migrate")).args(["doctor", "--dry-run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown argument \"--dry-run\""));
+}
