@@ -5,6 +5,7 @@
 //! cni-migrate to-upstream   [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--backend iptables|nftables]
 //! cni-migrate from-upstream [--dry-run] [--cache-dir DIR]... [--data-dir DIR]... [--cni-bin-dir DIR]
 //! cni-migrate resync        [--dry-run] [--cache-dir DIR]... [--cni-bin-dir DIR]
+//! cni-migrate doctor        [--json] [--bin-dir DIR]... [--conf-dir DIR] [--data-dir DIR]... [--cache-dir DIR]...
 //! ```
 //!
 //! `to-upstream` and `from-upstream` move it between this suite's nftables layout and the
@@ -25,7 +26,13 @@
 //! attachment, or some plugin's part of one, could not be judged or rebuilt (the others
 //! were; each is named, again at the end as `not judged: …`), 2 when it refused before
 //! looking (bad usage, no root, another resync holding the lock): nothing changed.
+//!
+//! `doctor` changes nothing: a report of the node (its binaries, conflists, our and upstream's
+//! state, the kernel's path for pod traffic) with what to do about each finding (`doctor.rs`;
+//! docs/node-operations.md). Exit status 0 when healthy, 1 with findings, 2 when it could not
+//! run.
 
+mod doctor;
 mod from_upstream;
 mod installed;
 mod inventory;
@@ -39,7 +46,8 @@ use std::path::PathBuf;
 use opts::{Opts, Report};
 
 const USAGE: &str = "usage: cni-migrate to-upstream|from-upstream|resync [--dry-run] [--cache-dir DIR]... \
-                     [--data-dir DIR]... [--cni-bin-dir DIR] [--backend iptables|nftables (to-upstream)]";
+                     [--data-dir DIR]... [--cni-bin-dir DIR] [--backend iptables|nftables (to-upstream)]\n       \
+                     cni-migrate doctor [--json] [--bin-dir DIR]... [--conf-dir DIR] [--data-dir DIR]... [--cache-dir DIR]...";
 
 /// The commands.
 const COMMANDS: [&str; 3] = ["to-upstream", "from-upstream", "resync"];
@@ -96,6 +104,9 @@ fn main() {
         println!("{USAGE}");
         return;
     }
+    if args.first().is_some_and(|a| a == "doctor") {
+        doctor_main(&args[1..]);
+    }
     let (cmd, opts) = match parse(&args) {
         Ok(x) => x,
         Err(e) => {
@@ -134,6 +145,30 @@ fn main() {
             std::process::exit(if e.code == cni_common::code::NOT_AVAILABLE { 2 } else { 1 });
         }
     }
+}
+
+/// `doctor`: the report (text, or one JSON document with `--json`), the exit status of the
+/// module docs.
+fn doctor_main(args: &[String]) -> ! {
+    let o = match doctor::parse(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("cni-migrate doctor must run as root (it reads the firewall); nothing was changed");
+        std::process::exit(2);
+    }
+    let r = doctor::run(&o);
+    if o.json {
+        println!("{}", r.to_json());
+    } else {
+        print!("{}", r.to_text());
+    }
+    std::process::exit(if r.findings.is_empty() { 0 } else { 1 })
 }
 
 /// `resync`: its lines as it goes, a summary, the exit status of the module docs.
