@@ -62,7 +62,7 @@ fn open_existing(root: &Path, network: &str) -> Option<(StateDir, StateDir)> {
         Ok(dirs) => Some(dirs),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
-            eprintln!("firewall: not using the records of network {network:?}: {e}");
+            cni_common::log!("firewall", "not using the records of network {network:?}: {e}");
             None
         }
     }
@@ -145,7 +145,7 @@ fn read_in(dir: &StateDir, name: &str) -> Option<Record> {
         Ok(bytes) => Record::parse(std::str::from_utf8(&bytes).ok()?),
         Err(e) => {
             if statedir::not_ours(&e) {
-                eprintln!("firewall: {}/{name} is no record: {e}", dir.path().display());
+                cni_common::log!("firewall", "{}/{name} is no record: {e}", dir.path().display());
             }
             None
         }

@@ -33,7 +33,7 @@ pub fn del(req: &Request) -> Result<()> {
         None => run(None, &mut store, &req.env.ifname, &names)?,
     };
     for n in notes {
-        eprintln!("tuning: {n}");
+        cni_common::log!("tuning", "{n}");
     }
     Ok(())
 }
