@@ -1438,11 +1438,11 @@ fn kubelet_runtime_status(log: &Path) -> Option<String> {
 /// pod is reached through its host port and shaped at 1 Mbit/s both ways by the annotations,
 /// the kubelet reports the network ready, and removing the manifest leaves nothing.
 ///
-/// Isolation: the kubelet runs in the sandbox (scratch host netns, private mount namespace);
-/// its root, pod logs, /var/log/containers and the kernel settings it writes
-/// (`/proc/sys/vm/overcommit_memory`, `kernel/panic`, `kernel/panic_on_oops`, `vm/panic_on_oom`,
-/// `kernel/keys/root_max*`) are scratch files bind-mounted in that namespace only; its cgroups
-/// per QoS class and node allocatable enforcement are off.
+/// Isolation: the kubelet runs in the sandbox's node (network, mount and UTS namespaces and a
+/// cgroup subtree of its own, checked); its root, pod logs, /var/log/containers and the kernel
+/// settings it writes (`/proc/sys/vm/overcommit_memory`, `kernel/panic`, `kernel/panic_on_oops`,
+/// `vm/panic_on_oom`, `kernel/keys/root_max*`) are scratch files bind-mounted in that node's
+/// mount namespace only; its cgroups per QoS class and node allocatable enforcement are off.
 #[test]
 fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
     let rt = Runtime::v2();
@@ -1462,25 +1462,8 @@ fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
         let k = sb.dir.join("kubelet");
         let manifests = k.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
-        std::fs::create_dir_all(k.join("varlog")).unwrap();
-        sb.must("mount", &["--bind", k.join("varlog").to_str().unwrap(), "/var/log"]);
-        // /var/lib/kubelet (device-plugins/, pki/ are fixed paths, whatever --root-dir says):
-        // scratch; where the machine has none, made in an overlay of /var/lib whose upper layer
-        // is scratch, with the sandbox's /var/lib/cni bound again on top of it.
-        std::fs::create_dir_all(k.join("varlibkubelet")).unwrap();
-        let script = format!(
-            "set -e
-if [ ! -d /var/lib/kubelet ]; then
-  mkdir -p {k}/ovl/up {k}/ovl/work
-  mount -t overlay overlay -o lowerdir=/var/lib,upperdir={k}/ovl/up,workdir={k}/ovl/work /var/lib
-  mkdir -p /var/lib/kubelet
-  mount --bind {cache} /var/lib/cni
-fi
-mount --bind {k}/varlibkubelet /var/lib/kubelet",
-            k = k.display(),
-            cache = sb.dir.join("cache").display()
-        );
-        sb.must("sh", &["-c", &script]);
+        // /var/lib/kubelet (device-plugins/, pki/ are fixed paths, whatever --root-dir says) and
+        // /var/log are the node's scratch directories (cni_tests::node::SCRATCH_PATHS)
         for s in [
             "vm/overcommit_memory",
             "vm/panic_on_oom",
@@ -1565,6 +1548,9 @@ localStorageCapacityIsolation: false
             last.as_deref().filter(|l| l.contains("NetworkReady=true")).map(str::to_string)
         });
         assert!(ready.is_some(), "the kubelet never saw NetworkReady=true: {last:?}\n{}", klog());
+        // the kubelet and the runtime run in the node: its namespaces, its cgroups
+        sb.assert_confined("kubelet");
+        sb.assert_confined("containerd");
 
         // the static pod: hostPort, the page's annotations at 1M both ways, busybox httpd
         let manifest = manifests.join("web.yaml");

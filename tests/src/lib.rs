@@ -962,6 +962,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod node;
 pub mod peers;
 pub mod raw;
 pub mod skip;
