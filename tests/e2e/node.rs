@@ -46,6 +46,23 @@ fn node_runs_its_processes_in_its_own_namespaces_cgroups_and_paths() {
     let me = std::process::id() as i32;
     assert!(node.confines(me).is_err(), "the test process counted as confined: the check checks nothing");
 
+    // cgroups: a cgroup namespace rooted at the node's cgroups, every hierarchy mounted again
+    // in it, so a cgroup a runtime makes at "/" (runc's /k8s.io/<id>) is below the node's
+    let seen = node.must("cat", &["/proc/self/cgroup"]);
+    assert!(
+        seen.lines().all(|l| l.ends_with(":/")),
+        "the node's processes see the machine's cgroup tree: {seen}"
+    );
+    let pids_dir = node.cgroup_dirs().into_iter().find(|d| d.starts_with("/sys/fs/cgroup/pids"));
+    if let Some(dir) = pids_dir {
+        node.must("mkdir", &["/sys/fs/cgroup/pids/nodens-pod"]);
+        assert!(
+            dir.join("nodens-pod").is_dir(),
+            "a cgroup made at the node's / is not below {}",
+            dir.display()
+        );
+    }
+
     // network: a link made in the node is the node's (seen through its namespace)
     node.must("ip", &["link", "add", "nodens-a", "type", "veth", "peer", "name", "nodens-b"]);
     let links = node.host.link_names();

@@ -6,8 +6,8 @@
 //! `/run/containerd/s` for containerd shim sockets, `/dev/shm/libpod_lock`, `/etc/cni/net.d`
 //! and `/opt/cni/bin` for `ctr`). So every runtime runs in a [`Sandbox`]:
 //!
-//! * a scratch [`Node`] (crate::node): network, mount and UTS namespaces and a cgroup subtree
-//!   of its own, fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the scratch plugin, config
+//! * a scratch [`Node`] (crate::node): network, mount, UTS and cgroup namespaces and a cgroup
+//!   subtree of its own, fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the scratch plugin, config
 //!   and cache directories bound on `/opt/cni/bin`, `/etc/cni/net.d` and `/var/lib/cni`; its
 //!   network namespace is the **host** to the plugins (bridges, veth host ends, nftables,
 //!   qdiscs and sysctls land there);
@@ -15,7 +15,8 @@
 //!   (host .1, outside .2) and fd00:250::/64 (::1, ::2): the node's underlay;
 //! * scratch directories for everything else (Podman root/runroot/tmpdir, containerd
 //!   root/state/sockets, host-local's dataDir, a busybox-static rootfs);
-//! * a cgroup parent of its own for the containers, removed at the end.
+//! * a cgroup parent of its own for the containers (below the node's cgroups: the node has a
+//!   cgroup namespace), removed at the end.
 //!
 //! Runtime commands run in the node through `nsenter`, each under `timeout`. The tests assert
 //! on the node and its outside namespace only, never on the machine's namespaces (other
@@ -249,9 +250,9 @@ impl Sandbox {
     /// removed (a non-empty cgroup means a process of a container is still alive).
     pub fn remove_cgroups(&self) -> Vec<String> {
         let mut left = Vec::new();
-        for ctl in list(Path::new("/sys/fs/cgroup")) {
-            let base =
-                Path::new("/sys/fs/cgroup").join(&ctl).join(self.cgroup_parent.trim_start_matches('/'));
+        // the node's cgroups are the root its processes see (a cgroup namespace)
+        for node_dir in self.node.cgroup_dirs() {
+            let base = node_dir.join(self.cgroup_parent.trim_start_matches('/'));
             if !base.exists() {
                 continue;
             }

@@ -10,7 +10,7 @@
 //!   loopback up: its bridges, veth host ends, nftables rules, qdiscs, sysctls and listening
 //!   ports (the kubelet's 10250, …) are the node's; links to other namespaces (an underlay, the
 //!   "outside") are the caller's to make;
-//! * a **mount and UTS namespace**, held by a keeper process started inside that network
+//! * a **mount, UTS and cgroup namespace**, held by a keeper process started inside that network
 //!   namespace (mount propagation slave: the machine's mounts reach the node, the node's never
 //!   reach the machine), with fresh tmpfs on `/run` (and `/run/netns`), `/dev/shm` and `/opt`,
 //!   a scratch directory bound on each path of [`SCRATCH_PATHS`] (the CNI directories, the
@@ -18,7 +18,10 @@
 //! * a **cgroup subtree**: a cgroup named after the node below the test process's own cgroup in
 //!   every hierarchy, which every process started through [`Node::command`] or [`Node::enter`]
 //!   joins before it execs, so the daemons and whatever they fork (containerd's shims) are found
-//!   there, checked ([`Node::assert_confined`]) and ended with the node;
+//!   there, checked ([`Node::assert_confined`]) and ended with the node; and a **cgroup
+//!   namespace** rooted there, every hierarchy mounted again in the node's mount namespace, so
+//!   the cgroups a runtime makes at `/` (containerd's `/k8s.io/<id>`, a container's cgroup
+//!   parent) are below the node's, removed with it;
 //! * a **scratch directory** ([`Node::dir`]) for everything else.
 //!
 //! Every name carries the test process's pid, so nothing of one copy of the suite collides with
@@ -76,6 +79,26 @@ for pair in "$@"; do
     name=${pair%%:*}; target=${pair#*:}
     mkdir -p "$S/$name" "$target"
     mount --bind "$S/$name" "$target"
+done
+# cgroups: the keeper joined the node's cgroups before its cgroup namespace was made, so they
+# are that namespace's root; every hierarchy mounted again shows the node's subtree as the
+# whole tree to what runs here (runc's /k8s.io/<id>, a cgroup parent /cnisbx… land below the
+# node's cgroups). The kernel refuses a hierarchy on its own mount point again: a fresh tmpfs
+# over /sys/fs/cgroup first (with the machine's symbolic links there, `cpu,cpuacct` and
+# the like), then every hierarchy on a directory of its own. Their mountinfo roots read
+# "/.." here (the hierarchy's root is above the namespace's).
+hierarchies=$(sed -n 's|^[0-9]* [0-9]* [^ ]* [^ ]* \([^ ]*\) .* - \(cgroup2\{0,1\}\) [^ ]* \([^ ]*\)$|\2 \1 \3|p' /proc/self/mountinfo)
+links=$(find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type l -printf '%f %l\n')
+mount -t tmpfs -o mode=755 cninode /sys/fs/cgroup
+echo "$links" | while read -r name target; do
+    if [ -n "$name" ]; then ln -s "$target" "/sys/fs/cgroup/$name"; fi
+done
+echo "$hierarchies" | while read -r fstype point opts; do
+    [ -n "$fstype" ] || continue
+    mkdir -p "$point"
+    mount -t "$fstype" -o "$opts" cninode "$point"
+    # the keeper is in the node's cgroup itself: its pid listed at the top, or this failed
+    grep -qx "$$" "$point/cgroup.procs" || { echo "$point does not show the node's cgroup" >&2; exit 1; }
 done
 echo ready
 exec cat >/dev/null
@@ -173,13 +196,23 @@ impl Node {
 
         let mut cmd = node.host.command("unshare");
         node.join_cgroups(&mut cmd);
-        cmd.args(["--mount", "--uts", "--propagation", "slave", "sh", "-c", KEEPER_SCRIPT, "keeper"])
-            .arg(node.dir.path())
-            .arg(&node.name)
-            .args(SCRATCH_PATHS.iter().map(|(n, p)| format!("{n}:{p}")))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "--mount",
+            "--uts",
+            "--cgroup",
+            "--propagation",
+            "slave",
+            "sh",
+            "-c",
+            KEEPER_SCRIPT,
+            "keeper",
+        ])
+        .arg(node.dir.path())
+        .arg(&node.name)
+        .args(SCRATCH_PATHS.iter().map(|(n, p)| format!("{n}:{p}")))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn unshare (util-linux)");
         let stdin = child.stdin.take().expect("keeper stdin");
         let mut line = String::new();
@@ -227,7 +260,7 @@ impl Node {
     pub fn enter(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
         self.join_cgroups(&mut c);
-        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "--"]).arg(program);
+        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "-C", "--"]).arg(program);
         c
     }
 
@@ -235,7 +268,7 @@ impl Node {
     pub fn command(&self, secs: u64, program: &str) -> Command {
         let mut c = crate::clients::timed(secs, "nsenter");
         self.join_cgroups(&mut c);
-        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "--", program]);
+        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "-C", "--", program]);
         c
     }
 
@@ -246,22 +279,31 @@ impl Node {
         crate::clients::must(&format!("{program} {args:?}"), out)
     }
 
-    /// Processes in the node's cgroups now (in any hierarchy).
+    /// Processes in the node's cgroups and the cgroups below them now (in any hierarchy):
+    /// the daemons, and the containers they made.
     pub fn pids(&self) -> Vec<i32> {
-        let mut v: Vec<i32> = self
-            .cgroups
-            .iter()
-            .flat_map(|c| {
-                std::fs::read_to_string(c.dir.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .collect();
+        fn below(dir: &std::path::Path, out: &mut Vec<i32>) {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    below(&e.path(), out);
+                }
+            }
+        }
+        let mut v = Vec::new();
+        for c in &self.cgroups {
+            below(&c.dir, &mut v);
+        }
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// The node's cgroup directory in every hierarchy (as the machine mounts them): what its
+    /// processes see as `/sys/fs/cgroup/<hierarchy>`.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        self.cgroups.iter().map(|c| c.dir.clone()).collect()
     }
 
     /// Processes in the node's cgroups whose command name (`/proc/<pid>/comm`) is `comm`.
