@@ -134,3 +134,37 @@ fn two_nodes_bind_the_same_port_side_by_side() {
         assert_eq!(s.wait().expect("reap socat").signal(), Some(libc::SIGKILL));
     }
 }
+
+/// A directory below a path the node covers with a tmpfs (`/run` here; a checkout under /opt or
+/// /run, the binaries, the peers, the scratch root: what every node keeps) stays reachable at
+/// its own path in a node that keeps it, read and written through; a node that does not keep
+/// it does not see it (so the first half shows the keeping, not an uncovered path).
+#[test]
+fn node_keeps_a_directory_below_a_path_it_covers() {
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Gone(Path::new("/run").join(cni_tests::unique("cni-keep")));
+    std::fs::create_dir(&dir.0).unwrap();
+    std::fs::write(dir.0.join("file"), "kept\n").unwrap();
+    let file = dir.0.join("file");
+    let file = file.to_str().unwrap();
+
+    let covering = Node::new("ndk");
+    let out = covering.command(10, "cat").arg(file).output().unwrap();
+    assert!(!out.status.success(), "{file} visible under the node's /run without keeping it");
+    drop(covering);
+
+    let node = Node::keeping("ndk", &[&dir.0]);
+    assert_eq!(node.must("cat", &[file]), "kept\n");
+    node.must("sh", &["-c", &format!("echo back > {}/back", dir.0.display())]);
+    assert_eq!(std::fs::read_to_string(dir.0.join("back")).unwrap(), "back\n");
+    // the rest of /run is still the node's own
+    assert!(node.command(10, "ls").arg("/run/netns").output().unwrap().status.success());
+    let marker = format!("/run/{}-marker", node.name);
+    node.must("touch", &[&marker]);
+    assert!(!Path::new(&marker).exists(), "{marker} reached the machine's /run");
+}

@@ -60,10 +60,34 @@ const KEEPER_SCRIPT: &str = r#"
 set -eu
 S="$1"; H="$2"; shift 2
 hostname "$H"
+# The directories the node must keep reaching whatever is mounted over their path ($KEEP, one
+# a line: the checkout, our binaries, the scratch root): each held open on fds 3… now, and
+# bound back at its own path from there after the mounts that could cover it (a checkout
+# under /opt or /run; mount must not canonicalize /proc/self/fd/N, which names the path).
+i=3
+while IFS= read -r d; do
+    [ -n "$d" ] || continue
+    eval "exec $i<\"\$d\""
+    i=$((i + 1))
+done <<EOF
+$KEEP
+EOF
+keep_back() {
+    i=3
+    while IFS= read -r d; do
+        [ -n "$d" ] || continue
+        mkdir -p "$d"
+        mount --no-canonicalize --rbind "/proc/self/fd/$i" "$d"
+        i=$((i + 1))
+    done <<EOF
+$KEEP
+EOF
+}
 mount -t tmpfs -o mode=755 cninode /run
 mkdir -p /run/netns
 mount -t tmpfs -o mode=1777 cninode /dev/shm
 mount -t tmpfs -o mode=755 cninode /opt
+keep_back
 # every overlay first (one per parent): an overlay mounted later would hide the binds below it
 for pair in "$@"; do
     target=${pair#*:}
@@ -100,6 +124,7 @@ echo "$hierarchies" | while read -r fstype point opts; do
     # the keeper is in the node's cgroup itself: its pid listed at the top, or this failed
     grep -qx "$$" "$point/cgroup.procs" || { echo "$point does not show the node's cgroup" >&2; exit 1; }
 done
+keep_back
 echo ready
 exec cat >/dev/null
 "#;
@@ -168,6 +193,13 @@ impl Node {
     /// Make a node named `<prefix><pid><n>` (at most 15 bytes in all: a short prefix); fails
     /// the test, saying why, when a namespace, mount or cgroup cannot be made (needs root).
     pub fn new(prefix: &str) -> Node {
+        Node::keeping(prefix, &[])
+    }
+
+    /// [`Node::new`], the node also keeping `dirs` reachable at their paths (besides the
+    /// checkout, the binaries' directory, the peers' and the scratch root, which every node
+    /// keeps) whatever it mounts over them.
+    pub fn keeping(prefix: &str, dirs: &[&std::path::Path]) -> Node {
         let host = Netns::new(prefix);
         let name = host.name().to_string();
         host.run("ip", &["link", "set", "lo", "up"]);
@@ -209,6 +241,7 @@ impl Node {
         ])
         .arg(node.dir.path())
         .arg(&node.name)
+        .env("KEEP", kept_dirs(dirs))
         .args(SCRATCH_PATHS.iter().map(|(n, p)| format!("{n}:{p}")))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -408,4 +441,32 @@ fn remove_cgroup(dir: &std::path::Path, left: &mut Vec<String>) {
     if let Err(e) = std::fs::remove_dir(dir) {
         left.push(format!("{}: {e}", dir.display()));
     }
+}
+
+/// The directories a node keeps reachable ([`Node::keeping`]), one a line, for its keeper: real
+/// paths, none below another (binding the outer one keeps those), at most 7 (the keeper holds
+/// each on one of the descriptors 3 to 9).
+fn kept_dirs(extra: &[&std::path::Path]) -> String {
+    let root = crate::workspace_root();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let candidates = [root.clone(), crate::bin_dir(), root.join("target/peers"), std::env::temp_dir()];
+    for d in candidates.iter().map(PathBuf::as_path).chain(extra.iter().copied()) {
+        if let Ok(real) = std::fs::canonicalize(d) {
+            dirs.push(real);
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    let outer: Vec<PathBuf> =
+        dirs.iter().filter(|d| !dirs.iter().any(|o| o != *d && d.starts_with(o))).cloned().collect();
+    assert!(outer.len() <= 7, "a node keeps at most 7 directories: {outer:?}");
+    let lines: Vec<String> = outer
+        .iter()
+        .map(|d| {
+            let s = d.to_str().unwrap_or_else(|| panic!("{} is not UTF-8", d.display()));
+            assert!(!s.contains('\n'), "{s:?}: a path with a newline");
+            s.to_string()
+        })
+        .collect();
+    lines.join("\n")
 }
