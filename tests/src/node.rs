@@ -387,6 +387,21 @@ impl Node {
         }
     }
 
+    /// Make `ns` (a pod's namespace the test made: `/run/netns/<name>` on the machine, which
+    /// the node's own `/run` hides) appear at the same path inside the node, for a runtime there
+    /// to be handed: a bind mount of it in the node's mount namespace (an nsfs file may be bound
+    /// from another mount namespace). Undone by [`Node::release`], or with the node.
+    pub fn adopt(&self, ns: &Netns) {
+        let script = "touch \"$1\" && mount --no-canonicalize --bind \"$2\" \"$1\"";
+        self.must("sh", &["-c", script, "adopt", ns.path_str(), &ns.fd_path()]);
+    }
+
+    /// Undo [`Node::adopt`]: the node no longer holds `ns` (when the test drops it, it goes,
+    /// as a pod's namespace the runtime lost).
+    pub fn release(&self, ns: &Netns) {
+        self.must("sh", &["-c", "umount \"$1\" && rm \"$1\"", "release", ns.path_str()]);
+    }
+
     /// The hostname the node's processes see.
     pub fn hostname(&self) -> String {
         self.must("hostname", &[]).trim().to_string()
