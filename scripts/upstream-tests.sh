@@ -127,19 +127,40 @@ run_suite() {
     local args=(-ginkgo.v -ginkgo.no-color "-ginkgo.json-report=$report" -ginkgo.timeout=20m)
     [ -n "$focus" ] && args+=("-ginkgo.focus=$focus")
     log "$impl: $name"
-    # a scratch host: own network namespace; private /run/netns and /tmp
+    # A scratch host: own network namespace; private /run/netns and /tmp. The tmpfs over /tmp
+    # would hide a checkout that lives there (a clone under /tmp: the suite could not even cd
+    # into its own target/), so every directory the run needs is bound back at its own path
+    # from the /tmp the tmpfs covers (held open on fd 3: a mount hides a path, not a
+    # directory already open; mount must not canonicalize that source, which would turn it
+    # into the path /tmp, the new tmpfs). Those are the checkout, our binaries and the peers'
+    # (symbolic links resolved: target/peers may point elsewhere).
     unshare --net --mount --propagation private -- sh -c '
         set -e
         mkdir -p /run/netns
         mount -t tmpfs cni-upstream-tests /run/netns
+        exec 3</tmp
         mount -t tmpfs cni-upstream-tests /tmp
+        for d in $2; do
+            case $d in
+            /tmp/*) mkdir -p "$d"; mount --no-canonicalize --rbind "/proc/self/fd/3/${d#/tmp/}" "$d" ;;
+            esac
+        done
+        exec 3<&-
         ip link set lo up
-        cd "$1"; shift
-        exec "$@"' sh "$WORK/src/$pkg" \
+        cd "$1"; shift 2
+        exec "$@"' sh "$WORK/src/$pkg" "$KEEP" \
         env PATH="$WORK/src/bin:$WORK/tools:/usr/local/go/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
         "$WORK/tests/$name.test" "${args[@]}" >"$WORK/reports/$impl-$name.log" 2>&1 || true
     [ -s "$report" ] || die "$impl: the $name suite wrote no report (see $WORK/reports/$impl-$name.log)"
 }
+
+# what the scratch hosts bind back over their tmpfs /tmp (run_suite): real paths, no spaces
+KEEP=
+for d in "$ROOT" "$OURS" "$PEER"; do
+    d=$(realpath -e "$d")
+    case $d in *[[:space:]]*) die "$d: a path with white space is not supported" ;; esac
+    KEEP="$KEEP $d"
+done
 
 for impl in v1.10 ours; do
     populate "$impl"

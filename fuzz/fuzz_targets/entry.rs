@@ -10,7 +10,8 @@
 //! so the process first jails itself (once): a network namespace of its own, a mount namespace
 //! in which the whole tree is read-only but the fuzz directory (corpus, artifacts), and fresh
 //! tmpfs over `/tmp` and `/run` (no namespace of the machine is reachable through
-//! `/run/netns`). `CNI_NETNS` values naming `proc` are replaced (`/proc/1/ns/net` is the
+//! `/run/netns`), the fuzz directory bound back over them when it lives below one (a checkout
+//! under /tmp). `CNI_NETNS` values naming `proc` are replaced (`/proc/1/ns/net` is the
 //! machine's namespace), and `CNI_PATH` is fixed to an empty directory: a fuzzed IPAM type on a
 //! fuzzed path could exec any program of the machine. Run as root (scripts/fuzz.sh).
 #![no_main]
@@ -95,6 +96,26 @@ fn jail() {
                         std::ptr::null(),
                     ),
                     dir,
+                );
+            }
+        }
+        // A fuzz directory below /tmp or /run (a checkout under /tmp) is hidden by those
+        // tmpfs, and libFuzzer writes its corpus and artifacts by absolute path: bind it back
+        // at its own path from the working directory, which still is the covered directory
+        // (a mount hides a path, not a directory a process already holds).
+        if cwd.starts_with("/tmp/") || cwd.starts_with("/run/") {
+            std::fs::create_dir_all(&cwd).expect("the fuzz directory's path on the tmpfs");
+            // SAFETY: as above.
+            unsafe {
+                check(
+                    libc::mount(
+                        c(".").as_ptr(),
+                        c(&cwd).as_ptr(),
+                        none,
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ),
+                    "bind the fuzz directory back over the tmpfs",
                 );
             }
         }

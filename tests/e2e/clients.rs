@@ -128,6 +128,8 @@ fn podman_publishes_a_port_over_our_chain_and_leaves_nothing() {
         assert!(!fw_before.contains("18080"));
         let (id, ip, _) = podman_httpd(&podman, &sb, &name, &net, 18080, &[]);
         assert!(ip.starts_with("10.89.0."), "{ip}");
+        // the container's monitor (it runs CNI DEL when the container exits) is the node's
+        sb.assert_confined("conmon");
 
         // what podman and our plugins recorded
         let cached = sb.cached(&net, &id, "eth0").expect("libcni cached the ADD result");

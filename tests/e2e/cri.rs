@@ -1336,6 +1336,12 @@ fn critest_networking(upstream: bool) -> BTreeSet<String> {
     assert!(other.is_empty() && out.status.success(), "critest on {which}: {other:?}\n{text}");
     assert!(passed.len() >= 4, "critest ran too few Networking specs on {which}: {passed:?}\n{text}");
     assert!(node.cri.list_pod_sandbox().expect("ListPodSandbox").is_empty(), "critest left pods");
+    // its pods (no cgroup parent) had their cgroups at the root the node shows: below the node's
+    assert!(
+        !node_k8s_io_cgroups(&sb).is_empty(),
+        "critest's pods left no k8s.io below node {}'s cgroups",
+        sb.name
+    );
     let ls = sb.host_links().into_iter().filter(|l| !before.contains(l) && l != BRIDGE).collect::<Vec<_>>();
     assert!(ls.is_empty(), "critest on {which} left links: {ls:?}");
     assert_eq!(reservations(&sb), Vec::<String>::new(), "critest on {which} left reservations");
@@ -1343,74 +1349,12 @@ fn critest_networking(upstream: bool) -> BTreeSet<String> {
     passed
 }
 
-/// The `k8s.io` cgroups (one per hierarchy) containerd makes as the parent of pods whose
-/// caller gives no cgroup parent (critest with the cgroupfs driver, the kubelet without QoS
-/// cgroups).
-fn k8s_io_cgroups() -> BTreeSet<PathBuf> {
-    let mut v: BTreeSet<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .map(|rd| rd.flatten().map(|e| e.path().join("k8s.io")).filter(|p| p.is_dir()).collect())
-        .unwrap_or_default();
-    let v2 = PathBuf::from("/sys/fs/cgroup/k8s.io");
-    if v2.is_dir() {
-        v.insert(v2);
-    }
-    v
-}
-
-/// Held by each test whose pods land in the `k8s.io` cgroups: when the last one ends, those
-/// cgroups are removed (rmdir: only when empty) if a test of ours made them — a marker file
-/// says so, written by the test that found none. Tests in parallel hold a shared lock; the last
-/// one out gets the exclusive lock. A machine's own `k8s.io` (a real containerd) is never
-/// touched.
-struct K8sIoCgroups {
-    lock: std::fs::File,
-}
-
-const K8S_IO_LOCK: &str = "/tmp/cni-tests-k8s-io-cgroups.lock";
-const K8S_IO_OURS: &str = "/tmp/cni-tests-k8s-io-cgroups.ours";
-
-impl K8sIoCgroups {
-    fn enter() -> K8sIoCgroups {
-        use std::os::fd::AsRawFd;
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(K8S_IO_LOCK)
-            .expect("open the k8s.io cgroup lock");
-        // SAFETY: flock(2) on a descriptor this function owns.
-        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
-        if k8s_io_cgroups().is_empty() {
-            std::fs::write(K8S_IO_OURS, "").expect("write the marker");
-        }
-        // SAFETY: as above; a conversion to shared.
-        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) }, 0, "flock");
-        K8sIoCgroups { lock }
-    }
-}
-
-impl Drop for K8sIoCgroups {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock(2) on our own descriptor; fails while another test holds its share.
-        if unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return;
-        }
-        if !Path::new(K8S_IO_OURS).exists() {
-            return;
-        }
-        for d in k8s_io_cgroups() {
-            // cpu and cpuacct may name one hierarchy: gone with the first
-            if d.is_dir() {
-                if let Err(e) = std::fs::remove_dir(&d) {
-                    eprintln!("NOTE: {} stays: {e}", d.display());
-                }
-            }
-        }
-        if k8s_io_cgroups().is_empty() {
-            let _ = std::fs::remove_file(K8S_IO_OURS);
-        }
-    }
+/// The `k8s.io` cgroups containerd makes as the parent of pods whose caller gives no cgroup
+/// parent (critest with the cgroupfs driver, the kubelet without QoS cgroups): at the root of
+/// the node's cgroup namespace, i.e. below the node's cgroups (removed with the node), one per
+/// hierarchy.
+fn node_k8s_io_cgroups(sb: &Sandbox) -> Vec<PathBuf> {
+    sb.cgroup_dirs().into_iter().map(|d| d.join("k8s.io")).filter(|d| d.is_dir()).collect()
 }
 
 /// critest's Networking conformance specs pass on our plugins exactly as on upstream's v1.10.0.
@@ -1418,10 +1362,8 @@ impl Drop for K8sIoCgroups {
 fn critest_networking_passes_as_on_upstream() {
     let tokens = ["create-PodSandbox-with"];
     let machine = HostSnapshot::take(&tokens);
-    let cgroups = K8sIoCgroups::enter();
     let ours = critest_networking(false);
     let upstream = critest_networking(true);
-    drop(cgroups);
     assert_eq!(ours, upstream, "critest's Networking specs: ours vs upstream v1.10.0");
     HostSnapshot::assert_unchanged_since(&machine, &tokens);
 }
@@ -1438,11 +1380,11 @@ fn kubelet_runtime_status(log: &Path) -> Option<String> {
 /// pod is reached through its host port and shaped at 1 Mbit/s both ways by the annotations,
 /// the kubelet reports the network ready, and removing the manifest leaves nothing.
 ///
-/// Isolation: the kubelet runs in the sandbox (scratch host netns, private mount namespace);
-/// its root, pod logs, /var/log/containers and the kernel settings it writes
-/// (`/proc/sys/vm/overcommit_memory`, `kernel/panic`, `kernel/panic_on_oops`, `vm/panic_on_oom`,
-/// `kernel/keys/root_max*`) are scratch files bind-mounted in that namespace only; its cgroups
-/// per QoS class and node allocatable enforcement are off.
+/// Isolation: the kubelet runs in the sandbox's node (network, mount and UTS namespaces and a
+/// cgroup subtree of its own, checked); its root, pod logs, /var/log/containers and the kernel
+/// settings it writes (`/proc/sys/vm/overcommit_memory`, `kernel/panic`, `kernel/panic_on_oops`,
+/// `vm/panic_on_oom`, `kernel/keys/root_max*`) are scratch files bind-mounted in that node's
+/// mount namespace only; its cgroups per QoS class and node allocatable enforcement are off.
 #[test]
 fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
     let rt = Runtime::v2();
@@ -1452,7 +1394,6 @@ fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
     let machine = HostSnapshot::take(&tokens);
     let sysctls = ["vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"];
     let kubelet_dir_before = Path::new("/var/lib/kubelet").exists();
-    let cgroups = K8sIoCgroups::enter();
     let sysctls_before: Vec<String> =
         sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
     {
@@ -1462,25 +1403,8 @@ fn kubelet_static_pod_with_host_port_and_bandwidth_annotations() {
         let k = sb.dir.join("kubelet");
         let manifests = k.join("manifests");
         std::fs::create_dir_all(&manifests).unwrap();
-        std::fs::create_dir_all(k.join("varlog")).unwrap();
-        sb.must("mount", &["--bind", k.join("varlog").to_str().unwrap(), "/var/log"]);
-        // /var/lib/kubelet (device-plugins/, pki/ are fixed paths, whatever --root-dir says):
-        // scratch; where the machine has none, made in an overlay of /var/lib whose upper layer
-        // is scratch, with the sandbox's /var/lib/cni bound again on top of it.
-        std::fs::create_dir_all(k.join("varlibkubelet")).unwrap();
-        let script = format!(
-            "set -e
-if [ ! -d /var/lib/kubelet ]; then
-  mkdir -p {k}/ovl/up {k}/ovl/work
-  mount -t overlay overlay -o lowerdir=/var/lib,upperdir={k}/ovl/up,workdir={k}/ovl/work /var/lib
-  mkdir -p /var/lib/kubelet
-  mount --bind {cache} /var/lib/cni
-fi
-mount --bind {k}/varlibkubelet /var/lib/kubelet",
-            k = k.display(),
-            cache = sb.dir.join("cache").display()
-        );
-        sb.must("sh", &["-c", &script]);
+        // /var/lib/kubelet (device-plugins/, pki/ are fixed paths, whatever --root-dir says) and
+        // /var/log are the node's scratch directories (cni_tests::node::SCRATCH_PATHS)
         for s in [
             "vm/overcommit_memory",
             "vm/panic_on_oom",
@@ -1565,6 +1489,9 @@ localStorageCapacityIsolation: false
             last.as_deref().filter(|l| l.contains("NetworkReady=true")).map(str::to_string)
         });
         assert!(ready.is_some(), "the kubelet never saw NetworkReady=true: {last:?}\n{}", klog());
+        // the kubelet and the runtime run in the node: its namespaces, its cgroups
+        sb.assert_confined("kubelet");
+        sb.assert_confined("containerd");
 
         // the static pod: hostPort, the page's annotations at 1M both ways, busybox httpd
         let manifest = manifests.join("web.yaml");
@@ -1600,6 +1527,10 @@ spec:
         let pods = node.cri.list_pod_sandbox().expect("ListPodSandbox");
         assert_eq!(pods.len(), 1, "{pods:?}");
         let id = pods[0].id.clone();
+        // the pod's cgroups are the node's too (its cgroup namespace): /k8s.io/<id> below them
+        let pod_cgroups: Vec<PathBuf> =
+            node_k8s_io_cgroups(&sb).into_iter().filter(|d| d.join(&id).is_dir()).collect();
+        assert!(!pod_cgroups.is_empty(), "no cgroup of pod {id} below node {}'s cgroups", sb.name);
         let res = cached(&sb, &id);
         let ip = cached_ip(&res);
         let calls = node.calls();
@@ -1660,7 +1591,6 @@ spec:
         }
         drop(node);
     }
-    drop(cgroups);
     let sysctls_after: Vec<String> =
         sysctls.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap()).collect();
     assert_eq!(sysctls_after, sysctls_before, "the kubelet changed the machine's kernel settings");

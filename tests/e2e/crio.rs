@@ -3,20 +3,23 @@
 //! registry, so the daemon itself cannot be built here; the driver makes the calls CRI-O's
 //! ocicni makes, in its order, with its options (docs/real-clients.md, "CRI-O").
 //!
-//! The full chain (bridge + host-local + portmap + bandwidth, cniVersion 1.1.0) in a scratch host
-//! namespace with an outside peer: start-up with no pods (STATUS, then GC with a null list), three
-//! pods (ADD then CHECK with the cached result, each), traffic both ways, a "restart" after the
-//! runtime lost one pod (STATUS, CHECK of every known pod, GC with the known pods after libcni's
-//! synthetic DEL of the stale cache entry), the STATUS monitor, and the pods stopped: the stale
-//! pod's address, veth, shaping and cache entry are gone after the restart, the live pods kept
-//! everything, and nothing is left at the end. Every plugin call is recorded by a wrapper
-//! (`cni_tests::cri::install_recorders`) and the verbs are checked in order.
+//! The full chain (bridge + host-local + portmap + bandwidth, cniVersion 1.1.0), the driver run
+//! in a scratch node (`cni_tests::node`: its network namespace is the host, the pods'
+//! namespaces bound into its mount namespace) with an outside peer: start-up with no pods
+//! (STATUS, then GC with a null list), three pods (ADD then CHECK with the cached result, each),
+//! traffic both ways, a "restart" after the runtime lost one pod (STATUS, CHECK of every known
+//! pod, GC with the known pods after libcni's synthetic DEL of the stale cache entry), the
+//! STATUS monitor, and the pods stopped: the stale pod's address, veth, shaping and cache entry
+//! are gone after the restart, the live pods kept everything, and nothing is left at the end.
+//! Every plugin call is recorded by a wrapper (`cni_tests::cri::install_recorders`) and the
+//! verbs are checked in order.
 //!
 //! The same test runs against upstream's v1.10.0 plugins (`scripts/install-peers.sh plugins`).
 
 use cni_tests::cri::{install_recorders, recorded, Call};
+use cni_tests::node::Node;
 use cni_tests::traffic::{fetch, Server};
-use cni_tests::{bin, unique, workspace_root, Netns, TempDir};
+use cni_tests::{bin, unique, workspace_root, Netns};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -47,10 +50,10 @@ fn peer_dir(group: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// The node the driver (CRI-O's part) runs in, its outside namespace, the network's names.
 struct World {
-    host: Netns,
+    node: Node,
     outside: Netns,
-    dir: TempDir,
     net: String,
     bridge: String,
     driver: PathBuf,
@@ -58,9 +61,9 @@ struct World {
 
 impl World {
     fn new(plugin_dir: Option<&Path>) -> World {
-        let host = Netns::new("crh");
+        let node = Node::new("crh");
+        let (host, dir) = (&node.host, &node.dir);
         let outside = Netns::new("cro");
-        let dir = TempDir::new("crio");
         for d in ["bin", "spy", "calls", "conf", "cache", "data"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
@@ -87,14 +90,13 @@ impl World {
         assert!(out.status.success(), "veth: {}", String::from_utf8_lossy(&out.stderr));
         host.run("ip", &["addr", "add", &format!("{HOST_ADDR}/30"), "dev", &hv]);
         outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/30"), "dev", &ov]);
-        for (ns, dev) in [(&host, hv.as_str()), (&outside, ov.as_str())] {
+        for (ns, dev) in [(host, hv.as_str()), (&outside, ov.as_str())] {
             ns.run("ip", &["link", "set", dev, "up"]);
             ns.run("ip", &["link", "set", "lo", "up"]);
         }
         let net = unique("crio");
         let bridge = unique("crb");
-        let w =
-            World { host, outside, dir, net, bridge, driver: peer_dir("crio-driver").join("crio-driver") };
+        let w = World { node, outside, net, bridge, driver: peer_dir("crio-driver").join("crio-driver") };
         let conflist = json!({
             "cniVersion": "1.1.0",
             "name": w.net,
@@ -103,7 +105,7 @@ impl World {
                     "type": "bridge", "bridge": w.bridge, "isGateway": true, "ipMasq": true,
                     "hairpinMode": true,
                     "ipam": {
-                        "type": "host-local", "dataDir": w.dir.join("data"),
+                        "type": "host-local", "dataDir": w.node.dir.join("data"),
                         "ranges": [[{"subnet": SUBNET}]], "routes": [{"dst": "0.0.0.0/0"}]
                     }
                 },
@@ -111,22 +113,22 @@ impl World {
                 {"type": "bandwidth", "capabilities": {"bandwidth": true}}
             ]
         });
-        std::fs::write(w.dir.join("conf/10-crio.conflist"), conflist.to_string()).unwrap();
+        std::fs::write(w.node.dir.join("conf/10-crio.conflist"), conflist.to_string()).unwrap();
         w
     }
 
-    /// Run one phase of the driver in the host namespace: (exit code, events, stderr).
+    /// Run one phase of the driver in the node: (exit code, events, stderr).
     fn driver(&self, args: &[&str]) -> (i32, Vec<Value>, String) {
-        let mut cmd = self.host.command("timeout");
-        cmd.args(["-k", "5", "180"]).arg(&self.driver).args([
+        let mut cmd = self.node.command(180, self.driver.to_str().expect("a UTF-8 path"));
+        cmd.args([
             "-confdir",
-            self.dir.join("conf").to_str().unwrap(),
+            self.node.dir.join("conf").to_str().unwrap(),
             "-bindir",
-            self.dir.join("spy").to_str().unwrap(),
+            self.node.dir.join("spy").to_str().unwrap(),
             "-cachedir",
-            self.dir.join("cache").to_str().unwrap(),
+            self.node.dir.join("cache").to_str().unwrap(),
             "-state",
-            self.dir.join("state.json").to_str().unwrap(),
+            self.node.dir.join("state.json").to_str().unwrap(),
         ]);
         let out = cmd.args(args).output().expect("run crio-driver");
         let events = String::from_utf8_lossy(&out.stdout)
@@ -146,33 +148,33 @@ impl World {
     }
 
     fn calls(&self) -> Vec<Call> {
-        recorded(&self.dir.join("calls"))
+        recorded(&self.node.dir.join("calls"))
     }
 
     fn cached_ip(&self, id: &str) -> String {
-        let p = self.dir.join("cache/results").join(format!("{}-{id}-eth0", self.net));
+        let p = self.node.dir.join("cache/results").join(format!("{}-{id}-eth0", self.net));
         let v: Value = serde_json::from_slice(&std::fs::read(&p).expect("cache entry")).unwrap();
         let addr = v["result"]["ips"][0]["address"].as_str().expect("cached address").to_string();
         addr.split('/').next().unwrap().to_string()
     }
 
     fn cache_entries(&self) -> BTreeSet<String> {
-        names(&self.dir.join("cache/results"))
+        names(&self.node.dir.join("cache/results"))
     }
 
     fn reservations(&self) -> BTreeSet<String> {
-        names(&self.dir.join("data").join(&self.net))
+        names(&self.node.dir.join("data").join(&self.net))
             .into_iter()
             .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
             .collect()
     }
 
     fn links(&self) -> BTreeSet<String> {
-        self.host.link_names().into_iter().collect()
+        self.node.host.link_names().into_iter().collect()
     }
 
     fn qdiscs(&self) -> String {
-        String::from_utf8_lossy(&self.host.run("tc", &["qdisc", "show"]).stdout).into_owned()
+        String::from_utf8_lossy(&self.node.host.run("tc", &["qdisc", "show"]).stdout).into_owned()
     }
 }
 
@@ -233,6 +235,9 @@ fn crio_sequence(upstream: Option<&Path>) {
     // 2. three pods: ADD of the list, then CHECK of the list with the cached result
     let outside_srv = Server::tcp4(&w.outside, 8080, "outside");
     let mut pods: Vec<Netns> = (0..3).map(|_| Netns::new("crp")).collect();
+    for p in &pods {
+        w.node.adopt(p); // the pods' namespaces, where the driver in the node finds them
+    }
     let ids = ["pod-a", "pod-b", "pod-c"];
     let mut servers = Vec::new();
     let mut links_before_c = BTreeSet::new();
@@ -253,7 +258,7 @@ fn crio_sequence(upstream: Option<&Path>) {
     }
     let ips: Vec<String> = ids.iter().map(|id| w.cached_ip(id)).collect();
     for (i, id) in ids.iter().enumerate() {
-        assert_eq!(fetch(&w.host, &ips[i], 80), format!("{id} {GATEWAY}"), "{what}");
+        assert_eq!(fetch(&w.node.host, &ips[i], 80), format!("{id} {GATEWAY}"), "{what}");
         // out through the bridge, masqueraded to the host's address on the outside link
         assert_eq!(fetch(&pods[i], OUTSIDE_ADDR, 8080), format!("outside {HOST_ADDR}"), "{what}: {id}");
     }
@@ -263,7 +268,9 @@ fn crio_sequence(upstream: Option<&Path>) {
     // 3. the runtime loses pod-c (no DEL) and its namespace goes; then CRI-O restarts
     w.must(&["forget", "pod-c"]);
     drop(servers.pop());
-    drop(pods.pop());
+    let lost = pods.pop().unwrap();
+    w.node.release(&lost);
+    drop(lost);
     let live = pods;
     let from = w.calls().len();
     let ev = w.must(&["start"]);
@@ -304,7 +311,7 @@ fn crio_sequence(upstream: Option<&Path>) {
     assert_eq!(w.reservations(), ips[..2].iter().cloned().collect::<BTreeSet<_>>(), "{what}");
     assert_eq!(w.links(), links_before_c, "{what}: pod-c's veth (and ifb) gone, the others kept");
     for (i, id) in ids[..2].iter().enumerate() {
-        assert_eq!(fetch(&w.host, &ips[i], 80), format!("{id} {GATEWAY}"), "{what}: after restart");
+        assert_eq!(fetch(&w.node.host, &ips[i], 80), format!("{id} {GATEWAY}"), "{what}: after restart");
         assert_eq!(fetch(&live[i], OUTSIDE_ADDR, 8080), format!("outside {HOST_ADDR}"), "{what}: {id}");
     }
     assert!(w.qdiscs().contains("tbf"), "{what}: the live pods are still shaped");
@@ -357,7 +364,7 @@ fn crio_sequence_on_upstream_v1_10() {
 #[test]
 fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
     let w = World::new(None);
-    let spy = w.dir.join("spy");
+    let spy = w.node.dir.join("spy");
     std::fs::rename(spy.join("portmap"), spy.join("portmap.rec")).unwrap();
     let script = format!(
         "#!/bin/sh\nif [ \"$CNI_COMMAND\" = CHECK ]; then\n  cat >/dev/null\n  \
@@ -372,6 +379,7 @@ fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
     let base_links = w.links();
     w.must(&["start"]);
     let pod = Netns::new("crp");
+    w.node.adopt(&pod);
     let from = w.calls().len();
     let (rc, ev, err) =
         w.driver(&["run-pod", "pod-x", pod.path_str(), &INGRESS_BPS.to_string(), &EGRESS_BPS.to_string()]);
@@ -396,8 +404,9 @@ fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
     expected.insert(w.bridge.clone());
     assert_eq!(w.links(), expected, "the pod's veth and ifb gone");
     assert!(!w.qdiscs().contains("tbf"));
-    let state: Value = serde_json::from_slice(&std::fs::read(w.dir.join("state.json")).unwrap_or_default())
-        .unwrap_or(json!({"pods": []}));
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(w.node.dir.join("state.json")).unwrap_or_default())
+            .unwrap_or(json!({"pods": []}));
     assert!(
         state["pods"].as_array().map(|p| p.is_empty()).unwrap_or(true),
         "the runtime does not keep the pod: {state}"
@@ -411,7 +420,7 @@ fn crio_check_failure_fails_the_pod_and_its_del_leaves_nothing() {
 #[test]
 fn crio_start_up_waits_for_status_and_only_then_collects() {
     let w = World::new(None);
-    let store = w.dir.join("data").join(&w.net);
+    let store = w.node.dir.join("data").join(&w.net);
     std::fs::write(&store, "not a directory").unwrap();
     let (rc, ev, err) = w.driver(&["-status-wait", "1", "start"]);
     assert_eq!(rc, 1, "start-up never got ready: {ev:?} {err}");
@@ -450,6 +459,7 @@ fn crio_restart_check_failure_is_a_warning_and_gc_keeps_the_listed_pod() {
     let w = World::new(None);
     w.must(&["start"]);
     let pod = Netns::new("crp");
+    w.node.adopt(&pod);
     w.must(&["run-pod", "pod-d", pod.path_str()]);
     let ip = w.cached_ip("pod-d");
     pod.run("ip", &["link", "del", "eth0"]); // takes the host end with it

@@ -12,13 +12,16 @@
 //! * non-inlined plugin loading: plugins from `<confdir>/<network>/*.conf`, after the inlined
 //!   ones, for both cnitools.
 //!
-//! libcni 1.3.1's cnitool has no cache-directory setting (always /var/lib/cni), so it runs in a
-//! private mount namespace with a scratch directory bound over /var/lib/cni: the machine's
-//! cache is never read or written. Every plugin call is recorded (`cni_tests::cri`'s wrapper).
+//! libcni 1.3.1's cnitool has no cache-directory setting (always /var/lib/cni), so both
+//! cnitools run in a scratch node (`cni_tests::node`) whose /var/lib/cni is a scratch directory:
+//! the machine's cache is never read or written. The pods' namespaces, made by the test, are
+//! bound into the node's mount namespace (`Node::adopt`). Every plugin call is recorded
+//! (`cni_tests::cri`'s wrapper).
 
 use cni_tests::cri::{install_recorders, recorded, Call};
+use cni_tests::node::Node;
 use cni_tests::traffic::{fetch, Server};
-use cni_tests::{bin, unique, workspace_root, Netns, TempDir};
+use cni_tests::{bin, unique, workspace_root, Netns};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha512};
 use std::collections::BTreeSet;
@@ -56,10 +59,11 @@ enum Tool {
     Ours,
 }
 
+/// The node both cnitools run in (its network namespace the host, its /var/lib/cni the scratch
+/// `cache`), its outside namespace, the network's names.
 struct World {
-    host: Netns,
+    node: Node,
     outside: Netns,
-    dir: TempDir,
     net: String,
     bridge: String,
     upstream_tool: PathBuf,
@@ -67,9 +71,9 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let host = Netns::new("lch");
+        let node = Node::new("lch");
+        let (host, dir) = (&node.host, &node.dir);
         let outside = Netns::new("lco");
-        let dir = TempDir::new("lc13");
         for d in ["bin", "spy", "calls", "conf", "cache", "data"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
@@ -87,14 +91,13 @@ impl World {
         assert!(out.status.success(), "veth: {}", String::from_utf8_lossy(&out.stderr));
         host.run("ip", &["addr", "add", &format!("{HOST_ADDR}/30"), "dev", &hv]);
         outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/30"), "dev", &ov]);
-        for (ns, dev) in [(&host, hv.as_str()), (&outside, ov.as_str())] {
+        for (ns, dev) in [(host, hv.as_str()), (&outside, ov.as_str())] {
             ns.run("ip", &["link", "set", dev, "up"]);
             ns.run("ip", &["link", "set", "lo", "up"]);
         }
         World {
-            host,
+            node,
             outside,
-            dir,
             net: unique("lcnet"),
             bridge: unique("lcb"),
             upstream_tool: peer_dir("cnitool").join("cnitool"),
@@ -105,7 +108,7 @@ impl World {
         json!({
             "type": "bridge", "bridge": self.bridge, "isGateway": true, "ipMasq": true,
             "ipam": {
-                "type": "host-local", "dataDir": self.dir.join("data"),
+                "type": "host-local", "dataDir": self.node.dir.join("data"),
                 "ranges": [[{"subnet": SUBNET}]], "routes": [{"dst": "0.0.0.0/0"}]
             }
         })
@@ -126,32 +129,24 @@ impl World {
             "cniVersion": "1.1.0", "name": self.net,
             "plugins": [self.bridge_conf(), World::portmap_conf(), World::bandwidth_conf()]
         });
-        std::fs::write(self.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
+        std::fs::write(self.node.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
     }
 
     /// Run `tool verb net netns` in the host namespace with this world's directories.
     fn run(&self, tool: Tool, verb: &str, net: &str, netns: &str, extra_env: &[(&str, &str)]) -> Output {
-        let mut cmd = self.host.command("timeout");
-        cmd.args(["-k", "5", "120"]);
-        match tool {
-            // a private mount namespace with the scratch cache bound over /var/lib/cni (tmpfs
-            // on /var/lib first where the machine has no /var/lib/cni to bind over)
-            Tool::Libcni13 => {
-                cmd.args(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c"]).arg(
-                    r#"set -e; c="$1"; shift
-                       if [ ! -d /var/lib/cni ]; then mount -t tmpfs cnitest /var/lib; mkdir -p /var/lib/cni; fi
-                       mount --bind "$c" /var/lib/cni
-                       exec "$@""#,
-                );
-                cmd.arg("sh").arg(self.dir.join("cache")).arg(&self.upstream_tool);
-            }
+        // both in the node: libcni 1.3.1's has no cache-directory setting (/var/lib/cni, the
+        // node's scratch `cache`), ours is told the same directory
+        let mut cmd = match tool {
+            Tool::Libcni13 => self.node.command(120, self.upstream_tool.to_str().expect("a UTF-8 path")),
             Tool::Ours => {
-                cmd.arg(bin("cnitool")).env("CNI_CACHE_DIR", self.dir.join("cache"));
+                let mut c = self.node.command(120, bin("cnitool").to_str().expect("a UTF-8 path"));
+                c.env("CNI_CACHE_DIR", self.node.dir.join("cache"));
+                c
             }
-        }
+        };
         cmd.args([verb, net, netns])
-            .env("CNI_PATH", self.dir.join("spy"))
-            .env("NETCONFPATH", self.dir.join("conf"))
+            .env("CNI_PATH", self.node.dir.join("spy"))
+            .env("NETCONFPATH", self.node.dir.join("conf"))
             .env_remove("CNI_IFNAME")
             .env_remove("CAP_ARGS")
             .env_remove("CNI_ARGS")
@@ -174,22 +169,22 @@ impl World {
     }
 
     fn calls(&self) -> Vec<Call> {
-        recorded(&self.dir.join("calls"))
+        recorded(&self.node.dir.join("calls"))
     }
 
     fn cache_entries(&self) -> BTreeSet<String> {
-        names(&self.dir.join("cache/results"))
+        names(&self.node.dir.join("cache/results"))
     }
 
     fn reservations(&self) -> BTreeSet<String> {
-        names(&self.dir.join("data").join(&self.net))
+        names(&self.node.dir.join("data").join(&self.net))
             .into_iter()
             .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
             .collect()
     }
 
     fn links(&self) -> BTreeSet<String> {
-        self.host.link_names().into_iter().collect()
+        self.node.host.link_names().into_iter().collect()
     }
 }
 
@@ -230,6 +225,7 @@ fn libcni13_cnitool_drives_the_full_chain_with_a_host_port() {
     w.write_chain();
     let base_links = w.links();
     let pod = Netns::new("lcp");
+    w.node.adopt(&pod);
     let caps = r#"{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}"#;
     let t = Tool::Libcni13;
 
@@ -245,7 +241,7 @@ fn libcni13_cnitool_drives_the_full_chain_with_a_host_port() {
     );
     let _srv = Server::tcp4(&pod, 80, "pod");
     assert_eq!(fetch(&w.outside, HOST_ADDR, 8080), format!("pod {OUTSIDE_ADDR}"), "the host port");
-    assert_eq!(fetch(&w.host, &ip, 80), format!("pod {GATEWAY}"));
+    assert_eq!(fetch(&w.node.host, &ip, 80), format!("pod {GATEWAY}"));
     w.must(t, "check", &w.net, pod.path_str(), &[]);
     w.must(t, "status", &w.net, pod.path_str(), &[]);
     w.must(t, "del", &w.net, pod.path_str(), &[]);
@@ -281,8 +277,9 @@ fn libcni13_cnitool_drives_loopback_at_every_version() {
     for v in ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
         let net = format!("{}{}", w.net, v.replace('.', ""));
         let list = json!({"cniVersion": v, "name": net, "plugins": [{"type": "loopback"}]});
-        std::fs::write(w.dir.join("conf").join(format!("20-{net}.conflist")), list.to_string()).unwrap();
+        std::fs::write(w.node.dir.join("conf").join(format!("20-{net}.conflist")), list.to_string()).unwrap();
         let ctr = Netns::new("lcl");
+        w.node.adopt(&ctr);
         let t = Tool::Libcni13;
         let out = w.must(t, "add", &net, ctr.path_str(), &[]);
         let r: Value = serde_json::from_str(&out).expect("ADD prints the result");
@@ -313,14 +310,16 @@ fn libcni13_cnitool_gc_sends_no_list_and_is_refused_then_ours_collects_with_one(
     let w = World::new();
     w.write_chain();
     let live = Netns::new("lcp");
+    w.node.adopt(&live);
     let leaked = Netns::new("lcp");
+    w.node.adopt(&leaked);
     let t = Tool::Libcni13;
     let caps_live = r#"{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}"#;
     let caps_leaked = r#"{"portMappings":[{"hostPort":8081,"containerPort":80,"protocol":"tcp"}]}"#;
     let ip_leaked = result_ip(&w.must(t, "add", &w.net, leaked.path_str(), &[("CAP_ARGS", caps_leaked)]));
     // the runtime lost this attachment's cache entry: only a GC with a list can find it
     for e in w.cache_entries() {
-        std::fs::remove_file(w.dir.join("cache/results").join(e)).unwrap();
+        std::fs::remove_file(w.node.dir.join("cache/results").join(e)).unwrap();
     }
     let links_with_leaked = w.links();
     w.must(t, "add", &w.net, live.path_str(), &[("CAP_ARGS", caps_live)]);
@@ -384,14 +383,15 @@ fn non_inlined_plugins_load_from_the_network_directory_for_both_cnitools() {
     // bridge inlined; portmap and bandwidth from <confdir>/<net>/*.conf, in file-name order,
     // after the inlined plugins (libcni 1.3's NetworkConfFromFile)
     let list = json!({"cniVersion": "1.1.0", "name": w.net, "plugins": [w.bridge_conf()]});
-    std::fs::write(w.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
-    let sub = w.dir.join("conf").join(&w.net);
+    std::fs::write(w.node.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
+    let sub = w.node.dir.join("conf").join(&w.net);
     std::fs::create_dir_all(&sub).unwrap();
     std::fs::write(sub.join("20-portmap.conf"), World::portmap_conf().to_string()).unwrap();
     std::fs::write(sub.join("30-bandwidth.conf"), World::bandwidth_conf().to_string()).unwrap();
     let caps = r#"{"portMappings":[{"hostPort":8082,"containerPort":80,"protocol":"tcp"}]}"#;
     for (adder, other) in [(Tool::Libcni13, Tool::Ours), (Tool::Ours, Tool::Libcni13)] {
         let pod = Netns::new("lcp");
+        w.node.adopt(&pod);
         let from = w.calls().len();
         w.must(adder, "add", &w.net, pod.path_str(), &[("CAP_ARGS", caps)]);
         let _srv = Server::tcp4(&pod, 80, "pod");
@@ -418,9 +418,10 @@ fn non_inlined_plugins_load_from_the_network_directory_for_both_cnitools() {
     }
     // with loadOnlyInlinedPlugins the directory is ignored: only the bridge runs
     let list = json!({"cniVersion": "1.1.0", "name": w.net, "loadOnlyInlinedPlugins": true, "plugins": [w.bridge_conf()]});
-    std::fs::write(w.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
+    std::fs::write(w.node.dir.join("conf/10-chain.conflist"), list.to_string()).unwrap();
     for t in [Tool::Libcni13, Tool::Ours] {
         let pod = Netns::new("lcp");
+        w.node.adopt(&pod);
         let from = w.calls().len();
         w.must(t, "add", &w.net, pod.path_str(), &[]);
         w.must(t, "del", &w.net, pod.path_str(), &[]);

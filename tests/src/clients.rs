@@ -4,28 +4,31 @@
 //! Runtimes set up networking in the network namespace they run in, and write state to fixed
 //! host paths (`/var/lib/cni` for libcni's cache, `/run/netns` for Podman's namespaces,
 //! `/run/containerd/s` for containerd shim sockets, `/dev/shm/libpod_lock`, `/etc/cni/net.d`
-//! and `/opt/cni/bin` for `ctr`). So a [`Sandbox`] is:
+//! and `/opt/cni/bin` for `ctr`). So every runtime runs in a [`Sandbox`]:
 //!
-//! * a scratch **host** network namespace (bridges, veth host ends, nftables, qdiscs and
-//!   sysctls land there) with an **outside** peer namespace joined by a veth, addresses in
-//!   10.250.0.0/30 (host .1, outside .2) and fd00:250::/64 (::1, ::2);
-//! * a **mount namespace** held by a keeper process (slave propagation, so nothing mounted
-//!   inside reaches the machine), with fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the
-//!   scratch plugin, config and cache directories bind-mounted on `/opt/cni/bin`,
-//!   `/etc/cni/net.d` and `/var/lib/cni`;
+//! * a scratch [`Node`] (crate::node): network, mount, UTS and cgroup namespaces and a cgroup
+//!   subtree of its own, fresh tmpfs on `/run`, `/dev/shm` and `/opt`, and the scratch plugin, config
+//!   and cache directories bound on `/opt/cni/bin`, `/etc/cni/net.d` and `/var/lib/cni`; its
+//!   network namespace is the **host** to the plugins (bridges, veth host ends, nftables,
+//!   qdiscs and sysctls land there);
+//! * an **outside** peer namespace joined to the node by a veth, addresses in 10.250.0.0/30
+//!   (host .1, outside .2) and fd00:250::/64 (::1, ::2): the node's underlay;
 //! * scratch directories for everything else (Podman root/runroot/tmpdir, containerd
 //!   root/state/sockets, host-local's dataDir, a busybox-static rootfs);
-//! * a cgroup parent of its own, removed at the end.
+//! * a cgroup parent of its own for the containers (below the node's cgroups: the node has a
+//!   cgroup namespace), removed at the end.
 //!
-//! Runtime commands run inside both namespaces through `nsenter`, each under `timeout`.
-//! [`HostSnapshot`] records what the machine looked like before, to prove afterwards that no
-//! link, nftables rule or file appeared outside the scratch directories.
+//! Runtime commands run in the node through `nsenter`, each under `timeout`. The tests assert
+//! on the node and its outside namespace only, never on the machine's namespaces (other
+//! suites, a second copy of this one, change those at any time); what they do check of the
+//! machine is that no file appeared in its runtime directories ([`HostSnapshot`]) and that the
+//! daemons ran confined to the node ([`Node::assert_confined`]).
 
-use crate::{bin, unique, Netns, TempDir};
+use crate::node::Node;
+use crate::{bin, unique, Netns};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Which plugins a sandbox puts in its plugin directory. The tests use ours only; for work on
@@ -126,51 +129,29 @@ pub fn wait_for<T>(what: &str, limit: Duration, cond: impl FnMut() -> Option<T>)
     poll(limit, cond).unwrap_or_else(|| panic!("timed out after {limit:?} waiting for {what}"))
 }
 
-/// A scratch host + outside netns, a private mount namespace and scratch directories.
+/// A scratch node (the host), its outside namespace and the containers' cgroup parent. Derefs
+/// to its [`Node`]: `sb.host`, `sb.dir`, `sb.command(…)`, `sb.must(…)`.
 pub struct Sandbox {
-    pub host: Netns,
+    pub node: Node,
     pub outside: Netns,
     pub plugins: PluginSet,
-    /// Scratch root: bin/ conf/ cache/ data/ rootfs/ and per-runtime directories.
-    pub dir: TempDir,
     /// Absolute cgroup parent (e.g. `/cnisbx…`) for containers of this sandbox.
     pub cgroup_parent: String,
-    keeper: Option<(Child, ChildStdin)>,
-    keeper_pid: u32,
 }
 
-/// Shell script run by the keeper inside its new mount namespace. `$1` is the scratch root.
-const KEEPER_SCRIPT: &str = r#"
-set -eu
-S="$1"
-mount -t tmpfs -o mode=755 cnisandbox /run
-mkdir -p /run/netns
-mount -t tmpfs -o mode=1777 cnisandbox /dev/shm
-mount -t tmpfs -o mode=755 cnisandbox /opt
-mkdir -p /opt/cni/bin
-mount --bind "$S/bin" /opt/cni/bin
-# /etc/cni/net.d and /var/lib/cni: bind over them; where missing, make them in an overlay
-# whose upper layer is scratch, so the machine's tree stays as it is.
-for pair in /etc/cni/net.d:/etc:"$S/conf" /var/lib/cni:/var/lib:"$S/cache"; do
-    target=${pair%%:*}; rest=${pair#*:}; parent=${rest%%:*}; src=${rest#*:}
-    if [ ! -d "$target" ]; then
-        o="$S/overlay$(echo "$parent" | tr / _)"
-        mkdir -p "$o/up" "$o/work"
-        mount -t overlay overlay -o "lowerdir=$parent,upperdir=$o/up,workdir=$o/work" "$parent"
-        mkdir -p "$target"
-    fi
-    mount --bind "$src" "$target"
-done
-echo ready
-exec cat >/dev/null
-"#;
+impl std::ops::Deref for Sandbox {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
 
 impl Sandbox {
     pub fn new(plugins: PluginSet) -> Sandbox {
-        let host = Netns::new("sbh");
+        let node = Node::new("sbh");
+        let (host, dir) = (&node.host, &node.dir);
         let outside = Netns::new("sbo");
-        let dir = TempDir::new("sbx");
-        for d in ["bin", "conf", "cache", "data", "rootfs"] {
+        for d in ["data", "rootfs"] {
             std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
         }
         for p in PLUGINS {
@@ -195,45 +176,12 @@ impl Sandbox {
         outside.run("ip", &["addr", "add", &format!("{OUTSIDE_ADDR}/30"), "dev", &ov]);
         host.run("ip", &["-6", "addr", "add", &format!("{HOST_ADDR6}/64"), "dev", &hv, "nodad"]);
         outside.run("ip", &["-6", "addr", "add", &format!("{OUTSIDE_ADDR6}/64"), "dev", &ov, "nodad"]);
-        for (ns, dev) in [(&host, hv.as_str()), (&outside, ov.as_str())] {
-            ns.run("ip", &["link", "set", dev, "up"]);
-            ns.run("ip", &["link", "set", "lo", "up"]);
-        }
+        host.run("ip", &["link", "set", &hv, "up"]);
+        outside.run("ip", &["link", "set", &ov, "up"]);
+        outside.run("ip", &["link", "set", "lo", "up"]);
         make_rootfs(&dir.join("rootfs"));
-
-        // The keeper: unshare a mount namespace inside the host netns, set it up, then wait
-        // on stdin; closing stdin ends it.
-        let mut cmd = host.command("unshare");
-        cmd.args(["--mount", "--propagation", "slave", "sh", "-c", KEEPER_SCRIPT, "keeper", dir.str()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn unshare (util-linux)");
-        let stdin = child.stdin.take().expect("keeper stdin");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("keeper stdout"))
-            .read_line(&mut line)
-            .expect("read keeper");
-        if line.trim() != "ready" {
-            let out = child.wait_with_output().expect("keeper output");
-            panic!("cannot set up the sandbox mount namespace: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let keeper_pid = child.id();
         let cgroup_parent = format!("/{}", unique("cnisbx"));
-        Sandbox { host, outside, plugins, dir, cgroup_parent, keeper: Some((child, stdin)), keeper_pid }
-    }
-
-    /// A command run inside the sandbox (host netns + private mount ns), under `timeout`.
-    pub fn command(&self, secs: u64, program: &str) -> Command {
-        let mut c = timed(secs, "nsenter");
-        c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "--", program]);
-        c
-    }
-
-    /// Run `program args` in the sandbox; panics on failure; returns stdout.
-    pub fn must(&self, program: &str, args: &[&str]) -> String {
-        let out = self.command(CMD_TIMEOUT, program).args(args).output().expect("spawn nsenter");
-        must(&format!("{program} {args:?}"), out)
+        Sandbox { node, outside, plugins, cgroup_parent }
     }
 
     /// Write a conflist into the scratch config dir (what `/etc/cni/net.d` shows in the sandbox).
@@ -302,9 +250,9 @@ impl Sandbox {
     /// removed (a non-empty cgroup means a process of a container is still alive).
     pub fn remove_cgroups(&self) -> Vec<String> {
         let mut left = Vec::new();
-        for ctl in list(Path::new("/sys/fs/cgroup")) {
-            let base =
-                Path::new("/sys/fs/cgroup").join(&ctl).join(self.cgroup_parent.trim_start_matches('/'));
+        // the node's cgroups are the root its processes see (a cgroup namespace)
+        for node_dir in self.node.cgroup_dirs() {
+            let base = node_dir.join(self.cgroup_parent.trim_start_matches('/'));
             if !base.exists() {
                 continue;
             }
@@ -341,10 +289,6 @@ pub fn cached_host_veth(cached: &Value, bridge: &str) -> String {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if let Some((mut child, stdin)) = self.keeper.take() {
-            drop(stdin);
-            let _ = child.wait();
-        }
         let left = self.remove_cgroups();
         if !left.is_empty() && !std::thread::panicking() {
             panic!("cgroups left behind: {left:?}");
@@ -669,14 +613,8 @@ disabled_plugins = [
 
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &self.sb.keeper_pid.to_string(), "-m", "-n", "--"])
-            .arg(self.program("containerd"))
-            .arg("--config")
-            .arg(&self.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        let mut c = self.sb.enter(self.program("containerd"));
+        c.arg("--config").arg(&self.config).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
         if let Some(d) = &self.bin_dir {
             // the shim is looked up on PATH: ours first, not the machine's 1.x shim
             let path = std::env::var("PATH").unwrap_or_default();
@@ -704,6 +642,11 @@ disabled_plugins = [
                 std::fs::read_to_string(&self.log).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(100));
+        }
+        // nsenter execs the daemon: the child is containerd itself
+        let pid = self.daemon.as_ref().unwrap().id() as i32;
+        if let Err(e) = self.sb.confines(pid) {
+            panic!("containerd does not run in its node: {e}");
         }
     }
 
@@ -826,13 +769,14 @@ impl Drop for Containerd<'_> {
     }
 }
 
-/// What the machine (the test process's own namespaces) looks like, restricted to what a
-/// runtime or our plugins could leave behind: links, the nftables ruleset, runtime state
-/// directories, and entries naming this test's attachments in shared CNI directories.
+/// What the machine's file tree looks like where a runtime or our plugins could leave
+/// something behind: runtime state directories, and entries naming this test's attachments in
+/// shared CNI directories. The machine's links and firewall are not looked at: other suites,
+/// a second copy of this one, change those at any time, and the runtimes run in a [`Node`],
+/// which the tests check instead ([`Node::assert_confined`], and their assertions on the
+/// node's links, rules and qdiscs).
 #[derive(Debug, PartialEq, Eq)]
 pub struct HostSnapshot {
-    links: Vec<String>,
-    nft: String,
     files: Vec<String>,
 }
 
@@ -856,13 +800,6 @@ impl HostSnapshot {
     /// `tokens`: strings that name this test's networks/containers (checked in shared dirs
     /// such as /var/lib/cni/results and /run/netns, where other tests write too).
     pub fn take(tokens: &[&str]) -> HostSnapshot {
-        let links_out = Command::new("ip").args(["-o", "link", "show"]).output().expect("ip link");
-        let mut links: Vec<String> = String::from_utf8_lossy(&links_out.stdout)
-            .lines()
-            .filter_map(|l| l.split(':').nth(1).map(|s| s.trim().split('@').next().unwrap().to_string()))
-            .collect();
-        links.sort();
-        let nft = Command::new("nft").args(["list", "ruleset"]).output().expect("nft");
         let mut files = Vec::new();
         for d in RUNTIME_DIRS {
             walk(Path::new(d), &mut files);
@@ -879,14 +816,12 @@ impl HostSnapshot {
             );
         }
         files.sort();
-        HostSnapshot { links, nft: String::from_utf8_lossy(&nft.stdout).into_owned(), files }
+        HostSnapshot { files }
     }
 
-    /// Assert the machine looks as it did in `before`.
+    /// Assert the machine's files look as they did in `before`.
     pub fn assert_unchanged_since(before: &HostSnapshot, tokens: &[&str]) {
         let after = HostSnapshot::take(tokens);
-        assert_eq!(before.links, after.links, "links of the machine changed");
-        assert_eq!(before.nft, after.nft, "the machine's nftables ruleset changed");
         assert_eq!(before.files, after.files, "files appeared or vanished outside the scratch dirs");
     }
 }

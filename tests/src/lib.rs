@@ -259,6 +259,13 @@ impl Netns {
         self.path.to_str().expect("utf-8 path")
     }
 
+    /// A path to this namespace that any mount namespace can open while this handle lives:
+    /// the harness's own descriptor of it under /proc (a scratch node binds it at
+    /// [`Netns::path`] inside: `node::Node::adopt`).
+    pub fn fd_path(&self) -> String {
+        format!("/proc/{}/fd/{}", std::process::id(), self.file.as_raw_fd())
+    }
+
     /// Move the calling thread into this namespace for good (benchmark drivers do this once so
     /// that children are spawned without a pre-exec hook, i.e. with the cheap vfork path).
     pub fn enter_current_thread(&self) {
@@ -962,6 +969,7 @@ pub mod clients;
 pub mod cri;
 pub mod kubeproxy;
 pub mod leaks;
+pub mod node;
 pub mod peers;
 pub mod raw;
 pub mod skip;
