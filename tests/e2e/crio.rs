@@ -16,10 +16,10 @@
 //!
 //! The same test runs against upstream's v1.10.0 plugins (`scripts/install-peers.sh plugins`).
 
-use cni_tests::cri::{install_recorders, recorded, Call};
+use cni_tests::cri::{install_recorders, peer_dir, recorded, Call};
 use cni_tests::node::Node;
 use cni_tests::traffic::{fetch, Server};
-use cni_tests::{bin, unique, workspace_root, Netns};
+use cni_tests::{bin, unique, Netns};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -35,20 +35,6 @@ const INGRESS_BPS: u64 = 1_000_000;
 const EGRESS_BPS: u64 = 2_000_000;
 /// The chain's plugins libcni execs (host-local is the bridge's delegate).
 const CHAIN: [&str; 3] = ["bridge", "portmap", "bandwidth"];
-
-/// Build (or reuse) a group of scripts/install-peers.sh and return its directory; a failed
-/// build fails the test.
-fn peer_dir(group: &str) -> PathBuf {
-    let script = workspace_root().join("scripts/install-peers.sh");
-    let out = Command::new(&script).arg(group).output().expect("run scripts/install-peers.sh");
-    assert!(
-        out.status.success(),
-        "scripts/install-peers.sh {group} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(&script).args(["--print-dir", group]).output().expect("print-dir");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 /// The node the driver (CRI-O's part) runs in, its outside namespace, the network's names.
 struct World {

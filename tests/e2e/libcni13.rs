@@ -18,10 +18,10 @@
 //! bound into the node's mount namespace (`Node::adopt`). Every plugin call is recorded
 //! (`cni_tests::cri`'s wrapper).
 
-use cni_tests::cri::{install_recorders, recorded, Call};
+use cni_tests::cri::{install_recorders, peer_dir, recorded, Call};
 use cni_tests::node::Node;
 use cni_tests::traffic::{fetch, Server};
-use cni_tests::{bin, unique, workspace_root, Netns};
+use cni_tests::{bin, unique, Netns};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha512};
 use std::collections::BTreeSet;
@@ -35,20 +35,6 @@ const OUTSIDE_ADDR: &str = "10.252.0.2";
 const PLUGINS: [&str; 5] = ["bridge", "host-local", "portmap", "bandwidth", "loopback"];
 const FWD: [&str; 3] = ["bridge", "portmap", "bandwidth"];
 const REV: [&str; 3] = ["bandwidth", "portmap", "bridge"];
-
-/// Build (or reuse) a group of scripts/install-peers.sh and return its directory; a failed
-/// build fails the test.
-fn peer_dir(group: &str) -> PathBuf {
-    let script = workspace_root().join("scripts/install-peers.sh");
-    let out = Command::new(&script).arg(group).output().expect("run scripts/install-peers.sh");
-    assert!(
-        out.status.success(),
-        "scripts/install-peers.sh {group} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(&script).args(["--print-dir", group]).output().expect("print-dir");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 /// Which cnitool runs a verb.
 #[derive(Clone, Copy, Debug, PartialEq)]

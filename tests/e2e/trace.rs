@@ -10,10 +10,10 @@
 //!   which libcni's `injectTraceContext` (pkg/invoke/raw_exec.go) sets TRACEPARENT/TRACESTATE
 //!   for every plugin it execs; the driver's own environment has none.
 
-use cni_tests::{bin, unique, workspace_root, Exec, Netns, PodNetns, TempDir};
+use cni_tests::cri::peer_dir;
+use cni_tests::{bin, unique, Exec, Netns, PodNetns, TempDir};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 /// W3C Trace Context's example.
 const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -230,19 +230,6 @@ fn bridge_with_an_in_process_ipam_delegate_keeps_the_trace() {
     assert_ne!(full.code, 0, "{}", full.stdout);
     let details = full.json()["details"].as_str().unwrap_or_default().to_string();
     assert_eq!(details.matches(&format!("trace {ID}")).count(), 1, "{details:?}");
-}
-
-/// Build (or reuse) a group of scripts/install-peers.sh and return its directory.
-fn peer_dir(group: &str) -> PathBuf {
-    let script = workspace_root().join("scripts/install-peers.sh");
-    let out = Command::new(&script).arg(group).output().expect("run scripts/install-peers.sh");
-    assert!(
-        out.status.success(),
-        "scripts/install-peers.sh {group} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(&script).args(["--print-dir", group]).output().expect("print-dir");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// libcni 1.3.1 with a span: the crio-driver runs RunPodSandbox (ADD then CHECK of the list)

@@ -565,6 +565,24 @@ fn alive(sandbox: Option<String>) -> Option<bool> {
     }
 }
 
+/// What to do about per-pod rules whose pod is gone.
+const STALE_RULES_TODO: &str =
+    "the DEL the runtime never made: cnitool del (with the cached attachment), the runtime's GC, or `cnitool gc`";
+/// The same for portmap's, which a new pod claiming the ports also replaces.
+const STALE_RULES_TODO_PORTMAP: &str = "the DEL the runtime never made: cnitool del (with the cached attachment), \
+                                        the runtime's GC, or `cnitool gc`; portmap also replaces them when a new \
+                                        pod claims the ports";
+
+/// Why per-pod rules of the attachment `owner` (network, id, ifname, as resolved from the
+/// rule) have no live pod, if they have none; rules naming no attachment the node knows are
+/// stale too.
+fn stale_why(inv: &Inventory, owner: Option<(String, String, String)>) -> Option<String> {
+    match owner {
+        Some((n, i, f)) => gone_why(inv, &n, &i, &f).map(|w| format!("{n}/{i}/{f}: {w}")),
+        None => Some("an attachment this node has no record of".into()),
+    }
+}
+
 /// Why the attachment (network, id, ifname) has no live pod, if it has none.
 fn gone_why(inv: &Inventory, net: &str, id: &str, ifname: &str) -> Option<String> {
     match inv.cached(net, id, ifname) {
@@ -643,18 +661,10 @@ fn state(o: &Opts, r: &mut Report) -> bool {
     match ours::read_portmap() {
         Ok(Some(p)) => {
             for tag in &p.tags {
-                let why = match ours::resolve_tag(tag, &candidates) {
-                    Some((n, i, f)) => gone_why(&inv, &n, &i, &f).map(|w| format!("{n}/{i}/{f}: {w}")),
-                    None => Some("an attachment this node has no record of".into()),
-                };
-                if let Some(why) = why {
-                    r.find(
-                        "stale-pod-rules",
-                        Severity::Warning,
-                        format!("portmap's host ports and masquerading of {}: {}", esc(tag), esc(&why)),
-                        "the DEL the runtime never made: cnitool del (with the cached attachment), the runtime's GC, or \
-                         `cnitool gc`; portmap also replaces them when a new pod claims the ports",
-                    );
+                if let Some(why) = stale_why(&inv, ours::resolve_tag(tag, &candidates)) {
+                    let seen =
+                        format!("portmap's host ports and masquerading of {}: {}", esc(tag), esc(&why));
+                    r.find("stale-pod-rules", Severity::Warning, seen, STALE_RULES_TODO_PORTMAP);
                 }
             }
         }
@@ -664,18 +674,14 @@ fn state(o: &Opts, r: &mut Report) -> bool {
     match ours::read_masq(&mut nf) {
         Ok(rules) => {
             for m in rules {
-                let why = match ours::resolve_masq(&m, &candidates) {
-                    Some((n, i, f)) => gone_why(&inv, &n, &i, &f).map(|w| format!("{n}/{i}/{f}: {w}")),
-                    None => Some("an attachment this node has no record of".into()),
-                };
-                if let Some(why) = why {
-                    r.find(
-                        "stale-pod-rules",
-                        Severity::Warning,
-                        format!("bridge's masquerade rule for {} (handle {}): {}", m.saddr, m.rule.handle, esc(&why)),
-                        "the DEL the runtime never made: cnitool del (with the cached attachment), the runtime's GC, or \
-                         `cnitool gc`",
+                if let Some(why) = stale_why(&inv, ours::resolve_masq(&m, &candidates)) {
+                    let seen = format!(
+                        "bridge's masquerade rule for {} (handle {}): {}",
+                        m.saddr,
+                        m.rule.handle,
+                        esc(&why)
                     );
+                    r.find("stale-pod-rules", Severity::Warning, seen, STALE_RULES_TODO);
                 }
             }
         }
