@@ -713,3 +713,32 @@ fn multinet_liveness_reclaim_then_gc_keeps_the_new_pod() {
         assert!(node.remnants(n).is_empty(), "{}: {:?}", n.net, node.remnants(n));
     }
 }
+
+/// One network attached twice to one pod (Multus allows the same network under two ifnames):
+/// (ctr, eth0) and (ctr, net3) on A. bandwidth's ifb is named from network and container id
+/// only (upstream's name, which our DEL must find), so the second shaped attachment is refused
+/// with a message saying so; the runtime's DEL of the refused one (bridge and portmap had made
+/// their part) leaves eth0's attachment as it was, its ifb with it.
+#[test]
+fn multinet_one_network_twice() {
+    const NET3: (&str, &str) = ("mnA", "net3");
+    let node = Node::new(Fam::V4, false);
+    let ctr = Netns::new("mnt");
+    let id = unique("mntwice");
+    let first = node.add(A, &id, ctr.path_str(), &caps_a(18_485));
+    let before = node.snapshot(&first);
+    let out = node.cnitool("add", NET3, &id, ctr.path_str(), &caps_a(18_486), "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("one egress-shaped interface per network"), "{err}");
+    let out = node.cnitool("del", NET3, &id, ctr.path_str(), &caps_a(18_486), "");
+    assert!(out.status.success(), "DEL of the refused attachment: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(ctr.link(NET3.1).is_none(), "net3 is gone");
+    assert_same(
+        &[before],
+        &[node.snapshot(&first)],
+        "the refused net3 and its DEL changed eth0 on the same network",
+    );
+    node.check(&first, &caps_a(18_485)).unwrap_or_else(|e| panic!("CHECK eth0 after DEL of net3: {e}"));
+    node.del(&first, &caps_a(18_485));
+    assert!(node.remnants(&first).is_empty(), "{:?}", node.remnants(&first));
+}
