@@ -319,13 +319,16 @@ impl Conf {
 /// must not depend on values only ADD uses. What still fails: type errors (code 6, as in Go)
 /// and an IPAM `type` that is not a bare binary name — hostile, never executed, and refused
 /// before anything is touched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Teardown {
     /// An IPAM plugin is configured: DEL and GC forward to it.
     pub l3: bool,
     pub ip_masq: bool,
     pub macspoofchk: bool,
     pub deferred_delete: bool,
+    /// The bridge's name (`bridge`, or [`DEFAULT_BRIDGE`]), not judged: DEL only compares it
+    /// with the name of the bridge a container interface's host end is a port of.
+    pub bridge: String,
 }
 
 impl Teardown {
@@ -343,6 +346,7 @@ impl Teardown {
             ip_masq: raw.ip_masq,
             macspoofchk: raw.macspoofchk,
             deferred_delete: raw.deferred_delete.unwrap_or(false),
+            bridge: raw.bridge.clone().unwrap_or_else(|| DEFAULT_BRIDGE.to_string()),
         }
     }
 
@@ -525,7 +529,13 @@ mod tests {
             let t = Teardown::from_raw(&raw(v.clone()), true);
             assert_eq!(
                 t,
-                Teardown { l3: true, ip_masq: true, macspoofchk: true, deferred_delete: false },
+                Teardown {
+                    l3: true,
+                    ip_masq: true,
+                    macspoofchk: true,
+                    deferred_delete: false,
+                    bridge: v["bridge"].as_str().unwrap_or(DEFAULT_BRIDGE).to_string()
+                },
                 "{v}"
             );
             assert!(t.firewall());

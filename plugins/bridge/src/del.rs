@@ -11,6 +11,7 @@
 //! renamed out of the way so CNI_IFNAME is free at once, IPAM released — and hands the two waits
 //! to a detached helper process that holds the sockets, unregisters the interface and exits.
 
+use crate::identity::from_veth_alias;
 use crate::kernel::{Kernel, Ns, Real};
 use cni_common::delegate::ipam;
 use cni_common::error::{CniError, Result};
@@ -117,18 +118,59 @@ pub fn del(req: &Request) -> Result<()> {
     };
     let in_container = ns.is_some();
     let mut k = Real::lazy(req, ns);
-    let r = del_with(&mut k, &conf, &req.env.ifname, in_container, errors);
+    let r = del_with(&mut k, &conf, req.network(), &req.env.ifname, in_container, errors);
     // the socket of a committed firewall deletion goes last (Real's drop): its RCU wait
     // overlaps the interface's
     drop(k);
     r
 }
 
+/// Whose the container interface `ifname` provably is when it is not `network`'s: one pod is
+/// attached to several networks (Multus, DRA drivers), and a runtime sends DEL for an
+/// attachment that never was (a refused ADD, a DEL of every network of a pod whose ADD failed
+/// halfway) with an ifname that another network's attachment has. Upstream's DEL deletes
+/// whatever has the name, and with it that attachment's spoof check (keyed by
+/// `<containerID>-<ifname>` alone). It is another network's when it is a veth whose host end
+/// (the host link at its peer index whose own peer is this link) says so: its alias names
+/// another network ([`crate::identity::BridgeIdentity::veth_alias`], written with
+/// macspoofchk), or it is a port of a bridge other than `conf.bridge` when that exists. Anything
+/// else (no veth, no such host end, no alias and no bridge to compare, an error) is this
+/// network's, as upstream: a half-made attachment of an interrupted ADD is removed.
+pub(crate) fn held_elsewhere(
+    k: &mut dyn Kernel,
+    conf: &Teardown,
+    network: &str,
+    ifname: &str,
+) -> Option<String> {
+    let c = k.link_by_name(Ns::Container, ifname).ok()??;
+    if c.kind.as_deref() != Some("veth") {
+        return None;
+    }
+    let host = k.link_by_index(Ns::Host, c.link?).ok()??;
+    // the peer index is in the peer's namespace: only a host veth whose peer is this link is it
+    if host.kind.as_deref() != Some("veth") || host.link != Some(c.index) {
+        return None;
+    }
+    if let Some(a) = host.alias.as_deref().and_then(from_veth_alias) {
+        return (a.network != network)
+            .then(|| format!("network {:?}'s (host end {} names it)", a.network, host.name));
+    }
+    let master = host.master?;
+    match k.link_by_name(Ns::Host, &conf.bridge) {
+        Ok(Some(b)) if b.index != master => {
+            Some(format!("not a port of bridge {} (host end {} is another bridge's)", conf.bridge, host.name))
+        }
+        _ => None,
+    }
+}
+
 /// DEL through the seam `k`: the IPAM release started first and waited for last; upstream's
-/// masquerading, ours, the container interface (`in_container`: its namespace exists).
+/// masquerading, ours, the container interface (`in_container`: its namespace exists) unless
+/// it is another network's ([`held_elsewhere`]: then it and its spoof check stay).
 pub(crate) fn del_with(
     k: &mut dyn Kernel,
     conf: &Teardown,
+    network: &str,
     ifname: &str,
     in_container: bool,
     mut errors: ErrorList,
@@ -139,8 +181,12 @@ pub(crate) fn del_with(
     // our own deletions: closing its look-up socket while our committed deletion is pending
     // would make this process wait for an RCU grace period here, in series with the veth's.
     errors.take(k.upstream_masq_del());
-    errors.take(k.remove_firewall(conf.firewall()));
-    if in_container {
+    let elsewhere = if in_container { held_elsewhere(k, conf, network, ifname) } else { None };
+    if let Some(whose) = &elsewhere {
+        eprintln!("bridge: DEL: container interface {ifname} is {whose}: left to it, with its spoof check");
+    }
+    errors.take(k.remove_firewall_parts(conf.firewall(), elsewhere.is_none()));
+    if in_container && elsewhere.is_none() {
         let gone = |e: &NlError| e.is_not_found();
         match k.link_by_name(Ns::Container, ifname) {
             Ok(Some(l)) => match k.link_del(Ns::Container, l.index) {
@@ -171,15 +217,25 @@ fn del_deferred(req: &Request, conf: &Teardown) -> Result<()> {
     // our own deletions: closing its look-up socket while our committed deletion is pending
     // would make this process wait for an RCU grace period here, in series with the veth's.
     errors.take(cni_common::upstream::masq::del(req));
-    let fw_socket = errors.take(firewall::remove::remove(req, conf.firewall())).flatten();
+    let ns = match req.netns() {
+        Some(_) => errors.take(req.container_netns()).flatten(),
+        // A namespace that is gone took its interfaces with it.
+        None => None,
+    };
+    let elsewhere = ns
+        .clone()
+        .and_then(|ns| held_elsewhere(&mut Real::lazy(req, Some(ns)), conf, req.network(), &req.env.ifname));
+    if let Some(whose) = &elsewhere {
+        eprintln!(
+            "bridge: DEL: container interface {} is {whose}: left to it, with its spoof check",
+            req.env.ifname
+        );
+    }
+    let fw_socket =
+        errors.take(firewall::remove::remove(req, conf.firewall(), elsewhere.is_none())).flatten();
     let mut link = None;
-    if req.netns().is_some() {
-        match req.container_netns() {
-            // A namespace that is gone took its interfaces with it.
-            Ok(None) => {}
-            Ok(Some(ns)) => link = errors.take(make_inert(&ns, &req.env.ifname)).flatten(),
-            Err(e) => errors.push(e),
-        }
+    if let Some(ns) = ns.filter(|_| elsewhere.is_none()) {
+        link = errors.take(make_inert(&ns, &req.env.ifname)).flatten();
     }
     if let Some(p) = pending {
         errors.take(p.wait());

@@ -92,7 +92,13 @@ pub trait Kernel {
     fn ipam_del_start(&mut self) -> Result<IpamJob>;
     /// Remove the attachment's firewall state (ADD's undo, DEL); without `required`, a kernel
     /// without nf_tables has none.
-    fn remove_firewall(&mut self, required: bool) -> Result<()>;
+    fn remove_firewall(&mut self, required: bool) -> Result<()> {
+        self.remove_firewall_parts(required, true)
+    }
+    /// [`Kernel::remove_firewall`], the spoof check only with `spoof` (DEL leaves it when the
+    /// container interface is another network's attachment: the same `<containerID>-<ifname>`
+    /// keys both).
+    fn remove_firewall_parts(&mut self, required: bool, spoof: bool) -> Result<()>;
     /// Remove what upstream's bridge made for the attachment's masquerading (iptables).
     fn upstream_masq_del(&mut self) -> Result<()>;
     /// GC of upstream's masquerading of this network (attachments not in the valid list).
@@ -326,8 +332,8 @@ impl Kernel for Real<'_> {
         let p = ipam::start(self.req, Command::Del)?;
         Ok(Box::new(move || p.wait()))
     }
-    fn remove_firewall(&mut self, required: bool) -> Result<()> {
-        let socket = crate::firewall::remove::remove(self.req, required)?;
+    fn remove_firewall_parts(&mut self, required: bool, spoof: bool) -> Result<()> {
+        let socket = crate::firewall::remove::remove(self.req, required, spoof)?;
         self.released = self.released.take().or(socket);
         Ok(())
     }

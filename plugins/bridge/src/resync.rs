@@ -12,5 +12,5 @@ use cni_common::{Request, Result};
 /// Remove what `cni-migrate resync` rebuilt for an attachment whose runtime deleted it meanwhile (its
 /// DEL may have run before the rebuild): the firewall part of bridge's DEL.
 pub fn undo(req: &Request) -> Result<()> {
-    crate::firewall::remove::remove(req, true).map(drop)
+    crate::firewall::remove::remove(req, true, true).map(drop)
 }

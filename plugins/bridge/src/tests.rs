@@ -537,7 +537,14 @@ fn the_first_add_on_a_new_bridge_asks_who_drops_its_subnets_and_later_adds_do_no
 fn del(f: &Fake, conf: &Value, in_container: bool) -> Result<(), CniError> {
     let req = request(conf);
     let t = crate::config::Teardown::from_request(&req)?;
-    crate::del::del_with(&mut f.clone(), &t, "eth0", in_container, cni_common::error_list::ErrorList::new())
+    crate::del::del_with(
+        &mut f.clone(),
+        &t,
+        req.network(),
+        "eth0",
+        in_container,
+        cni_common::error_list::ErrorList::new(),
+    )
 }
 
 /// [`state`] without what DEL leaves by design, as upstream: the bridge, its addresses and
@@ -1632,4 +1639,53 @@ fn where_the_mac_state_cannot_be_read_add_pins_as_v1_10_does() {
     add(&f, &config(json!({}))).unwrap();
     assert_eq!(f.calls("link_set_mac"), 1);
     assert_eq!(bridge_mac(&f), [2, 7, 7, 7, 7, 7]);
+}
+
+/// One pod on several networks (issue 39 item 3): network "net" has the pod's eth0; a runtime
+/// sends DEL for (ctr1, eth0) on network "other" — an attachment that never was (its ADD was
+/// refused: eth0 exists), which a Multus-style caller cleans up after. Upstream's DEL deleted
+/// eth0 and net's spoof check (keyed by `<containerID>-<ifname>` alone); ours tells from the
+/// host end's alias that the interface is net's and leaves both. net's own DEL takes them.
+#[test]
+fn del_of_another_network_leaves_the_interface_and_spoof_check_of_this_one() {
+    use crate::firewall::{SPOOF_BASE_CHAIN, SPOOF_TABLE};
+    let jumps = |f: &Fake| f.w.borrow().rules(NftFamily::Bridge, SPOOF_TABLE, SPOOF_BASE_CHAIN).len();
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({"macspoofchk": true}));
+        add(&f, &conf).unwrap();
+        let ours = jumps(&f);
+        assert!(ours > 0, "{fam}");
+        let mut other = conf.clone();
+        other["name"] = json!("other");
+        other["bridge"] = json!("cni9");
+        del(&f, &other, true).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        assert!(f.w.borrow().link(Ns::Container, "eth0").is_some(), "{fam}: net's eth0 stays");
+        assert_eq!(jumps(&f), ours, "{fam}: and its spoof check");
+        del(&f, &conf, true).unwrap();
+        assert!(f.w.borrow().link(Ns::Container, "eth0").is_none(), "{fam}: net's DEL takes it");
+        assert_eq!(jumps(&f), 0, "{fam}");
+    }
+}
+
+/// The same without an alias (no macspoofchk on either network): the host end is a port of
+/// cni0, the DEL names another existing bridge, so eth0 is not its own. A DEL naming a bridge
+/// that does not exist cannot tell, and deletes it as upstream (an interrupted ADD's half-made
+/// attachment must go).
+#[test]
+fn del_naming_another_bridge_leaves_a_port_of_this_one_and_cannot_tell_without_it() {
+    for (fam, addrs) in FAMILIES {
+        let f = world(addrs);
+        let conf = config(json!({}));
+        add(&f, &conf).unwrap();
+        let mut other = conf.clone();
+        other["name"] = json!("other");
+        // a host link other than cni0 (the fake's host eth0 stands for another bridge)
+        other["bridge"] = json!("eth0");
+        del(&f, &other, true).unwrap_or_else(|e| panic!("{fam}: {}", e.msg));
+        assert!(f.w.borrow().link(Ns::Container, "eth0").is_some(), "{fam}: cni0's port stays");
+        other["bridge"] = json!("cni9");
+        del(&f, &other, true).unwrap();
+        assert!(f.w.borrow().link(Ns::Container, "eth0").is_none(), "{fam}: no bridge to compare: deleted");
+    }
 }

@@ -147,10 +147,29 @@ impl Change {
             _ => None,
         };
         plan.udp.extend(self.delete.iter().chain(self.add.keys()).filter_map(udp));
+        // A masquerade element is keyed by container address and port alone, so one there
+        // already is another attachment's at the same address (a pod gone without DEL whose
+        // address host-local reclaimed; or this one's, an ADD retried), and an `add` would
+        // keep its tag: a GC or DEL of that one would then take the element this one needs.
+        // They are created exclusively: EEXIST makes the verb read everything, and the full
+        // plan deletes the element (its tag differs) before creating it, in one transaction.
+        let (create, add): (Vec<_>, Vec<_>) =
+            self.add.values().partition(|(e, _)| matches!(e.key, Key::Masq(_)));
         plan.ops.extend(element_ops(
             self.delete.iter().map(|k| (k.set(), Elem::encode_key(k))),
-            self.add.values().map(|(e, c)| (e.set(), e.encode(Some(c)))),
+            add.into_iter().map(|(e, c)| (e.set(), e.encode(Some(c)))),
         ));
+        let table = || layout::TABLE.to_string();
+        let mut by_set: BTreeMap<Set, Vec<NftElem>> = BTreeMap::new();
+        for (e, c) in create {
+            by_set.entry(e.set()).or_default().push(e.encode(Some(c)));
+        }
+        plan.ops.extend(by_set.into_iter().map(|(s, elems)| NftOp::CreateElements {
+            family: layout::FAMILY,
+            table: table(),
+            set: s.name(),
+            elems,
+        }));
         plan
     }
 }

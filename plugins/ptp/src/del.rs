@@ -47,8 +47,13 @@ pub fn run(
     } else {
         None
     };
+    // its host end: the host link at the veth's peer index whose own peer is this link (the
+    // index is in the peer's namespace, which need not be the host's); not found is no answer
+    let host_end = link.as_ref().and_then(|l| Some((l.index, l.link?))).and_then(|(index, peer)| {
+        k.link_by_index(Side::Host, peer).ok().flatten().filter(|h| h.link == Some(index))
+    });
     let mut ipam = ipam;
-    for step in plan::del(link.as_ref(), ipam.is_some()) {
+    for step in plan::del(link.as_ref(), host_end.as_ref(), ipam.is_some()) {
         match step {
             DelStep::DeleteContainerLink(index) => match k.link_del(Side::Container, index) {
                 Err(e) if !e.is_not_found() => {

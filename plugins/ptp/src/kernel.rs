@@ -45,6 +45,7 @@ pub type NlResult<T> = std::result::Result<T, NlError>;
 
 pub trait Kernel {
     fn link(&mut self, side: Side, name: &str) -> NlResult<Option<Link>>;
+    fn link_by_index(&mut self, side: Side, index: u32) -> NlResult<Option<Link>>;
     /// A veth pair: `ctr` in the container namespace, `host` in the host's, both with `mtu`;
     /// the host end up. Returns the host end. EEXIST when either name is taken.
     fn create_veth(&mut self, host: &str, ctr: &str, mtu: Option<u32>) -> NlResult<Link>;
@@ -144,6 +145,10 @@ impl Real {
 impl Kernel for Real {
     fn link(&mut self, side: Side, name: &str) -> NlResult<Option<Link>> {
         self.nl(side)?.link_by_name(name)
+    }
+
+    fn link_by_index(&mut self, side: Side, index: u32) -> NlResult<Option<Link>> {
+        self.nl(side)?.link_by_index(index)
     }
 
     fn create_veth(&mut self, host: &str, ctr: &str, mtu: Option<u32>) -> NlResult<Link> {

@@ -58,12 +58,22 @@ pub enum DelStep {
     ReleaseIpam,
 }
 
-/// DEL's steps, given the container's link named CNI_IFNAME (None: not there or no namespace).
+/// DEL's steps, given the container's link named CNI_IFNAME (None: not there or no namespace)
+/// and that veth's host end when found. A veth whose host end is a port of a bridge is not
+/// ptp's (ptp never enslaves it): one pod on several networks (Multus, DRA drivers) has it from
+/// a bridge network, and a DEL for an attachment of this network that never was (its ADD
+/// refused because the name was taken) must leave it, where upstream's DEL deletes it.
 /// Masquerade rules are looked for by the attachment's tag whether or not `ipMasq` is set now
 /// (an earlier configuration may have set it).
-pub fn del(ctr_link: Option<&Link>, l3: bool) -> Vec<DelStep> {
+pub fn del(ctr_link: Option<&Link>, host_end: Option<&Link>, l3: bool) -> Vec<DelStep> {
     let mut steps = Vec::new();
     match ctr_link {
+        Some(l) if l.kind.as_deref() == Some("veth") && host_end.is_some_and(|h| h.master.is_some()) => steps
+            .push(DelStep::LeaveForeign(format!(
+                "{:?} is a veth whose host end {:?} is a bridge's port, not one ptp made: left alone",
+                l.name,
+                host_end.map(|h| h.name.as_str()).unwrap_or_default()
+            ))),
         Some(l) if l.kind.as_deref() == Some("veth") => steps.push(DelStep::DeleteContainerLink(l.index)),
         Some(l) => steps.push(DelStep::LeaveForeign(format!(
             "{:?} is a {} device, not a veth ptp made: left alone",
@@ -136,11 +146,28 @@ mod tests {
     fn del_removes_only_a_veth_and_always_looks_for_masquerade() {
         let veth = Link { index: 7, name: "eth0".into(), kind: Some("veth".into()), ..Link::default() };
         assert_eq!(
-            del(Some(&veth), true),
+            del(Some(&veth), None, true),
             vec![DelStep::DeleteContainerLink(7), DelStep::RemoveMasq, DelStep::ReleaseIpam]
         );
         let dummy = Link { index: 8, name: "eth0".into(), kind: Some("dummy".into()), ..Link::default() };
-        assert!(matches!(del(Some(&dummy), false)[0], DelStep::LeaveForeign(_)));
-        assert_eq!(del(None, false), vec![DelStep::RemoveMasq]);
+        assert!(matches!(del(Some(&dummy), None, false)[0], DelStep::LeaveForeign(_)));
+        assert_eq!(del(None, None, false), vec![DelStep::RemoveMasq]);
+        // one pod on several networks: a veth whose host end is a bridge's port is another
+        // network's (a DEL of an attachment of this one that never was); one not enslaved is ptp's
+        let port = Link {
+            index: 8,
+            name: "veth1".into(),
+            kind: Some("veth".into()),
+            master: Some(3),
+            ..Link::default()
+        };
+        let steps = del(Some(&veth), Some(&port), true);
+        assert!(matches!(&steps[0], DelStep::LeaveForeign(w) if w.contains("bridge's port")), "{steps:?}");
+        assert_eq!(steps[1..], [DelStep::RemoveMasq, DelStep::ReleaseIpam]);
+        let own = Link { master: None, ..port };
+        assert_eq!(
+            del(Some(&veth), Some(&own), false),
+            vec![DelStep::DeleteContainerLink(7), DelStep::RemoveMasq]
+        );
     }
 }

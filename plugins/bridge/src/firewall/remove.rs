@@ -45,7 +45,10 @@ pub(crate) fn delete_with_retry(
 /// nor macspoofchk is configured, a kernel without nf_tables is not an error (`required`
 /// false). Returns the socket when it committed a deletion (releasing it makes the kernel wait
 /// for an RCU grace period).
-pub(crate) fn remove(req: &Request, required: bool) -> Result<Option<NfTables>> {
+/// Without `spoof` the spoof check is left: the container interface CNI_IFNAME is another
+/// network's attachment, whose spoof check is keyed by the same `<containerID>-<ifname>`
+/// (upstream's chain names and comments do not name the network).
+pub(crate) fn remove(req: &Request, required: bool, spoof: bool) -> Result<Option<NfTables>> {
     let att = &AttachmentId::of(req);
     let mut nf = match NfTables::new() {
         Ok(nf) => nf,
@@ -55,13 +58,14 @@ pub(crate) fn remove(req: &Request, required: bool) -> Result<Option<NfTables>> 
         }
         Err(e) => return Err(e.into()),
     };
-    let changed = remove_with(&mut nf, att)?;
+    let changed = remove_with(&mut nf, att, spoof)?;
     Ok(changed.then_some(nf))
 }
 
-/// Remove `att`'s firewall state through `nf`; whether something was deleted.
-pub(crate) fn remove_with(nf: &mut dyn Nft, att: &AttachmentId) -> Result<bool> {
-    delete_with_retry(nf, |nf| Ok(del_ops(att, &find(nf, att, true, true)?)))
+/// Remove `att`'s firewall state through `nf` (its spoof check only with `spoof`); whether
+/// something was deleted.
+pub(crate) fn remove_with(nf: &mut dyn Nft, att: &AttachmentId, spoof: bool) -> Result<bool> {
+    delete_with_retry(nf, |nf| Ok(del_ops(att, &find(nf, att, true, spoof)?)))
         .map_err(|e| e.context("remove firewall rules"))
 }
 

@@ -944,9 +944,9 @@ impl Kernel for Fake {
         })
     }
 
-    fn remove_firewall(&mut self, _required: bool) -> Result<()> {
+    fn remove_firewall_parts(&mut self, _required: bool, spoof: bool) -> Result<()> {
         let a = self.w.borrow().attachment.clone().expect("the fake's attachment is set");
-        crate::firewall::remove::remove_with(&mut self.nft, &a).map(drop)
+        crate::firewall::remove::remove_with(&mut self.nft, &a, spoof).map(drop)
     }
 
     fn upstream_masq_intact(&mut self) -> Result<bool> {

@@ -1511,3 +1511,21 @@ fn the_guard_restored_while_an_add_rebuilds_the_table_is_planned_again() {
     };
     assert_eq!(shape(k.table()), shape(intact), "the chains ADD made, no rule twice");
 }
+
+/// One pod on several networks, one address in turn (issue 39 item 3): a pod dies without DEL,
+/// host-local's liveness reclaim gives its address to the next pod, whose ADD must take the
+/// masquerade elements keyed by that address (container address and port, no owner in the
+/// key): GC of the dead attachment then leaves them, and the new pod's CHECK passes.
+#[test]
+fn an_address_reused_after_a_death_without_del_keeps_its_masquerade_elements_through_gc() {
+    let k = Fake::new();
+    let dead = pod("n", "dead", "10.0.0.5/24", &[(8080, 80, "tcp")]);
+    let new = pod("n", "new", "10.0.0.5/24", &[(8081, 80, "tcp")]);
+    add(&k, &dead).unwrap();
+    add(&k, &new).unwrap();
+    check(&k, &new).unwrap();
+    let valid = BTreeSet::from([new.intent.owner.tag.clone()]);
+    flow::gc(&mut k.clone(), &crate::identity::portmap_net_prefix("n"), &valid).unwrap();
+    check(&k, &new).unwrap_or_else(|e| panic!("the new pod after GC of the dead one: {}", e.msg));
+    assert!(traces(&k, &dead.intent.owner).is_empty(), "{:?}", traces(&k, &dead.intent.owner));
+}

@@ -105,6 +105,10 @@ impl Kernel for Fake {
         Ok(self.by_name(side, name).map(|l| l.link.clone()))
     }
 
+    fn link_by_index(&mut self, side: Side, index: u32) -> NlResult<Option<Link>> {
+        Ok(self.links.get(&(side, index)).map(|l| l.link.clone()))
+    }
+
     fn create_veth(&mut self, host: &str, ctr: &str, mtu: Option<u32>) -> NlResult<Link> {
         self.change("create veth")?;
         if self.ns_gone {
