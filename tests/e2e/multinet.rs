@@ -528,24 +528,13 @@ fn one_pod_on_three_networks(fam: Fam, order: [(&'static str, &'static str); 3])
         .expect("run cni-migrate");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(10), "resync rebuilt something: {text}");
-    for att in [&a, &c] {
-        let line = format!("{}/{id}/{}: bridge: repaired", att.net, att.ifname);
+    for (att, plugin) in [(&a, "bridge"), (&b, "ptp"), (&c, "bridge")] {
+        let line = format!("{}/{id}/{}: {plugin}: repaired", att.net, att.ifname);
         assert!(text.lines().any(|l| l.contains(&line)), "{line} in {text}");
         node.check(att, &caps_for(att.net, PORT))
             .unwrap_or_else(|e| panic!("CHECK {} after resync: {e}\n{text}", att.net));
     }
-    assert_same(
-        &[before[0].clone(), before[2].clone()],
-        &snaps(&[&a, &c]),
-        "resync rebuilt the pod differently",
-    );
-    // Open (reported, not fixed here: tools/migrate is another change's): resync does not know
-    // ptp, so B's masquerading stays lost after the flush. When resync learns ptp, this fails:
-    // then B belongs with A and C above.
-    let skipped = format!("{}/{id}/{}: \"ptp\": skipped", B.0, B.1);
-    assert!(text.lines().any(|l| l.contains(&skipped)), "{skipped} in {text}");
-    let e = node.check(&b, &json!({})).expect_err("B's masquerading is not rebuilt");
-    assert!(e.contains("masquerade"), "{e}");
+    assert_same(&before, &snaps(&[&a, &b, &c]), "resync rebuilt the pod differently");
     for h in &host_addrs {
         assert_eq!(
             fetch(&node.outside, h, PORT),
