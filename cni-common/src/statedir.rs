@@ -1,5 +1,5 @@
-//! A directory of state a plugin keeps for itself (firewall's records, STATUS's certificates,
-//! portmap's marks), and the only way its files are opened.
+//! A directory of state a plugin keeps for itself (records of what an ADD made, STATUS's
+//! certificates, marks a DEL leaves), and the only way its files are opened.
 //!
 //! Whoever can write into such a directory, or into one above it, can make root write through
 //! a link or read a FIFO: so the rules of [`crate::fsread`] are extended to writing, and kept in
