@@ -299,7 +299,9 @@ impl Node {
 
     /// `program`, run in the node under `timeout -k 5 <secs>` (so no command can hang a test).
     pub fn command(&self, secs: u64, program: &str) -> Command {
-        let mut c = crate::clients::timed(secs, "nsenter");
+        // (`clients::timed`'s form, written here: clients uses this module)
+        let mut c = Command::new("timeout");
+        c.args(["-k", "5", &secs.to_string(), "nsenter"]);
         self.join_cgroups(&mut c);
         c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "-C", "--", program]);
         c
