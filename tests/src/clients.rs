@@ -83,32 +83,8 @@ pub const HOST_ADDR6: &str = "fd00:250::1";
 /// IPv6 address of the outside namespace.
 pub const OUTSIDE_ADDR6: &str = "fd00:250::2";
 
-/// Seconds any one runtime command may take.
-pub const CMD_TIMEOUT: u64 = 60;
-
-/// Build `timeout -k 5 <secs> <program>` so no external command can hang a test.
-pub fn timed(secs: u64, program: &str) -> Command {
-    let mut c = Command::new("timeout");
-    c.args(["-k", "5", &secs.to_string(), program]);
-    c
-}
-
-/// Assert a command succeeded; return its stdout. Says so when `timeout` killed it.
-pub fn must(what: &str, out: Output) -> String {
-    let code = out.status.code();
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): stdout {} stderr {}",
-        match code {
-            Some(124) | Some(137) => "timed out".to_string(),
-            Some(c) => format!("exit {c}"),
-            None => "killed by a signal".to_string(),
-        },
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+// (the command deadline lives with the node, which clients' runtimes run in)
+pub use crate::node::{must, timed, CMD_TIMEOUT};
 
 /// Poll `cond` until it returns Some (-> Some) or `limit` passes (-> None).
 pub fn poll<T>(limit: Duration, mut cond: impl FnMut() -> Option<T>) -> Option<T> {

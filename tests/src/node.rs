@@ -37,6 +37,33 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::time::Duration;
 
+/// Seconds any one runtime command may take.
+pub const CMD_TIMEOUT: u64 = 60;
+
+/// Build `timeout -k 5 <secs> <program>` so no external command can hang a test.
+pub fn timed(secs: u64, program: &str) -> Command {
+    let mut c = Command::new("timeout");
+    c.args(["-k", "5", &secs.to_string(), program]);
+    c
+}
+
+/// Assert a command succeeded; return its stdout. Says so when `timeout` killed it.
+pub fn must(what: &str, out: Output) -> String {
+    let code = out.status.code();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): stdout {} stderr {}",
+        match code {
+            Some(124) | Some(137) => "timed out".to_string(),
+            Some(c) => format!("exit {c}"),
+            None => "killed by a signal".to_string(),
+        },
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Paths of the machine a runtime writes to whatever its configuration says, each covered in
 /// the node by a scratch directory (`<dir>/<name>`): the CNI plugin, configuration and cache
 /// directories (`ctr --cni`, libcni's defaults), containerd's, Podman's and the kubelet's fixed
@@ -299,9 +326,7 @@ impl Node {
 
     /// `program`, run in the node under `timeout -k 5 <secs>` (so no command can hang a test).
     pub fn command(&self, secs: u64, program: &str) -> Command {
-        // (`clients::timed`'s form, written here: clients uses this module)
-        let mut c = Command::new("timeout");
-        c.args(["-k", "5", &secs.to_string(), "nsenter"]);
+        let mut c = timed(secs, "nsenter");
         self.join_cgroups(&mut c);
         c.args(["-t", &self.keeper_pid.to_string(), "-m", "-n", "-u", "-C", "--", program]);
         c
@@ -309,9 +334,8 @@ impl Node {
 
     /// Run `program args` in the node; panics on failure; returns stdout.
     pub fn must(&self, program: &str, args: &[&str]) -> String {
-        let out: Output =
-            self.command(crate::clients::CMD_TIMEOUT, program).args(args).output().expect("spawn nsenter");
-        crate::clients::must(&format!("{program} {args:?}"), out)
+        let out: Output = self.command(CMD_TIMEOUT, program).args(args).output().expect("spawn nsenter");
+        must(&format!("{program} {args:?}"), out)
     }
 
     /// Processes in the node's cgroups and the cgroups below them now (in any hierarchy):
