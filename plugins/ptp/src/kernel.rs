@@ -2,7 +2,9 @@
 //! host the plugin runs in and the container's). [`Real`] talks netlink and `/proc/sys`;
 //! [`fake::Fake`] keeps both namespaces in memory with the kernel's answers (EEXIST, ENOENT, a
 //! link that vanished) and failure injection, so every failure point of ADD and every DEL after
-//! a partial ADD is unit-tested without root.
+//! a partial ADD is unit-tested without root. [`conformance`] holds the script both pass, the
+//! fake in a unit test and [`Real`] in scratch namespaces (root): the same calls, the same
+//! answers, the same state read back.
 
 use std::net::IpAddr;
 use std::os::fd::AsFd;
@@ -50,9 +52,14 @@ pub trait Kernel {
     /// the host end up. Returns the host end. EEXIST when either name is taken.
     fn create_veth(&mut self, host: &str, ctr: &str, mtu: Option<u32>) -> NlResult<Link>;
     fn link_up(&mut self, side: Side, index: u32) -> NlResult<()>;
+    /// No verb takes a link down; the conformance script does, to see what the kernel keeps
+    /// (`keep_addr_on_down`) and what it drops (the routes through the link).
+    fn link_down(&mut self, side: Side, index: u32) -> NlResult<()>;
     fn link_del(&mut self, side: Side, index: u32) -> NlResult<()>;
     /// Add an address; `noprefixroute`: without the kernel's route to its subnet.
     fn addr_add(&mut self, side: Side, index: u32, net: IpNet, noprefixroute: bool) -> NlResult<()>;
+    /// Remove an address (EADDRNOTAVAIL when it is not there): the conformance script's.
+    fn addr_del(&mut self, side: Side, index: u32, net: IpNet) -> NlResult<()>;
     fn addrs(&mut self, side: Side, index: u32) -> NlResult<Vec<IpNet>>;
     fn route_add(&mut self, side: Side, index: u32, r: &RouteWant) -> NlResult<()>;
     fn routes(&mut self, side: Side) -> NlResult<Vec<RouteSeen>>;
@@ -60,6 +67,10 @@ pub trait Kernel {
     fn ctr_enable_ipv6(&mut self, ifname: &str) -> Result<()>;
     /// Wait (bounded) until no IPv6 address of the container's link `index` is tentative.
     fn ctr_settle_v6(&mut self, index: u32) -> Result<()>;
+    /// A sysctl's value in `side`'s namespace (`net/ipv6/conf/eth0/keep_addr_on_down`): what
+    /// [`Kernel::ctr_enable_ipv6`] and [`Kernel::forward`] wrote, read back by the conformance
+    /// script and by tests.
+    fn sysctl_get(&mut self, side: Side, key: &str) -> Result<String>;
     /// Turn on forwarding in the host: (IPv4, IPv6).
     fn forward(&mut self, v4: bool, v6: bool) -> Result<()>;
     /// nf_tables can be used (code 50 otherwise).
@@ -164,6 +175,10 @@ impl Kernel for Real {
         self.nl(side)?.link_set_up(index)
     }
 
+    fn link_down(&mut self, side: Side, index: u32) -> NlResult<()> {
+        self.nl(side)?.link_set_down(index)
+    }
+
     fn link_del(&mut self, side: Side, index: u32) -> NlResult<()> {
         self.nl(side)?.link_del(index)
     }
@@ -175,6 +190,10 @@ impl Kernel for Real {
         } else {
             nl.addr_add(index, net)
         }
+    }
+
+    fn addr_del(&mut self, side: Side, index: u32, net: IpNet) -> NlResult<()> {
+        self.nl(side)?.addr_del(index, net)
     }
 
     fn addrs(&mut self, side: Side, index: u32) -> NlResult<Vec<IpNet>> {
@@ -236,6 +255,15 @@ impl Kernel for Real {
         })
     }
 
+    fn sysctl_get(&mut self, side: Side, key: &str) -> Result<String> {
+        let get = || sysctl::get(key).map_err(|e| CniError::io(format!("read sysctl {key}: {e}")));
+        match side {
+            // The calling thread's namespace, where `forward` writes.
+            Side::Host => get(),
+            Side::Container => self.ns()?.run(get),
+        }
+    }
+
     fn forward(&mut self, v4: bool, v6: bool) -> Result<()> {
         if v4 {
             sysctl::set("net/ipv4/ip_forward", "1")
@@ -285,5 +313,7 @@ impl Kernel for Real {
     }
 }
 
+#[cfg(test)]
+pub mod conformance;
 #[cfg(test)]
 pub mod fake;

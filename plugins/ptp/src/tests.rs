@@ -101,8 +101,8 @@ fn add_makes_the_pair_routes_and_masquerade_and_reports_them() {
         k.addrs(Side::Host, host.index).unwrap(),
         vec!["10.244.1.1/32".parse().unwrap(), "fd00:10:244:1::1/128".parse().unwrap()]
     );
-    assert_eq!(k.forward, (true, true));
-    assert!(k.ctr_v6);
+    assert_eq!(k.forwarding(), (true, true));
+    assert_eq!(k.sysctl_get(Side::Container, "net/ipv6/conf/eth0/keep_addr_on_down").unwrap(), "1");
     assert_eq!(k.masq.len(), 1);
     // CHECK passes on what ADD made.
     check::run(&mut k, &conf(true), &r, &att(), NETNS, &mut || Ok(false)).unwrap();
@@ -241,6 +241,38 @@ fn check_finds_what_was_taken_away() {
     let r = run_add(&mut k, &mut ipam, &conf(true)).unwrap();
     k.masq.clear();
     check::run(&mut k, &conf(true), &r, &att(), NETNS, &mut || Ok(true)).unwrap();
+}
+
+/// The variant a prefix-only comparison misses (issue 38): the host routes to the pod still
+/// there, prefix for prefix, but through another device (someone moved them, as `ip route
+/// replace … dev other` does): the host cannot reach the pod and CHECK must say so.
+#[test]
+fn check_fails_when_the_host_routes_go_through_another_device() {
+    for dual in [false, true] {
+        let mut k = Fake::new();
+        let mut ipam = FakeIpam { result: reserved(dual), ..Default::default() };
+        let r = run_add(&mut k, &mut ipam, &conf(false)).unwrap();
+        check::run(&mut k, &conf(false), &r, &att(), NETNS, &mut || Ok(false)).unwrap();
+        let other = k.plant(Side::Host, "dummy0", "dummy");
+        k.link_up(Side::Host, other).unwrap();
+        let moved: Vec<_> =
+            k.routes.iter().filter(|(s, _, _)| *s == Side::Host).map(|(_, _, r)| r.clone()).collect();
+        assert!(!moved.is_empty());
+        k.routes.retain(|(s, _, _)| *s != Side::Host);
+        for route in &moved {
+            k.route_add(Side::Host, other, route).unwrap();
+        }
+        let dsts = |k: &mut Fake| {
+            let mut d: Vec<_> = k.routes(Side::Host).unwrap().into_iter().map(|r| r.dst).collect();
+            d.sort();
+            d
+        };
+        let mut want: Vec<_> = moved.iter().map(|r| r.dst).collect();
+        want.sort();
+        assert_eq!(dsts(&mut k), want, "the same prefixes, on dummy0");
+        let e = check::run(&mut k, &conf(false), &r, &att(), NETNS, &mut || Ok(false)).unwrap_err();
+        assert!(e.msg.contains("host route"), "dual {dual}: {}", e.msg);
+    }
 }
 
 #[test]

@@ -58,8 +58,8 @@ fn routes(k: &Fake, side: Side) -> Vec<String> {
 fn ipv6_only_add_routes_through_its_gateway_and_turns_on_ipv6_forwarding_only() {
     let mut k = Fake::new();
     let r = run_add(&mut k, result(vec![ip("fd00:10::5/64", "fd00:10::1")], &["::/0"]), true);
-    assert_eq!(k.forward, (false, true));
-    assert!(k.ctr_v6);
+    assert_eq!(k.forwarding(), (false, true));
+    assert_eq!(k.sysctl_get(Side::Container, "net/ipv6/conf/eth0/keep_addr_on_down").unwrap(), "1");
     assert_eq!(
         routes(&k, Side::Container),
         ["::/0 Some(\"fd00:10::1\")", "fd00:10::/64 Some(\"fd00:10::1\")", "fd00:10::1/128 None"]
@@ -85,7 +85,7 @@ fn dual_stack_listed_ipv6_first_makes_the_same_kernel_state() {
         assert_eq!(routes(&a, side), routes(&b, side), "{side:?}");
     }
     assert_eq!(routes(&b, Side::Container).len(), 6);
-    assert_eq!((a.forward, a.ctr_v6), (b.forward, b.ctr_v6));
+    assert_eq!((a.forwarding(), a.ctr_sysctls()), (b.forwarding(), b.ctr_sysctls()));
     check::run(&mut b, &conf(false), &r, &att(), NETNS, &mut || Ok(false)).unwrap();
 }
 
