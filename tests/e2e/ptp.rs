@@ -585,3 +585,44 @@ fn every_spec_version() {
     }
     assert_eq!(w.leaks("vernet"), Vec::<String>::new());
 }
+
+/// Issue 38's two survivors on the real kernel. The pod's IPv6 address outlives `eth0` going
+/// down and up (ADD sets `keep_addr_on_down`, as upstream does; without it the kernel drops
+/// the address). CHECK fails once the host routes to the pod, prefix for prefix the same, go
+/// through another device: the host cannot reach the pod any more.
+#[test]
+fn ipv6_address_survives_eth0_down_up_and_check_sees_host_routes_on_another_device() {
+    let w = World::new();
+    let conf = w.conf("kindnet", json!({}));
+    let (a, ida) = w.pod();
+    let ra = w.exec("ptp", "ADD", &ida, a.path_str()).run(&conf).ok();
+    let a6 = addr_of(&ra, true);
+    let before = addrs(&a, "eth0");
+    assert!(before.iter().any(|x| x.starts_with(&format!("{a6}/"))), "{before:?}");
+    a.run("ip", &["link", "set", "eth0", "down"]);
+    a.run("ip", &["link", "set", "eth0", "up"]);
+    assert_eq!(addrs(&a, "eth0"), before, "the pod's addresses after eth0 down and up");
+    let sysctl = a.run("sysctl", &["-n", "net.ipv6.conf.eth0.keep_addr_on_down"]).stdout;
+    assert_eq!(sysctl, b"1\n");
+
+    // A second pod (the first one's routes went with eth0 down): CHECK passes, then its host
+    // routes are moved onto another device of the host's.
+    let (b, idb) = w.pod();
+    let rb = w.exec("ptp", "ADD", &idb, b.path_str()).run(&conf).ok();
+    let (b4, b6) = (addr_of(&rb, false), addr_of(&rb, true));
+    w.exec("ptp", "CHECK", &idb, b.path_str()).run(&with_prev(&conf, &rb)).ok_silent();
+    // A veth pair of the host's own (no dummy module on every kernel), both ends up.
+    w.host.run("ip", &["link", "add", "conform-d0", "type", "veth", "peer", "name", "conform-d1"]);
+    for dev in ["conform-d0", "conform-d1"] {
+        w.host.run("ip", &["link", "set", dev, "up"]);
+    }
+    w.host.run("ip", &["route", "replace", &format!("{b4}/32"), "dev", "conform-d0"]);
+    w.host.run("ip", &["-6", "route", "replace", &format!("{b6}/128"), "dev", "conform-d0"]);
+    let msg = w.exec("ptp", "CHECK", &idb, b.path_str()).run(&with_prev(&conf, &rb)).err(999);
+    assert!(msg.contains("host route"), "{msg}");
+    w.host.run("ip", &["link", "del", "conform-d0"]);
+    for (ns, id) in [(&a, &ida), (&b, &idb)] {
+        w.exec("ptp", "DEL", id, ns.path_str()).run(&conf).ok_silent();
+    }
+    assert_eq!(w.leaks("kindnet"), Vec::<String>::new());
+}
