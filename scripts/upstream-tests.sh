@@ -17,9 +17,23 @@
 #   loopback     plugins/main/loopback: the whole suite (it execs the plugin; here the binary
 #                found on PATH instead of one it builds from its own sources)
 #   integration  integration/: cnitool with ptp, bridge, bandwidth, host-local (../bin)
-# "ours" is our bridge, host-local, loopback, portmap and bandwidth (CNI_TEST_BIN_DIR, default
-# target/debug: `cargo build --workspace --bins` first) with v1.10.0's ptp, firewall and tuning
-# as companions; "v1.10" is v1.10.0's plugins only (scripts/install-peers.sh builds them).
+#   ptp-ipam     plugins/main/ptp: the whole suite. It never execs a ptp binary: every case
+#                calls v1.10's ptp Go functions in-process (testutils.CmdAddWithArgs,
+#                CmdCheckWithArgs, CmdDelWithArgs and CmdStatus each set CNI_* and call the
+#                cmdAdd/cmdCheck/cmdDel/cmdStatus passed to them, with CNI_PATH = PATH). Those
+#                functions exec the IPAM plugin, host-local, from that path (ipam.ExecAdd,
+#                ExecCheck, ExecDel, ExecStatus), so what this suite judges of ours is
+#                host-local behind v1.10's ptp (result, DNS, CHECK, DEL, STATUS), not our ptp.
+# Not run: plugins/meta/tuning's suite execs nothing. Every case calls v1.10's tuning cmdAdd,
+# cmdCheck and cmdDel in-process through testutils.CmdAddWithArgs, CmdCheckWithArgs and
+# testutils.CmdDel (the prevResult is in the configuration it builds; tuning delegates to no
+# IPAM), so both columns would be v1.10's own code. Our ptp and tuning binaries are judged by
+# the suites above that exec them through libcni (ptp: portmap, portmap-traffic, integration;
+# tuning: none of v1.10's suites chain it) and by tests/e2e/ptp.rs and tuning.rs.
+# "ours" is our eight plugins (bridge, host-local, loopback, ptp, portmap, bandwidth, firewall,
+# tuning from CNI_TEST_BIN_DIR, default target/debug: `cargo build --workspace --bins` first),
+# nothing of v1.10 on the path; "v1.10" is v1.10.0's plugins only (scripts/install-peers.sh
+# builds them).
 #
 # The test sources are copied from Go's module cache into target/upstream-tests/ (never
 # committed) and compiled there with `go test -c`; their Go dependencies come from the Go module
@@ -52,7 +66,8 @@ command -v python3 >/dev/null 2>&1 || die "python3 is needed to read ginkgo's JS
 "$ROOT/scripts/install-peers.sh" plugins
 PEER=$("$ROOT/scripts/install-peers.sh" --print-dir plugins)
 OURS="${CNI_TEST_BIN_DIR:-$ROOT/target/debug}"
-for p in bridge host-local loopback portmap bandwidth; do
+PLUGINS="bridge host-local loopback ptp portmap bandwidth firewall tuning"
+for p in $PLUGINS; do
     [ -x "$OURS/$p" ] || die "our $p is not built in $OURS (cargo build --workspace --bins)"
 done
 
@@ -94,6 +109,7 @@ SUITES=(
     "firewall:plugins/meta/firewall:firewall integration tests"
     "loopback:plugins/main/loopback:"
     "integration:integration:"
+    "ptp-ipam:plugins/main/ptp:"
 )
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 for s in "${SUITES[@]}"; do
@@ -108,17 +124,24 @@ log "go install github.com/containernetworking/cni/cnitool@$cni_version"
     die "cannot build libcni's cnitool $cni_version"
 
 # ---- runs ----
-# bin dir of an implementation: integration/ finds its plugins in ../bin, the others on PATH
+# bin dir of an implementation: integration/ finds its plugins in ../bin, the others on PATH.
+# Each side is one implementation whole: every suite chains several plugins (portmap's runs
+# ptp, firewall's bridge), and a v1.10 companion on the ours side would judge v1.10's code.
 populate() {
-    local impl=$1 bin="$WORK/src/bin" p
+    local impl=$1 bin="$WORK/src/bin" dir=$PEER p banner
+    [ "$impl" = ours ] && dir=$OURS
     rm -rf "$bin"
     mkdir -p "$bin"
-    for p in bridge host-local loopback ptp portmap bandwidth firewall tuning; do
-        if [ "$impl" = ours ] && [[ " bridge host-local loopback portmap bandwidth " == *" $p "* ]]; then
-            ln -s "$OURS/$p" "$bin/$p"
-        else
-            ln -s "$PEER/$p" "$bin/$p"
-        fi
+    for p in $PLUGINS; do
+        ln -s "$dir/$p" "$bin/$p"
+        # which build answers under that name: ours say "+cni-rs." in the banner a run
+        # without CNI_COMMAND prints, v1.10's do not (a wrong CNI_TEST_BIN_DIR or peer dir
+        # would otherwise make both columns one implementation's, silently)
+        banner=$(env -u CNI_COMMAND "$bin/$p" </dev/null 2>&1 | head -n 1) || true
+        case "$impl:$banner" in
+        "ours:CNI $p plugin "*+cni-rs.* | "v1.10:CNI $p plugin $VERSION") ;;
+        *) die "$impl: $bin/$p is not the expected build (its banner: \"$banner\")" ;;
+        esac
     done
 }
 

@@ -541,6 +541,11 @@ fn dispatch(
 
 /// Version negotiation with the verb gates of the spec: CHECK needs >= 0.4.0, GC and STATUS
 /// need >= 1.1.0. For those verbs a version string that cannot be compared is code 6.
+///
+/// A gated verb's refusal is upstream's error object exactly (code 1, its message, no
+/// details): a Go plugin that delegates the verb to ours (its IPAM, through `ipam.ExecCheck`)
+/// hands on `err.Error()`, message and details joined, and upstream's own suites match that
+/// string (scripts/upstream-tests.sh).
 fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Version> {
     let gate = match command {
         Command::Check => Some(((0, 4, 0), "CHECK")),
@@ -557,11 +562,7 @@ fn negotiate(command: Command, raw: &str, supported: &[Version]) -> Result<Versi
             return Err(CniError::new(
                 code::INCOMPATIBLE_VERSION,
                 format!("config version does not allow {verb}"),
-            )
-            .with_details(format!(
-                "cniVersion is {raw:?}; {verb} needs {}.{}.{} or later",
-                min.0, min.1, min.2
-            )));
+            ));
         }
     }
     Version::negotiate(raw, supported)

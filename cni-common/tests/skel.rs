@@ -308,6 +308,29 @@ fn errors_carry_the_config_version_and_exact_codes() {
     stop.send(()).unwrap();
 }
 
+/// A verb the config's version does not allow is refused with upstream's error object
+/// exactly, no details: a Go plugin delegating CHECK to ours (v1.10's ptp to our host-local)
+/// passes `err.Error()` on, message and details joined, and v1.10's own ptp suite matches it
+/// against "config version does not allow CHECK" (scripts/upstream-tests.sh, ptp-ipam).
+#[test]
+fn a_verb_gated_by_the_config_version_is_upstreams_error_object_exactly() {
+    let (_h, ns, stop) = other_netns();
+    for (cmd, version, msg) in [
+        ("CHECK", "0.1.0", "config version does not allow CHECK"),
+        ("CHECK", "0.3.1", "config version does not allow CHECK"),
+        ("GC", "1.0.0", "config version does not allow GC"),
+        ("STATUS", "0.4.0", "config version does not allow STATUS"),
+    ] {
+        let m = Mock::default();
+        let stdin = format!(r#"{{"cniVersion":"{version}","name":"n","type":"mock"}}"#);
+        let o = run(&m, &base_env(cmd, &ns), &stdin);
+        let want = serde_json::json!({"cniVersion": version, "code": 1, "msg": msg});
+        assert_eq!(o.json(), want, "{cmd} {version}: {}", o.stdout);
+        assert!(o.calls.is_empty(), "{cmd} {version}: plugin was called: {:?}", o.calls);
+    }
+    stop.send(()).unwrap();
+}
+
 #[test]
 fn netns_override_skips_the_own_netns_check() {
     let mut env = base_env("ADD", "/proc/thread-self/ns/net");
