@@ -107,9 +107,21 @@ fn change_build_id(img: &mut [u8]) {
     *c = if *c == b'0' { b'1' } else { b'0' };
 }
 
-/// The file cannot run as a process: exec of it fails with `errno`.
+/// The file cannot run as a process: exec of it fails with `errno`. `ETXTBSY` is not an
+/// answer about the file: another test thread of this process forked while the copy was still
+/// open for writing, and its child holds that descriptor until its own exec; tried again until
+/// that child has exec'd (bounded).
 fn assert_exec_fails(path: &Path, errno: i32) {
-    match std::process::Command::new(path).env_clear().stdin(std::process::Stdio::null()).output() {
+    let exec = || std::process::Command::new(path).env_clear().stdin(std::process::Stdio::null()).output();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut r = exec();
+    while matches!(&r, Err(e) if e.raw_os_error() == Some(libc::ETXTBSY))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::yield_now();
+        r = exec();
+    }
+    match r {
         Err(e) => assert_eq!(e.raw_os_error(), Some(errno), "exec {}: {e}", path.display()),
         Ok(out) => panic!("{} ran as a process: {out:?}", path.display()),
     }
